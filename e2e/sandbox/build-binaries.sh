@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Builds the sandbox's real control plane (etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler, kubectl) from the Go module proxy into a versioned cache outside the repo.
+# Reused when present: a second run costs nothing. Progress goes to stderr.
+#
+#   TIDAL_K8S_VERSION   Kubernetes release (default v1.37.2)
+#   TIDAL_ETCD_VERSION  etcd release (default v3.6.16)
+#   TIDAL_CACHE         cache root (default ~/.cache/tidal)
+set -euo pipefail
+
+k8s_version=${TIDAL_K8S_VERSION:-v1.37.2}
+etcd_version=${TIDAL_ETCD_VERSION:-v3.6.16}
+cache=${TIDAL_CACHE:-$HOME/.cache/tidal}
+bin=$cache/k8s-$k8s_version/bin
+etcd_bin=$cache/etcd-$etcd_version/bin
+k8s_tools=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+
+say() { printf '[sandbox-build] %s\n' "$*" >&2; }
+
+have_all() {
+  for t in "${k8s_tools[@]}"; do [ -x "$bin/$t" ] || return 1; done
+  [ -x "$etcd_bin/etcd" ]
+}
+if have_all; then
+  say "binaries present in $bin and $etcd_bin"
+  exit 0
+fi
+
+command -v go >/dev/null || { say "Go is required to build the sandbox (https://go.dev/dl)"; exit 1; }
+export CGO_ENABLED=0 GOFLAGS=-mod=mod
+# Staging modules are versioned v0.M.P for Kubernetes v1.M.P.
+staging_version=v0.${k8s_version#v1.}
+
+build_k8s() {
+  local work=$cache/build/k8s-$k8s_version
+  mkdir -p "$work" "$bin"
+  cd "$work"
+  if [ ! -f go.mod ]; then
+    say "resolving k8s.io/kubernetes@$k8s_version"
+    local gomod
+    gomod=$(go mod download -json "k8s.io/kubernetes@$k8s_version" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+    [ -n "$gomod" ] || { say "could not download k8s.io/kubernetes@$k8s_version"; exit 1; }
+    local go_directive
+    go_directive=$(awk '$1=="go"{print $2; exit}' "$gomod")
+    {
+      echo "module tidal.dev/sandbox/k8s"
+      echo
+      echo "go $go_directive"
+      echo
+      echo "godebug default=go${go_directive%.*}"
+      echo
+      echo "require k8s.io/kubernetes $k8s_version"
+      echo
+      echo "replace ("
+      grep -E '^\s*k8s\.io/[a-z0-9-]+ => \./staging/' "$gomod" | awk -v v="$staging_version" '{print "\t" $1 " => " $1 " " v}'
+      echo ")"
+    } > go.mod.tmp && mv go.mod.tmp go.mod
+  fi
+  local ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$k8s_version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$(echo "$k8s_version" | cut -d. -f2)"
+  for t in "${k8s_tools[@]}"; do
+    if [ -x "$bin/$t" ]; then continue; fi
+    local pkg=k8s.io/kubernetes/cmd/$t
+    say "building $t $k8s_version (several minutes on 2 cores)"
+    local start=$SECONDS
+    go build -trimpath -ldflags "$ldflags" -o "$bin/$t.tmp" "$pkg"
+    mv "$bin/$t.tmp" "$bin/$t"
+    say "built $t in $((SECONDS - start)) s"
+  done
+}
+
+build_etcd() {
+  [ -x "$etcd_bin/etcd" ] && return 0
+  local work=$cache/build/etcd-$etcd_version
+  mkdir -p "$work" "$etcd_bin"
+  cd "$work"
+  if [ ! -f go.mod ]; then
+    cat > go.mod <<MOD
+module tidal.dev/sandbox/etcd
+
+go 1.24
+
+require go.etcd.io/etcd/server/v3 $etcd_version
+
+replace (
+	go.etcd.io/etcd/api/v3 => go.etcd.io/etcd/api/v3 $etcd_version
+	go.etcd.io/etcd/client/pkg/v3 => go.etcd.io/etcd/client/pkg/v3 $etcd_version
+	go.etcd.io/etcd/client/v3 => go.etcd.io/etcd/client/v3 $etcd_version
+	go.etcd.io/etcd/pkg/v3 => go.etcd.io/etcd/pkg/v3 $etcd_version
+)
+MOD
+  fi
+  say "building etcd $etcd_version"
+  local start=$SECONDS
+  go build -trimpath -ldflags "-s -w" -o "$etcd_bin/etcd.tmp" go.etcd.io/etcd/server/v3
+  mv "$etcd_bin/etcd.tmp" "$etcd_bin/etcd"
+  say "built etcd in $((SECONDS - start)) s"
+}
+
+build_etcd
+build_k8s
+say "done: $bin, $etcd_bin"
