@@ -1,0 +1,96 @@
+"""ONNX Runtime backend: CPU everywhere, CUDA when its execution provider is installed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from tidal.runtime.backends import DeviceMemory, TensorSpec
+from tidal.runtime.config import ModelSpec, OnnxRuntimeSpec
+from tidal.runtime.core.engines import EngineDescriptor, EngineTarget
+from tidal.runtime.errors import EngineLoadError
+
+_ORT_TYPES = {
+    "tensor(bool)": "BOOL",
+    "tensor(uint8)": "UINT8",
+    "tensor(uint16)": "UINT16",
+    "tensor(uint32)": "UINT32",
+    "tensor(uint64)": "UINT64",
+    "tensor(int8)": "INT8",
+    "tensor(int16)": "INT16",
+    "tensor(int32)": "INT32",
+    "tensor(int64)": "INT64",
+    "tensor(float16)": "FP16",
+    "tensor(float)": "FP32",
+    "tensor(double)": "FP64",
+}
+
+
+def _spec(arg: Any) -> TensorSpec:
+    dims = tuple(d if isinstance(d, int) and d >= 0 else -1 for d in arg.shape)
+    datatype = _ORT_TYPES.get(arg.type)
+    if datatype is None:
+        raise EngineLoadError(f"tensor {arg.name!r} has unsupported type {arg.type}")
+    return TensorSpec(arg.name, datatype, dims)
+
+
+class OnnxEngine:
+    platform = "onnxruntime_onnx"
+
+    def __init__(self, session: ort.InferenceSession, size_bytes: int) -> None:
+        self._session = session
+        self.inputs = tuple(_spec(a) for a in session.get_inputs())
+        self.outputs = tuple(_spec(a) for a in session.get_outputs())
+        self._output_names = [o.name for o in self.outputs]
+        self.size_bytes = size_bytes
+
+    def infer(self, inputs: dict[str, np.ndarray[Any, Any]]) -> dict[str, np.ndarray[Any, Any]]:
+        results = self._session.run(self._output_names, inputs)
+        return dict(zip(self._output_names, results, strict=True))
+
+    def close(self) -> None:
+        # ONNX Runtime frees the session's memory when the last reference goes.
+        del self._session
+
+
+class OnnxRuntimeBackend:
+    name = "onnxruntime"
+
+    def __init__(self, spec: OnnxRuntimeSpec) -> None:
+        self._spec = spec
+        available = ort.get_available_providers()
+        if spec.providers is not None:
+            missing = [p for p in spec.providers if p not in available]
+            if missing:
+                raise EngineLoadError(f"ONNX Runtime providers {missing} are not available")
+            self.providers = list(spec.providers)
+        elif "CUDAExecutionProvider" in available:
+            self.providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+        else:
+            self.providers = ["CPUExecutionProvider"]
+
+    def target(self, model: ModelSpec) -> EngineTarget:
+        return EngineTarget(format="onnx", precision_preference=tuple(model.precisions))
+
+    def estimate_bytes(self, path: Path, descriptor: EngineDescriptor) -> int:
+        # The weights dominate an ONNX session's footprint; the file size is their size.
+        return path.stat().st_size
+
+    def load(
+        self, path: Path, descriptor: EngineDescriptor, model: ModelSpec, available_bytes: int
+    ) -> OnnxEngine:
+        options = ort.SessionOptions()
+        if self._spec.intra_op_threads:
+            options.intra_op_num_threads = self._spec.intra_op_threads
+        options.inter_op_num_threads = 1
+        try:
+            session = ort.InferenceSession(str(path), options, providers=self.providers)
+        except Exception as exc:  # ORT raises its own exception types for bad models
+            raise EngineLoadError(f"ONNX Runtime cannot load {descriptor.uri}: {exc}") from None
+        return OnnxEngine(session, path.stat().st_size)
+
+    def device_memory(self) -> DeviceMemory | None:
+        return None

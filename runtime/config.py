@@ -1,0 +1,269 @@
+"""The runtime's one typed configuration, and where it is read from.
+
+Sources, first match wins: ``--config FILE`` (YAML or JSON), ``TIDAL_RUNTIME_CONFIG`` (a path),
+``TIDAL_RUNTIME_CONFIG_JSON`` (inline JSON).  Fault-injection fields may also be overridden by
+``TIDAL_FAULT_*`` variables (see :data:`FAULT_ENV`).  Field names are camelCase on the wire
+(the operator renders this model into a ConfigMap as JSON); unknown fields are errors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+from tidal.runtime.core.cache import POLICIES
+from tidal.runtime.core.engines import (
+    PRECISIONS,
+    EngineDescriptor,
+    EngineNameError,
+    describe_engine,
+)
+from tidal.runtime.core.quantity import Fraction, parse_bytes, parse_bytes_or_fraction
+
+ByteSize = Annotated[int, BeforeValidator(parse_bytes), Field(ge=0)]
+Precision = Literal["fp32", "tf32", "fp16", "bf16", "fp8", "int8", "fp4", "int4"]
+assert set(PRECISIONS) == set(Precision.__args__)  # type: ignore[attr-defined]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True
+    )
+
+
+class EngineSpec(_Model):
+    """One engine file of a model (see the naming scheme in runtime/README.md)."""
+
+    uri: str = Field(description="file://, http(s):// URL, or a plain local path")
+    sha256: str | None = Field(
+        default=None, pattern=r"^[0-9a-f]{64}$", description="expected hex digest; verified"
+    )
+    gpu_arch: str | None = Field(default=None, description="e.g. sm90; overrides the file name")
+    precision: Precision | None = None
+    trt_version: str | None = Field(default=None, description="e.g. '11.4'")
+    format: Literal["onnx", "plan"] | None = None
+    version_compatible: bool | None = None
+
+    def descriptor(self) -> EngineDescriptor:
+        """What this engine is, from its file name and the explicit fields."""
+        return describe_engine(
+            self.uri,
+            format=self.format,
+            precision=self.precision,
+            gpu_arch=self.gpu_arch,
+            trt_version=self.trt_version,
+            version_compatible=self.version_compatible,
+        )
+
+    @model_validator(mode="after")
+    def _name_is_understood(self) -> EngineSpec:
+        try:
+            self.descriptor()
+        except EngineNameError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+
+class BatchingSpec(_Model):
+    enabled: bool = True
+    max_queue_delay_ms: float = Field(default=0.0, ge=0, le=60_000)
+    preferred_batch_sizes: list[Annotated[int, Field(gt=0)]] = Field(default_factory=list)
+    max_queue_size: int = Field(default=1024, gt=0, description="queued requests, not rows")
+    timeout_ms: float | None = Field(
+        default=None, gt=0, description="per-request deadline from arrival; None: no deadline"
+    )
+
+
+class WarmupSpec(_Model):
+    batch_sizes: list[Annotated[int, Field(gt=0)]] = Field(default_factory=lambda: [1])
+    iterations: int = Field(default=1, ge=0)
+
+
+class ModelSpec(_Model):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+    engines: list[EngineSpec] = Field(min_length=1)
+    max_batch_size: int = Field(default=8, gt=0, le=65536)
+    batching: BatchingSpec = Field(default_factory=BatchingSpec)
+    warmup: WarmupSpec = Field(default_factory=WarmupSpec)
+    preload: bool = Field(default=True, description="load and warm up at start (readiness)")
+    precisions: list[Precision] = Field(
+        default_factory=list, description="preference order; empty: the engines' order"
+    )
+
+    @model_validator(mode="after")
+    def _sizes_fit_batch(self) -> ModelSpec:
+        for size in self.batching.preferred_batch_sizes:
+            if size > self.max_batch_size:
+                raise ValueError(
+                    f"batching.preferredBatchSizes: {size} exceeds maxBatchSize "
+                    f"{self.max_batch_size}"
+                )
+        for size in self.warmup.batch_sizes:
+            if size > self.max_batch_size:
+                raise ValueError(
+                    f"warmup.batchSizes: {size} exceeds maxBatchSize {self.max_batch_size}"
+                )
+        return self
+
+
+class MemorySpec(_Model):
+    engine_cache_budget_bytes: ByteSize = Field(
+        default=8 * 2**30, description="device bytes the hot set of engines may use"
+    )
+    weight_streaming_budget: str | int | None = Field(
+        default=None, description="TensorRT only: bytes, 'N%' of streamable weights, or 'auto'"
+    )
+    reserve_bytes: ByteSize = Field(default=0, description="device bytes never given to engines")
+    eviction_policy: str = Field(default="lru", description=f"one of {sorted(POLICIES)}")
+
+    @field_validator("weight_streaming_budget")
+    @classmethod
+    def _budget_form(cls, value: str | int | None) -> str | int | None:
+        if value is None or value == "auto":
+            return value
+        parse_bytes_or_fraction(value)
+        return value
+
+    @field_validator("eviction_policy")
+    @classmethod
+    def _known_policy(cls, value: str) -> str:
+        if value not in POLICIES:
+            raise ValueError(f"unknown eviction policy {value!r}; known: {sorted(POLICIES)}")
+        return value
+
+    def streaming_request(self) -> int | Fraction | str | None:
+        value = self.weight_streaming_budget
+        if value is None or value == "auto":
+            return value
+        return parse_bytes_or_fraction(value)
+
+
+class FaultSpec(_Model):
+    """Test and demo aids: make this replica slow, failing or slow to warm. Off by default."""
+
+    added_latency_ms: float = Field(default=0.0, ge=0, description="added to every infer")
+    error_rate: float = Field(default=0.0, ge=0, le=1, description="fraction answered 500")
+    extra_warmup_seconds: float = Field(default=0.0, ge=0, description="added to each warm-up")
+    seed: int | None = Field(default=None, description="seed of the error draw")
+
+
+class OnnxRuntimeSpec(_Model):
+    intra_op_threads: int = Field(default=0, ge=0, description="0: ONNX Runtime's default")
+    providers: list[str] | None = Field(
+        default=None, description="None: CUDA when available, else CPU"
+    )
+
+
+class TensorRTSpec(_Model):
+    device: int = Field(default=0, ge=0)
+    allow_host_code: bool = Field(
+        default=False, description="allow plans with an embedded lean runtime (trusted only)"
+    )
+
+
+class RuntimeConfig(_Model):
+    """Configuration of one runtime process (one inference pod)."""
+
+    backend: Literal["onnxruntime", "tensorrt"] = "onnxruntime"
+    models: list[ModelSpec] = Field(default_factory=list)
+    memory: MemorySpec = Field(default_factory=MemorySpec)
+    max_concurrent_loads: int = Field(default=2, gt=0)
+    faults: FaultSpec = Field(default_factory=FaultSpec)
+    max_request_bytes: ByteSize = Field(default=64 * 2**20, gt=0)
+    cache_dir: str | None = Field(
+        default=None, description="where downloaded engines are kept; None: a temp dir"
+    )
+    onnxruntime: OnnxRuntimeSpec = Field(default_factory=OnnxRuntimeSpec)
+    tensorrt: TensorRTSpec = Field(default_factory=TensorRTSpec)
+
+    @field_validator("models")
+    @classmethod
+    def _unique_names(cls, models: list[ModelSpec]) -> list[ModelSpec]:
+        seen: set[str] = set()
+        for model in models:
+            if model.name in seen:
+                raise ValueError(f"model name {model.name!r} appears twice")
+            seen.add(model.name)
+        return models
+
+    def model(self, name: str) -> ModelSpec | None:
+        return next((m for m in self.models if m.name == name), None)
+
+
+FAULT_ENV: dict[str, str] = {
+    "TIDAL_FAULT_ADDED_LATENCY_MS": "addedLatencyMs",
+    "TIDAL_FAULT_ERROR_RATE": "errorRate",
+    "TIDAL_FAULT_EXTRA_WARMUP_SECONDS": "extraWarmupSeconds",
+    "TIDAL_FAULT_SEED": "seed",
+}
+
+
+class ConfigError(Exception):
+    """The configuration could not be read or is invalid; the message names the field."""
+
+
+def format_validation_error(error: ValidationError) -> str:
+    lines = []
+    for item in error.errors():
+        where = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        lines.append(f"  {where}: {item['msg']}")
+    return "invalid runtime configuration:\n" + "\n".join(lines)
+
+
+def parse_config(data: Any) -> RuntimeConfig:
+    try:
+        return RuntimeConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc)) from None
+
+
+def _read_file(path: str) -> Any:
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read configuration file {path}: {exc}") from None
+    try:
+        return json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise ConfigError(f"configuration file {path} is not valid YAML/JSON: {exc}") from None
+
+
+def load_config(path: str | None = None, env: dict[str, str] | None = None) -> RuntimeConfig:
+    """Read the configuration from ``path`` or the environment (see the module docstring)."""
+    env = dict(os.environ) if env is None else env
+    if path is not None:
+        data = _read_file(path)
+    elif env.get("TIDAL_RUNTIME_CONFIG"):
+        data = _read_file(env["TIDAL_RUNTIME_CONFIG"])
+    elif env.get("TIDAL_RUNTIME_CONFIG_JSON"):
+        try:
+            data = json.loads(env["TIDAL_RUNTIME_CONFIG_JSON"])
+        except ValueError as exc:
+            raise ConfigError(f"TIDAL_RUNTIME_CONFIG_JSON is not valid JSON: {exc}") from None
+    else:
+        data = {}
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError("invalid runtime configuration: the top level must be a mapping")
+    faults = dict(data.get("faults") or {})
+    for variable, field in FAULT_ENV.items():
+        if env.get(variable):
+            faults[field] = env[variable]
+    if faults:
+        data = {**data, "faults": faults}
+    return parse_config(data)

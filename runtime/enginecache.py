@@ -1,0 +1,270 @@
+"""The engine cache: which models are resident on the device, loading them on demand.
+
+Owns one :class:`Slot` per configured model and the budget.  Loads run at most
+``maxConcurrentLoads`` at a time, in phases (fetch, deserialize, warmup) that are timed into
+``tidal_engine_load_seconds``.  Which engines to evict comes from the pure
+:func:`~tidal.runtime.core.cache.plan_admission`; budget planning and reservation happen without
+an ``await`` in between, so concurrent loads cannot overcommit.  Engines with requests queued or
+running (``refs > 0``) are never evicted.  A failed load (missing file, checksum mismatch,
+incompatible or corrupt engine) releases its reservation and leaves the slot unloaded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from tidal.runtime.backends import Backend, Engine, TensorSpec, warmup_inputs
+from tidal.runtime.clock import Clock
+from tidal.runtime.config import ModelSpec, RuntimeConfig
+from tidal.runtime.core.cache import CacheEntry, make_policy, plan_admission
+from tidal.runtime.core.engines import select_engine
+from tidal.runtime.errors import EngineLoadError, ModelNotFound, Overloaded, ServingError
+from tidal.runtime.metrics import RuntimeMetrics
+from tidal.runtime.storage import EngineStore
+
+log = logging.getLogger("tidal.runtime.cache")
+
+READY = "READY"
+LOADING = "LOADING"
+UNAVAILABLE = "UNAVAILABLE"
+
+
+@dataclass
+class Slot:
+    spec: ModelSpec
+    state: str = UNAVAILABLE
+    engine: Engine | None = None
+    size_bytes: int = 0
+    last_used: float = 0.0
+    loaded_at: float = 0.0
+    uses: int = 0
+    refs: int = 0
+    load_seconds: float = 0.0
+    loading: asyncio.Future[None] | None = None
+    last_error: str | None = None
+    platform: str | None = None
+    inputs: tuple[TensorSpec, ...] = ()
+    outputs: tuple[TensorSpec, ...] = ()
+    first_request_pending: bool = False
+    engine_uri: str | None = None
+    history: list[str] = field(default_factory=list)
+
+
+class EngineCache:
+    def __init__(
+        self,
+        config: RuntimeConfig,
+        backend: Backend,
+        store: EngineStore,
+        metrics: RuntimeMetrics,
+        clock: Clock,
+    ) -> None:
+        self.config = config
+        self.backend = backend
+        self.store = store
+        self.metrics = metrics
+        self.clock = clock
+        self.policy = make_policy(config.memory.eviction_policy)
+        self.budget = config.memory.engine_cache_budget_bytes - config.memory.reserve_bytes
+        self.slots = {m.name: Slot(m) for m in config.models}
+        self._loads = asyncio.Semaphore(config.max_concurrent_loads)
+        self._load_pool = ThreadPoolExecutor(
+            max_workers=config.max_concurrent_loads, thread_name_prefix="tidal-load"
+        )
+        metrics.gpu_memory.labels("budget").set(config.memory.engine_cache_budget_bytes)
+        for name in self.slots:
+            metrics.model_ready.labels(name).set(0)
+        self._publish()
+
+    def slot(self, name: str) -> Slot:
+        try:
+            return self.slots[name]
+        except KeyError:
+            raise ModelNotFound(f"unknown model {name!r}") from None
+
+    # -- requests -----------------------------------------------------------------------------
+
+    async def acquire(self, name: str) -> tuple[Engine, bool]:
+        """Pin the model's engine for one request, loading it if needed; returns (engine, cold)."""
+        slot = self.slot(name)
+        slot.refs += 1
+        cold = slot.state != READY
+        try:
+            if cold:
+                self.metrics.cache_misses.labels(name).inc()
+                await self.ensure_loaded(name, on_demand=True)
+            else:
+                self.metrics.cache_hits.labels(name).inc()
+        except BaseException:
+            slot.refs -= 1
+            raise
+        slot.last_used = self.clock.now()
+        slot.uses += 1
+        assert slot.engine is not None
+        return slot.engine, cold
+
+    def release(self, name: str) -> None:
+        self.slots[name].refs -= 1
+
+    def take_first_request(self, name: str) -> bool:
+        """True once after each on-demand load: that request's latency is the cold start."""
+        slot = self.slots[name]
+        first, slot.first_request_pending = slot.first_request_pending, False
+        return first
+
+    # -- loading ------------------------------------------------------------------------------
+
+    async def ensure_loaded(self, name: str, *, on_demand: bool = False) -> None:
+        slot = self.slot(name)
+        if slot.state == READY:
+            return
+        if slot.loading is None:
+            slot.loading = asyncio.ensure_future(self._load(slot, on_demand))
+        await asyncio.shield(slot.loading)
+
+    async def _phase(self, slot: Slot, phase: str, func: Any, *args: Any) -> Any:
+        started = self.clock.now()
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._load_pool, func, *args)
+        finally:
+            elapsed = self.clock.now() - started
+            slot.load_seconds += elapsed
+            self.metrics.engine_load.labels(slot.spec.name, phase).observe(elapsed)
+
+    def _entries(self, exclude: str) -> list[CacheEntry]:
+        return [
+            CacheEntry(
+                name=s.spec.name,
+                size_bytes=s.size_bytes,
+                last_used=s.last_used,
+                loaded_at=s.loaded_at,
+                uses=s.uses,
+                in_use=s.refs > 0 or s.state == LOADING,
+                load_seconds=s.load_seconds,
+            )
+            for s in self.slots.values()
+            if s.spec.name != exclude and s.state in (READY, LOADING)
+        ]
+
+    def _reserve(self, slot: Slot, nbytes: int) -> None:
+        """Make room for ``nbytes`` by evicting, then account them to ``slot`` (no await)."""
+        plan = plan_admission(
+            self._entries(slot.spec.name), nbytes, self.budget, self.policy, self.clock.now()
+        )
+        slot.history.append(plan.reason)
+        if not plan.admit:
+            if plan.reason.startswith("too-large"):
+                raise EngineLoadError(f"model {slot.spec.name!r}: {plan.reason}")
+            raise Overloaded(
+                f"model {slot.spec.name!r} cannot load now: {plan.reason}", retry_after=1
+            )
+        for victim in plan.evict:
+            self._evict(self.slots[victim], reason=plan.reason)
+        slot.size_bytes = nbytes
+        self._publish()
+
+    async def _load(self, slot: Slot, on_demand: bool) -> None:
+        spec = slot.spec
+        engine: Engine | None = None
+        try:
+            async with self._loads:
+                slot.load_seconds = 0.0
+                # Names were validated with the configuration; describing them cannot fail.
+                descriptors = [e.descriptor() for e in spec.engines]
+                selection = select_engine(descriptors, self.backend.target(spec))
+                if selection.chosen is None:
+                    raise EngineLoadError(f"model {spec.name!r}: {selection.reason}")
+                chosen = selection.chosen
+                sha = next(e.sha256 for e in spec.engines if e.uri == chosen.uri)
+                path = await self._phase(slot, "fetch", self.store.fetch, chosen.uri, sha)
+                self.metrics.cache_bytes.labels("host").set(self.store.host_bytes())
+                estimate = self.backend.estimate_bytes(path, chosen)
+                self._reserve(slot, estimate)
+                slot.state = LOADING
+                available = self.budget - sum(e.size_bytes for e in self._entries(spec.name))
+                engine = await self._phase(
+                    slot, "deserialize", self.backend.load, path, chosen, spec, available
+                )
+                if engine.size_bytes > estimate:
+                    self._reserve(slot, engine.size_bytes)
+                slot.size_bytes = engine.size_bytes
+                await self._phase(slot, "warmup", self._warm_up, engine, spec)
+                if self.config.faults.extra_warmup_seconds:
+                    await asyncio.sleep(self.config.faults.extra_warmup_seconds)
+                slot.engine = engine
+                slot.engine_uri = chosen.uri
+                slot.platform = engine.platform
+                slot.inputs, slot.outputs = engine.inputs, engine.outputs
+                slot.state = READY
+                slot.loaded_at = slot.last_used = self.clock.now()
+                slot.last_error = None
+                slot.first_request_pending = on_demand
+                self.metrics.model_ready.labels(spec.name).set(1)
+                log.info("loaded %s from %s (%s)", spec.name, chosen.uri, selection.reason)
+        except BaseException as exc:
+            if engine is not None and slot.engine is not engine:
+                engine.close()
+            slot.state = UNAVAILABLE
+            slot.engine = None
+            slot.size_bytes = 0
+            slot.last_error = str(exc)
+            log.warning("loading %s failed: %s", spec.name, exc)
+            if isinstance(exc, ServingError | asyncio.CancelledError):
+                raise
+            raise EngineLoadError(f"model {spec.name!r} failed to load: {exc}") from exc
+        finally:
+            slot.loading = None
+            self._publish()
+
+    def _warm_up(self, engine: Engine, spec: ModelSpec) -> None:
+        for batch_size in spec.warmup.batch_sizes:
+            inputs = warmup_inputs(engine, batch_size)
+            for _ in range(spec.warmup.iterations):
+                engine.infer(inputs)
+
+    def _evict(self, slot: Slot, reason: str) -> None:
+        log.info("evicting %s (%s)", slot.spec.name, reason)
+        if slot.engine is not None:
+            slot.engine.close()
+        slot.engine = None
+        slot.state = UNAVAILABLE
+        slot.size_bytes = 0
+        self.metrics.cache_evictions.labels(slot.spec.name).inc()
+        self.metrics.model_ready.labels(slot.spec.name).set(0)
+
+    async def unload(self, name: str) -> None:
+        slot = self.slot(name)
+        if slot.loading is not None:
+            await asyncio.shield(slot.loading)
+        if slot.refs > 0:
+            raise Overloaded(f"model {name!r} has requests in flight; retry", retry_after=1)
+        if slot.engine is not None:
+            slot.engine.close()
+        slot.engine = None
+        slot.state = UNAVAILABLE
+        slot.size_bytes = 0
+        self.metrics.model_ready.labels(name).set(0)
+        self._publish()
+
+    def _publish(self) -> None:
+        resident = sum(s.size_bytes for s in self.slots.values() if s.state in (READY, LOADING))
+        self.metrics.cache_bytes.labels("gpu").set(resident)
+        memory = self.backend.device_memory()
+        if memory is not None:
+            self.metrics.gpu_memory.labels("total").set(memory.total_bytes)
+            self.metrics.gpu_memory.labels("used").set(memory.used_bytes)
+
+    def resident_bytes(self) -> int:
+        return sum(s.size_bytes for s in self.slots.values() if s.state in (READY, LOADING))
+
+    def close(self) -> None:
+        for slot in self.slots.values():
+            if slot.engine is not None:
+                slot.engine.close()
+                slot.engine = None
+        self._load_pool.shutdown(wait=False, cancel_futures=True)

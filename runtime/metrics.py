@@ -1,0 +1,109 @@
+"""Prometheus metrics of the runtime: the names are the operator's contract (DESIGN.md §3).
+
+Every metric is documented in runtime/README.md ("Metrics reference").  Each server owns its
+own registry so that several servers can live in one test process.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+
+# The *_created series double the exposition size and nothing reads them.
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+# Fine enough for millisecond-level P99 on the hot path, wide enough for cold requests.
+LATENCY_BUCKETS = (
+    0.0005, 0.001, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.03,
+    0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0,
+)  # fmt: skip
+LOAD_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+class RuntimeMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.queue_depth = Gauge(
+            "tidal_queue_depth",
+            "Requests queued in the dynamic batcher and not yet sent to the backend (exact).",
+            ["model"],
+            registry=r,
+        )
+        self.inflight = Gauge(
+            "tidal_inflight_requests",
+            "Infer requests received and not yet answered (queued, loading or executing).",
+            registry=r,
+        )
+        self.request_duration = Histogram(
+            "tidal_request_duration_seconds",
+            "Infer request latency, arrival to response; cache=cold when it waited for a load.",
+            ["model", "cache", "code"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.requests = Counter(
+            "tidal_requests",
+            "Infer requests answered, by HTTP status code.",
+            ["model", "code"],
+            registry=r,
+        )
+        self.engine_load = Histogram(
+            "tidal_engine_load_seconds",
+            "Duration of each engine load phase: fetch, deserialize, warmup.",
+            ["model", "phase"],
+            buckets=LOAD_BUCKETS,
+            registry=r,
+        )
+        self.cold_start = Histogram(
+            "tidal_cold_start_seconds",
+            "Latency of the first request served by an engine it had to wait to load.",
+            ["model"],
+            buckets=LOAD_BUCKETS,
+            registry=r,
+        )
+        self.cache_hits = Counter(
+            "tidal_engine_cache_hits", "Requests whose engine was resident.", ["model"], registry=r
+        )
+        self.cache_misses = Counter(
+            "tidal_engine_cache_misses",
+            "Requests whose engine was not resident (they waited for a load).",
+            ["model"],
+            registry=r,
+        )
+        self.cache_evictions = Counter(
+            "tidal_engine_cache_evictions",
+            "Engines evicted from the device to make room.",
+            ["model"],
+            registry=r,
+        )
+        self.cache_bytes = Gauge(
+            "tidal_engine_cache_bytes",
+            "Bytes held by the engine cache: tier=gpu the device hot set, tier=host local files.",
+            ["tier"],
+            registry=r,
+        )
+        self.gpu_memory = Gauge(
+            "tidal_gpu_memory_bytes",
+            "Device memory: total, used (whole device), budget (engine cache budget).",
+            ["kind"],
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "tidal_batch_size",
+            "Rows in each batch sent to the backend.",
+            ["model"],
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
+        self.model_ready = Gauge(
+            "tidal_model_ready",
+            "1 when the model's engine is resident and warm.",
+            ["model"],
+            registry=r,
+        )
+        self.startup_seconds = Gauge(
+            "tidal_startup_seconds",
+            "Seconds from process start until /v2/health/ready turned true.",
+            registry=r,
+        )

@@ -1,0 +1,200 @@
+"""Deterministic ONNX test models made with onnx.helper (MLPs and small convnets).
+
+Used by the tests, the end-to-end scenarios, the benchmarks and the demo: nothing is
+downloaded.  Weights come from a seeded generator, the batch dimension is dynamic
+(``"batch"``), and ``hidden``/``channels`` set the file size so a test can make models of a
+known byte size for the cache budget (:func:`mlp_hidden_for_bytes`).
+
+CLI::
+
+    python -m tidal.runtime.modelgen mlp OUT.onnx [--inputs N] [--hidden N] [--outputs N]
+        [--layers N] [--seed N]
+    python -m tidal.runtime.modelgen convnet OUT.onnx [--channels N] [--size N] [--classes N]
+
+prints ``<sha256>  <bytes>  <path>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 17
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    path: Path
+    sha256: str
+    size_bytes: int
+    input_name: str
+    input_shape: tuple[int, ...]  # -1 for the batch dimension
+    output_name: str
+    output_shape: tuple[int, ...]
+    datatype: str = "FP32"
+
+    @property
+    def uri(self) -> str:
+        return self.path.resolve().as_uri()
+
+
+def _save(model: onnx.ModelProto, path: str | Path) -> tuple[Path, str, int]:
+    onnx.checker.check_model(model)
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    data = model.SerializeToString()
+    out.write_bytes(data)
+    return out, hashlib.sha256(data).hexdigest(), len(data)
+
+
+def _weights(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    fan_in = shape[0] if len(shape) == 2 else int(np.prod(shape[1:]))
+    return (rng.standard_normal(shape) / math.sqrt(max(1, fan_in))).astype(np.float32)
+
+
+def write_mlp(
+    path: str | Path,
+    inputs: int = 16,
+    hidden: int = 64,
+    outputs: int = 4,
+    layers: int = 2,
+    seed: int = 0,
+    input_name: str = "input",
+    output_name: str = "output",
+) -> ModelInfo:
+    """An MLP: ``layers`` hidden layers of width ``hidden`` with ReLU, then a linear output."""
+    rng = np.random.default_rng(seed)
+    nodes = []
+    initializers = []
+    previous, width = input_name, inputs
+    for index in range(layers + 1):
+        last = index == layers
+        out_width = outputs if last else hidden
+        w = numpy_helper.from_array(_weights(rng, (width, out_width)), f"w{index}")
+        b = numpy_helper.from_array(
+            (0.01 * rng.standard_normal(out_width)).astype(np.float32), f"b{index}"
+        )
+        initializers += [w, b]
+        target = output_name if last else f"h{index}"
+        pre = target if last else f"z{index}"
+        nodes.append(helper.make_node("Gemm", [previous, f"w{index}", f"b{index}"], [pre]))
+        if not last:
+            nodes.append(helper.make_node("Relu", [pre], [target]))
+        previous, width = target, out_width
+    graph = helper.make_graph(
+        nodes,
+        f"mlp_{inputs}x{hidden}x{outputs}_s{seed}",
+        [helper.make_tensor_value_info(input_name, TensorProto.FLOAT, ["batch", inputs])],
+        [helper.make_tensor_value_info(output_name, TensorProto.FLOAT, ["batch", outputs])],
+        initializers,
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="tidal.modelgen"
+    )
+    model.ir_version = 8
+    out, digest, size = _save(model, path)
+    return ModelInfo(out, digest, size, input_name, (-1, inputs), output_name, (-1, outputs))
+
+
+def mlp_hidden_for_bytes(
+    target_bytes: int, inputs: int = 16, outputs: int = 4, layers: int = 2
+) -> int:
+    """The ``hidden`` width whose MLP file is about ``target_bytes`` (float32 weights)."""
+    # bytes ~= 4 * (inputs*h + (layers-1)*h*h + h*outputs + layers*h + outputs)
+    a = 4.0 * (layers - 1)
+    b = 4.0 * (inputs + outputs + layers)
+    c = -float(target_bytes)
+    if a == 0:
+        return max(1, int(-c / b))
+    return max(1, int((-b + math.sqrt(b * b - 4 * a * c)) / (2 * a)))
+
+
+def write_convnet(
+    path: str | Path,
+    channels: int = 8,
+    size: int = 16,
+    classes: int = 10,
+    in_channels: int = 3,
+    seed: int = 0,
+    input_name: str = "image",
+    output_name: str = "logits",
+) -> ModelInfo:
+    """Conv(3x3)-ReLU-Conv(3x3)-ReLU-GlobalAveragePool-Flatten-Gemm on NCHW images."""
+    rng = np.random.default_rng(seed)
+    init = [
+        numpy_helper.from_array(_weights(rng, (channels, in_channels, 3, 3)), "c1_w"),
+        numpy_helper.from_array(np.zeros(channels, np.float32), "c1_b"),
+        numpy_helper.from_array(_weights(rng, (channels, channels, 3, 3)), "c2_w"),
+        numpy_helper.from_array(np.zeros(channels, np.float32), "c2_b"),
+        numpy_helper.from_array(_weights(rng, (channels, classes)), "fc_w"),
+        numpy_helper.from_array(np.zeros(classes, np.float32), "fc_b"),
+    ]
+    nodes = [
+        helper.make_node("Conv", [input_name, "c1_w", "c1_b"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "c2_w", "c2_b"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c2"], ["r2"]),
+        helper.make_node("GlobalAveragePool", ["r2"], ["pool"]),
+        helper.make_node("Flatten", ["pool"], ["flat"], axis=1),
+        helper.make_node("Gemm", ["flat", "fc_w", "fc_b"], [output_name]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        f"convnet_c{channels}_s{size}_k{classes}_seed{seed}",
+        [
+            helper.make_tensor_value_info(
+                input_name, TensorProto.FLOAT, ["batch", in_channels, size, size]
+            )
+        ],
+        [helper.make_tensor_value_info(output_name, TensorProto.FLOAT, ["batch", classes])],
+        init,
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="tidal.modelgen"
+    )
+    model.ir_version = 8
+    out, digest, nbytes = _save(model, path)
+    return ModelInfo(
+        out, digest, nbytes, input_name, (-1, in_channels, size, size), output_name, (-1, classes)
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tidal.runtime.modelgen")
+    sub = parser.add_subparsers(dest="kind", required=True)
+    mlp = sub.add_parser("mlp", help="a multi-layer perceptron")
+    mlp.add_argument("out")
+    mlp.add_argument("--inputs", type=int, default=16)
+    mlp.add_argument("--hidden", type=int, default=64)
+    mlp.add_argument("--outputs", type=int, default=4)
+    mlp.add_argument("--layers", type=int, default=2)
+    mlp.add_argument("--seed", type=int, default=0)
+    mlp.add_argument("--bytes", type=int, default=None, help="choose --hidden for this file size")
+    conv = sub.add_parser("convnet", help="a small convolutional network")
+    conv.add_argument("out")
+    conv.add_argument("--channels", type=int, default=8)
+    conv.add_argument("--size", type=int, default=16)
+    conv.add_argument("--classes", type=int, default=10)
+    conv.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.kind == "mlp":
+        hidden = args.hidden
+        if args.bytes is not None:
+            hidden = mlp_hidden_for_bytes(args.bytes, args.inputs, args.outputs, args.layers)
+        info = write_mlp(args.out, args.inputs, hidden, args.outputs, args.layers, args.seed)
+    else:
+        info = write_convnet(args.out, args.channels, args.size, args.classes, seed=args.seed)
+    print(f"{info.sha256}  {info.size_bytes}  {info.path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,404 @@
+"""HTTP transport: Open Inference Protocol v2 routes over aiohttp, errors mapped once.
+
+Routes: health (live/ready), server and model metadata, model ready, model config (Triton
+extension, used by tritonclient), infer (JSON and binary tensors), the model-repository
+extension (index, load, unload), and ``/metrics``.  Every :class:`ServingError` becomes
+``{"error": message}`` with its status in :func:`error_middleware`; anything else a handler
+raises becomes a 500 without taking the process down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from tidal.runtime import __version__
+from tidal.runtime.backends import Backend, TensorSpec, make_backend
+from tidal.runtime.batcher import ModelBatcher
+from tidal.runtime.clock import CLOCK, Clock
+from tidal.runtime.config import RuntimeConfig
+from tidal.runtime.enginecache import READY, EngineCache
+from tidal.runtime.errors import (
+    InjectedFault,
+    InvalidInput,
+    InvalidRequest,
+    PayloadTooLarge,
+    ServingError,
+    Unavailable,
+)
+from tidal.runtime.metrics import RuntimeMetrics
+from tidal.runtime.protocol import DATATYPES, HEADER_LENGTH, decode_request, encode_response
+from tidal.runtime.storage import EngineStore
+
+log = logging.getLogger("tidal.runtime.server")
+
+
+def _error_response(error: ServingError) -> web.Response:
+    headers = {}
+    if error.retry_after is not None:
+        headers["Retry-After"] = str(error.retry_after)
+    return web.json_response({"error": error.message}, status=error.status, headers=headers)
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+    try:
+        response: web.StreamResponse = await handler(request)
+        return response
+    except ServingError as error:
+        return _error_response(error)
+    except web.HTTPRequestEntityTooLarge:
+        return _error_response(PayloadTooLarge("request body is larger than maxRequestBytes"))
+    except web.HTTPException:
+        raise
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # the process must survive anything a client sends
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return web.json_response({"error": f"internal error: {exc}"}, status=500)
+
+
+def _validate(
+    inputs: dict[str, np.ndarray[Any, Any]],
+    specs: tuple[TensorSpec, ...],
+    max_batch: int,
+) -> tuple[int, tuple[tuple[int, ...], ...]]:
+    """Check names, datatypes and shapes; returns (rows, non-batch shapes)."""
+    expected = {s.name: s for s in specs}
+    unknown = sorted(set(inputs) - set(expected))
+    missing = sorted(set(expected) - set(inputs))
+    if unknown or missing:
+        raise InvalidInput(
+            f"inputs must be {sorted(expected)}; unknown: {unknown}, missing: {missing}"
+        )
+    rows: int | None = None
+    key = []
+    for spec in specs:
+        array = inputs[spec.name]
+        if array.dtype != DATATYPES[spec.datatype]:
+            got = next(k for k, v in DATATYPES.items() if v == array.dtype)
+            raise InvalidInput(f"input {spec.name!r}: expected datatype {spec.datatype}, got {got}")
+        if array.ndim != len(spec.shape):
+            raise InvalidInput(
+                f"input {spec.name!r}: expected shape {list(spec.shape)} (-1 = any), "
+                f"got {list(array.shape)}"
+            )
+        for want, got_dim in zip(spec.shape[1:], array.shape[1:], strict=True):
+            if want >= 0 and want != got_dim:
+                raise InvalidInput(
+                    f"input {spec.name!r}: expected shape {list(spec.shape)} (-1 = any), "
+                    f"got {list(array.shape)}"
+                )
+        if rows is None:
+            rows = int(array.shape[0])
+        elif rows != array.shape[0]:
+            raise InvalidInput("all inputs must have the same batch size (first dimension)")
+        key.append(tuple(array.shape[1:]))
+    assert rows is not None
+    if rows < 1 or rows > max_batch:
+        raise InvalidInput(f"batch size {rows} is outside 1..{max_batch} (maxBatchSize)")
+    return rows, tuple(key)
+
+
+class RuntimeServer:
+    """The runtime's state: configuration, cache, batchers, metrics, readiness."""
+
+    def __init__(
+        self,
+        config: RuntimeConfig,
+        backend: Backend | None = None,
+        clock: Clock = CLOCK,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.started_at = clock.now()
+        self.metrics = RuntimeMetrics()
+        self.backend = backend if backend is not None else make_backend(config)
+        self.store = EngineStore(config.cache_dir)
+        self.cache = EngineCache(config, self.backend, self.store, self.metrics, clock)
+        self.batchers: dict[str, ModelBatcher] = {}
+        self.ready = False
+        self.startup_error: str | None = None
+        self._startup_task: asyncio.Task[None] | None = None
+        self._random = random.Random(config.faults.seed)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def build_app(self) -> web.Application:
+        app = web.Application(
+            client_max_size=self.config.max_request_bytes, middlewares=[error_middleware]
+        )
+        app.on_startup.append(self._on_startup)
+        app.on_cleanup.append(self._on_cleanup)
+        r = app.router
+        r.add_get("/v2/health/live", self.live)
+        r.add_get("/v2/health/ready", self.ready_handler)
+        r.add_get("/v2", self.server_metadata)
+        r.add_get("/metrics", self.metrics_handler)
+        r.add_post("/v2/repository/index", self.repository_index)
+        r.add_post("/v2/repository/models/{model}/load", self.repository_load)
+        r.add_post("/v2/repository/models/{model}/unload", self.repository_unload)
+        for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+            r.add_get(prefix, self.model_metadata)
+            r.add_get(prefix + "/ready", self.model_ready)
+            r.add_get(prefix + "/config", self.model_config)
+            r.add_post(prefix + "/infer", self.infer)
+        return app
+
+    async def _on_startup(self, app: web.Application) -> None:
+        for spec in self.config.models:
+            batcher = ModelBatcher(spec, self.cache, self.metrics, self.clock)
+            batcher.start()
+            self.batchers[spec.name] = batcher
+        self._startup_task = asyncio.create_task(self._preload(), name="preload")
+
+    async def _preload(self) -> None:
+        """Load and warm every ``preload`` model, retrying failures, then turn ready."""
+        pending = [m.name for m in self.config.models if m.preload]
+        delay = 1.0
+        while pending:
+            failed = []
+            for name in pending:
+                try:
+                    await self.cache.ensure_loaded(name)
+                except Exception as exc:
+                    self.startup_error = f"{name}: {exc}"
+                    log.error("preloading %s failed (will retry): %s", name, exc)
+                    failed.append(name)
+            pending = failed
+            if pending:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+        self.startup_error = None
+        self.ready = True
+        elapsed = self.clock.now() - self.started_at
+        self.metrics.startup_seconds.set(elapsed)
+        log.info("ready after %.2f s", elapsed)
+
+    async def _on_cleanup(self, app: web.Application) -> None:
+        self.ready = False
+        if self._startup_task is not None:
+            self._startup_task.cancel()
+        for batcher in self.batchers.values():
+            await batcher.stop()
+        self.cache.close()
+
+    # -- health and metadata ------------------------------------------------------------------
+
+    async def live(self, request: web.Request) -> web.Response:
+        return web.json_response({"live": True})
+
+    async def ready_handler(self, request: web.Request) -> web.Response:
+        body: dict[str, Any] = {"ready": self.ready}
+        if self.startup_error:
+            body["error"] = self.startup_error
+        return web.json_response(body, status=200 if self.ready else 503)
+
+    async def server_metadata(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "name": "tidal-runtime",
+                "version": __version__,
+                "extensions": ["binary_tensor_data", "model_repository"],
+            }
+        )
+
+    async def metrics_handler(self, request: web.Request) -> web.Response:
+        self.cache._publish()
+        return web.Response(
+            body=generate_latest(self.metrics.registry),
+            headers={"Content-Type": CONTENT_TYPE_LATEST},
+        )
+
+    async def _known_metadata(self, name: str) -> Any:
+        slot = self.cache.slot(name)
+        if not slot.inputs:
+            await self.cache.ensure_loaded(name, on_demand=True)
+        return slot
+
+    async def model_metadata(self, request: web.Request) -> web.Response:
+        name = request.match_info["model"]
+        slot = await self._known_metadata(name)
+
+        def tensors(specs: tuple[TensorSpec, ...]) -> list[dict[str, Any]]:
+            return [{"name": s.name, "datatype": s.datatype, "shape": list(s.shape)} for s in specs]
+
+        return web.json_response(
+            {
+                "name": name,
+                "versions": ["1"],
+                "platform": slot.platform,
+                "inputs": tensors(slot.inputs),
+                "outputs": tensors(slot.outputs),
+            }
+        )
+
+    async def model_config(self, request: web.Request) -> web.Response:
+        name = request.match_info["model"]
+        slot = await self._known_metadata(name)
+        spec = slot.spec
+
+        def tensors(specs: tuple[TensorSpec, ...]) -> list[dict[str, Any]]:
+            return [
+                {"name": s.name, "data_type": "TYPE_" + s.datatype, "dims": list(s.shape[1:])}
+                for s in specs
+            ]
+
+        return web.json_response(
+            {
+                "name": name,
+                "platform": slot.platform,
+                "backend": self.config.backend,
+                "max_batch_size": spec.max_batch_size,
+                "input": tensors(slot.inputs),
+                "output": tensors(slot.outputs),
+                "dynamic_batching": {
+                    "preferred_batch_size": spec.batching.preferred_batch_sizes,
+                    "max_queue_delay_microseconds": int(spec.batching.max_queue_delay_ms * 1000),
+                }
+                if spec.batching.enabled
+                else None,
+            }
+        )
+
+    async def model_ready(self, request: web.Request) -> web.Response:
+        slot = self.cache.slot(request.match_info["model"])
+        ready = slot.state == READY
+        return web.json_response({"ready": ready}, status=200 if ready else 400)
+
+    # -- repository extension -----------------------------------------------------------------
+
+    async def repository_index(self, request: web.Request) -> web.Response:
+        body = await self._json_body(request)
+        only_ready = bool(body.get("ready", False))
+        index = []
+        for name, slot in self.cache.slots.items():
+            if only_ready and slot.state != READY:
+                continue
+            entry = {"name": name, "version": "1", "state": slot.state}
+            if slot.last_error:
+                entry["reason"] = slot.last_error
+            index.append(entry)
+        return web.json_response(index)
+
+    async def repository_load(self, request: web.Request) -> web.Response:
+        await self._json_body(request)
+        await self.cache.ensure_loaded(request.match_info["model"], on_demand=False)
+        return web.json_response({})
+
+    async def repository_unload(self, request: web.Request) -> web.Response:
+        await self._json_body(request)
+        await self.cache.unload(request.match_info["model"])
+        return web.json_response({})
+
+    async def _json_body(self, request: web.Request) -> dict[str, Any]:
+        raw = await request.read()
+        if not raw:
+            return {}
+        try:
+            body = json.loads(raw)
+        except ValueError as exc:
+            raise InvalidRequest(f"body is not valid JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise InvalidRequest("body must be a JSON object")
+        return body
+
+    # -- inference ----------------------------------------------------------------------------
+
+    async def infer(self, request: web.Request) -> web.Response:
+        name = request.match_info["model"]
+        started = self.clock.now()
+        self.metrics.inflight.inc()
+        cold = False
+        code = 500
+        try:
+            response, cold = await self._infer(name, request)
+            code = response.status
+            return response
+        except ServingError as error:
+            code = error.status
+            raise
+        finally:
+            self.metrics.inflight.dec()
+            if name in self.cache.slots:
+                elapsed = self.clock.now() - started
+                label = "cold" if cold else "hot"
+                self.metrics.request_duration.labels(name, label, str(code)).observe(elapsed)
+                self.metrics.requests.labels(name, str(code)).inc()
+                if cold and code == 200 and self.cache.take_first_request(name):
+                    self.metrics.cold_start.labels(name).observe(elapsed)
+
+    async def _infer(self, name: str, request: web.Request) -> tuple[web.Response, bool]:
+        spec = self.cache.slot(name).spec
+        if not self.ready and spec.preload:
+            raise Unavailable("server is warming up; not ready", retry_after=1)
+        length = request.content_length
+        if length is not None and length > self.config.max_request_bytes:
+            raise PayloadTooLarge(
+                f"request body of {length} bytes exceeds maxRequestBytes "
+                f"{self.config.max_request_bytes}"
+            )
+        body = await request.read()
+        header = request.headers.get(HEADER_LENGTH)
+        try:
+            header_length = int(header) if header is not None else None
+        except ValueError:
+            raise InvalidRequest(f"{HEADER_LENGTH} must be an integer") from None
+        decoded = decode_request(body, header_length)
+        faults = self.config.faults
+        if faults.error_rate and self._random.random() < faults.error_rate:
+            raise InjectedFault("injected fault (faults.errorRate)")
+        engine, cold = await self.cache.acquire(name)
+        try:
+            rows, key = _validate(decoded.inputs, engine.inputs, spec.max_batch_size)
+            if decoded.outputs is not None:
+                known = {o.name for o in engine.outputs}
+                for wanted in decoded.outputs:
+                    if wanted.name not in known:
+                        raise InvalidInput(
+                            f"unknown output {wanted.name!r}; outputs are {sorted(known)}"
+                        )
+            future = self.batchers[name].submit(decoded.inputs, rows, key)
+            outputs = await future
+        finally:
+            self.cache.release(name)
+        payload, header_len = encode_response(
+            name, outputs, decoded.outputs, decoded.binary_default, decoded.id
+        )
+        if faults.added_latency_ms:
+            await asyncio.sleep(faults.added_latency_ms / 1000.0)
+        if header_len is None:
+            return web.Response(body=payload, content_type="application/json"), cold
+        return (
+            web.Response(
+                body=payload,
+                headers={
+                    HEADER_LENGTH: str(header_len),
+                    "Content-Type": "application/octet-stream",
+                },
+            ),
+            cold,
+        )
+
+
+async def serve(
+    config: RuntimeConfig, host: str, port: int, backend: Backend | None = None
+) -> None:
+    """Run the server until cancelled."""
+    server = RuntimeServer(config, backend)
+    runner = web.AppRunner(server.build_app(), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    log.info("tidal-runtime listening on %s:%d (backend %s)", host, port, config.backend)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
