@@ -29,7 +29,8 @@ Rules, and why:
   bad ...) never accumulates into a rollback.
 * **Short gaps do not reset the clock.** A failed scrape or a window with too few samples
   neither counts as breach nor as recovery: the breach onset is kept if the last breaching
-  observation is at most ``maxGapSeconds`` old, otherwise the clock resets. Without this one
+  observation is at most ``maxGapSeconds`` old, otherwise the clock resets (also when two
+  breaching observations simply lie further apart than that). Without this one
   failed Prometheus query would restart a 60 s window.
 * Values exactly at the objective are within it (strict ``>``, ``<`` for a breach).
 
@@ -360,7 +361,11 @@ def _judge(
     if not over:
         return reading(SignalStatus.OK), SignalTrack()
 
-    since = track.breaching_since if track.breaching_since is not None else now
+    # Two breaching observations further apart than maxGap (the operator was down, scrapes
+    # were rare) say nothing about the time between them: the breach starts again.
+    last = track.last_breach_at
+    continuing = last is not None and now - last <= policy.max_gap_seconds
+    since = track.breaching_since if continuing and track.breaching_since is not None else now
     since = min(since, now)  # a clock that stepped back never yields a negative duration
     sustained = now - since >= policy.for_seconds
     status = SignalStatus.BREACHED if sustained else SignalStatus.PENDING
