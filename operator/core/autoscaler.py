@@ -1,0 +1,593 @@
+"""The autoscaler's decision: how many replicas a pool should serve with, and how many to keep warm.
+
+Owns `decide_scale`, a pure function of a `ScalingPolicy` (from the spec's autoscaling section),
+an `Observation` (counts and signals the shell gathered) and the previous `ScalerState`; it
+returns a `ScaleDecision` carrying a short machine-friendly reason and the inputs it used, plus
+the next state. It never reads the clock: `Observation.now` is monotonic seconds from the shell.
+
+How demand is estimated (all in "replicas at the target queue depth"):
+
+* Flow: the arrival rate expected when a replica created now will be warm (the rate now plus
+  its trend over `trend_window_seconds`, times the measured warm-up time), times the seconds of
+  concurrency one request holds (learned from queue depth / arrival rate while not saturated).
+* Backlog: requests queued beyond that flow, to be drained over `backlog_drain_seconds`. A
+  backlog is a stock, not a flow: sizing replicas for it directly (as KPA does with raw
+  concurrency) keeps adding replicas while the ones on the way are still warming.
+* Without an arrival rate (or before the per-request time is known) the queue depth itself,
+  projected by its trend, is the demand.
+* Hot P99 approaching its target (`p99_approach`) asks for more replicas than are ready even when
+  queues look fine, once earlier additions have had time to show in the (lagging) percentile.
+
+Warming replicas count as capacity on the way (demand is compared with replicas asked for, not
+with ready ones). Scale-down follows the largest recommendation over the last
+`scale_down_delay_seconds` of fresh metrics, and scale-up needs demand beyond a tolerance, so
+that noise cannot make the pool flap. Missing or stale metrics hold the pool where it is.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+# Reasons (a closed vocabulary the shell copies into status, Events and metrics labels).
+REASON_STEADY = "steady"
+REASON_HOLD_STALE = "hold:metrics-stale"
+REASON_HOLD_MISSING = "hold:metrics-missing"
+REASON_SURGE_QUEUE = "surge:queue"
+REASON_SURGE_RATE = "surge:rate"
+REASON_SURGE_TREND = "surge:trend"
+REASON_P99 = "p99-approaching-target"
+REASON_WAIT_DOWN = "wait:scale-down-delay"
+REASON_DOWN_IDLE = "scale-down:idle"
+REASON_DOWN_LOW = "scale-down:low-load"
+REASON_CAPPED_MAX = "capped:max"
+REASON_FLOOR_MIN = "floor:min"
+REASON_RATE_LIMITED = "rate-limited"
+REASON_UNSCHEDULABLE = "unschedulable"
+
+# Small slack so that a demand of exactly 3.0 replicas computed in floating point as 3.0000001
+# does not round up to 4.
+_EPS = 1e-9
+
+
+class AutoscalingSpec(Protocol):
+    """The fields of the InferenceService's `spec.autoscaling` that the policy is built from."""
+
+    @property
+    def min_replicas(self) -> int: ...
+    @property
+    def max_replicas(self) -> int: ...
+    @property
+    def target_queue_depth(self) -> float: ...
+    @property
+    def target_p99_ms(self) -> float | None: ...
+    @property
+    def standby_replicas(self) -> int: ...
+    @property
+    def scale_down_delay_seconds(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ScalingPolicy:
+    """How one pool scales. Field names follow `spec.autoscaling` (snake_case here).
+
+    `max_replicas` bounds all pods of the pool (serving plus standby: it is the GPU budget); the
+    standby pool shrinks when serving needs those GPUs. `min_replicas` bounds serving replicas.
+    """
+
+    min_replicas: int = 1
+    max_replicas: int = 10
+    # In-flight plus queued requests per ready serving replica to aim for.
+    target_queue_depth: float = 4.0
+    # Hot-path P99 to stay under; None: the queue signal alone decides.
+    target_p99_ms: float | None = None
+    standby_replicas: int = 0
+    scale_down_delay_seconds: float = 300.0
+    # The shell should call decide_scale at least this often; documents the contract.
+    tick_seconds: float = 1.0
+    # Per decision, the pool may grow to max(current * rate, current + step).
+    max_scale_up_rate: float = 10.0
+    max_scale_up_step: int = 4
+    # P99 at this fraction of its target already asks for more replicas.
+    p99_approach: float = 0.8
+    # One P99-driven decision adds at most this factor of the ready replicas.
+    p99_max_factor: float = 1.5
+    # The P99 window of the metrics pipeline: P99 still reflects the past for this long.
+    p99_window_seconds: float = 30.0
+    # Demand within this fraction above the replicas asked for adds none (hysteresis).
+    tolerance: float = 0.1
+    # Metrics older than this hold the pool.
+    max_metrics_age_seconds: float = 5.0
+    # Warm-up time assumed until the shell has measured one.
+    default_warmup_seconds: float = 30.0
+    trend_window_seconds: float = 10.0
+    # The projection may not exceed this multiple of the current demand (noise guard).
+    max_trend_factor: float = 3.0
+    # Trend growth below this fraction of the current rate is treated as noise.
+    trend_deadband: float = 0.1
+    backlog_drain_seconds: float = 10.0
+    # Without a P99 target, scale-down needs no P99; with one, a missing P99 blocks scale-down
+    # unless the pool is idle (no requests, so no percentile to measure).
+    require_p99_for_scale_down: bool = True
+    # Weight of a new sample in the per-request concurrency estimate.
+    seconds_per_request_smoothing: float = 0.2
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not 0 <= self.min_replicas <= self.max_replicas:
+            problems.append("need 0 <= min_replicas <= max_replicas")
+        if self.standby_replicas < 0:
+            problems.append("standby_replicas must be >= 0")
+        if self.target_queue_depth <= 0:
+            problems.append("target_queue_depth must be > 0")
+        if self.target_p99_ms is not None and self.target_p99_ms <= 0:
+            problems.append("target_p99_ms must be > 0")
+        if not 0 < self.tick_seconds <= 1.0:
+            problems.append("tick_seconds must be in (0, 1]")
+        if self.max_scale_up_rate < 1.0 or self.max_scale_up_step < 1:
+            problems.append("max_scale_up_rate must be >= 1 and max_scale_up_step >= 1")
+        if not 0 < self.p99_approach <= 1 or self.p99_max_factor < 1:
+            problems.append("need 0 < p99_approach <= 1 and p99_max_factor >= 1")
+        if self.scale_down_delay_seconds < 0 or self.tolerance < 0:
+            problems.append("scale_down_delay_seconds and tolerance must be >= 0")
+        if self.trend_window_seconds <= 0 or self.max_trend_factor < 1:
+            problems.append("need trend_window_seconds > 0 and max_trend_factor >= 1")
+        if self.backlog_drain_seconds <= 0 or self.max_metrics_age_seconds <= 0:
+            problems.append("backlog_drain_seconds and max_metrics_age_seconds must be > 0")
+        if not 0 < self.seconds_per_request_smoothing <= 1:
+            problems.append("seconds_per_request_smoothing must be in (0, 1]")
+        if problems:
+            raise ValueError("invalid ScalingPolicy: " + "; ".join(problems))
+
+    @classmethod
+    def from_spec(cls, spec: AutoscalingSpec, **overrides: float | int | bool) -> ScalingPolicy:
+        """Build the policy from the InferenceService's autoscaling section (plus tunables)."""
+        fields: dict[str, float | int | bool | None] = {
+            "min_replicas": spec.min_replicas,
+            "max_replicas": spec.max_replicas,
+            "target_queue_depth": spec.target_queue_depth,
+            "target_p99_ms": spec.target_p99_ms,
+            "standby_replicas": spec.standby_replicas,
+            "scale_down_delay_seconds": float(spec.scale_down_delay_seconds),
+        }
+        fields.update(overrides)
+        return cls(**fields)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """What the shell saw of one pool at `now` (monotonic seconds).
+
+    `queue_depth` is the pool's total of queued plus in-flight requests on serving replicas;
+    None means the signal is missing. `metrics_age_seconds` is the age of the oldest signal used
+    (None: unknown, treated as stale). `warming` counts pods created and scheduled but not ready
+    yet; `pending_unschedulable` pods the scheduler cannot place (no GPU) and are not capacity.
+    """
+
+    now: float
+    ready_serving: int
+    warming: int = 0
+    ready_standby: int = 0
+    pending_unschedulable: int = 0
+    queue_depth: float | None = 0.0
+    hot_p99_ms: float | None = None
+    arrival_rate: float | None = None
+    warmup_seconds: float | None = None
+    metrics_age_seconds: float | None = 0.0
+
+    def __post_init__(self) -> None:
+        counts = (self.ready_serving, self.warming, self.ready_standby, self.pending_unschedulable)
+        if min(counts) < 0:
+            raise ValueError("replica counts must be >= 0")
+        for name in ("queue_depth", "hot_p99_ms", "arrival_rate", "warmup_seconds"):
+            value = getattr(self, name)
+            if value is not None and (value < 0 or math.isnan(value)):
+                raise ValueError(f"{name} must be >= 0 (or None when missing)")
+
+    @property
+    def pods(self) -> int:
+        """All pods of the pool, ready or not."""
+        return self.ready_serving + self.warming + self.ready_standby + self.pending_unschedulable
+
+
+@dataclass(frozen=True, slots=True)
+class ScalerState:
+    """What decide_scale remembers between ticks. Every field is bounded in size.
+
+    `down_window` is a monotonic max-queue of (time, recommendation): strictly decreasing
+    recommendations, so it holds at most max_replicas + 1 entries and its head is the largest
+    recommendation of the last `scale_down_delay_seconds`.
+    """
+
+    desired_serving: int | None = None
+    last_scale_up_at: float | None = None
+    last_decision_at: float | None = None
+    # Since when metrics have been fresh and P99 content without a break: scale-down needs
+    # `scale_down_delay_seconds` of it.
+    agreed_since: float | None = None
+    down_window: tuple[tuple[float, int], ...] = ()
+    # (time, demand signal) samples over the trend window: arrival rate, or queue depth.
+    trend_samples: tuple[tuple[float, float], ...] = ()
+    trend_signal: str = ""
+    # Concurrency seconds one request holds while the pool is not saturated (Little's law).
+    seconds_per_request: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionInputs:
+    """The numbers a decision was made from, for status and Events."""
+
+    ready_serving: int
+    warming: int
+    ready_standby: int
+    pending_unschedulable: int
+    queue_depth: float | None
+    arrival_rate: float | None
+    projected_rate: float | None
+    hot_p99_ms: float | None
+    warmup_seconds: float
+    seconds_per_request: float | None
+    demand_replicas: float
+    p99_replicas: int
+    window_max: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleDecision:
+    """What the pool should look like. The shell creates or deletes pods to reach
+    `desired_total`, promotes `promote_standby` ready standby pods to serving at once, and labels
+    the rest with `choose_standby`."""
+
+    desired_serving: int
+    desired_standby: int
+    promote_standby: int
+    reason: str
+    inputs: DecisionInputs
+    unschedulable: bool = False
+    hold: bool = False
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def desired_total(self) -> int:
+        return self.desired_serving + self.desired_standby
+
+
+def decide_scale(
+    policy: ScalingPolicy, observation: Observation, state: ScalerState
+) -> tuple[ScaleDecision, ScalerState]:
+    """Decide the pool's size for this tick; deterministic, pure."""
+    obs = observation
+    current = _current_serving(policy, obs, state)
+    warmup = obs.warmup_seconds if obs.warmup_seconds is not None else policy.default_warmup_seconds
+
+    stale = _staleness(policy, obs)
+    if stale is not None:
+        return _hold(policy, obs, state, current, warmup, stale)
+
+    assert obs.queue_depth is not None  # _staleness returns a reason when it is missing
+    trend_samples, signal = _record_trend(policy, obs, state)
+    demand, projected = _demand_replicas(policy, obs, state, trend_samples, warmup)
+    p99_replicas = _p99_replicas(policy, obs, state, warmup)
+    # Hysteresis: queue demand must exceed the replicas asked for by the tolerance to add
+    # any, while scale-down goes to the largest plain recommendation of the window, so a load
+    # that wanders within the band moves nothing. (P99 has its own guard, see _p99_replicas.)
+    by_demand = math.ceil(demand - _EPS)
+    queue_up = by_demand if demand > current * (1.0 + policy.tolerance) else 0
+    need_up = max(queue_up, p99_replicas)
+    rec = _clamp(max(by_demand, p99_replicas), policy.min_replicas, policy.max_replicas)
+    p99_agrees = _p99_agrees_to_scale_down(policy, obs)
+    agreed_since: float | None = state.agreed_since if state.agreed_since is not None else obs.now
+    if not p99_agrees:
+        agreed_since = None
+    window = _push_window(state.down_window, obs.now, rec, policy.scale_down_delay_seconds)
+    window_max = window[0][1]
+
+    desired = current
+    reason = REASON_STEADY
+    notes: list[str] = []
+    if need_up > current:
+        desired = need_up
+        reason = _up_reason(policy, obs, demand, projected, p99_replicas)
+    elif window_max < current:
+        reason = REASON_WAIT_DOWN
+        if agreed_since is None:
+            notes.append("p99 does not agree to scale down")
+        elif obs.now - agreed_since >= policy.scale_down_delay_seconds:
+            desired = window_max
+            reason = REASON_DOWN_IDLE if obs.queue_depth == 0 else REASON_DOWN_LOW
+
+    # Bounds and limits, in order of authority: rate limit, unschedulable, max, min.
+    if desired > current:
+        limit = max(
+            math.ceil(current * policy.max_scale_up_rate - _EPS),
+            current + policy.max_scale_up_step,
+        )
+        if desired > limit:
+            desired, reason = limit, REASON_RATE_LIMITED
+    unschedulable = obs.pending_unschedulable > 0
+    if unschedulable and desired > current:
+        desired, reason = current, REASON_UNSCHEDULABLE
+        notes.append(f"{obs.pending_unschedulable} pod(s) pending unschedulable")
+    if desired > policy.max_replicas:
+        desired, reason = policy.max_replicas, REASON_CAPPED_MAX
+    if desired < policy.min_replicas:
+        desired, reason = policy.min_replicas, REASON_FLOOR_MIN
+
+    standby = min(policy.standby_replicas, policy.max_replicas - desired)
+    promote = min(obs.ready_standby, max(0, desired - obs.ready_serving))
+    new_state = ScalerState(
+        desired_serving=desired,
+        last_scale_up_at=obs.now if desired > current else state.last_scale_up_at,
+        last_decision_at=obs.now,
+        agreed_since=agreed_since,
+        down_window=window,
+        trend_samples=trend_samples,
+        trend_signal=signal,
+        seconds_per_request=_learn_seconds_per_request(policy, obs, state),
+    )
+    inputs = _inputs(obs, state, warmup, demand, projected, p99_replicas, window_max)
+    decision = ScaleDecision(
+        desired_serving=desired,
+        desired_standby=standby,
+        promote_standby=promote,
+        reason=reason,
+        inputs=inputs,
+        unschedulable=unschedulable,
+        notes=tuple(notes),
+    )
+    return decision, new_state
+
+
+# ------------------------------------------------------------------------------------------
+# Steps of decide_scale, each small enough to test through the whole function.
+
+
+def _clamp(value: int, low: int, high: int) -> int:
+    return max(low, min(high, value))
+
+
+def _current_serving(policy: ScalingPolicy, obs: Observation, state: ScalerState) -> int:
+    """Replicas asked for so far: the last decision, or what exists when there is none."""
+    if state.desired_serving is not None:
+        current = state.desired_serving
+    else:
+        current = obs.ready_serving + obs.warming + obs.pending_unschedulable
+    return _clamp(current, policy.min_replicas, policy.max_replicas)
+
+
+def _staleness(policy: ScalingPolicy, obs: Observation) -> str | None:
+    if obs.queue_depth is None:
+        return REASON_HOLD_MISSING
+    if obs.metrics_age_seconds is None or obs.metrics_age_seconds > policy.max_metrics_age_seconds:
+        return REASON_HOLD_STALE
+    return None
+
+
+def _hold(
+    policy: ScalingPolicy,
+    obs: Observation,
+    state: ScalerState,
+    current: int,
+    warmup: float,
+    reason: str,
+) -> tuple[ScaleDecision, ScalerState]:
+    """Keep the pool as asked; forget the scale-down window (it must refill from fresh data)."""
+    inputs = _inputs(obs, state, warmup, 0.0, None, 0, None)
+    decision = ScaleDecision(
+        desired_serving=current,
+        desired_standby=min(policy.standby_replicas, policy.max_replicas - current),
+        promote_standby=0,
+        reason=reason,
+        inputs=inputs,
+        unschedulable=obs.pending_unschedulable > 0,
+        hold=True,
+    )
+    new_state = replace(
+        state,
+        desired_serving=current,
+        last_decision_at=obs.now,
+        agreed_since=None,
+        down_window=(),
+        trend_samples=(),
+    )
+    return decision, new_state
+
+
+def _record_trend(
+    policy: ScalingPolicy, obs: Observation, state: ScalerState
+) -> tuple[tuple[tuple[float, float], ...], str]:
+    """Append this tick's demand signal to the trend window (reset if the signal changed)."""
+    if obs.arrival_rate is not None:
+        signal, value = "rate", obs.arrival_rate
+    else:
+        assert obs.queue_depth is not None
+        signal, value = "queue", obs.queue_depth
+    old = state.trend_samples if state.trend_signal == signal else ()
+    cutoff = obs.now - policy.trend_window_seconds
+    kept = tuple(s for s in old if cutoff <= s[0] < obs.now)
+    return (*kept, (obs.now, value)), signal
+
+
+def _projected(
+    policy: ScalingPolicy, samples: tuple[tuple[float, float], ...], warmup: float
+) -> float:
+    """The signal expected `warmup` seconds from now: the latest value plus its growth.
+
+    Growth is the smaller of the least-squares slopes over the two halves of the window, so
+    only sustained growth counts: a step (a surge that has already happened) is flat in one
+    half and is not extrapolated, while a ramp rises in both. Growth below `trend_deadband` of
+    the current value is subtracted as noise and the projection is capped at
+    `max_trend_factor` times the current value. Each step is non-decreasing in the latest
+    sample, so more load never projects less.
+    """
+    now, value = samples[-1]
+    # A slope over a fraction of the window is mostly start-up noise (or a half-filled rate).
+    if now - samples[0][0] < policy.trend_window_seconds / 2:
+        return value
+    middle = (samples[0][0] + now) / 2
+    first = [s for s in samples if s[0] <= middle]
+    second = [s for s in samples if s[0] > middle]
+    slope = min(_slope(first), _slope(second))
+    growth = max(0.0, slope * warmup - policy.trend_deadband * value)
+    return min(value + growth, value * policy.max_trend_factor)
+
+
+def _slope(samples: list[tuple[float, float]]) -> float:
+    """Least-squares slope; 0 for fewer than two distinct times."""
+    n = len(samples)
+    if n < 2:
+        return 0.0
+    mean_t = sum(t for t, _ in samples) / n
+    mean_v = sum(v for _, v in samples) / n
+    var_t = sum((t - mean_t) ** 2 for t, _ in samples)
+    if var_t <= 0:
+        return 0.0
+    return sum((t - mean_t) * (v - mean_v) for t, v in samples) / var_t
+
+
+def _demand_replicas(
+    policy: ScalingPolicy,
+    obs: Observation,
+    state: ScalerState,
+    samples: tuple[tuple[float, float], ...],
+    warmup: float,
+) -> tuple[float, float | None]:
+    """Replicas needed when new replicas will be warm; also the projected arrival rate."""
+    assert obs.queue_depth is not None
+    target = policy.target_queue_depth
+    spr = state.seconds_per_request
+    if obs.arrival_rate is not None and spr is not None:
+        rate = obs.arrival_rate
+        projected = _projected(policy, samples, warmup)
+        # The backlog the capacity on the way will find: what is queued beyond the flow now,
+        # plus what the ready replicas fall behind by until the replicas last asked for are
+        # warm (a full warm-up when none are on the way). Measuring it to that moment, not to
+        # now + warm-up on every tick, keeps it from creeping up while replicas warm.
+        ready_rate = obs.ready_serving * target / spr
+        in_flight = state.last_scale_up_at is not None and obs.now - state.last_scale_up_at < warmup
+        remaining = warmup
+        if state.last_scale_up_at is not None and in_flight:
+            remaining = warmup - (obs.now - state.last_scale_up_at)
+        backlog = max(0.0, obs.queue_depth - rate * spr)
+        # Only a pool already queueing beyond its target is falling behind; below that the
+        # difference is noise in the rate.
+        if obs.queue_depth > obs.ready_serving * target * (1.0 + policy.tolerance):
+            backlog += max(0.0, projected - ready_rate) * remaining
+        # Draining over at least one request's time keeps the backlog's weight <= 1, so that
+        # more arrivals never lower the demand through a smaller backlog.
+        drain = max(policy.backlog_drain_seconds, spr)
+        concurrency = projected * spr + backlog * spr / drain
+        return concurrency / target, projected
+    if obs.arrival_rate is not None:
+        # Rate known, per-request time not yet learned (the pool has been saturated since we
+        # started): the queue itself, as KPA would, until an unsaturated sample arrives.
+        return obs.queue_depth / target, None
+    return _projected(policy, samples, warmup) / target, None
+
+
+def _p99_replicas(
+    policy: ScalingPolicy, obs: Observation, state: ScalerState, warmup: float
+) -> int:
+    """Replicas asked for by a hot P99 near its target (0: no opinion).
+
+    The percentile lags (it is computed over a window by Prometheus), so after a scale-up it
+    keeps reporting the old latency; it acts only once earlier additions are warm and have been
+    in the window, and then relative to the ready replicas, so warming ones count as on the way.
+    """
+    target = policy.target_p99_ms
+    p99 = obs.hot_p99_ms
+    if target is None or p99 is None or p99 < policy.p99_approach * target:
+        return 0
+    if (
+        state.last_scale_up_at is not None
+        and obs.now - state.last_scale_up_at < warmup + policy.p99_window_seconds
+    ):
+        return 0
+    ready = max(obs.ready_serving, 1)
+    factor = min(p99 / (policy.p99_approach * target), policy.p99_max_factor)
+    return max(ready + 1, math.ceil(ready * factor - _EPS))
+
+
+def _p99_agrees_to_scale_down(policy: ScalingPolicy, obs: Observation) -> bool:
+    if policy.target_p99_ms is None:
+        return True
+    if obs.hot_p99_ms is None:
+        idle = obs.queue_depth == 0 and not obs.arrival_rate
+        return idle or not policy.require_p99_for_scale_down
+    return obs.hot_p99_ms < policy.p99_approach * policy.target_p99_ms
+
+
+def _push_window(
+    window: tuple[tuple[float, int], ...], now: float, rec: int, span: float
+) -> tuple[tuple[float, int], ...]:
+    """Sliding-window maximum: drop expired heads and tails no larger than `rec`."""
+    kept = [entry for entry in window if entry[0] > now - span]
+    while kept and kept[-1][1] <= rec:
+        kept.pop()
+    kept.append((now, rec))
+    return tuple(kept)
+
+
+def _up_reason(
+    policy: ScalingPolicy,
+    obs: Observation,
+    demand: float,
+    projected: float | None,
+    p99_replicas: int,
+) -> str:
+    if p99_replicas > math.ceil(demand - _EPS):
+        return REASON_P99
+    if projected is None:
+        return REASON_SURGE_QUEUE
+    assert obs.arrival_rate is not None
+    if projected > obs.arrival_rate:
+        return REASON_SURGE_TREND
+    return REASON_SURGE_RATE
+
+
+def _learn_seconds_per_request(
+    policy: ScalingPolicy, obs: Observation, state: ScalerState
+) -> float | None:
+    """Update the concurrency one request holds, only from unsaturated samples.
+
+    A saturated pool's queue depth includes the backlog, which is not a property of a request.
+    The estimate is used from the next tick on, so this tick's demand stays monotonic in load.
+    """
+    rate = obs.arrival_rate
+    queue = obs.queue_depth
+    if rate is None or queue is None or rate <= 0 or obs.ready_serving == 0:
+        return state.seconds_per_request
+    if queue > obs.ready_serving * policy.target_queue_depth:
+        return state.seconds_per_request
+    sample = queue / rate
+    if state.seconds_per_request is None:
+        return sample
+    alpha = policy.seconds_per_request_smoothing
+    return (1 - alpha) * state.seconds_per_request + alpha * sample
+
+
+def _inputs(
+    obs: Observation,
+    state: ScalerState,
+    warmup: float,
+    demand: float,
+    projected: float | None,
+    p99_replicas: int,
+    window_max: int | None,
+) -> DecisionInputs:
+    return DecisionInputs(
+        ready_serving=obs.ready_serving,
+        warming=obs.warming,
+        ready_standby=obs.ready_standby,
+        pending_unschedulable=obs.pending_unschedulable,
+        queue_depth=obs.queue_depth,
+        arrival_rate=obs.arrival_rate,
+        projected_rate=projected,
+        hot_p99_ms=obs.hot_p99_ms,
+        warmup_seconds=warmup,
+        seconds_per_request=state.seconds_per_request,
+        demand_replicas=demand,
+        p99_replicas=p99_replicas,
+        window_max=window_max,
+    )
