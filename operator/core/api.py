@@ -1,0 +1,1006 @@
+"""The InferenceService API (``serving.tidal.dev/v1alpha1``): the one source of truth.
+
+This module owns the typed model of the custom resource. ``tidal.operator.crdgen`` turns these
+models into the CRD's OpenAPI schema, so every description here is what ``kubectl explain``
+prints, and every bound, pattern and enum here is enforced by the API server.
+
+Cross-field rules are written twice, on purpose: as CEL (``x-kubernetes-validations``, carried by
+each model's ``json_schema_extra``) so the API server rejects a bad object before anyone stores
+it, and as a pydantic validator so the operator's pure core (and unit tests without a cluster)
+reach the same verdict. ``tests/operator/invalid/`` holds one manifest per rule and a test checks
+that both layers reject each of them with a message naming the field.
+
+Everything a spec can say that passes these rules but still cannot work (for example no engine
+for the selected backend) is found by :func:`tidal.operator.core.resources.find_spec_problems`
+and reported as the ``Degraded`` condition instead of being rejected: those depend on facts the
+schema cannot know.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+GROUP = "serving.tidal.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "InferenceService"
+PLURAL = "inferenceservices"
+SINGULAR = "inferenceservice"
+# KServe's InferenceService already claims the short name `isvc`; two CRDs with one short name
+# make `kubectl get isvc` ambiguous in clusters that run both, so ours is `tisvc` ("tidal isvc").
+SHORT_NAMES = ("tisvc",)
+CATEGORIES = ("tidal", "all")
+
+# Label and annotation keys shared with the runtime's Prometheus relabelling and the autoscaler.
+LABEL_ISVC = f"{GROUP}/isvc"
+LABEL_POOL = f"{GROUP}/pool"
+LABEL_ROLE = f"{GROUP}/role"
+ANNOTATION_CONFIG_HASH = f"{GROUP}/config-hash"
+
+# Kubernetes quantities ("20Gi", "512Mi", "1.5G") and percentages ("60%"). Bounds on the
+# percentage are checked by CEL (below) because a regex bound on a number reads badly.
+QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
+PERCENT_PATTERN = r"^[0-9]+(\.[0-9]+)?%$"
+WEIGHT_STREAMING_PATTERN = r"^(auto|[0-9]+(\.[0-9]+)?((Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?|%))$"
+# Go durations as CEL's duration() parses them, restricted to the units that make sense here.
+DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+MODEL_NAME_PATTERN = r"^[a-zA-Z0-9]([-a-zA-Z0-9_.]*[a-zA-Z0-9])?$"
+ENGINE_URI_PATTERN = r"^(file|s3|gs|https?)://.+$"
+SHA256_PATTERN = r"^[a-f0-9]{64}$"
+GPU_ARCH_PATTERN = r"^sm[0-9]{2,3}$"
+ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+
+_UNITS: dict[str, float] = {
+    "": 1,
+    "m": 0.001,
+    "E": 10**18,
+    "Ei": 2**60,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+}
+
+
+def quantity_bytes(value: str) -> int:
+    """Bytes of a Kubernetes quantity such as ``20Gi`` (no percentages)."""
+    match = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([A-Za-z]*)", value)
+    if match is None or match.group(2) not in _UNITS:
+        raise ValueError(f"not a quantity: {value!r}")
+    return int(float(match.group(1)) * _UNITS[match.group(2)])
+
+
+def percent_value(value: str) -> float | None:
+    """The number in ``"60%"``, or None when the value is not a percentage."""
+    return float(value[:-1]) if value.endswith("%") else None
+
+
+def duration_seconds(value: str) -> float:
+    """Seconds in a Go duration string such as ``90s`` or ``1m30s``."""
+    factors = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+    parts = re.findall(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)", value)
+    if not parts or "".join(n + u for n, u in parts) != value:
+        raise ValueError(f"not a duration: {value!r}")
+    return sum(float(n) * factors[u] for n, u in parts)
+
+
+def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
+    """One ``x-kubernetes-validations`` entry; ``field_path`` points the error at a field."""
+    entry = {"rule": rule, "message": message}
+    if field_path is not None:
+        entry["fieldPath"] = field_path
+    return entry
+
+
+def _rules(*entries: dict[str, str]) -> dict[str, Any]:
+    return {"x-kubernetes-validations": list(entries)}
+
+
+class ApiModel(BaseModel):
+    """Base of every API type: camelCase on the wire, unknown fields rejected, immutable."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+        use_attribute_docstrings=False,
+    )
+
+    def to_wire(self) -> dict[str, Any]:
+        """The object as the API server stores it (aliases, no unset optional fields)."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+# ---------------------------------------------------------------------------------------------
+# Enums
+
+
+class Backend(StrEnum):
+    """Inference backend the runtime uses in every pod of a pool."""
+
+    TENSORRT = "tensorrt"
+    ONNXRUNTIME = "onnxruntime"
+
+
+class Precision(StrEnum):
+    """Numeric precision an engine was built for."""
+
+    FP32 = "fp32"
+    TF32 = "tf32"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    FP8 = "fp8"
+    INT8 = "int8"
+    FP4 = "fp4"
+    INT4 = "int4"
+
+
+class PoolName(StrEnum):
+    """The two pools of an InferenceService (one Deployment each)."""
+
+    PRIMARY = "primary"
+    BASELINE = "baseline"
+
+
+class ActivePool(StrEnum):
+    """Which pool the Service routes to: ``auto`` lets the SLO logic decide."""
+
+    AUTO = "auto"
+    PRIMARY = "primary"
+    BASELINE = "baseline"
+
+
+class BreachAction(StrEnum):
+    """What the operator does when the primary pool breaches its SLO."""
+
+    ROLLBACK = "rollback"
+    ALERT = "alert"
+
+
+class LogLevel(StrEnum):
+    """Log level of the runtime process."""
+
+    DEBUG = "debug"
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+
+# ---------------------------------------------------------------------------------------------
+# Runtime (the pod)
+
+Quantity = Annotated[str, StringConstraints(pattern=QUANTITY_PATTERN, max_length=32)]
+Percent = Annotated[str, StringConstraints(pattern=PERCENT_PATTERN, max_length=16)]
+WeightStreamingBudget = Annotated[
+    str, StringConstraints(pattern=WEIGHT_STREAMING_PATTERN, max_length=32)
+]
+Duration = Annotated[str, StringConstraints(pattern=DURATION_PATTERN, max_length=32)]
+
+
+class ResourceRequirements(ApiModel):
+    """CPU and memory for the runtime container, as in a Pod's ``resources``."""
+
+    requests: dict[str, Quantity] = Field(
+        default_factory=dict,
+        max_length=16,
+        description="Minimum resources the scheduler reserves, e.g. {cpu: '2', memory: 8Gi}.",
+    )
+    limits: dict[str, Quantity] = Field(
+        default_factory=dict,
+        max_length=16,
+        description="Maximum resources the container may use, e.g. {memory: 16Gi}.",
+    )
+
+
+class EnvVar(ApiModel):
+    """An extra environment variable for the runtime container."""
+
+    name: str = Field(
+        min_length=1, max_length=253, pattern=ENV_NAME_PATTERN, description="Variable name."
+    )
+    value: str = Field(default="", max_length=4096, description="Literal value.")
+
+
+class Toleration(ApiModel):
+    """A Pod toleration, so pools can run on tainted (e.g. GPU-only) nodes."""
+
+    key: str | None = Field(default=None, max_length=253, description="Taint key to tolerate.")
+    operator: Literal["Exists", "Equal"] = Field(
+        default="Equal", description="Exists matches any value; Equal matches `value`."
+    )
+    value: str | None = Field(default=None, max_length=253, description="Taint value.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect to tolerate; empty tolerates all effects."
+    )
+    toleration_seconds: int | None = Field(
+        default=None, ge=0, description="For NoExecute: seconds the pod stays after the taint."
+    )
+
+
+class Runtime(ApiModel):
+    """How the runtime pods of a pool are built and placed."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            cel(
+                "!has(self.gpus) || self.backend == 'tensorrt' || self.gpus == 0",
+                "runtime.gpus must be 0 when runtime.backend is onnxruntime",
+                ".gpus",
+            ),
+            cel(
+                "!has(self.gpus) || self.backend != 'tensorrt' || self.gpus >= 1",
+                "runtime.gpus must be at least 1 when runtime.backend is tensorrt",
+                ".gpus",
+            ),
+        )
+    )
+
+    image: str = Field(
+        default="ghcr.io/tidal-serving/runtime:0.1.0",
+        min_length=1,
+        max_length=512,
+        description="Container image with the tidal runtime (`tidal-runtime` on its PATH).",
+    )
+    backend: Backend = Field(
+        default=Backend.TENSORRT,
+        description="Inference backend: tensorrt on NVIDIA GPUs, onnxruntime on CPUs.",
+    )
+    gpus: int | None = Field(
+        default=None,
+        ge=0,
+        le=16,
+        description="GPUs (nvidia.com/gpu) per pod; unset: 1 for tensorrt, 0 for onnxruntime.",
+    )
+    resources: ResourceRequirements = Field(
+        default_factory=ResourceRequirements,
+        description="CPU and memory requests and limits of the runtime container.",
+    )
+    env: list[EnvVar] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Extra environment variables for the runtime container.",
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=32,
+        description="Node labels the pods must run on, e.g. a GPU product label.",
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, max_length=32, description="Taints the pods tolerate."
+    )
+    log_level: LogLevel = Field(default=LogLevel.INFO, description="Runtime log level.")
+
+    @property
+    def gpu_count(self) -> int:
+        """GPUs per pod after applying the backend's default."""
+        if self.gpus is not None:
+            return self.gpus
+        return 1 if self.backend is Backend.TENSORRT else 0
+
+    @model_validator(mode="after")
+    def _gpus_match_backend(self) -> Runtime:
+        if self.gpus is None:
+            return self
+        if self.backend is Backend.ONNXRUNTIME and self.gpus != 0:
+            raise ValueError("runtime.gpus must be 0 when runtime.backend is onnxruntime")
+        if self.backend is Backend.TENSORRT and self.gpus < 1:
+            raise ValueError("runtime.gpus must be at least 1 when runtime.backend is tensorrt")
+        return self
+
+
+# ---------------------------------------------------------------------------------------------
+# Models and engines
+
+
+class Engine(ApiModel):
+    """One compiled artefact of a model: a TensorRT plan for a GPU arch, or an ONNX file.
+
+    TensorRT plans follow the runtime's naming scheme
+    ``<gpuArch>-trt<major>.<minor>[-vc]-<precision>.engine`` (e.g. ``sm90-trt11.4-fp16.engine``)
+    or set gpuArch, tensorrtVersion and precision explicitly.
+    """
+
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            cel(
+                "has(self.backend) || self.uri.endsWith('.onnx') || "
+                "self.uri.endsWith('.engine') || self.uri.endsWith('.plan')",
+                "engines[].backend is required when engines[].uri does not end in .onnx, "
+                ".engine or .plan",
+                ".backend",
+            ),
+            cel(
+                "!has(self.backend) || self.backend != 'onnxruntime' || "
+                "(!has(self.gpuArch) && !has(self.tensorrtVersion))",
+                "engines[].gpuArch and engines[].tensorrtVersion apply to tensorrt engines only",
+            ),
+        )
+    )
+
+    uri: str = Field(
+        min_length=1,
+        max_length=2048,
+        pattern=ENGINE_URI_PATTERN,
+        description="Where the engine lives: file://, s3://, gs://, http(s)://.",
+    )
+    backend: Backend | None = Field(
+        default=None,
+        description="Backend that runs this engine; unset: onnxruntime for *.onnx, tensorrt "
+        "for *.engine and *.plan.",
+    )
+    gpu_arch: str | None = Field(
+        default=None,
+        pattern=GPU_ARCH_PATTERN,
+        max_length=8,
+        description="CUDA compute capability the plan was built for, e.g. sm90 (TensorRT only; "
+        "unset: read from the file name).",
+    )
+    precision: Precision | None = Field(
+        default=None, description="Precision of the engine; unset: read from the file name."
+    )
+    tensorrt_version: str | None = Field(
+        default=None,
+        pattern=r"^[0-9]+\.[0-9]+(\.[0-9]+){0,2}$",
+        max_length=32,
+        description="TensorRT version the plan was built with, e.g. 11.4 (unset: read from the "
+        "file name).",
+    )
+    sha256: str | None = Field(
+        default=None,
+        pattern=SHA256_PATTERN,
+        max_length=64,
+        description="Hex SHA-256 of the file; the runtime refuses a file that does not match.",
+    )
+
+    @property
+    def effective_backend(self) -> Backend | None:
+        """The backend, explicit or inferred from the file name."""
+        if self.backend is not None:
+            return self.backend
+        if self.uri.endswith(".onnx"):
+            return Backend.ONNXRUNTIME
+        if self.uri.endswith((".engine", ".plan")):
+            return Backend.TENSORRT
+        return None
+
+    @model_validator(mode="after")
+    def _backend_known(self) -> Engine:
+        if self.effective_backend is None:
+            raise ValueError(
+                "engines[].backend is required when engines[].uri does not end in .onnx, "
+                ".engine or .plan"
+            )
+        if self.backend is Backend.ONNXRUNTIME and (
+            self.gpu_arch is not None or self.tensorrt_version is not None
+        ):
+            raise ValueError(
+                "engines[].gpuArch and engines[].tensorrtVersion apply to tensorrt engines only"
+            )
+        return self
+
+
+class Batching(ApiModel):
+    """Dynamic batching: how long a request may wait for others to share a batch."""
+
+    max_queue_delay_ms: float = Field(
+        default=2.0,
+        ge=0,
+        le=1000,
+        description="Longest a request waits in the queue to fill a batch, in milliseconds.",
+    )
+    preferred_batch_sizes: list[Annotated[int, Field(ge=1, le=4096)]] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Batch sizes the batcher aims for (each <= maxBatchSize).",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+
+
+class Warmup(ApiModel):
+    """Inference runs before a pod reports ready, so its first real request is hot."""
+
+    batch_sizes: list[Annotated[int, Field(ge=1, le=4096)]] = Field(
+        default_factory=lambda: [1],
+        max_length=16,
+        description="Batch sizes to run once loaded (each <= maxBatchSize).",
+        json_schema_extra={"x-kubernetes-list-type": "set", "default": [1]},
+    )
+    iterations: int = Field(
+        default=1, ge=0, le=100, description="Runs per batch size; 0 disables warm-up."
+    )
+
+
+class Model(ApiModel):
+    """A model served by the InferenceService, with one engine per backend/arch/precision."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            cel(
+                "self.batching.preferredBatchSizes.all(b, b <= self.maxBatchSize)",
+                "models[].batching.preferredBatchSizes must each be <= models[].maxBatchSize",
+                ".batching.preferredBatchSizes",
+            ),
+            cel(
+                "self.warmup.batchSizes.all(b, b <= self.maxBatchSize)",
+                "models[].warmup.batchSizes must each be <= models[].maxBatchSize",
+                ".warmup.batchSizes",
+            ),
+        )
+    )
+
+    name: str = Field(
+        min_length=1,
+        max_length=63,
+        pattern=MODEL_NAME_PATTERN,
+        description="Model name in the inference URL (/v2/models/<name>/infer); unique.",
+    )
+    engines: list[Engine] = Field(
+        min_length=1,
+        max_length=32,
+        description="Engines of this model; the runtime picks the one for its backend and GPU.",
+    )
+    max_batch_size: int = Field(
+        default=8, ge=1, le=4096, description="Largest batch the runtime forms for this model."
+    )
+    batching: Batching = Field(
+        default_factory=Batching,
+        description="Dynamic batching settings.",
+        json_schema_extra={"default": {}},
+    )
+    warmup: Warmup = Field(
+        default_factory=Warmup,
+        description="Warm-up before readiness.",
+        json_schema_extra={"default": {}},
+    )
+    preload: bool = Field(
+        default=True,
+        description="Load and warm up before the pod reports ready (hot); false loads it on "
+        "its first request (cold) and lets the engine cache evict it when memory is short.",
+    )
+
+    @model_validator(mode="after")
+    def _batch_sizes_fit(self) -> Model:
+        if any(b > self.max_batch_size for b in self.batching.preferred_batch_sizes):
+            raise ValueError(
+                "models[].batching.preferredBatchSizes must each be <= models[].maxBatchSize"
+            )
+        if any(b > self.max_batch_size for b in self.warmup.batch_sizes):
+            raise ValueError("models[].warmup.batchSizes must each be <= models[].maxBatchSize")
+        return self
+
+
+class Memory(ApiModel):
+    """GPU memory budgets of each pod."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            cel(
+                "!has(self.weightStreamingBudget) || self.weightStreamingBudget == 'auto' || "
+                "(self.weightStreamingBudget.endsWith('%') ? "
+                "(double(self.weightStreamingBudget.substring(0, "
+                "self.weightStreamingBudget.size() - 1)) > 0.0 && "
+                "double(self.weightStreamingBudget.substring(0, "
+                "self.weightStreamingBudget.size() - 1)) <= 100.0) : "
+                "isQuantity(self.weightStreamingBudget))",
+                "memory.weightStreamingBudget must be auto, a quantity such as 8Gi, or a "
+                "percentage above 0% and at most 100%",
+                ".weightStreamingBudget",
+            ),
+            cel(
+                "!has(self.engineCacheBudget) || "
+                "quantity(self.reserve).isLessThan(quantity(self.engineCacheBudget))",
+                "memory.reserve must be smaller than memory.engineCacheBudget",
+                ".reserve",
+            ),
+        )
+    )
+
+    engine_cache_budget: Quantity | None = Field(
+        default=None,
+        description="GPU memory for loaded engines (the hot set), e.g. 20Gi; unset: the "
+        "runtime's default.",
+    )
+    weight_streaming_budget: WeightStreamingBudget | None = Field(
+        default=None,
+        description="TensorRT weight streaming: GPU memory for weights as bytes (8Gi), a "
+        "percentage of the streamable weights (60%) or auto; unset: weights stay resident.",
+    )
+    reserve: Quantity = Field(
+        default="0",
+        description="GPU memory never given to engines (activations, other processes).",
+    )
+
+    @model_validator(mode="after")
+    def _budgets(self) -> Memory:
+        budget = self.weight_streaming_budget
+        pct = percent_value(budget) if budget is not None else None
+        if pct is not None and not 0 < pct <= 100:
+            raise ValueError(
+                "memory.weightStreamingBudget must be auto, a quantity such as 8Gi, or a "
+                "percentage above 0% and at most 100%"
+            )
+        if self.engine_cache_budget is not None and quantity_bytes(self.reserve) >= quantity_bytes(
+            self.engine_cache_budget
+        ):
+            raise ValueError("memory.reserve must be smaller than memory.engineCacheBudget")
+        return self
+
+
+# ---------------------------------------------------------------------------------------------
+# Autoscaling
+
+
+class Autoscaling(ApiModel):
+    """Replica bounds and targets for the autoscaler (primary pool)."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            cel(
+                "self.minReplicas <= self.maxReplicas",
+                "spec.autoscaling.minReplicas must be <= spec.autoscaling.maxReplicas",
+                ".minReplicas",
+            ),
+            cel(
+                "self.standbyReplicas <= self.maxReplicas",
+                "spec.autoscaling.standbyReplicas must be <= spec.autoscaling.maxReplicas",
+                ".standbyReplicas",
+            ),
+        )
+    )
+
+    min_replicas: int = Field(
+        default=1, ge=0, le=1000, description="Fewest replicas; 0 allows scale to zero."
+    )
+    max_replicas: int = Field(default=10, ge=1, le=1000, description="Most replicas.")
+    target_queue_depth: float = Field(
+        default=4.0,
+        gt=0,
+        le=10000,
+        description="In-flight plus queued requests per ready replica to aim for.",
+    )
+    target_p99_ms: float | None = Field(
+        default=None,
+        gt=0,
+        le=600000,
+        description="Hot-path P99 latency to stay under, in milliseconds; unset: queue only.",
+    )
+    standby_replicas: int = Field(
+        default=0,
+        ge=0,
+        le=100,
+        description="Warm replicas kept out of the Service and promoted at once on a surge.",
+    )
+    scale_down_delay_seconds: int = Field(
+        default=300,
+        ge=0,
+        le=86400,
+        description="How long demand must stay low before replicas are removed.",
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Autoscaling:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("spec.autoscaling.minReplicas must be <= spec.autoscaling.maxReplicas")
+        if self.standby_replicas > self.max_replicas:
+            raise ValueError(
+                "spec.autoscaling.standbyReplicas must be <= spec.autoscaling.maxReplicas"
+            )
+        return self
+
+
+# ---------------------------------------------------------------------------------------------
+# Rollout
+
+
+class Baseline(ApiModel):
+    """The validated configuration kept warm for rollback; unset fields copy the primary's."""
+
+    runtime: Runtime | None = Field(
+        default=None, description="Runtime of the baseline pool; unset: the primary's."
+    )
+    models: list[Model] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=64,
+        description="Models of the baseline pool; unset: the primary's.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    memory: Memory | None = Field(
+        default=None, description="Memory budgets of the baseline pool; unset: the primary's."
+    )
+    min_replicas: int = Field(
+        default=1,
+        ge=0,
+        le=1000,
+        description="Replicas the baseline keeps while it does not serve traffic.",
+    )
+
+
+class Slo(ApiModel):
+    """Service level objectives of the primary pool; a breach sustained `for` triggers onBreach."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            cel(
+                "has(self.p99Ms) || has(self.errorRate) || has(self.coldStartMs) || "
+                "has(self.gpuMemoryHeadroom)",
+                "spec.rollout.slo needs at least one objective (p99Ms, errorRate, coldStartMs "
+                "or gpuMemoryHeadroom)",
+            ),
+            cel(
+                "duration(self.__for__) >= duration('1s') && "
+                "duration(self.__for__) <= duration('24h')",
+                "spec.rollout.slo.for must be a duration between 1s and 24h",
+                ".for",
+            ),
+            cel(
+                "!has(self.gpuMemoryHeadroom) || double(self.gpuMemoryHeadroom.substring(0, "
+                "self.gpuMemoryHeadroom.size() - 1)) <= 100.0",
+                "spec.rollout.slo.gpuMemoryHeadroom must be a percentage between 0% and 100%",
+                ".gpuMemoryHeadroom",
+            ),
+        )
+    )
+
+    p99_ms: float | None = Field(
+        default=None, gt=0, le=600000, description="Hot-path P99 latency bound, milliseconds."
+    )
+    error_rate: float | None = Field(
+        default=None, ge=0, le=1, description="Highest tolerated fraction of failed requests."
+    )
+    cold_start_ms: float | None = Field(
+        default=None,
+        gt=0,
+        le=3600000,
+        description="Longest tolerated cold model load (separate from the hot P99), ms.",
+    )
+    gpu_memory_headroom: Percent | None = Field(
+        default=None, description="GPU memory that must stay free, as a percentage, e.g. 10%."
+    )
+    min_requests: int = Field(
+        default=20,
+        ge=1,
+        le=1000000,
+        description="Requests a window needs before p99Ms or errorRate can count as breached.",
+    )
+    for_: Duration = Field(
+        default="60s",
+        alias="for",
+        description="How long a breach must last before onBreach acts, e.g. 60s.",
+    )
+
+    @model_validator(mode="after")
+    def _objectives(self) -> Slo:
+        if (
+            self.p99_ms is None
+            and self.error_rate is None
+            and self.cold_start_ms is None
+            and self.gpu_memory_headroom is None
+        ):
+            raise ValueError(
+                "spec.rollout.slo needs at least one objective (p99Ms, errorRate, coldStartMs "
+                "or gpuMemoryHeadroom)"
+            )
+        if not 1 <= duration_seconds(self.for_) <= 86400:
+            raise ValueError("spec.rollout.slo.for must be a duration between 1s and 24h")
+        headroom = percent_value(self.gpu_memory_headroom or "")
+        if headroom is not None and headroom > 100:
+            raise ValueError(
+                "spec.rollout.slo.gpuMemoryHeadroom must be a percentage between 0% and 100%"
+            )
+        return self
+
+
+class Rollout(ApiModel):
+    """Two-pool rollout: a baseline pool to fall back to, and the SLO that decides."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            cel(
+                "self.activePool != 'baseline' || has(self.baseline)",
+                "spec.rollout.activePool: baseline requires spec.rollout.baseline",
+                ".activePool",
+            ),
+            cel(
+                "!has(self.slo) || self.onBreach != 'rollback' || has(self.baseline)",
+                "spec.rollout.onBreach: rollback requires spec.rollout.baseline",
+                ".onBreach",
+            ),
+            cel(
+                "self.steps.isSorted() && self.steps[size(self.steps) - 1] == 100",
+                "spec.rollout.steps must increase and end with 100",
+                ".steps",
+            ),
+        )
+    )
+
+    baseline: Baseline | None = Field(
+        default=None, description="The baseline pool; unset: a single primary pool."
+    )
+    slo: Slo | None = Field(default=None, description="Objectives the primary pool must meet.")
+    on_breach: BreachAction = Field(
+        default=BreachAction.ROLLBACK,
+        description="rollback: route to the baseline; alert: only report the breach.",
+    )
+    active_pool: ActivePool = Field(
+        default=ActivePool.AUTO,
+        description="Pool that gets traffic: auto (SLO decides), or a manual primary/baseline.",
+    )
+    steps: list[Annotated[int, Field(ge=1, le=100)]] = Field(
+        default_factory=lambda: [25, 50, 100],
+        min_length=1,
+        max_length=10,
+        description="Staged rollout of a new primary beside the baseline: the primary's share "
+        "of serving replicas at each step, in percent, ending with 100.",
+        json_schema_extra={"x-kubernetes-list-type": "set", "default": [25, 50, 100]},
+    )
+    step_seconds: int = Field(
+        default=60, ge=0, le=86400, description="How long each step is evaluated, seconds."
+    )
+    drain_seconds: int = Field(
+        default=10, ge=0, le=3600, description="A pool that lost traffic keeps its size this long."
+    )
+    control_replicas: int = Field(
+        default=1,
+        ge=0,
+        le=1000,
+        description="Primary replicas kept (without traffic) for comparison after a rollback.",
+    )
+
+    @model_validator(mode="after")
+    def _pool_references(self) -> Rollout:
+        if self.active_pool is ActivePool.BASELINE and self.baseline is None:
+            raise ValueError("spec.rollout.activePool: baseline requires spec.rollout.baseline")
+        if (
+            self.slo is not None
+            and self.on_breach is BreachAction.ROLLBACK
+            and self.baseline is None
+        ):
+            raise ValueError("spec.rollout.onBreach: rollback requires spec.rollout.baseline")
+        if self.steps != sorted(set(self.steps)) or self.steps[-1] != 100:
+            raise ValueError("spec.rollout.steps must increase and end with 100")
+        return self
+
+
+# ---------------------------------------------------------------------------------------------
+# Spec
+
+
+class InferenceServiceSpec(ApiModel):
+    """Desired state of an InferenceService."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            cel(
+                "!has(self.replicas) || self.replicas <= self.autoscaling.maxReplicas",
+                "spec.replicas must be <= spec.autoscaling.maxReplicas",
+                ".replicas",
+            ),
+        )
+    )
+
+    runtime: Runtime = Field(
+        default_factory=Runtime,
+        description="Runtime pods: image, backend, resources, placement.",
+        json_schema_extra={"default": {}},
+    )
+    models: list[Model] = Field(
+        min_length=1,
+        max_length=64,
+        description="Models served; names must be unique.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    memory: Memory = Field(
+        default_factory=Memory,
+        description="GPU memory budgets of each pod.",
+        json_schema_extra={"default": {}},
+    )
+    autoscaling: Autoscaling = Field(
+        default_factory=Autoscaling,
+        description="Replica bounds and autoscaler targets.",
+        json_schema_extra={"default": {}},
+    )
+    replicas: int | None = Field(
+        default=None,
+        ge=0,
+        le=1000,
+        description="Manual replica count of the primary pool (the scale subresource, "
+        "`kubectl scale`); unset: the autoscaler decides within autoscaling's bounds.",
+    )
+    rollout: Rollout = Field(
+        default_factory=Rollout,
+        description="Baseline pool, SLO and traffic switch.",
+        json_schema_extra={"default": {}},
+    )
+
+    @model_validator(mode="after")
+    def _replicas_bound(self) -> InferenceServiceSpec:
+        if self.replicas is not None and self.replicas > self.autoscaling.max_replicas:
+            raise ValueError("spec.replicas must be <= spec.autoscaling.maxReplicas")
+        names = [m.name for m in self.models]
+        if len(set(names)) != len(names):
+            raise ValueError("spec.models[].name must be unique")
+        return self
+
+
+# ---------------------------------------------------------------------------------------------
+# Status
+
+
+class ConditionStatus(StrEnum):
+    """Kubernetes condition status."""
+
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class Condition(ApiModel):
+    """A condition in Kubernetes' standard form (metav1.Condition)."""
+
+    type: str = Field(max_length=316, description="Condition type, e.g. Ready or Degraded.")
+    status: ConditionStatus = Field(description="True, False or Unknown.")
+    reason: str = Field(max_length=1024, description="CamelCase reason for the last change.")
+    message: str = Field(default="", max_length=32768, description="Human-readable details.")
+    last_transition_time: str = Field(
+        description="When the status last changed (RFC 3339).",
+        json_schema_extra={"format": "date-time"},
+    )
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="metadata.generation this condition was computed from."
+    )
+
+
+class PoolStatus(ApiModel):
+    """Replica counts of one pool."""
+
+    desired: int = Field(default=0, ge=0, description="Replicas the operator asks for.")
+    replicas: int = Field(default=0, ge=0, description="Pods that exist.")
+    ready: int = Field(default=0, ge=0, description="Ready pods routed by the Service.")
+    warming: int = Field(default=0, ge=0, description="Pods loading or warming their models.")
+    standby: int = Field(default=0, ge=0, description="Ready pods held out of the Service.")
+    updated: int = Field(default=0, ge=0, description="Pods running the current template.")
+
+
+class ServiceMetrics(ApiModel):
+    """Latest metrics the operator read from Prometheus."""
+
+    queue_depth: float | None = Field(default=None, description="In-flight+queued per replica.")
+    p99_hot_ms: float | None = Field(default=None, description="Hot-path P99 latency, ms.")
+    p99_cold_ms: float | None = Field(default=None, description="Cold-start P99 latency, ms.")
+    error_rate: float | None = Field(default=None, description="Fraction of failed requests.")
+
+
+class Decision(ApiModel):
+    """The operator's last scaling or rollout decision."""
+
+    reason: str = Field(max_length=1024, description="Why, e.g. panic:queue.")
+    at: str = Field(description="When (RFC 3339).", json_schema_extra={"format": "date-time"})
+
+
+class InferenceServiceStatus(ApiModel):
+    """Observed state, written by the operator through the status subresource."""
+
+    observed_generation: int | None = Field(
+        default=None, description="metadata.generation the operator last acted on."
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Ready, Degraded, Progressing, ... in Kubernetes' condition form.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    replicas: int = Field(
+        default=0, ge=0, description="Pods of the active pool (the scale subresource)."
+    )
+    ready_replicas: int = Field(
+        default=0, ge=0, description="Ready, routed pods of the active pool."
+    )
+    warming_replicas: int = Field(default=0, ge=0, description="Pods warming up (active pool).")
+    standby_replicas: int = Field(default=0, ge=0, description="Warm standby pods (active pool).")
+    desired_replicas: int = Field(default=0, ge=0, description="Replicas asked for (active pool).")
+    selector: str = Field(
+        default="", description="Label selector of the pods (the scale subresource)."
+    )
+    active_pool: PoolName = Field(
+        default=PoolName.PRIMARY, description="The pool the Service routes to."
+    )
+    pools: dict[str, PoolStatus] = Field(
+        default_factory=dict, max_length=2, description="Replica counts per pool."
+    )
+    metrics: ServiceMetrics | None = Field(default=None, description="Latest metrics.")
+    last_decision: Decision | None = Field(default=None, description="Last decision and why.")
+
+
+class InferenceService(ApiModel):
+    """Serves one or more models on an elastic pool of runtime pods."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            cel(
+                "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$') && "
+                "self.metadata.name.size() <= 63",
+                "metadata.name must be a DNS-1035 label (lower-case letters, digits, '-', "
+                "starting with a letter, at most 63 characters): it names the Service",
+            ),
+        )
+    )
+
+    api_version: Literal["serving.tidal.dev/v1alpha1"] = Field(
+        default="serving.tidal.dev/v1alpha1", description="serving.tidal.dev/v1alpha1"
+    )
+    kind: Literal["InferenceService"] = Field(
+        default="InferenceService", description="InferenceService"
+    )
+    metadata: dict[str, Any] = Field(default_factory=dict, description="Standard metadata.")
+    spec: InferenceServiceSpec = Field(description="Desired state.")
+    status: InferenceServiceStatus | None = Field(default=None, description="Observed state.")
+
+    @model_validator(mode="after")
+    def _name_is_dns_label(self) -> InferenceService:
+        name = self.metadata.get("name")
+        if name is not None and not (
+            re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", str(name)) and len(str(name)) <= 63
+        ):
+            raise ValueError(
+                "metadata.name must be a DNS-1035 label (lower-case letters, digits, '-', "
+                "starting with a letter, at most 63 characters): it names the Service"
+            )
+        return self
+
+    @property
+    def name(self) -> str:
+        return str(self.metadata.get("name", ""))
+
+    @property
+    def namespace(self) -> str:
+        return str(self.metadata.get("namespace", "default"))
+
+    @property
+    def uid(self) -> str:
+        return str(self.metadata.get("uid", ""))
+
+    @property
+    def generation(self) -> int:
+        return int(self.metadata.get("generation", 0))
+
+
+def parse_inference_service(body: dict[str, Any]) -> InferenceService:
+    """Parse an object as the API server returns it (status may be partial or absent).
+
+    Raises ``pydantic.ValidationError`` when the spec breaks the API's rules.
+    """
+    obj = {k: v for k, v in body.items() if k in ("apiVersion", "kind", "metadata", "spec")}
+    return InferenceService.model_validate(obj)
+
+
+def format_validation_error(error: ValidationError) -> str:
+    """One line per problem, ``spec.models[0].name: message``, as the API server words paths."""
+    lines = []
+    for item in error.errors():
+        path = ""
+        for part in item["loc"]:
+            path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+        message = str(item["msg"]).removeprefix("Value error, ")
+        lines.append(f"{path}: {message}" if path else message)
+    return "\n".join(lines)

@@ -1,0 +1,436 @@
+"""Desired children of an InferenceService, computed without I/O.
+
+This module owns what the operator *wants* to exist: per pool a ConfigMap with the runtime's
+configuration and a Deployment of runtime pods, plus one Service whose selector picks the pool
+that gets traffic. :func:`desired_objects` is pure and total over valid specs; the shell
+server-side-applies its output as is, so every field listed here is a field the operator owns,
+and nothing else is.
+
+Naming and labels are a contract with the autoscaler and Prometheus (DESIGN.md §3):
+Deployment ``<isvc>-<pool>``, Service ``<isvc>``, ConfigMap ``<isvc>-<pool>-config``; pods carry
+``serving.tidal.dev/{isvc,pool,role}``. The Deployment selects on {isvc, pool} only, so the
+autoscaler can relabel ready pods ``role=standby`` (taking them out of the Service) without the
+ReplicaSet replacing them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tidal.operator.core.api import (
+    ANNOTATION_CONFIG_HASH,
+    API_VERSION,
+    KIND,
+    LABEL_ISVC,
+    LABEL_POOL,
+    LABEL_ROLE,
+    ActivePool,
+    Backend,
+    Engine,
+    InferenceService,
+    Memory,
+    Model,
+    PoolName,
+    Runtime,
+    quantity_bytes,
+)
+
+RUNTIME_PORT = 8080
+CONFIG_KEY = "runtime-config.json"
+CONTAINER_NAME = "runtime"
+ROLE_SERVING = "serving"
+ROLE_STANDBY = "standby"
+MANAGED_BY = "tidal-operator"
+ANNOTATION_APPLIED_HASH = "serving.tidal.dev/applied-hash"
+ENGINE_FORMAT = {Backend.ONNXRUNTIME: "onnx", Backend.TENSORRT: "plan"}
+
+
+@dataclass(frozen=True)
+class Pool:
+    """The effective configuration of one pool (the baseline's unset fields copy the primary)."""
+
+    name: PoolName
+    runtime: Runtime
+    models: tuple[Model, ...]
+    memory: Memory
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the shell knows beyond the spec when it computes the desired children.
+
+    ``replicas``: the replica count per pool that the autoscaler (or, before it has decided,
+    the existing Deployment) asks for; absent pools start at their minimum.
+    ``active_pool``: the pool the rollout logic routes to when ``spec.rollout.activePool`` is
+    ``auto`` (the last decision, as recorded in status).
+    ``split``: a staged rollout step routes to the serving pods of both pools (the replica
+    counts set the shares), so the Service selects on the InferenceService and role only.
+    """
+
+    replicas: Mapping[PoolName, int] = field(default_factory=dict)
+    active_pool: PoolName = PoolName.PRIMARY
+    split: bool = False
+
+
+def pools_of(isvc: InferenceService) -> tuple[Pool, ...]:
+    """The primary pool, and the baseline pool when ``spec.rollout.baseline`` is set."""
+    spec = isvc.spec
+    primary = Pool(PoolName.PRIMARY, spec.runtime, tuple(spec.models), spec.memory)
+    baseline = spec.rollout.baseline
+    if baseline is None:
+        return (primary,)
+    return (
+        primary,
+        Pool(
+            PoolName.BASELINE,
+            baseline.runtime or spec.runtime,
+            tuple(baseline.models or spec.models),
+            baseline.memory or spec.memory,
+        ),
+    )
+
+
+def find_spec_problems(isvc: InferenceService) -> list[str]:
+    """Reasons a schema-valid spec cannot work, each saying what to change (empty: fine)."""
+    problems: list[str] = []
+    for pool in pools_of(isvc):
+        where = "spec" if pool.name is PoolName.PRIMARY else "spec.rollout.baseline"
+        backend = pool.runtime.backend
+        for model in pool.models:
+            if not any(e.effective_backend is backend for e in model.engines):
+                have = sorted({str(e.effective_backend) for e in model.engines})
+                problems.append(
+                    f"{pool.name.value} pool: model {model.name!r} has no engine for backend "
+                    f"{backend.value} (it has {', '.join(have)}); add an engine with "
+                    f"backend: {backend.value} to {where}.models[{model.name}].engines or set "
+                    f"{where}.runtime.backend to one of {', '.join(have)}"
+                )
+            for engine in model.engines:
+                if engine.effective_backend is Backend.TENSORRT and not _plan_described(engine):
+                    problems.append(
+                        f"{pool.name.value} pool: model {model.name!r}: engine {engine.uri} "
+                        "does not follow <gpuArch>-trt<major>.<minor>[-vc]-<precision>.engine; "
+                        "rename it or set gpuArch, tensorrtVersion and precision"
+                    )
+        if pool.memory.weight_streaming_budget is not None and backend is not Backend.TENSORRT:
+            problems.append(
+                f"{pool.name.value} pool: memory.weightStreamingBudget needs backend tensorrt; "
+                f"remove it from {where}.memory or set {where}.runtime.backend: tensorrt"
+            )
+    return problems
+
+
+# The runtime's plan naming scheme (runtime/README.md); the operator cannot import the runtime.
+_PLAN_NAME = re.compile(
+    r"^(?P<arch>sm[0-9]{2,3})-trt(?P<ver>[0-9]+\.[0-9]+)(-vc)?-"
+    r"(?P<prec>fp32|tf32|fp16|bf16|fp8|int8|fp4|int4)\.(engine|plan)$"
+)
+
+
+def _plan_described(engine: Engine) -> bool:
+    """Whether the runtime can tell a plan's GPU arch, TensorRT version and precision."""
+    if engine.gpu_arch and engine.tensorrt_version and engine.precision:
+        return True
+    name = engine.uri.rstrip("/").rsplit("/", 1)[-1].split("?", 1)[0]
+    return _PLAN_NAME.match(name) is not None
+
+
+def resolve_active_pool(isvc: InferenceService, observed: Observed) -> PoolName:
+    """The pool the Service routes to: a manual choice wins, ``auto`` follows the decision."""
+    setting = isvc.spec.rollout.active_pool
+    if setting is ActivePool.PRIMARY:
+        return PoolName.PRIMARY
+    if setting is ActivePool.BASELINE:
+        return PoolName.BASELINE
+    if observed.active_pool is PoolName.BASELINE and isvc.spec.rollout.baseline is not None:
+        return PoolName.BASELINE
+    return PoolName.PRIMARY
+
+
+def desired_replicas(isvc: InferenceService, pool: PoolName, observed: Observed) -> int:
+    """Replicas of a pool's Deployment (serving plus standby pods)."""
+    scaling = isvc.spec.autoscaling
+    asked = observed.replicas.get(pool)
+    if pool is PoolName.PRIMARY:
+        if isvc.spec.replicas is not None:
+            return isvc.spec.replicas
+        initial = min(scaling.min_replicas + scaling.standby_replicas, scaling.max_replicas)
+        wanted = initial if asked is None else asked
+        return max(scaling.min_replicas, min(scaling.max_replicas, wanted))
+    baseline = isvc.spec.rollout.baseline
+    floor = baseline.min_replicas if baseline is not None else 0
+    return max(floor, min(scaling.max_replicas, floor if asked is None else asked))
+
+
+def render_runtime_config(pool: Pool) -> dict[str, Any]:
+    """The runtime's configuration (``tidal.runtime.config.RuntimeConfig``) as plain JSON.
+
+    Only the engines for the pool's backend are passed on: the runtime of an onnxruntime pool
+    has no use for TensorRT plans (and :func:`find_spec_problems` reports models left without
+    any engine).
+    """
+    backend = pool.runtime.backend
+    models = []
+    for model in pool.models:
+        engines = []
+        for engine in model.engines:
+            if engine.effective_backend is not backend:
+                continue
+            entry: dict[str, Any] = {"uri": engine.uri, "format": ENGINE_FORMAT[backend]}
+            if engine.sha256 is not None:
+                entry["sha256"] = engine.sha256
+            if engine.gpu_arch is not None:
+                entry["gpuArch"] = engine.gpu_arch
+            if engine.precision is not None:
+                entry["precision"] = engine.precision.value
+            if engine.tensorrt_version is not None:
+                entry["trtVersion"] = engine.tensorrt_version
+            engines.append(entry)
+        models.append(
+            {
+                "name": model.name,
+                "engines": engines,
+                "maxBatchSize": model.max_batch_size,
+                "batching": {
+                    "maxQueueDelayMs": model.batching.max_queue_delay_ms,
+                    "preferredBatchSizes": list(model.batching.preferred_batch_sizes),
+                },
+                "warmup": {
+                    "batchSizes": list(model.warmup.batch_sizes),
+                    "iterations": model.warmup.iterations,
+                },
+                "preload": model.preload,
+            }
+        )
+    memory: dict[str, Any] = {"reserveBytes": quantity_bytes(pool.memory.reserve)}
+    if pool.memory.engine_cache_budget is not None:
+        memory["engineCacheBudgetBytes"] = quantity_bytes(pool.memory.engine_cache_budget)
+    if pool.memory.weight_streaming_budget is not None:
+        budget = pool.memory.weight_streaming_budget
+        memory["weightStreamingBudget"] = (
+            budget if budget == "auto" or budget.endswith("%") else quantity_bytes(budget)
+        )
+    return {"backend": backend.value, "models": models, "memory": memory}
+
+
+def content_hash(data: Any) -> str:
+    """A short, stable hash of JSON-able data (canonical key order)."""
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def common_labels(isvc: InferenceService) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "tidal-runtime",
+        "app.kubernetes.io/instance": isvc.name,
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        LABEL_ISVC: isvc.name,
+    }
+
+
+def owner_reference(isvc: InferenceService) -> dict[str, Any]:
+    """Makes the garbage collector delete children with their InferenceService, even while
+    the operator is down; so no finalizer is needed."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": isvc.name,
+        "uid": isvc.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _metadata(isvc: InferenceService, name: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": isvc.namespace,
+        "labels": labels,
+        "ownerReferences": [owner_reference(isvc)],
+    }
+
+
+def deployment_name(isvc_name: str, pool: PoolName) -> str:
+    return f"{isvc_name}-{pool.value}"
+
+
+def config_map_name(isvc_name: str, pool: PoolName) -> str:
+    return f"{isvc_name}-{pool.value}-config"
+
+
+def _config_map(isvc: InferenceService, pool: Pool, config_json: str) -> dict[str, Any]:
+    labels = {**common_labels(isvc), LABEL_POOL: pool.name.value}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(isvc, config_map_name(isvc.name, pool.name), labels),
+        "data": {CONFIG_KEY: config_json},
+    }
+
+
+def _env(isvc: InferenceService, pool: Pool) -> list[dict[str, Any]]:
+    def field_ref(path: str) -> dict[str, Any]:
+        return {"fieldRef": {"fieldPath": path}}
+
+    fixed: list[dict[str, Any]] = [
+        {"name": "TIDAL_HOST", "valueFrom": field_ref("status.podIP")},
+        {"name": "POD_IP", "valueFrom": field_ref("status.podIP")},
+        {"name": "TIDAL_PORT", "value": str(RUNTIME_PORT)},
+        {"name": "POD_NAME", "valueFrom": field_ref("metadata.name")},
+        {"name": "POD_NAMESPACE", "valueFrom": field_ref("metadata.namespace")},
+        {"name": "TIDAL_LOG_LEVEL", "value": pool.runtime.log_level.value},
+        {
+            "name": "TIDAL_RUNTIME_CONFIG_JSON",
+            "valueFrom": {
+                "configMapKeyRef": {
+                    "name": config_map_name(isvc.name, pool.name),
+                    "key": CONFIG_KEY,
+                }
+            },
+        },
+    ]
+    taken = {e["name"] for e in fixed}
+    # User variables come after ours, so they cannot shadow the contract with the runtime.
+    extra = [{"name": e.name, "value": e.value} for e in pool.runtime.env if e.name not in taken]
+    return fixed + extra
+
+
+def _resources(runtime: Runtime) -> dict[str, Any]:
+    requests = dict(runtime.resources.requests)
+    limits = dict(runtime.resources.limits)
+    gpus = runtime.gpu_count
+    if runtime.backend is Backend.TENSORRT and gpus > 0:
+        # Extended resources must have request == limit; setting the limit implies the request.
+        limits["nvidia.com/gpu"] = str(gpus)
+        requests["nvidia.com/gpu"] = str(gpus)
+    out: dict[str, Any] = {}
+    if requests:
+        out["requests"] = requests
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+def _deployment(
+    isvc: InferenceService, pool: Pool, replicas: int, config_hash: str
+) -> dict[str, Any]:
+    selector = {LABEL_ISVC: isvc.name, LABEL_POOL: pool.name.value}
+    pod_labels = {**common_labels(isvc), **selector, LABEL_ROLE: ROLE_SERVING}
+    probe = {"port": "http", "scheme": "HTTP"}
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": pool.runtime.image,
+        "command": ["tidal-runtime"],
+        "ports": [{"name": "http", "containerPort": RUNTIME_PORT, "protocol": "TCP"}],
+        "env": _env(isvc, pool),
+        # Ready only once every preloaded model is loaded and warmed (DESIGN.md §3): probe
+        # often so a warm pod joins the Service within a second.
+        "readinessProbe": {
+            "httpGet": {**probe, "path": "/v2/health/ready"},
+            "periodSeconds": 1,
+            "timeoutSeconds": 1,
+            "failureThreshold": 3,
+            "successThreshold": 1,
+        },
+        "livenessProbe": {
+            "httpGet": {**probe, "path": "/v2/health/live"},
+            "periodSeconds": 10,
+            "timeoutSeconds": 2,
+            "failureThreshold": 3,
+        },
+    }
+    resources = _resources(pool.runtime)
+    if resources:
+        container["resources"] = resources
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        # Hundreds of Services in a namespace would otherwise flood every pod's environment.
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 30,
+    }
+    if pool.runtime.node_selector:
+        pod_spec["nodeSelector"] = dict(pool.runtime.node_selector)
+    if pool.runtime.tolerations:
+        pod_spec["tolerations"] = [t.to_wire() for t in pool.runtime.tolerations]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(
+            isvc,
+            deployment_name(isvc.name, pool.name),
+            {**common_labels(isvc), LABEL_POOL: pool.name.value},
+        ),
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": selector},
+            # Never below the current capacity during a roll: a new pod must be ready (warm)
+            # before an old one goes, so Ready and the replica counts hold throughout.
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": 0},
+            },
+            "revisionHistoryLimit": 3,
+            "progressDeadlineSeconds": 600,
+            "template": {
+                "metadata": {
+                    "labels": pod_labels,
+                    "annotations": {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(RUNTIME_PORT),
+                        "prometheus.io/path": "/metrics",
+                        # The config reaches pods through env, read at start: a new hash in
+                        # the template is what rolls the pods when the config changes.
+                        ANNOTATION_CONFIG_HASH: config_hash,
+                    },
+                },
+                "spec": pod_spec,
+            },
+        },
+    }
+
+
+def _service(isvc: InferenceService, active: PoolName, split: bool) -> dict[str, Any]:
+    selector = {LABEL_ISVC: isvc.name, LABEL_POOL: active.value, LABEL_ROLE: ROLE_SERVING}
+    if split and isvc.spec.rollout.baseline is not None:
+        del selector[LABEL_POOL]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(isvc, isvc.name, common_labels(isvc)),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector,
+            "ports": [
+                {"name": "http", "port": RUNTIME_PORT, "targetPort": "http", "protocol": "TCP"}
+            ],
+        },
+    }
+
+
+def desired_objects(isvc: InferenceService, observed: Observed) -> list[dict[str, Any]]:
+    """Every child the InferenceService should have, in apply order (config before pods).
+
+    Each object carries ``serving.tidal.dev/applied-hash`` (a hash of the object itself), so
+    the shell can tell from a watch event whether a child already matches without a request.
+    """
+    objects: list[dict[str, Any]] = []
+    for pool in pools_of(isvc):
+        config = render_runtime_config(pool)
+        config_json = json.dumps(config, sort_keys=True, separators=(",", ":"))
+        replicas = desired_replicas(isvc, pool.name, observed)
+        objects.append(_config_map(isvc, pool, config_json))
+        objects.append(_deployment(isvc, pool, replicas, content_hash(config)))
+    objects.append(_service(isvc, resolve_active_pool(isvc, observed), observed.split))
+    for obj in objects:
+        obj["metadata"]["annotations"] = {ANNOTATION_APPLIED_HASH: content_hash(obj)}
+    return objects
+
+
+def object_key(obj: Mapping[str, Any]) -> tuple[str, str]:
+    """(kind, name) of a child: unique among one InferenceService's children."""
+    return str(obj["kind"]), str(obj["metadata"]["name"])

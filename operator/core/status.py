@@ -1,0 +1,247 @@
+"""The InferenceService's status and the Events it deserves, computed without I/O.
+
+This module owns the meaning of the conditions (``Ready``, ``Progressing``, ``Degraded``), the
+replica counts, and which changes are worth an Event. It takes what the shell observed (the
+Deployments and pods of each pool), the spec problems found by
+:func:`tidal.operator.core.resources.find_spec_problems`, the previous status and the current
+time, and returns the new status and Events. Conditions keep their ``lastTransitionTime`` while
+their status does not change, so writing the result again is a no-op (idempotence).
+
+Fields owned by other loops (``metrics``, ``lastDecision``, conditions other than the three
+above) are carried over from the previous status unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from tidal.operator.core.api import (
+    LABEL_ISVC,
+    LABEL_POOL,
+    Condition,
+    ConditionStatus,
+    InferenceServiceStatus,
+    PoolName,
+    PoolStatus,
+)
+
+READY = "Ready"
+PROGRESSING = "Progressing"
+DEGRADED = "Degraded"
+OWNED_CONDITIONS = (READY, PROGRESSING, DEGRADED)
+
+
+@dataclass(frozen=True)
+class DeploymentState:
+    """The parts of a Deployment's status that matter here."""
+
+    generation: int = 0
+    observed_generation: int = 0
+    spec_replicas: int = 0
+    replicas: int = 0
+    ready_replicas: int = 0
+    updated_replicas: int = 0
+    available_replicas: int = 0
+    failure: str | None = None  # message of ReplicaFailure / ProgressDeadlineExceeded
+
+
+@dataclass(frozen=True)
+class PodState:
+    """One pod of an InferenceService as the status needs it."""
+
+    pool: str
+    role: str
+    ready: bool
+    terminating: bool = False
+
+
+@dataclass(frozen=True)
+class StatusInput:
+    """Everything :func:`compute_status` needs; ``now`` is the wall time for timestamps."""
+
+    generation: int
+    now: datetime
+    isvc_name: str
+    active_pool: PoolName
+    desired: Mapping[PoolName, int]
+    deployments: Mapping[PoolName, DeploymentState] = field(default_factory=dict)
+    pods: Sequence[PodState] = ()
+    problems: Sequence[str] = ()
+    error: str | None = None
+    previous: InferenceServiceStatus | None = None
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    """An Event to post on the InferenceService."""
+
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class StatusResult:
+    status: InferenceServiceStatus
+    events: tuple[EventSpec, ...]
+
+    def to_wire(self) -> dict[str, Any]:
+        return self.status.to_wire()
+
+
+def timestamp(now: datetime) -> str:
+    """RFC 3339 in UTC with second precision, as metav1.Time serialises."""
+    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def count_pool(
+    pool: PoolName, desired: int, deployment: DeploymentState | None, pods: Sequence[PodState]
+) -> PoolStatus:
+    live = [p for p in pods if p.pool == pool.value and not p.terminating]
+    return PoolStatus(
+        desired=desired,
+        replicas=len(live),
+        ready=sum(1 for p in live if p.ready and p.role != "standby"),
+        warming=sum(1 for p in live if not p.ready),
+        standby=sum(1 for p in live if p.ready and p.role == "standby"),
+        updated=deployment.updated_replicas if deployment is not None else 0,
+    )
+
+
+def _ready(inp: StatusInput, active: PoolStatus) -> tuple[ConditionStatus, str, str]:
+    pool = inp.active_pool.value
+    if active.ready > 0:
+        return (
+            ConditionStatus.TRUE,
+            "Serving",
+            f"{active.ready} of {active.desired} replicas of pool {pool} ready and serving",
+        )
+    if active.desired == 0 and not inp.problems:
+        return ConditionStatus.TRUE, "ScaledToZero", f"pool {pool} is scaled to zero"
+    if inp.problems:
+        return ConditionStatus.FALSE, "InvalidSpec", "no ready replicas; see the Degraded condition"
+    if active.warming > 0:
+        return (
+            ConditionStatus.FALSE,
+            "Warming",
+            f"{active.warming} replicas of pool {pool} loading and warming their models",
+        )
+    return ConditionStatus.FALSE, "NoReadyReplicas", f"pool {pool} has no ready replicas"
+
+
+def _progressing(
+    inp: StatusInput, pools: Mapping[PoolName, PoolStatus]
+) -> tuple[ConditionStatus, str, str]:
+    if inp.problems:
+        return ConditionStatus.FALSE, "InvalidSpec", "waiting for a spec that can work"
+    for pool, counts in pools.items():
+        dep = inp.deployments.get(pool)
+        if dep is None:
+            return ConditionStatus.TRUE, "Creating", f"creating pool {pool.value}"
+        if dep.observed_generation < dep.generation or counts.updated < counts.desired:
+            return (
+                ConditionStatus.TRUE,
+                "RollingOut",
+                f"pool {pool.value}: {counts.updated} of {counts.desired} replicas updated",
+            )
+        if counts.replicas > counts.desired:
+            return (
+                ConditionStatus.TRUE,
+                "ScalingDown",
+                f"pool {pool.value}: {counts.replicas} pods, {counts.desired} desired",
+            )
+        if counts.ready + counts.standby < counts.desired:
+            return (
+                ConditionStatus.TRUE,
+                "ScalingUp",
+                f"pool {pool.value}: {counts.ready + counts.standby} of {counts.desired} "
+                "replicas ready",
+            )
+    return ConditionStatus.FALSE, "Complete", "every pool runs its desired replicas"
+
+
+def _degraded(inp: StatusInput) -> tuple[ConditionStatus, str, str]:
+    if inp.problems:
+        return ConditionStatus.TRUE, "InvalidSpec", "; ".join(inp.problems)
+    if inp.error is not None:
+        return ConditionStatus.TRUE, "ReconcileError", inp.error
+    failures = [
+        f"pool {pool.value}: {dep.failure}" for pool, dep in inp.deployments.items() if dep.failure
+    ]
+    if failures:
+        return ConditionStatus.TRUE, "DeploymentFailed", "; ".join(failures)
+    return ConditionStatus.FALSE, "AsExpected", "no problems found"
+
+
+def _condition(
+    previous: Mapping[str, Condition],
+    kind: str,
+    verdict: tuple[ConditionStatus, str, str],
+    inp: StatusInput,
+) -> Condition:
+    status, reason, message = verdict
+    before = previous.get(kind)
+    changed = before is None or before.status != status
+    return Condition(
+        type=kind,
+        status=status,
+        reason=reason,
+        message=message,
+        last_transition_time=timestamp(inp.now)
+        if changed or before is None
+        else before.last_transition_time,
+        observed_generation=inp.generation,
+    )
+
+
+def _event_for(before: Condition | None, after: Condition) -> EventSpec | None:
+    """An Event when a condition's status (or a Degraded reason) changes."""
+    same_status = before is not None and before.status == after.status
+    if same_status and (after.type != DEGRADED or before is None or before.reason == after.reason):
+        return None
+    if before is None and after.type == DEGRADED and after.status is ConditionStatus.FALSE:
+        return None
+    bad = (after.type == DEGRADED and after.status is ConditionStatus.TRUE) or (
+        after.type == READY and after.status is ConditionStatus.FALSE and before is not None
+    )
+    return EventSpec(
+        type="Warning" if bad else "Normal",
+        reason=f"{after.type}{after.status.value}" if after.type != DEGRADED else after.reason,
+        message=f"{after.type}={after.status.value} ({after.reason}): {after.message}",
+    )
+
+
+def compute_status(inp: StatusInput) -> StatusResult:
+    """The new status and the Events its changes deserve."""
+    pools = {
+        pool: count_pool(pool, desired, inp.deployments.get(pool), inp.pods)
+        for pool, desired in inp.desired.items()
+    }
+    active = pools.get(inp.active_pool, PoolStatus())
+    prev = inp.previous or InferenceServiceStatus()
+    by_type = {c.type: c for c in prev.conditions}
+    ours = [
+        _condition(by_type, READY, _ready(inp, active), inp),
+        _condition(by_type, PROGRESSING, _progressing(inp, pools), inp),
+        _condition(by_type, DEGRADED, _degraded(inp), inp),
+    ]
+    others = [c for c in prev.conditions if c.type not in OWNED_CONDITIONS]
+    events = tuple(e for c in ours if (e := _event_for(by_type.get(c.type), c)) is not None)
+    status = InferenceServiceStatus(
+        observed_generation=inp.generation,
+        conditions=[*ours, *others],
+        replicas=active.replicas,
+        ready_replicas=active.ready,
+        warming_replicas=active.warming,
+        standby_replicas=active.standby,
+        desired_replicas=active.desired,
+        selector=f"{LABEL_ISVC}={inp.isvc_name},{LABEL_POOL}={inp.active_pool.value}",
+        active_pool=inp.active_pool,
+        pools={pool.value: counts for pool, counts in pools.items()},
+        metrics=prev.metrics,
+        last_decision=prev.last_decision,
+    )
+    return StatusResult(status=status, events=events)

@@ -1,0 +1,224 @@
+"""Generate the InferenceService CRD from the pydantic models in ``tidal.operator.core.api``.
+
+    python -m tidal.operator.crdgen crds/          # writes crds/<plural>.<group>.yaml
+    python -m tidal.operator.crdgen --check crds/  # exits 1 when the file differs
+
+Pydantic emits JSON Schema (draft 2020-12); Kubernetes wants a *structural* OpenAPI v3 schema.
+The translation inlines ``$ref``s, turns ``anyOf [X, null]`` into an optional X, rewrites
+numeric exclusive bounds to OpenAPI 3.0's boolean form, ``const`` to a one-value ``enum``,
+drops what structural schemas forbid (``additionalProperties: false``, ``title``), and keeps
+descriptions, defaults, bounds, patterns, enums and ``x-kubernetes-*`` extensions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tidal.operator.core import api
+
+_DROP = {"title", "examples", "discriminator"}
+
+
+def _resolve(node: Any, defs: dict[str, Any]) -> Any:
+    if isinstance(node, list):
+        return [_resolve(item, defs) for item in node]
+    if not isinstance(node, dict):
+        return node
+    node = dict(node)
+    if "$ref" in node:
+        target = defs[node.pop("$ref").rsplit("/", 1)[-1]]
+        # Siblings of a $ref (description, default from the field) override the target's.
+        node = {**target, **node}
+    if "allOf" in node and len(node["allOf"]) == 1:
+        inner = node.pop("allOf")[0]
+        node = {**_resolve(inner, defs), **node}
+    if "anyOf" in node:
+        options = [o for o in node["anyOf"] if o.get("type") != "null"]
+        if len(options) == 1:
+            node.pop("anyOf")
+            node = {**_resolve(options[0], defs), **node}
+            if node.get("default", 0) is None:
+                node.pop("default")
+    return {k: _resolve(v, defs) for k, v in node.items()}
+
+
+def _structural(node: Any) -> Any:
+    if isinstance(node, list):
+        return [_structural(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in _DROP:
+            continue
+        if key == "additionalProperties" and value is False:
+            continue
+        if key == "const":
+            out["enum"] = [value]
+            continue
+        if key in ("exclusiveMinimum", "exclusiveMaximum") and not isinstance(value, bool):
+            out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
+            out[key] = True
+            continue
+        if key == "properties":
+            out[key] = {name: _structural(prop) for name, prop in value.items()}
+            continue
+        out[key] = _structural(value)
+    if "enum" in out and "type" not in out:
+        out["type"] = "string"
+    if (
+        out.get("type") == "object"
+        and "properties" not in out
+        and "additionalProperties" not in out
+    ):
+        out["x-kubernetes-preserve-unknown-fields"] = True
+    # Optional fields with defaults of None would otherwise serialise as `default: null`.
+    if out.get("default", 0) is None:
+        out.pop("default")
+    # A stable, readable key order: what it is, what it means, then the constraints.
+    first = [k for k in ("type", "description", "default", "enum") if k in out]
+    return {k: out[k] for k in [*first, *sorted(k for k in out if k not in first)]}
+
+
+def schema_of(model: type[api.ApiModel]) -> dict[str, Any]:
+    """The structural OpenAPI v3 schema of one API model."""
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    defs = raw.pop("$defs", {})
+    return dict(_structural(_resolve(raw, defs)))
+
+
+def build_crd() -> dict[str, Any]:
+    """The CustomResourceDefinition as a plain dict."""
+    spec_schema = schema_of(api.InferenceServiceSpec)
+    status_schema = schema_of(api.InferenceServiceStatus)
+    root: dict[str, Any] = {
+        "type": "object",
+        "description": (api.InferenceService.__doc__ or "").strip(),
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string", "description": "serving.tidal.dev/v1alpha1"},
+            "kind": {"type": "string", "description": "InferenceService"},
+            "metadata": {"type": "object"},
+            "spec": spec_schema,
+            "status": status_schema,
+        },
+    }
+    extra = api.InferenceService.model_config.get("json_schema_extra")
+    if isinstance(extra, dict):
+        root.update(extra)
+    columns = [
+        {
+            "name": "Ready",
+            "type": "string",
+            "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
+            "description": "Whether the active pool has ready replicas behind the Service.",
+        },
+        {
+            "name": "Replicas",
+            "type": "integer",
+            "jsonPath": ".status.readyReplicas",
+            "description": "Ready replicas of the active pool.",
+        },
+        {
+            "name": "Desired",
+            "type": "integer",
+            "jsonPath": ".status.desiredReplicas",
+            "description": "Replicas the operator asks for.",
+            "priority": 1,
+        },
+        {
+            "name": "P99",
+            "type": "number",
+            "jsonPath": ".status.metrics.p99HotMs",
+            "description": "Hot-path P99 latency in milliseconds.",
+        },
+        {
+            "name": "Pool",
+            "type": "string",
+            "jsonPath": ".status.activePool",
+            "description": "The pool that gets traffic.",
+        },
+        {
+            "name": "Reason",
+            "type": "string",
+            "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
+            "priority": 1,
+        },
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ]
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{api.PLURAL}.{api.GROUP}"},
+        "spec": {
+            "group": api.GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": api.KIND,
+                "listKind": f"{api.KIND}List",
+                "plural": api.PLURAL,
+                "singular": api.SINGULAR,
+                "shortNames": list(api.SHORT_NAMES),
+                "categories": list(api.CATEGORIES),
+            },
+            "versions": [
+                {
+                    "name": api.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": root},
+                    "subresources": {
+                        "status": {},
+                        "scale": {
+                            "specReplicasPath": ".spec.replicas",
+                            "statusReplicasPath": ".status.replicas",
+                            "labelSelectorPath": ".status.selector",
+                        },
+                    },
+                    "additionalPrinterColumns": columns,
+                }
+            ],
+        },
+    }
+
+
+HEADER = (
+    "# Generated by `python -m tidal.operator.crdgen crds/` from tidal/operator/core/api.py.\n"
+    "# Do not edit: change the pydantic models and regenerate (a test fails on drift).\n"
+)
+
+
+def render() -> str:
+    """The CRD file's exact text."""
+    return HEADER + yaml.safe_dump(build_crd(), sort_keys=False, width=100)
+
+
+def crd_path(directory: Path) -> Path:
+    return directory / f"{api.PLURAL}.{api.GROUP}.yaml"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("directory", type=Path, help="where to write the CRD (e.g. crds/)")
+    parser.add_argument("--check", action="store_true", help="fail if the file is out of date")
+    args = parser.parse_args(argv)
+    path = crd_path(args.directory)
+    text = render()
+    if args.check:
+        if not path.exists() or path.read_text() != text:
+            print(f"{path} is out of date: run python -m tidal.operator.crdgen {args.directory}")
+            return 1
+        return 0
+    args.directory.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

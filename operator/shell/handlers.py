@@ -1,0 +1,163 @@
+"""kopf wiring: watches feed the store and the work queue; nothing else happens here.
+
+This module owns the kopf handlers. They are all ``on.event`` handlers, on purpose: they keep
+no per-object progress in annotations or ``status.kopf`` and add no finalizers, so the
+operator's state lives in the cluster (spec, children, status) and an InferenceService deleted
+while the operator is down is still cleaned up by the garbage collector.
+
+* InferenceService events store the body and enqueue the key.
+* Events of labelled children (Deployments, pods, Services, ConfigMaps) update the store and
+  enqueue the owner, so a deleted or edited child is put back, and status follows the pods.
+* A resync task enqueues every key with ``force`` periodically (and once at start), so the
+  operator re-asserts every child even if a watch event was lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from tidal.operator.core.api import GROUP, LABEL_ISVC, PLURAL, VERSION
+from tidal.operator.shell import metrics
+from tidal.operator.shell.kube import Kube
+from tidal.operator.shell.reconciler import Key, Reconciler, Store
+from tidal.operator.shell.workqueue import WorkQueue
+
+log = logging.getLogger("tidal.operator")
+
+
+@dataclass
+class OperatorSettings:
+    """Settings of the operator process (from environment and command line, see __main__)."""
+
+    workers: int = 4
+    resync_seconds: float = 300.0
+    # Children appear after a first reconcile; wait briefly for the initial listings so the
+    # first pass sees what already exists instead of re-applying everything twice.
+    startup_grace_seconds: float = 1.0
+
+
+@dataclass
+class Runtime:
+    """The running operator's shared state (one per process)."""
+
+    settings: OperatorSettings = field(default_factory=OperatorSettings)
+    store: Store = field(default_factory=Store)
+    queue: WorkQueue[Key] | None = None
+    reconciler: Reconciler | None = None
+    started: asyncio.Event | None = None
+    resync_task: asyncio.Task[None] | None = None
+
+
+RUNTIME = Runtime()
+
+
+def configure(settings: OperatorSettings) -> None:
+    RUNTIME.settings = settings
+
+
+@kopf.on.startup()
+async def on_startup_configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    # Standalone: one operator per cluster (or namespace); no peering resources needed.
+    settings.peering.standalone = True
+    settings.peering.mandatory = False
+    # Our handlers post their own Events; kopf's per-handler log events would double them.
+    settings.posting.enabled = False
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.batching.idle_timeout = 60.0
+    settings.networking.request_timeout = 60.0
+    kube = Kube.from_environment()
+    RUNTIME.reconciler = Reconciler(kube=kube, store=RUNTIME.store)
+    RUNTIME.queue = WorkQueue(
+        RUNTIME.reconciler.reconcile,
+        workers=RUNTIME.settings.workers,
+        on_depth=metrics.QUEUE_DEPTH.set,
+    )
+    RUNTIME.queue.start()
+    RUNTIME.resync_task = asyncio.create_task(_resync_forever())
+    log.info("tidal-operator started with %d workers", RUNTIME.settings.workers)
+
+
+@kopf.on.cleanup()
+async def on_cleanup_stop(**_: Any) -> None:
+    if RUNTIME.resync_task is not None:
+        RUNTIME.resync_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await RUNTIME.resync_task
+    if RUNTIME.queue is not None:
+        await RUNTIME.queue.stop()
+
+
+async def _resync_forever() -> None:
+    await asyncio.sleep(RUNTIME.settings.startup_grace_seconds)
+    while True:
+        queue = RUNTIME.queue
+        if queue is not None:
+            for key in list(RUNTIME.store.services):
+                await queue.add(key, force=True)
+        await asyncio.sleep(RUNTIME.settings.resync_seconds)
+
+
+async def _enqueue(key: Key) -> None:
+    if RUNTIME.queue is not None:
+        await RUNTIME.queue.add(key)
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)  # type: ignore[arg-type]
+async def on_event_inference_service(event: dict[str, Any], body: kopf.Body, **_: Any) -> None:
+    key = RUNTIME.store.put_service(_plain(body))
+    if event.get("type") == "DELETED":
+        RUNTIME.store.drop_service(key)
+        RUNTIME.store.children.pop(key, None)
+        if RUNTIME.queue is not None:
+            RUNTIME.queue.forget(key)
+        return
+    if event.get("type") is None:
+        return  # the initial listing: the resync task's first (forced) pass covers it
+    await _enqueue(key)
+
+
+async def _on_child(event: dict[str, Any], body: kopf.Body, kind: str) -> None:
+    plain = _plain(body)
+    plain["kind"] = kind  # items of an initial LIST carry no kind
+    owner = RUNTIME.store.put_child(plain, deleted=event.get("type") == "DELETED")
+    if owner is not None and event.get("type") is not None and owner in RUNTIME.store.services:
+        await _enqueue(owner)
+
+
+_CHILD = {"labels": {LABEL_ISVC: kopf.PRESENT}}
+
+
+@kopf.on.event("apps", "v1", "deployments", **_CHILD)  # type: ignore[arg-type]
+async def on_event_deployment(event: dict[str, Any], body: kopf.Body, **_: Any) -> None:
+    await _on_child(event, body, "Deployment")
+
+
+@kopf.on.event("", "v1", "pods", **_CHILD)  # type: ignore[arg-type]
+async def on_event_pod(event: dict[str, Any], body: kopf.Body, **_: Any) -> None:
+    await _on_child(event, body, "Pod")
+
+
+@kopf.on.event("", "v1", "services", **_CHILD)  # type: ignore[arg-type]
+async def on_event_service(event: dict[str, Any], body: kopf.Body, **_: Any) -> None:
+    await _on_child(event, body, "Service")
+
+
+@kopf.on.event("", "v1", "configmaps", **_CHILD)  # type: ignore[arg-type]
+async def on_event_config_map(event: dict[str, Any], body: kopf.Body, **_: Any) -> None:
+    await _on_child(event, body, "ConfigMap")
+
+
+def _plain(body: kopf.Body) -> dict[str, Any]:
+    """A plain-dict copy with what the operator needs (no managedFields)."""
+    raw = dict(body)
+    meta = dict(raw.get("metadata", {}))
+    meta.pop("managedFields", None)
+    raw["metadata"] = meta
+    return raw

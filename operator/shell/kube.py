@@ -1,0 +1,198 @@
+"""The operator's writes to the Kubernetes API: server-side apply, status, Events.
+
+This module owns every request the operator makes outside kopf's watches. Requests are plain
+REST calls through the ``kubernetes`` client's connection pool, run in worker threads so the
+event loop never blocks. Every request is counted in ``tidal_operator_api_requests_total``.
+
+Children are written with server-side apply under the field manager ``tidal-operator``: the
+operator owns exactly the fields it sends and never touches (or fights over) fields other
+writers own. ``force`` only takes back fields the operator sends, after someone else changed
+them: the operator is the authority for those.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from tidal.operator.core.api import API_VERSION, KIND, PLURAL
+from tidal.operator.core.status import EventSpec, timestamp
+from tidal.operator.shell import metrics
+
+FIELD_MANAGER = "tidal-operator"
+log = logging.getLogger("tidal.operator.kube")
+
+_PATHS = {
+    ("v1", "ConfigMap"): "/api/v1/namespaces/{ns}/configmaps/{name}",
+    ("v1", "Service"): "/api/v1/namespaces/{ns}/services/{name}",
+    ("apps/v1", "Deployment"): "/apis/apps/v1/namespaces/{ns}/deployments/{name}",
+}
+
+
+class KubeError(Exception):
+    """A request failed. ``retryable`` says whether trying again later may succeed."""
+
+    def __init__(self, message: str, *, status: int | None, retryable: bool) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retryable = retryable
+
+
+def _error(exc: ApiException, what: str) -> KubeError:
+    status = int(exc.status) if exc.status else None
+    detail = exc.reason or ""
+    try:
+        detail = json.loads(exc.body or "{}").get("message", detail)
+    except ValueError:
+        pass
+    retryable = status is None or status in (408, 409, 429) or status >= 500
+    return KubeError(f"{what}: HTTP {status}: {detail}", status=status, retryable=retryable)
+
+
+def _status_error(status: int, data: bytes | None, what: str) -> KubeError:
+    detail = ""
+    try:
+        detail = json.loads(data or b"{}").get("message", "")
+    except ValueError:
+        detail = (data or b"")[:200].decode(errors="replace")
+    retryable = status in (408, 409, 429) or status >= 500
+    return KubeError(f"{what}: HTTP {status}: {detail}", status=status, retryable=retryable)
+
+
+def load_client_config() -> client.Configuration:
+    """In-cluster credentials when running in a pod, else the kubeconfig (``KUBECONFIG``)."""
+    configuration = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    except config.ConfigException:
+        config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    # Enough connections for the worker threads (urllib3 would otherwise discard and reopen).
+    configuration.connection_pool_maxsize = 32
+    return configuration
+
+
+@dataclass
+class Kube:
+    """Thin async facade over one ``kubernetes`` ApiClient."""
+
+    api: client.ApiClient
+
+    @classmethod
+    def from_environment(cls) -> Kube:
+        return cls(client.ApiClient(load_client_config()))
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        resource: str,
+        body: Any = None,
+        query: list[tuple[str, str]] | None = None,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        """One blocking request (run it in a thread); raises :class:`KubeError`."""
+        metrics.API_REQUESTS.labels(verb=method.lower(), resource=resource).inc()
+        verb, url, headers, payload, _ = self.api.param_serialize(
+            method,
+            path,
+            query_params=query or [],
+            header_params={"Content-Type": content_type, "Accept": "application/json"},
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        try:
+            response = self.api.call_api(
+                verb, url, header_params=headers, body=payload, _request_timeout=30
+            )
+        except ApiException as exc:  # transport-level failure
+            raise _error(exc, f"{method} {path}") from None
+        data: bytes | None = response.read()  # type: ignore[no-untyped-call]
+        if not 200 <= response.status < 300:
+            raise _status_error(response.status, data, f"{method} {path}")
+        return dict(json.loads(data)) if data else {}
+
+    async def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """Server-side apply one child (ConfigMap, Service or Deployment)."""
+        meta = obj["metadata"]
+        path = _PATHS[(obj["apiVersion"], obj["kind"])].format(
+            ns=meta["namespace"], name=meta["name"]
+        )
+        what = f"apply {obj['kind']} {meta['namespace']}/{meta['name']}"
+        try:
+            return await asyncio.to_thread(
+                self._request,
+                "PATCH",
+                path,
+                resource=str(obj["kind"]).lower(),
+                body=dict(obj),
+                query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+                content_type="application/apply-patch+yaml",
+            )
+        except KubeError as exc:
+            raise KubeError(f"{what}: {exc}", status=exc.status, retryable=exc.retryable) from None
+
+    async def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        """Replace the status (JSON merge patch on the status subresource).
+
+        Lists (conditions) are replaced whole, and fields the new status leaves out are
+        removed (sent as null), so the stored status is exactly the computed one.
+        """
+        path = f"/apis/{API_VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status"
+        try:
+            await asyncio.to_thread(
+                self._request,
+                "PATCH",
+                path,
+                resource="inferenceservices/status",
+                body={"status": status},
+                content_type="application/merge-patch+json",
+            )
+        except KubeError as exc:
+            if exc.status == 404:  # deleted meanwhile: nothing left to report on
+                return
+            raise
+
+    async def post_event(self, isvc: Mapping[str, Any], event: EventSpec, now: datetime) -> None:
+        """Post a core/v1 Event about an InferenceService; failures are logged, not raised."""
+        meta = isvc["metadata"]
+        when = timestamp(now)
+        body = {
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": API_VERSION,
+                "kind": KIND,
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid"),
+                "resourceVersion": meta.get("resourceVersion"),
+            },
+            "type": event.type,
+            "reason": event.reason,
+            "message": event.message[:1024],
+            "source": {"component": FIELD_MANAGER},
+            "reportingComponent": FIELD_MANAGER,
+            "reportingInstance": socket.gethostname(),
+            "firstTimestamp": when,
+            "lastTimestamp": when,
+            "count": 1,
+        }
+        try:
+            await asyncio.to_thread(
+                self._request,
+                "POST",
+                f"/api/v1/namespaces/{meta['namespace']}/events",
+                resource="events",
+                body=body,
+            )
+        except KubeError as exc:
+            log.warning("could not post event %s: %s", event.reason, exc)

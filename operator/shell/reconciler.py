@@ -1,0 +1,322 @@
+"""Level-triggered reconciliation of InferenceServices: observe, decide (pure), apply.
+
+This module owns the loop body and the in-memory picture of the world it works from:
+
+* :class:`Store` — the latest InferenceServices and a compact view of their children
+  (Deployments, pods, Services, ConfigMaps), fed by kopf's watch handlers in
+  ``tidal.operator.shell.handlers``; no request is made to read state.
+* :class:`Reconciler` — for one key: parse the spec, ask the pure core for the desired
+  children and the status, server-side apply only the children whose applied hash differs
+  from what the watch shows (all of them on a forced pass: at start and on each resync), write
+  the status when it changed, post the Events the core asked for.
+
+A spec that passes the schema but cannot work touches nothing but the status (Degraded).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from tidal.operator.core.api import (
+    LABEL_ISVC,
+    LABEL_POOL,
+    LABEL_ROLE,
+    InferenceService,
+    InferenceServiceStatus,
+    PoolName,
+    format_validation_error,
+    parse_inference_service,
+)
+from tidal.operator.core.resources import (
+    ANNOTATION_APPLIED_HASH,
+    Observed,
+    desired_objects,
+    find_spec_problems,
+    object_key,
+    pools_of,
+    resolve_active_pool,
+)
+from tidal.operator.core.status import (
+    DeploymentState,
+    EventSpec,
+    PodState,
+    StatusInput,
+    compute_status,
+)
+from tidal.operator.shell import metrics
+from tidal.operator.shell.kube import Kube, KubeError
+
+log = logging.getLogger("tidal.operator.reconciler")
+
+Key = tuple[str, str]  # (namespace, InferenceService name)
+
+
+def _owner(body: Mapping[str, Any]) -> Key | None:
+    meta = body.get("metadata", {})
+    isvc = (meta.get("labels") or {}).get(LABEL_ISVC)
+    return (meta.get("namespace", ""), isvc) if isvc else None
+
+
+def deployment_state(body: Mapping[str, Any]) -> DeploymentState:
+    meta, spec, status = body["metadata"], body.get("spec", {}), body.get("status") or {}
+    failure = None
+    for cond in status.get("conditions") or []:
+        if (cond.get("type") == "ReplicaFailure" and cond.get("status") == "True") or (
+            cond.get("type") == "Progressing" and cond.get("reason") == "ProgressDeadlineExceeded"
+        ):
+            failure = cond.get("message") or cond.get("reason")
+    return DeploymentState(
+        generation=int(meta.get("generation", 0)),
+        observed_generation=int(status.get("observedGeneration", 0)),
+        spec_replicas=int(spec.get("replicas", 0)),
+        replicas=int(status.get("replicas", 0)),
+        ready_replicas=int(status.get("readyReplicas", 0)),
+        updated_replicas=int(status.get("updatedReplicas", 0)),
+        available_replicas=int(status.get("availableReplicas", 0)),
+        failure=failure,
+    )
+
+
+def pod_state(body: Mapping[str, Any]) -> PodState:
+    meta, status = body["metadata"], body.get("status") or {}
+    labels = meta.get("labels") or {}
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+    return PodState(
+        pool=labels.get(LABEL_POOL, ""),
+        role=labels.get(LABEL_ROLE, ""),
+        ready=ready,
+        terminating=meta.get("deletionTimestamp") is not None
+        or status.get("phase") in ("Succeeded", "Failed"),
+    )
+
+
+@dataclass
+class Children:
+    """What the watches show of one InferenceService's children."""
+
+    applied: dict[tuple[str, str], str] = field(default_factory=dict)  # (kind, name) -> hash
+    deployments: dict[str, DeploymentState] = field(default_factory=dict)  # by pool
+    pods: dict[str, PodState] = field(default_factory=dict)  # by pod name
+
+
+@dataclass
+class Store:
+    """Latest InferenceService bodies and their children's compact state, keyed by owner."""
+
+    services: dict[Key, dict[str, Any]] = field(default_factory=dict)
+    children: dict[Key, Children] = field(default_factory=dict)
+
+    def put_service(self, body: Mapping[str, Any]) -> Key:
+        meta = body["metadata"]
+        key = (meta["namespace"], meta["name"])
+        self.services[key] = dict(body)
+        return key
+
+    def drop_service(self, key: Key) -> None:
+        self.services.pop(key, None)
+
+    def put_child(self, body: Mapping[str, Any], deleted: bool) -> Key | None:
+        """Record a child's new state; returns its owner's key (None: not ours)."""
+        owner = _owner(body)
+        if owner is None:
+            return None
+        kids = self.children.setdefault(owner, Children())
+        meta, kind = body["metadata"], str(body.get("kind", ""))
+        name = meta["name"]
+        if kind == "Pod":
+            if deleted:
+                kids.pods.pop(name, None)
+            else:
+                kids.pods[name] = pod_state(body)
+            return owner
+        if deleted:
+            kids.applied.pop((kind, name), None)
+        else:
+            applied = (meta.get("annotations") or {}).get(ANNOTATION_APPLIED_HASH, "")
+            kids.applied[(kind, name)] = applied
+        if kind == "Deployment":
+            pool = (meta.get("labels") or {}).get(LABEL_POOL, "")
+            if deleted:
+                kids.deployments.pop(pool, None)
+            else:
+                kids.deployments[pool] = deployment_state(body)
+        return owner
+
+
+@dataclass
+class Reconciler:
+    """Reconciles one key at a time; the work queue calls :meth:`reconcile`."""
+
+    kube: Kube
+    store: Store
+    clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
+    retry_seconds: float = 2.0
+    max_retry_seconds: float = 60.0
+    _failures: dict[Key, int] = field(default_factory=dict)
+
+    def _backoff(self, key: Key) -> float:
+        n = self._failures.get(key, 0) + 1
+        self._failures[key] = n
+        return float(min(self.max_retry_seconds, self.retry_seconds * 2 ** (n - 1)))
+
+    async def reconcile(self, key: Key, force: bool) -> float | None:
+        """Bring one InferenceService's children and status in line; returns a retry delay."""
+        body = self.store.services.get(key)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            # Deleted: the garbage collector removes the children through owner references.
+            self._failures.pop(key, None)
+            metrics.RECONCILES.labels(result="gone").inc()
+            return None
+        started = time.perf_counter()
+        try:
+            delay = await self._reconcile(key, body, force)
+        finally:
+            metrics.RECONCILE_DURATION.observe(time.perf_counter() - started)
+        return delay
+
+    async def _reconcile(self, key: Key, body: dict[str, Any], force: bool) -> float | None:
+        now = self.clock()
+        previous = _previous_status(body)
+        try:
+            isvc = parse_inference_service(body)
+        except ValidationError as exc:
+            # The API server accepted it, so the CRD and the models disagree (an older CRD?).
+            problem = f"spec does not match the operator's API: {format_validation_error(exc)}"
+            await self._write_status_degraded(key, body, [problem], previous, now)
+            metrics.RECONCILES.labels(result="degraded").inc()
+            return None
+        kids = self.store.children.get(key, Children())
+        observed = Observed(
+            replicas={
+                PoolName(pool): dep.spec_replicas
+                for pool, dep in kids.deployments.items()
+                if pool in (PoolName.PRIMARY.value, PoolName.BASELINE.value)
+            },
+            active_pool=previous.active_pool if previous else PoolName.PRIMARY,
+        )
+        problems = find_spec_problems(isvc)
+        events: list[EventSpec] = []
+        error: str | None = None
+        retry: float | None = None
+        if not problems:
+            try:
+                events += await self._apply_children(isvc, observed, kids, force)
+            except KubeError as exc:
+                metrics.RECONCILE_ERRORS.labels(kind="api").inc()
+                log.warning("reconcile %s/%s: %s", *key, exc)
+                error = str(exc)
+                retry = self._backoff(key)
+        result = compute_status(
+            StatusInput(
+                generation=isvc.generation,
+                now=now,
+                isvc_name=isvc.name,
+                active_pool=resolve_active_pool(isvc, observed),
+                desired={pool.name: _desired(isvc, pool.name, observed) for pool in pools_of(isvc)},
+                deployments={
+                    PoolName(p): d
+                    for p, d in kids.deployments.items()
+                    if p in (PoolName.PRIMARY.value, PoolName.BASELINE.value)
+                },
+                pods=list(kids.pods.values()),
+                problems=problems,
+                error=error,
+                previous=previous,
+            )
+        )
+        events += result.events
+        try:
+            await self._write_status(key, body, result.to_wire())
+        except KubeError as exc:
+            metrics.RECONCILE_ERRORS.labels(kind="status").inc()
+            log.warning("status of %s/%s: %s", *key, exc)
+            retry = retry or self._backoff(key)
+        for event in events:
+            metrics.EVENTS.labels(type=event.type, reason=event.reason).inc()
+            await self.kube.post_event(body, event, now)
+        if retry is None:
+            self._failures.pop(key, None)
+        result_label = "retry" if retry else ("degraded" if problems else "ok")
+        metrics.RECONCILES.labels(result=result_label).inc()
+        return retry
+
+    async def _apply_children(
+        self, isvc: InferenceService, observed: Observed, kids: Children, force: bool
+    ) -> list[EventSpec]:
+        events = []
+        for obj in desired_objects(isvc, observed):
+            kind, name = object_key(obj)
+            want = obj["metadata"]["annotations"][ANNOTATION_APPLIED_HASH]
+            have = kids.applied.get((kind, name))
+            if not force and have == want:
+                continue
+            await self.kube.apply(obj)
+            metrics.CHILDREN_APPLIED.labels(kind=kind).inc()
+            # Record it at once: the watch confirms later, and a reconcile in between must not
+            # apply the same object again.
+            kids.applied[(kind, name)] = want
+            if have != want:
+                verb = "Created" if have is None else "Updated"
+                events.append(EventSpec("Normal", verb, f"{verb} {kind} {name}"))
+        return events
+
+    async def _write_status(self, key: Key, body: dict[str, Any], status: dict[str, Any]) -> None:
+        current = body.get("status") or {}
+        if current == status:
+            return
+        # Send removed fields as null so a merge patch deletes them.
+        patch: dict[str, Any] = {k: None for k in current if k not in status}
+        patch.update(status)
+        await self.kube.patch_status(key[0], key[1], patch)
+        body["status"] = status  # until the watch delivers the stored version
+
+    async def _write_status_degraded(
+        self,
+        key: Key,
+        body: dict[str, Any],
+        problems: list[str],
+        previous: InferenceServiceStatus | None,
+        now: datetime,
+    ) -> None:
+        generation = int(body["metadata"].get("generation", 0))
+        active = previous.active_pool if previous else PoolName.PRIMARY
+        result = compute_status(
+            StatusInput(
+                generation=generation,
+                now=now,
+                isvc_name=key[1],
+                active_pool=active,
+                desired={},
+                problems=problems,
+                previous=previous,
+            )
+        )
+        await self._write_status(key, body, result.to_wire())
+        for event in result.events:
+            await self.kube.post_event(body, event, now)
+
+
+def _desired(isvc: InferenceService, pool: PoolName, observed: Observed) -> int:
+    from tidal.operator.core.resources import desired_replicas
+
+    return desired_replicas(isvc, pool, observed)
+
+
+def _previous_status(body: Mapping[str, Any]) -> InferenceServiceStatus | None:
+    raw = body.get("status")
+    if not raw:
+        return None
+    try:
+        return InferenceServiceStatus.model_validate(raw)
+    except ValidationError:
+        return None  # written by an older operator: start afresh

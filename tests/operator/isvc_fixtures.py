@@ -1,0 +1,54 @@
+"""Shared helpers of the operator tests: example and invalid manifests, a minimal valid spec."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples"
+INVALID = Path(__file__).resolve().parent / "invalid"
+EXAMPLE_MODEL_PREFIX = "file:///var/lib/tidal/models/"
+
+
+def example_paths(include_gpu: bool = True) -> list[Path]:
+    paths = sorted(EXAMPLES.glob("*.yaml"))
+    if include_gpu:
+        paths += sorted((EXAMPLES / "gpu").glob("*.yaml"))
+    return paths
+
+
+def load(path: Path) -> dict[str, Any]:
+    return dict(yaml.safe_load(path.read_text()))
+
+
+def invalid_cases() -> list[tuple[Path, dict[str, str], dict[str, Any]]]:
+    """(path, header {field, expect, rule}, manifest) for each invalid manifest."""
+    cases = []
+    for path in sorted(INVALID.glob("*.yaml")):
+        text = path.read_text()
+        header = {}
+        for line in text.splitlines():
+            if not line.startswith("# "):
+                break
+            key, _, value = line[2:].partition(": ")
+            header[key] = value
+        cases.append((path, header, dict(yaml.safe_load(text))))
+    return cases
+
+
+def minimal(name: str = "svc", namespace: str = "ns", **spec: Any) -> dict[str, Any]:
+    """A valid InferenceService body (as the API server returns it: uid, generation)."""
+    body: dict[str, Any] = {
+        "apiVersion": "serving.tidal.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": name, "namespace": namespace, "uid": "u-1", "generation": 1},
+        "spec": {
+            "runtime": {"backend": "onnxruntime"},
+            "models": [{"name": "m", "engines": [{"uri": "file:///models/m.onnx"}]}],
+        },
+    }
+    body["spec"].update(spec)
+    return body
