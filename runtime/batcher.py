@@ -38,11 +38,12 @@ log = logging.getLogger("tidal.runtime.batcher")
 Arrays = dict[str, np.ndarray[Any, Any]]
 
 
-@dataclass
+@dataclass(eq=False)  # identity: a pending request is removed from the queue by identity
 class Pending:
     item: QueuedItem
     inputs: Arrays
     future: asyncio.Future[Arrays]
+    timer: asyncio.TimerHandle | None = None
 
 
 class ModelBatcher:
@@ -97,8 +98,14 @@ class ModelBatcher:
         now = self.clock.now()
         timeout = self.spec.batching.timeout_ms
         deadline = now + timeout / 1000.0 if timeout is not None else None
-        future: asyncio.Future[Arrays] = asyncio.get_running_loop().create_future()
-        self.queue.append(Pending(QueuedItem(now, rows, shape_key, deadline), inputs, future))
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Arrays] = loop.create_future()
+        pending = Pending(QueuedItem(now, rows, shape_key, deadline), inputs, future)
+        if timeout is not None:
+            # A timer, not the batch loop, enforces the deadline: the loop may be busy running
+            # a batch for longer than the timeout.
+            pending.timer = loop.call_later(timeout / 1000.0, self._on_deadline, pending)
+        self.queue.append(pending)
         self.queued_rows += rows
         self._gauge.set(len(self.queue))
         self._wakeup.set()
@@ -108,7 +115,27 @@ class ModelBatcher:
         taken = [self.queue.popleft() for _ in range(count)]
         self.queued_rows -= sum(p.item.rows for p in taken)
         self._gauge.set(len(self.queue))
+        for pending in taken:
+            if pending.timer is not None:
+                pending.timer.cancel()
         return taken
+
+    def _timed_out(self) -> Overloaded:
+        return Overloaded(
+            f"model {self.spec.name!r}: request timed out after "
+            f"{self.spec.batching.timeout_ms:g} ms in the queue",
+            retry_after=1,
+        )
+
+    def _on_deadline(self, pending: Pending) -> None:
+        try:
+            self.queue.remove(pending)
+        except ValueError:
+            return  # already sent to the backend
+        self.queued_rows -= pending.item.rows
+        self._gauge.set(len(self.queue))
+        if not pending.future.done():
+            pending.future.set_exception(self._timed_out())
 
     def _expire(self, now: float) -> None:
         if all(p.item.deadline is None for p in self.queue):
@@ -121,14 +148,10 @@ class ModelBatcher:
         for index in expired:
             pending = items[index]
             self.queued_rows -= pending.item.rows
+            if pending.timer is not None:
+                pending.timer.cancel()
             if not pending.future.done():
-                pending.future.set_exception(
-                    Overloaded(
-                        f"model {self.spec.name!r}: request timed out after "
-                        f"{self.spec.batching.timeout_ms:g} ms in the queue",
-                        retry_after=1,
-                    )
-                )
+                pending.future.set_exception(self._timed_out())
         self._gauge.set(len(self.queue))
 
     async def _run(self) -> None:

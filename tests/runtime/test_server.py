@@ -1,0 +1,407 @@
+"""The runtime over HTTP, driven by tritonclient[http] (an independent OIP client) and urllib."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import tritonclient.http as triton
+from tritonclient.utils import InferenceServerException
+
+from tidal.runtime.backends import DeviceMemory, TensorSpec
+from tidal.runtime.core.engines import EngineTarget
+from tidal.runtime.modelgen import write_mlp
+
+
+def direct(info: Any, x: np.ndarray) -> np.ndarray:
+    session = ort.InferenceSession(str(info.path), providers=["CPUExecutionProvider"])
+    return session.run(None, {info.input_name: x})[0]
+
+
+def infer(
+    client: triton.InferenceServerClient,
+    model: str,
+    x: np.ndarray,
+    name: str = "input",
+    binary: bool = True,
+) -> np.ndarray:
+    tensor = triton.InferInput(name, list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x, binary_data=binary)
+    out = client.infer(model, [tensor])
+    return out.as_numpy(out.get_response()["outputs"][0]["name"])
+
+
+def post(
+    url: str, body: bytes, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, Any], Any]:
+    request = urllib.request.Request(
+        f"http://{url}", data=body, headers=headers or {}, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, dict(response.headers), json.loads(response.read() or b"{}")
+    except urllib.error.HTTPError as error:
+        return error.code, dict(error.headers), json.loads(error.read() or b"{}")
+
+
+def test_tritonclient_round_trip_matches_onnxruntime(serve, models, model_entry) -> None:
+    rt = serve({"models": [model_entry(models["mlp"], "mlp"), model_entry(models["conv"], "conv")]})
+    client = triton.InferenceServerClient(rt.url)
+    assert client.is_server_live() and client.is_server_ready()
+    assert "binary_tensor_data" in client.get_server_metadata()["extensions"]
+    meta = client.get_model_metadata("mlp")
+    assert meta["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [-1, 16]}]
+    assert client.get_model_config("mlp")["max_batch_size"] == 8
+    assert client.is_model_ready("mlp")
+    x = np.random.default_rng(0).standard_normal((3, 16)).astype(np.float32)
+    np.testing.assert_allclose(infer(client, "mlp", x), direct(models["mlp"], x), rtol=1e-5)
+    np.testing.assert_allclose(
+        infer(client, "mlp", x, binary=False), direct(models["mlp"], x), rtol=1e-5
+    )
+    img = np.random.default_rng(1).standard_normal((2, 3, 8, 8)).astype(np.float32)
+    np.testing.assert_allclose(
+        infer(client, "conv", img, "image"), direct(models["conv"], img), rtol=1e-4, atol=1e-6
+    )
+
+
+def test_concurrent_requests_are_batched_and_each_gets_its_own_rows(
+    serve, models, model_entry
+) -> None:
+    entry = model_entry(models["mlp"], "mlp", batching={"maxQueueDelayMs": 50})
+    rt = serve({"models": [entry]})
+    client = triton.InferenceServerClient(rt.url, concurrency=16)
+    rng = np.random.default_rng(2)
+    xs = [rng.standard_normal((1, 16)).astype(np.float32) for _ in range(16)]
+    pending = []
+    for x in xs:
+        tensor = triton.InferInput("input", [1, 16], "FP32")
+        tensor.set_data_from_numpy(x)
+        pending.append(client.async_infer("mlp", [tensor]))
+    for x, handle in zip(xs, pending, strict=True):
+        np.testing.assert_allclose(
+            handle.get_result().as_numpy("output"), direct(models["mlp"], x), rtol=1e-5
+        )
+    batches = rt.metric("tidal_batch_size_count", model="mlp")
+    rows = rt.metric("tidal_batch_size_sum", model="mlp")
+    assert rows == 16
+    assert batches < 16  # merged: fewer batches than requests
+    assert rt.metric("tidal_queue_depth", model="mlp") == 0
+    assert rt.metric("tidal_inflight_requests") == 0
+
+
+class GateEngine:
+    """An engine that runs only while the test holds its gate open (doubles its input)."""
+
+    platform = "test_gate"
+    inputs = (TensorSpec("x", "FP32", (-1, 2)),)
+    outputs = (TensorSpec("y", "FP32", (-1, 2)),)
+    size_bytes = 100
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.gate.set()
+        self.batches: list[int] = []
+
+    def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.gate.wait(20)
+        self.batches.append(len(inputs["x"]))
+        return {"y": inputs["x"] * 2}
+
+    def close(self) -> None:
+        pass
+
+
+class GateBackend:
+    name = "gate"
+
+    def __init__(self) -> None:
+        self.engine = GateEngine()
+
+    def target(self, model: Any) -> EngineTarget:
+        return EngineTarget("onnx")
+
+    def estimate_bytes(self, path: Path, descriptor: Any) -> int:
+        return 100
+
+    def load(self, path: Path, descriptor: Any, model: Any, available_bytes: int) -> GateEngine:
+        return self.engine
+
+    def device_memory(self) -> DeviceMemory | None:
+        return None
+
+
+def gate_request(value: float) -> bytes:
+    return json.dumps(
+        {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [value, value]}]}
+    ).encode()
+
+
+def wait_for(predicate: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached")
+        time.sleep(0.01)
+
+
+def test_queue_depth_is_exact_and_a_full_queue_answers_503(serve, models, model_entry) -> None:
+    backend = GateBackend()
+    entry = model_entry(models["mlp"], "gate", batching={"enabled": False, "maxQueueSize": 5})
+    rt = serve({"models": [entry]}, backend)
+    backend.engine.gate.clear()
+    results: list[tuple[int, Any]] = []
+
+    def send(i: int) -> None:
+        status, _, body = post(f"{rt.url}/v2/models/gate/infer", gate_request(i))
+        results.append((status, body))
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(6)]
+    for thread in threads:
+        thread.start()
+    wait_for(lambda: rt.metric("tidal_inflight_requests") == 6)
+    wait_for(lambda: rt.metric("tidal_queue_depth", model="gate") == 5)  # one is executing
+    assert rt.call(lambda: len(rt.server.batchers["gate"].queue)) == 5
+    status, headers, body = post(f"{rt.url}/v2/models/gate/infer", gate_request(9))
+    assert status == 503 and "queue is full" in body["error"]
+    assert int(headers["Retry-After"]) >= 1
+    backend.engine.gate.set()
+    for thread in threads:
+        thread.join(10)
+    assert sorted(status for status, _ in results) == [200] * 6
+    assert rt.metric("tidal_queue_depth", model="gate") == 0
+    assert rt.metric("tidal_inflight_requests") == 0
+    assert rt.metric("tidal_requests_total", model="gate", code="503") == 1
+
+
+def test_requests_that_wait_past_their_timeout_get_503(serve, models, model_entry) -> None:
+    backend = GateBackend()
+    entry = model_entry(models["mlp"], "gate", batching={"enabled": False, "timeoutMs": 100})
+    rt = serve({"models": [entry]}, backend)
+    backend.engine.gate.clear()
+    first: list[int] = []
+    blocker = threading.Thread(
+        target=lambda: first.append(post(f"{rt.url}/v2/models/gate/infer", gate_request(1))[0])
+    )
+    blocker.start()
+    wait_for(lambda: rt.metric("tidal_inflight_requests") == 1)
+    status, _, body = post(f"{rt.url}/v2/models/gate/infer", gate_request(2))
+    assert status == 503 and "timed out" in body["error"]
+    backend.engine.gate.set()
+    blocker.join(10)
+    assert first == [200]
+
+
+def test_bad_requests_are_refused_cleanly_and_the_server_lives_on(
+    serve, models, model_entry
+) -> None:
+    rt = serve({"models": [model_entry(models["mlp"], "mlp")], "maxRequestBytes": 4096})
+    url = f"{rt.url}/v2/models/mlp/infer"
+
+    def body(name: str = "input", datatype: str = "FP32", shape: list[int] | None = None) -> bytes:
+        shape = shape or [1, 16]
+        return json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": name,
+                        "datatype": datatype,
+                        "shape": shape,
+                        "data": [0] * int(np.prod(shape)),
+                    }
+                ]
+            }
+        ).encode()
+
+    cases = [
+        (url, body(name="wrong"), 400, "missing: ['input']"),
+        (url, body(datatype="FP64"), 400, "expected datatype FP32, got FP64"),
+        (url, body(shape=[1, 15]), 400, "expected shape [-1, 16]"),
+        (url, body(shape=[9, 16]), 400, "outside 1..8"),
+        (url, b"{not json", 400, "not valid JSON"),
+        (url, b"\xff\xfe", 400, "not valid JSON"),
+        (url, b"x" * 5000, 413, "maxRequestBytes"),
+        (f"{rt.url}/v2/models/nope/infer", body(), 404, "unknown model"),
+    ]
+    for target, payload, status, message in cases:
+        got, _, answer = post(target, payload)
+        assert (got, message in answer["error"]) == (status, True), (got, answer)
+    client = triton.InferenceServerClient(rt.url)
+    with pytest.raises(InferenceServerException, match="unknown output"):
+        tensor = triton.InferInput("input", [1, 16], "FP32")
+        tensor.set_data_from_numpy(np.zeros((1, 16), np.float32))
+        client.infer("mlp", [tensor], outputs=[triton.InferRequestedOutput("nope")])
+    assert client.is_server_live()
+    assert rt.metric("tidal_requests_total", model="mlp", code="400") >= 5
+
+
+def test_budget_evicts_least_recently_used_and_reloads_on_demand(
+    serve, tmp_path, model_entry
+) -> None:
+    infos = [
+        write_mlp(tmp_path / f"m{i}.onnx", inputs=16, hidden=128, outputs=4, seed=i)
+        for i in range(3)
+    ]
+    size = infos[0].size_bytes
+    entries = [model_entry(info, f"m{i}", preload=False) for i, info in enumerate(infos)]
+    rt = serve({"models": entries, "memory": {"engineCacheBudgetBytes": int(size * 2.5)}})
+    client = triton.InferenceServerClient(rt.url)
+    x = np.ones((1, 16), np.float32)
+    for name in ("m0", "m1", "m2"):  # m2 does not fit next to m0 and m1: m0 goes
+        infer(client, name, x)
+    states = {e["name"]: e["state"] for e in client.get_model_repository_index()}
+    assert states == {"m0": "UNAVAILABLE", "m1": "READY", "m2": "READY"}
+    assert rt.metric("tidal_engine_cache_evictions_total", model="m0") == 1
+    assert rt.metric("tidal_engine_cache_bytes", tier="gpu") <= size * 2.5
+    infer(client, "m1", x)  # m1 is now the most recent: m2 goes when m0 returns
+    np.testing.assert_allclose(infer(client, "m0", x), direct(infos[0], x), rtol=1e-5)
+    states = {e["name"]: e["state"] for e in client.get_model_repository_index()}
+    assert states == {"m0": "READY", "m1": "READY", "m2": "UNAVAILABLE"}
+    assert rt.metric("tidal_engine_cache_misses_total", model="m0") == 2
+    assert rt.metric("tidal_engine_cache_hits_total", model="m1") == 1
+    assert (
+        rt.metric("tidal_request_duration_seconds_count", model="m0", cache="cold", code="200") == 2
+    )
+    assert rt.metric("tidal_cold_start_seconds_count", model="m0") == 2
+    assert rt.metric("tidal_engine_load_seconds_count", model="m0", phase="warmup") == 2
+
+
+def test_corrupt_engine_gives_a_clear_error_and_keeps_the_cache_consistent(
+    serve, models, model_entry, tmp_path
+) -> None:
+    garbage = tmp_path / "garbage.onnx"
+    garbage.write_bytes(b"this is not an onnx model")
+    wrong_sha = model_entry(models["mlp_b"], "tampered", preload=False)
+    wrong_sha["engines"][0]["sha256"] = "0" * 64
+    entries = [
+        model_entry(models["mlp"], "good"),
+        wrong_sha,
+        {"name": "garbage", "engines": [{"uri": garbage.as_uri()}], "preload": False},
+    ]
+    rt = serve({"models": entries})
+    before = rt.metric("tidal_engine_cache_bytes", tier="gpu")
+    x = json.dumps(
+        {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 16], "data": [0.0] * 16}]}
+    ).encode()
+    status, _, body = post(f"{rt.url}/v2/models/tampered/infer", x)
+    assert status == 500 and "sha256" in body["error"] and "expected 0000" in body["error"]
+    status, _, body = post(f"{rt.url}/v2/models/garbage/infer", x)
+    assert status == 500 and "cannot load" in body["error"]
+    assert rt.metric("tidal_engine_cache_bytes", tier="gpu") == before
+    client = triton.InferenceServerClient(rt.url)
+    index = {e["name"]: e for e in client.get_model_repository_index()}
+    assert index["tampered"]["state"] == "UNAVAILABLE" and "sha256" in index["tampered"]["reason"]
+    assert post(f"{rt.url}/v2/models/good/infer", x)[0] == 200
+
+
+def test_repository_extension_loads_and_unloads(serve, models, model_entry) -> None:
+    rt = serve({"models": [model_entry(models["mlp"], "mlp", preload=False)]})
+    client = triton.InferenceServerClient(rt.url)
+    assert client.get_model_repository_index() == [
+        {"name": "mlp", "version": "1", "state": "UNAVAILABLE"}
+    ]
+    client.load_model("mlp")
+    assert client.is_model_ready("mlp")
+    assert rt.metric("tidal_model_ready", model="mlp") == 1
+    client.unload_model("mlp")
+    assert not client.is_model_ready("mlp")
+    with pytest.raises(InferenceServerException, match="unknown model"):
+        client.load_model("other")
+
+
+def test_http_engines_are_downloaded_and_verified(serve, models, model_entry, tmp_path) -> None:
+    import http.server
+    import socketserver
+
+    directory = str(models["mlp"].path.parent)
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, directory=directory, **kwargs)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    with socketserver.TCPServer(("127.0.0.1", 0), Quiet) as httpd:
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        port = httpd.server_address[1]
+        entry = model_entry(models["mlp"], "remote")
+        entry["engines"][0]["uri"] = f"http://127.0.0.1:{port}/mlp.onnx"
+        rt = serve({"models": [entry], "cacheDir": str(tmp_path / "cache")})
+        httpd.shutdown()
+    x = np.ones((2, 16), np.float32)
+    client = triton.InferenceServerClient(rt.url)
+    np.testing.assert_allclose(infer(client, "remote", x), direct(models["mlp"], x), rtol=1e-5)
+    assert rt.metric("tidal_engine_cache_bytes", tier="host") == models["mlp"].size_bytes
+
+
+def test_fault_injection_adds_latency_and_errors(serve, models, model_entry) -> None:
+    rt = serve(
+        {
+            "models": [model_entry(models["mlp"], "mlp")],
+            "faults": {"addedLatencyMs": 150, "errorRate": 0.5, "seed": 7},
+        }
+    )
+    client = triton.InferenceServerClient(rt.url)
+    codes = []
+    for _ in range(10):
+        started = time.monotonic()
+        try:
+            infer(client, "mlp", np.ones((1, 16), np.float32))
+            codes.append(200)
+            assert time.monotonic() - started >= 0.15
+        except InferenceServerException as error:
+            assert "injected fault" in str(error)
+            codes.append(500)
+    assert 0 < codes.count(500) < 10
+    assert rt.metric("tidal_requests_total", model="mlp", code="500") == codes.count(500)
+
+
+def test_ready_only_after_every_preloaded_model_is_warm(serve, models, model_entry) -> None:
+    config = {
+        "models": [
+            model_entry(models["mlp"], "mlp"),
+            model_entry(models["conv"], "conv", preload=False),
+        ],
+        "faults": {"extraWarmupSeconds": 0.5},
+    }
+    rt = serve(config, ready=False)
+    client = triton.InferenceServerClient(rt.url)
+    assert client.is_server_live()
+    assert not client.is_server_ready()
+    with pytest.raises(InferenceServerException, match="warming up"):
+        infer(client, "mlp", np.ones((1, 16), np.float32))
+    rt.wait_ready()
+    assert client.is_server_ready()
+    assert not client.is_model_ready("conv")  # not preloaded: loads on its first request
+    assert rt.metric("tidal_startup_seconds") >= 0.5
+
+
+def test_every_contract_metric_is_exposed(serve, models, model_entry) -> None:
+    rt = serve({"models": [model_entry(models["mlp"], "mlp")]})
+    infer(triton.InferenceServerClient(rt.url), "mlp", np.ones((1, 16), np.float32))
+    text = rt.metrics_text()
+    for name in [
+        "tidal_queue_depth",
+        "tidal_inflight_requests",
+        "tidal_request_duration_seconds_bucket",
+        "tidal_engine_load_seconds_bucket",
+        "tidal_engine_cache_hits_total",
+        "tidal_engine_cache_misses_total",
+        "tidal_engine_cache_evictions_total",
+        "tidal_engine_cache_bytes",
+        "tidal_gpu_memory_bytes",
+        "tidal_batch_size_bucket",
+        "tidal_requests_total",
+        "tidal_cold_start_seconds",
+        "tidal_model_ready",
+    ]:
+        assert name in text, name
+    assert 'le="0.001"' in text and 'le="10.0"' in text
