@@ -726,7 +726,8 @@ def _decide(plan: _Plan, pv: SloVerdict, bv: SloVerdict) -> RolloutDecision:
     if not rolled_back:
         rollback = None
 
-    step = st.step if st.applied_hash != st.promoted_hash else None
+    rolling = st.applied_hash != st.promoted_hash and st.traffic is not Traffic.BASELINE
+    step = st.step if rolling else None
     return RolloutDecision(
         action=plan.action,
         reason=plan.reason or f"{plan.action.value}; slo {pv.reason}",
