@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from isvc_fixtures import REPO, example_paths, invalid_cases, load, minimal
 from pydantic import ValidationError
 
-from isvc_fixtures import REPO, example_paths, invalid_cases, load, minimal
 from tidal.operator import crdgen
 from tidal.operator.core import api
 

@@ -1,0 +1,301 @@
+"""desired_objects and friends: the children an InferenceService should have."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from isvc_fixtures import example_paths, load, minimal
+
+from tidal.operator.core import api
+from tidal.operator.core.resources import (
+    ANNOTATION_APPLIED_HASH,
+    Observed,
+    desired_objects,
+    desired_replicas,
+    find_spec_problems,
+    pools_of,
+    render_runtime_config,
+)
+from tidal.runtime.config import RuntimeConfig
+
+PRIMARY, BASELINE = api.PoolName.PRIMARY, api.PoolName.BASELINE
+BASELINE_SPEC = {
+    "baseline": {"models": [{"name": "m", "engines": [{"uri": "file:///models/m-v1.onnx"}]}]}
+}
+
+
+def _isvc(**spec: Any) -> api.InferenceService:
+    return api.parse_inference_service(minimal(**spec))
+
+
+def _by_key(objects: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(o["kind"], o["metadata"]["name"]): o for o in objects}
+
+
+def _container(deployment: dict[str, Any]) -> dict[str, Any]:
+    return dict(deployment["spec"]["template"]["spec"]["containers"][0])
+
+
+def test_single_pool_children_and_names() -> None:
+    objs = _by_key(desired_objects(_isvc(), Observed()))
+    assert set(objs) == {
+        ("ConfigMap", "svc-primary-config"),
+        ("Deployment", "svc-primary"),
+        ("Service", "svc"),
+    }
+
+
+def test_baseline_adds_a_second_pool() -> None:
+    objs = _by_key(desired_objects(_isvc(rollout=BASELINE_SPEC), Observed()))
+    assert ("Deployment", "svc-baseline") in objs
+    assert ("ConfigMap", "svc-baseline-config") in objs
+
+
+def test_every_child_is_owned_and_labelled() -> None:
+    for obj in desired_objects(_isvc(rollout=BASELINE_SPEC), Observed()):
+        meta = obj["metadata"]
+        assert meta["namespace"] == "ns"
+        (owner,) = meta["ownerReferences"]
+        assert owner == {
+            "apiVersion": "serving.tidal.dev/v1alpha1",
+            "kind": "InferenceService",
+            "name": "svc",
+            "uid": "u-1",
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+        assert meta["labels"][api.LABEL_ISVC] == "svc"
+        assert ANNOTATION_APPLIED_HASH in meta["annotations"]
+
+
+def test_deployment_selects_on_service_and_pool_only() -> None:
+    dep = _by_key(desired_objects(_isvc(), Observed()))[("Deployment", "svc-primary")]
+    assert dep["spec"]["selector"] == {
+        "matchLabels": {api.LABEL_ISVC: "svc", api.LABEL_POOL: "primary"}
+    }
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert labels[api.LABEL_ROLE] == "serving"
+    assert dep["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+
+
+@pytest.mark.parametrize(
+    ("observed", "rollout", "pool"),
+    [
+        (Observed(), {}, "primary"),
+        (Observed(active_pool=BASELINE), {}, "primary"),  # no baseline: primary regardless
+        (Observed(active_pool=BASELINE), BASELINE_SPEC, "baseline"),
+        (Observed(), {**BASELINE_SPEC, "activePool": "baseline"}, "baseline"),
+        (Observed(active_pool=BASELINE), {**BASELINE_SPEC, "activePool": "primary"}, "primary"),
+    ],
+)
+def test_service_selector_follows_the_active_pool(
+    observed: Observed, rollout: dict[str, Any], pool: str
+) -> None:
+    svc = _by_key(desired_objects(_isvc(rollout=rollout), observed))[("Service", "svc")]
+    assert svc["spec"]["selector"] == {
+        api.LABEL_ISVC: "svc",
+        api.LABEL_POOL: pool,
+        api.LABEL_ROLE: "serving",
+    }
+
+
+def test_split_traffic_selects_both_pools() -> None:
+    objs = desired_objects(_isvc(rollout=BASELINE_SPEC), Observed(split=True))
+    svc = _by_key(objs)[("Service", "svc")]
+    assert api.LABEL_POOL not in svc["spec"]["selector"]
+
+
+def test_pod_template_contract() -> None:
+    dep = _by_key(desired_objects(_isvc(), Observed()))[("Deployment", "svc-primary")]
+    template = dep["spec"]["template"]
+    annotations = template["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/port"] == "8080"
+    assert annotations["prometheus.io/path"] == "/metrics"
+    container = _container(dep)
+    assert container["command"] == ["tidal-runtime"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["TIDAL_HOST"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert env["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert env["TIDAL_PORT"]["value"] == "8080"
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["TIDAL_RUNTIME_CONFIG_JSON"]["valueFrom"]["configMapKeyRef"] == {
+        "name": "svc-primary-config",
+        "key": "runtime-config.json",
+    }
+    assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    assert "resources" not in container  # onnxruntime, no requests: nothing to ask for
+
+
+def test_tensorrt_asks_for_gpus() -> None:
+    isvc = _isvc(
+        runtime={"backend": "tensorrt", "gpus": 2, "resources": {"limits": {"memory": "8Gi"}}},
+        models=[{"name": "m", "engines": [{"uri": "file:///m/sm90-trt11.4-fp16.engine"}]}],
+    )
+    dep = _by_key(desired_objects(isvc, Observed()))[("Deployment", "svc-primary")]
+    resources = _container(dep)["resources"]
+    assert resources["limits"] == {"memory": "8Gi", "nvidia.com/gpu": "2"}
+    assert resources["requests"] == {"nvidia.com/gpu": "2"}
+
+
+def test_user_env_cannot_shadow_the_runtime_contract() -> None:
+    isvc = _isvc(
+        runtime={
+            "backend": "onnxruntime",
+            "env": [{"name": "TIDAL_PORT", "value": "9999"}, {"name": "EXTRA", "value": "1"}],
+        }
+    )
+    dep = _by_key(desired_objects(isvc, Observed()))[("Deployment", "svc-primary")]
+    env = [(e["name"], e.get("value")) for e in _container(dep)["env"]]
+    assert ("TIDAL_PORT", "8080") in env
+    assert ("TIDAL_PORT", "9999") not in env
+    assert ("EXTRA", "1") in env
+
+
+def test_config_change_changes_the_template_hash_but_scale_does_not() -> None:
+    def template_hash(isvc: api.InferenceService, observed: Observed) -> str:
+        dep = _by_key(desired_objects(isvc, observed))[("Deployment", "svc-primary")]
+        return str(dep["spec"]["template"]["metadata"]["annotations"][api.ANNOTATION_CONFIG_HASH])
+
+    base = _isvc()
+    edited = _isvc(
+        models=[
+            {
+                "name": "m",
+                "maxBatchSize": 4,
+                "warmup": {"batchSizes": [1]},
+                "engines": [{"uri": "file:///models/m.onnx"}],
+            }
+        ]
+    )
+    assert template_hash(base, Observed()) != template_hash(edited, Observed())
+    assert template_hash(base, Observed()) == template_hash(base, Observed(replicas={PRIMARY: 5}))
+
+
+@pytest.mark.parametrize(
+    ("spec", "observed", "pool", "expected"),
+    [
+        ({}, Observed(), PRIMARY, 1),  # min 1 + standby 0
+        ({"autoscaling": {"minReplicas": 2, "standbyReplicas": 1}}, Observed(), PRIMARY, 3),
+        (
+            {"autoscaling": {"minReplicas": 2, "maxReplicas": 2, "standbyReplicas": 1}},
+            Observed(),
+            PRIMARY,
+            2,
+        ),
+        ({}, Observed(replicas={PRIMARY: 7}), PRIMARY, 7),  # the autoscaler's decision
+        ({"autoscaling": {"maxReplicas": 3}}, Observed(replicas={PRIMARY: 7}), PRIMARY, 3),
+        ({"autoscaling": {"minReplicas": 2}}, Observed(replicas={PRIMARY: 0}), PRIMARY, 2),
+        ({"replicas": 4}, Observed(replicas={PRIMARY: 7}), PRIMARY, 4),  # manual wins
+        ({"rollout": BASELINE_SPEC}, Observed(), BASELINE, 1),
+        ({"rollout": BASELINE_SPEC}, Observed(replicas={BASELINE: 3}), BASELINE, 3),
+        ({"rollout": BASELINE_SPEC}, Observed(replicas={BASELINE: 0}), BASELINE, 1),
+    ],
+)
+def test_desired_replicas(
+    spec: dict[str, Any], observed: Observed, pool: api.PoolName, expected: int
+) -> None:
+    assert desired_replicas(_isvc(**spec), pool, observed) == expected
+
+
+@pytest.mark.parametrize("path", example_paths(), ids=lambda p: p.name)
+def test_rendered_config_is_a_valid_runtime_config(path: Any) -> None:
+    isvc = api.parse_inference_service(load(path))
+    for pool in pools_of(isvc):
+        config = RuntimeConfig.model_validate(render_runtime_config(pool))
+        assert config.backend == pool.runtime.backend.value
+        assert [m.name for m in config.models] == [m.name for m in pool.models]
+
+
+def test_rendered_config_carries_the_memory_budgets() -> None:
+    isvc = api.parse_inference_service(load(example_paths()[-1]))  # the GPU example
+    config = RuntimeConfig.model_validate(render_runtime_config(pools_of(isvc)[0]))
+    assert config.memory.engine_cache_budget_bytes == 100 * 2**30
+    assert config.memory.reserve_bytes == 4 * 2**30
+    assert config.memory.weight_streaming_budget == "60%"
+
+
+def test_engines_for_other_backends_are_not_passed_on() -> None:
+    isvc = _isvc(
+        models=[
+            {
+                "name": "m",
+                "engines": [
+                    {"uri": "file:///m/m.onnx"},
+                    {"uri": "file:///m/sm90-trt11.4-fp16.engine"},
+                ],
+            }
+        ]
+    )
+    (model,) = render_runtime_config(pools_of(isvc)[0])["models"]
+    assert [e["uri"] for e in model["engines"]] == ["file:///m/m.onnx"]
+
+
+def test_no_engine_for_the_backend_is_a_problem_that_says_what_to_fix() -> None:
+    isvc = _isvc(runtime={"backend": "tensorrt"})
+    (problem,) = find_spec_problems(isvc)
+    assert "no engine for backend tensorrt" in problem
+    assert "spec.runtime.backend" in problem
+
+
+def test_unnamed_tensorrt_plan_is_a_problem() -> None:
+    isvc = _isvc(
+        runtime={"backend": "tensorrt"},
+        models=[{"name": "m", "engines": [{"uri": "file:///m/model.plan"}]}],
+    )
+    problems = find_spec_problems(isvc)
+    assert any("tensorrtVersion" in p for p in problems)
+
+
+def test_weight_streaming_needs_tensorrt() -> None:
+    isvc = _isvc(memory={"weightStreamingBudget": "50%"})
+    assert any("weightStreamingBudget" in p for p in find_spec_problems(isvc))
+
+
+def test_examples_have_no_problems() -> None:
+    for path in example_paths():
+        assert find_spec_problems(api.parse_inference_service(load(path))) == [], path
+
+
+names = st.from_regex(r"[a-z][a-z0-9]{0,20}", fullmatch=True)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    name=names,
+    min_r=st.integers(0, 5),
+    extra=st.integers(0, 5),
+    standby=st.integers(0, 3),
+    asked=st.one_of(st.none(), st.integers(0, 50)),
+    with_baseline=st.booleans(),
+)
+def test_desired_objects_properties(
+    name: str, min_r: int, extra: int, standby: int, asked: int | None, with_baseline: bool
+) -> None:
+    max_r = max(1, min_r + extra, standby)
+    spec: dict[str, Any] = {
+        "autoscaling": {"minReplicas": min_r, "maxReplicas": max_r, "standbyReplicas": standby}
+    }
+    if with_baseline:
+        spec["rollout"] = BASELINE_SPEC
+    isvc = api.parse_inference_service(minimal(name=name, **spec))
+    observed = Observed(replicas={PRIMARY: asked} if asked is not None else {})
+    first = desired_objects(isvc, observed)
+    # Deterministic: the same input gives the same objects (and hashes).
+    assert first == desired_objects(isvc, observed)
+    keys = [(o["kind"], o["metadata"]["name"]) for o in first]
+    assert len(keys) == len(set(keys)) == (5 if with_baseline else 3)
+    for dep in (o for o in first if o["kind"] == "Deployment"):
+        assert min_r <= dep["spec"]["replicas"] <= max_r or dep["metadata"]["name"].endswith(
+            "baseline"
+        )
+        assert dep["spec"]["selector"]["matchLabels"].items() <= (
+            dep["spec"]["template"]["metadata"]["labels"].items()
+        )
+    # A ConfigMap comes before the Deployment that reads it.
+    kinds = [k for k, _ in keys]
+    assert kinds.index("ConfigMap") < kinds.index("Deployment")
