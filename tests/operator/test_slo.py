@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import pytest
 from hypothesis import given, settings
@@ -46,7 +47,7 @@ def every(seconds: float, until: float, signals: PoolSignals) -> list[tuple[floa
 
 
 def run(
-    policy: SloPolicy, trace: list[tuple[float, PoolSignals]]
+    policy: SloPolicy, trace: Sequence[tuple[float, PoolSignals]]
 ) -> list[tuple[SloVerdict, SloState]]:
     state: SloState | None = None
     out = []
@@ -113,10 +114,11 @@ def test_value_at_the_objective_is_within_it() -> None:
     ("gap", "breached"),
     [(10, True), (25, True), (31, False), (100, False)],
 )
-def test_short_gap_keeps_onset_long_gap_resets(gap: float, breached: bool) -> None:
+def test_short_gap_keeps_onset_long_gap_resets(gap: int, breached: bool) -> None:
     bad = sig(p99_hot_ms=200.0)
     # Bad at 0 and 20, a gap (no data) `gap` s after that, then bad again 5 s later.
-    trace = [(0, bad), (20, bad), (20 + gap, sig(p99_hot_ms=None)), (25 + gap, bad)]
+    trace: list[tuple[float, PoolSignals]] = [(0, bad), (20, bad)]
+    trace += [(20 + gap, sig(p99_hot_ms=None)), (25 + gap, bad)]
     trace += [(25 + gap + i, bad) for i in range(5, 61 - gap, 5)]
     verdicts = [v for v, _ in run(POLICY, trace)]
     assert verdicts[2].reading(Signal.P99).status is SignalStatus.NO_DATA
