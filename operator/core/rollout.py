@@ -468,18 +468,22 @@ def plan_rollout(
         and (rollback is None or rollback.primary_hash != plan.state.applied_hash)
     ):
         during_rollout = plan.state.applied_hash != plan.state.promoted_hash
+        # A primary that serves nothing (warming beside the baseline) is rolled back as is.
+        off = plan.state.traffic is Traffic.BASELINE
         rollback = RollbackRecord(
             primary_hash=plan.state.applied_hash,
             reason=pv.reason,
             breaches=pv.breaches,
             decided_at=now,
+            switched_at=now if off else None,
             during_rollout=during_rollout,
         )
         plan.update(rollback=rollback)
         plan.event(
             EventType.WARNING,
             "RolloutAborted" if during_rollout else "RollingBack",
-            f"primary {plan.state.applied_hash} {pv.reason}; moving traffic to the baseline",
+            f"primary {plan.state.applied_hash} {pv.reason}; "
+            + ("traffic stays on the baseline" if off else "moving traffic to the baseline"),
         )
 
     _plan_traffic(plan, pv)

@@ -525,3 +525,60 @@ def test_replanning_with_the_returned_state_repeats_no_event(
         assert not set(again.events) & set(first_decision.events)
         assert again.desired_replicas.primary >= 0 and again.service_pools
         sim.tick(primary=s, load=n)
+
+
+# --- more edges ----------------------------------------------------------------------------
+
+
+def test_a_warm_enough_baseline_takes_traffic_in_the_reconcile_that_sees_the_breach() -> None:
+    sim = Sim(make_spec(baseline_min_replicas=4), baseline_ready=4)
+    decisions = sim.run_for(65, primary=SLOW)
+    flip = decisions[-1]
+    assert sim.log[-1][0] == 60 and flip.action is Action.FLIP_TO_BASELINE
+    assert [e.reason for e in flip.events] == ["SloBreach", "RollingBack", "RolledBack"]
+
+
+def test_gpu_memory_breach_while_warming_aborts_before_any_traffic() -> None:
+    slo = SLO.model_copy(update={"gpu_memory_headroom": 0.1})
+    full = GOOD.model_copy(update={"gpu_memory_used_bytes": 99, "gpu_memory_total_bytes": 100})
+    sim = Sim(make_spec(slo=slo))
+    sim.run_for(120, primary=SLOW)  # rolled back
+    sim.spec = make_spec(slo=slo, primary_hash="h2")
+    decisions = sim.run_for(300, primary=full)
+    assert all(d.service_pools == (Pool.BASELINE,) for d in decisions)
+    assert "RolloutAborted" in sim.events()
+    assert decisions[-1].phase is Phase.ROLLED_BACK
+    assert decisions[-1].rollback is not None
+    assert decisions[-1].rollback.breaches[0].signal is Signal.GPU_MEMORY_HEADROOM
+
+
+def test_a_newer_spec_mid_rollout_starts_over_from_the_baseline() -> None:
+    sim = Sim(make_spec())
+    sim.run_for(20)
+    sim.spec = make_spec(primary_hash="h2")
+    while not (sim.state and sim.state.step == 1):
+        sim.tick()
+    sim.spec = make_spec(primary_hash="h3")
+    decisions = sim.run_for(400)
+    assert decisions[0].hold_primary_template and decisions[0].applied_primary_hash == "h2"
+    traffic = _switches(decisions)
+    assert traffic == [Traffic.SPLIT, Traffic.BASELINE, Traffic.SPLIT, Traffic.PRIMARY]
+    assert decisions[-1].phase is Phase.STABLE and decisions[-1].applied_primary_hash == "h3"
+
+
+def test_decision_dumps_to_json_for_status() -> None:
+    sim = Sim(make_spec())
+    decision = sim.run_for(90, primary=SLOW)[-1]
+    doc = decision.model_dump(by_alias=True, mode="json")
+    assert doc["servicePools"] == ["baseline"] and doc["phase"] == "RolledBack"
+    assert doc["rollback"]["breaches"][0]["signal"] == "p99"
+    assert doc["primarySlo"]["readings"][0]["value"] == 182.0
+    assert RolloutDecision.model_validate(doc) == decision
+
+
+def test_first_sight_accepts_the_template_without_a_staged_rollout() -> None:
+    obs = RolloutObservation(autoscaler_desired=3)
+    decision, state = plan_rollout(make_spec(), obs, None, 0)
+    assert decision.traffic is Traffic.PRIMARY and decision.phase is Phase.STABLE
+    assert decision.desired_replicas == PoolCounts(primary=3, baseline=1)
+    assert state.promoted_hash == "h1" and not decision.events
