@@ -615,9 +615,10 @@ def _plan_steps(plan: _Plan, pv: SloVerdict) -> None:
         )
         plan.update(step=index)
         return
-    # Once the primary is being scaled for the 100 % step, a pending signal does not shrink it
-    # again (that would flap pod counts); a sustained breach aborts through the rollback.
-    committed = plan.state.preparing is Pool.PRIMARY
+    # Once the primary is being scaled for the 100 % step, a pending signal or a thin sample
+    # does not shrink it again (that would flap pod counts); a sustained breach still stops it
+    # (rollback: through the abort; alert: it holds here).
+    committed = plan.state.preparing is Pool.PRIMARY and not pv.breached
     if elapsed < spec.step_seconds or not (ok or committed):
         plan.action = Action.EVALUATE_STEP
         plan.reason = f"evaluate-step {label}: {elapsed:.0f}s of {spec.step_seconds:.0f}s; {why}"
@@ -638,8 +639,7 @@ def _plan_steps(plan: _Plan, pv: SloVerdict) -> None:
 
     following = index + 1
     if steps[following] == 100:
-        if plan.move_all_to(Pool.PRIMARY, f"rollout step {following + 1}/{len(steps)} 100%"):
-            return  # unreachable: traffic is split here
+        plan.move_all_to(Pool.PRIMARY, f"rollout step {following + 1}/{len(steps)} 100%")
         if plan.state.traffic is Traffic.PRIMARY:  # flipped just now
             plan.update(step=following, step_ready_at=now)
             plan.event(EventType.NORMAL, "RolloutStep", _step_message(following, steps, total))
