@@ -16,6 +16,8 @@ import sys
 
 from tidal.runtime.config import ConfigError, load_config
 
+SWITCH_INTERVAL_S = 0.0002
+
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
@@ -60,6 +62,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tidal-runtime: backend {config.backend!r} cannot start: {exc}", file=sys.stderr)
         return 2
     from tidal.runtime.server import serve
+
+    # The event loop hands batches to worker threads; with CPython's default 5 ms switch
+    # interval a thread waiting for the GIL can stall a request by milliseconds.
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
 
     async def run() -> None:
         loop = asyncio.get_running_loop()

@@ -35,6 +35,12 @@ from tidal.runtime.errors import BackendError, Overloaded, ServingError
 from tidal.runtime.metrics import RuntimeMetrics
 
 log = logging.getLogger("tidal.runtime.batcher")
+
+# Batches that recently took less than this run on the event loop itself: handing them to a
+# worker thread and back (queue put, thread wake-up, GIL hand-over, call_soon_threadsafe) costs
+# more than running them.  Anything slower runs on the model's worker thread so that the loop
+# keeps accepting requests (and forming the next batch) while the device computes.
+INLINE_BELOW_SECONDS = 0.0002
 Arrays = dict[str, np.ndarray[Any, Any]]
 
 
@@ -197,10 +203,14 @@ class ModelBatcher:
         rows = sum(p.item.rows for p in batch)
         self._batch_hist.observe(rows)
         started = self.clock.now()
+        recent = self.recent_batch_seconds
         try:
-            outputs = await asyncio.get_running_loop().run_in_executor(
-                self._pool, engine.infer, merged
-            )
+            if recent is not None and recent < INLINE_BELOW_SECONDS:
+                outputs = engine.infer(merged)
+            else:
+                outputs = await asyncio.get_running_loop().run_in_executor(
+                    self._pool, engine.infer, merged
+                )
         except Exception as exc:
             log.exception("batch of %d rows failed on %s", rows, self.spec.name)
             error = (
