@@ -309,7 +309,9 @@ class Service:
         return weighted_quantile(self.done_lat[a:b], self.done_n[a:b], 0.99)
 
 
-def weighted_quantile(values: Sequence[float], weights: Sequence[float], q: float) -> float:
+def weighted_quantile(
+    values: Sequence[float] | np.ndarray, weights: Sequence[float] | np.ndarray, q: float
+) -> float:
     v = np.asarray(values)
     w = np.asarray(weights)
     order = np.argsort(v, kind="stable")

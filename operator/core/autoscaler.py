@@ -289,11 +289,11 @@ def decide_scale(
     if need_up > current:
         desired = need_up
         reason = _up_reason(policy, obs, demand, projected, p99_replicas)
-    elif window_max < current:
+    elif rec < current:
         reason = REASON_WAIT_DOWN
         if agreed_since is None:
             notes.append("p99 does not agree to scale down")
-        elif obs.now - agreed_since >= policy.scale_down_delay_seconds:
+        elif window_max < current and obs.now - agreed_since >= policy.scale_down_delay_seconds:
             desired = window_max
             reason = REASON_DOWN_IDLE if obs.queue_depth == 0 else REASON_DOWN_LOW
 
@@ -313,6 +313,15 @@ def decide_scale(
         desired, reason = policy.max_replicas, REASON_CAPPED_MAX
     if desired < policy.min_replicas:
         desired, reason = policy.min_replicas, REASON_FLOOR_MIN
+    if reason == REASON_STEADY:
+        # The bounds moved the pool itself (spec changed, or a first decision).
+        asked = state.desired_serving
+        if asked is None:
+            asked = obs.ready_serving + obs.warming + obs.pending_unschedulable
+        if asked < policy.min_replicas:
+            reason = REASON_FLOOR_MIN
+        elif asked > policy.max_replicas:
+            reason = REASON_CAPPED_MAX
 
     standby = min(policy.standby_replicas, policy.max_replicas - desired)
     promote = min(obs.ready_standby, max(0, desired - obs.ready_serving))
@@ -556,7 +565,7 @@ def _learn_seconds_per_request(
     """
     rate = obs.arrival_rate
     queue = obs.queue_depth
-    if rate is None or queue is None or rate <= 0 or obs.ready_serving == 0:
+    if rate is None or queue is None or rate <= 0 or queue <= 0 or obs.ready_serving == 0:
         return state.seconds_per_request
     if queue > obs.ready_serving * policy.target_queue_depth:
         return state.seconds_per_request
