@@ -363,7 +363,10 @@ observation_parts = st.fixed_dictionaries(
 )
 
 
-def run(policy: ScalingPolicy, parts: list[dict[str, object]]) -> list[tuple[float, ScaleDecision]]:
+def replay(
+    policy: ScalingPolicy, parts: list[dict[str, object]]
+) -> tuple[list[tuple[float, ScaleDecision]], float, ScalerState]:
+    """Feed generated observations one after another: the decisions, last time and state."""
     state = ScalerState()
     now = 0.0
     out = []
@@ -372,7 +375,11 @@ def run(policy: ScalingPolicy, parts: list[dict[str, object]]) -> list[tuple[flo
         now += float(fields.pop("dt"))  # type: ignore[arg-type]
         decision, state = decide_scale(policy, Observation(now=now, **fields), state)  # type: ignore[arg-type]
         out.append((now, decision))
-    return out
+    return out, now, state
+
+
+def run(policy: ScalingPolicy, parts: list[dict[str, object]]) -> list[tuple[float, ScaleDecision]]:
+    return replay(policy, parts)[0]
 
 
 @settings(max_examples=80, deadline=None)
@@ -454,12 +461,7 @@ def test_more_load_never_yields_fewer_replicas(
     more_rate: float,
     more_p99: float,
 ) -> None:
-    state = ScalerState()
-    now = 0.0
-    for p in history:
-        fields = dict(p)
-        now += float(fields.pop("dt"))  # type: ignore[arg-type]
-        _, state = decide_scale(policy, Observation(now=now, **fields), state)  # type: ignore[arg-type]
+    _, now, state = replay(policy, history)
     fields = dict(base)
     now += float(fields.pop("dt"))  # type: ignore[arg-type]
     low = Observation(now=now, **fields)  # type: ignore[arg-type]
@@ -484,13 +486,7 @@ def test_stale_metrics_never_scale_down(
     policy: ScalingPolicy, history: list[dict[str, object]], age: float | None
 ) -> None:
     policy = replace(policy, max_metrics_age_seconds=5.0)
-    decisions = run(policy, history)
-    state = ScalerState()
-    now = 0.0
-    for p in history:
-        fields = dict(p)
-        now += float(fields.pop("dt"))  # type: ignore[arg-type]
-        _, state = decide_scale(policy, Observation(now=now, **fields), state)  # type: ignore[arg-type]
+    decisions, now, state = replay(policy, history)
     before = decisions[-1][1].desired_serving if decisions else None
     decision, after = decide_scale(
         policy,
