@@ -20,6 +20,7 @@ What has and has not been executed is stated in runtime/README.md.
 
 from __future__ import annotations
 
+import importlib
 import threading
 from pathlib import Path
 from typing import Any
@@ -44,24 +45,24 @@ from tidal.runtime.core.weightstreaming import (
 from tidal.runtime.errors import BackendError, EngineLoadError
 from tidal.runtime.protocol import datatype_of
 
+# The full TensorRT, then the lean runtime (PyPI's tensorrt-lean-cu13-bindings installs the
+# module tensorrt_lean_bindings; older packagings name it tensorrt_lean).
+TENSORRT_MODULES = ("tensorrt", "tensorrt_lean_bindings", "tensorrt_lean")
+
 
 def import_tensorrt() -> Any:
-    """The full TensorRT module if installed, else the lean runtime."""
-    try:
-        import tensorrt
-
-        return tensorrt
-    except ImportError:
-        pass
-    try:
-        import tensorrt_lean
-
-        return tensorrt_lean
-    except ImportError as exc:
-        raise EngineLoadError(
-            "TensorRT is not installed: install 'tensorrt-cu13-bindings' and "
-            "'tensorrt-lean-cu13-libs' (lean runtime) or the full TensorRT"
-        ) from exc
+    """The first TensorRT Python module of :data:`TENSORRT_MODULES` that imports."""
+    errors = []
+    for name in TENSORRT_MODULES:
+        try:
+            return importlib.import_module(name)
+        except ImportError as exc:
+            errors.append(f"{name}: {exc}")
+    raise EngineLoadError(
+        "TensorRT is not installed: install 'tensorrt-lean-cu13-bindings' and "
+        "'tensorrt-lean-cu13-libs' (lean runtime, version-compatible plans) or the full "
+        "TensorRT (" + "; ".join(errors) + ")"
+    )
 
 
 def version_tuple(text: str) -> tuple[int, ...]:
