@@ -13,13 +13,14 @@ etcd_version=${TIDAL_ETCD_VERSION:-v3.6.16}
 cache=${TIDAL_CACHE:-$HOME/.cache/tidal}
 bin=$cache/k8s-$k8s_version/bin
 etcd_bin=$cache/etcd-$etcd_version/bin
+prometheus_dir=$cache/prometheus
 k8s_tools=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
 
 say() { printf '[sandbox-build] %s\n' "$*" >&2; }
 
 have_all() {
   for t in "${k8s_tools[@]}"; do [ -x "$bin/$t" ] || return 1; done
-  [ -x "$etcd_bin/etcd" ]
+  [ -x "$etcd_bin/etcd" ] && [ -x "$prometheus_dir/usr/bin/prometheus" ]
 }
 if have_all; then
   say "binaries present in $bin and $etcd_bin"
@@ -96,6 +97,26 @@ MOD
   say "built etcd in $((SECONDS - start)) s"
 }
 
+fetch_prometheus() {
+  [ -x "$prometheus_dir/usr/bin/prometheus" ] && return 0
+  # Debian's package, unpacked into the cache: installing it would start a system service.
+  local dl=$cache/dl
+  mkdir -p "$dl"
+  say "fetching Debian's prometheus package"
+  if ! ls "$dl"/prometheus_*.deb >/dev/null 2>&1; then
+    (cd "$dl" && apt-get download prometheus >/dev/null 2>&1) || {
+      say "apt lists look stale; running apt-get update"
+      apt-get update -qq >/dev/null
+      (cd "$dl" && apt-get download prometheus >/dev/null 2>&1)
+    }
+  fi
+  rm -rf "$prometheus_dir.tmp" && mkdir -p "$prometheus_dir.tmp"
+  dpkg-deb -x "$dl"/prometheus_*.deb "$prometheus_dir.tmp"
+  rm -rf "$prometheus_dir" && mv "$prometheus_dir.tmp" "$prometheus_dir"
+  say "prometheus: $("$prometheus_dir/usr/bin/prometheus" --version 2>&1 | head -1)"
+}
+
+fetch_prometheus
 build_etcd
 build_k8s
 say "done: $bin, $etcd_bin"

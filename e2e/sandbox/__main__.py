@@ -1,0 +1,96 @@
+"""``tidal-sandbox``: build, start, stop the local Kubernetes sandbox, or run the demo."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from tidal.sandbox.binaries import ensure_binaries
+from tidal.sandbox.cluster import Sandbox, SandboxConfig
+
+
+def _config(args: argparse.Namespace, state_dir: Path | None) -> SandboxConfig:
+    return SandboxConfig(
+        nodes=args.nodes,
+        gpus_per_node=args.gpus,
+        fake_nodes=args.fake_nodes,
+        state_dir=state_dir,
+        keep_state=state_dir is not None,
+    )
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    state = Path(args.state_dir).resolve()
+    if (state / "up.pid").exists():
+        print(f"a sandbox seems to run already in {state} (remove up.pid if not)", file=sys.stderr)
+        return 1
+    sb = Sandbox(_config(args, state)).start()
+    (state / "up.pid").write_text(str(os.getpid()))
+    print(f"sandbox up in {sb.started_seconds:.1f}s")
+    print(json.dumps(sb.describe(), indent=2))
+    print(f"\n  export KUBECONFIG={sb.kubeconfig}")
+    print(f"  {sb.binaries.kubectl if sb.binaries else 'kubectl'} get nodes")
+    print(f"\nstop it with:  Ctrl-C here, or  tidal-sandbox down --state-dir {state}", flush=True)
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    signal.signal(signal.SIGINT, lambda *_: done.set())
+    done.wait()
+    print("stopping the sandbox…", flush=True)
+    sb.stop()
+    (state / "up.pid").unlink(missing_ok=True)
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    pid_file = Path(args.state_dir) / "up.pid"
+    if not pid_file.exists():
+        print(f"no running sandbox recorded in {args.state_dir}", file=sys.stderr)
+        return 1
+    os.kill(int(pid_file.read_text()), signal.SIGTERM)
+    print("asked the sandbox to stop")
+    return 0
+
+
+def cmd_build(_args: argparse.Namespace) -> int:
+    bins = ensure_binaries()
+    for name, path in vars(bins).items():
+        print(f"{name:26} {path}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from tidal.sandbox.demo import run_demo
+
+    return run_demo(keep=args.keep)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="tidal-sandbox", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="start a sandbox and keep it running in the foreground")
+    up.add_argument("--state-dir", default=str(Path.home() / ".cache" / "tidal" / "sandbox-state"))
+    up.add_argument("--nodes", type=int, default=2)
+    up.add_argument("--gpus", type=int, default=2, help="nvidia.com/gpu per node")
+    up.add_argument("--fake-nodes", type=int, default=0)
+    up.set_defaults(fn=cmd_up)
+    down = sub.add_parser("down", help="stop the sandbox started by `up`")
+    down.add_argument(
+        "--state-dir", default=str(Path.home() / ".cache" / "tidal" / "sandbox-state")
+    )
+    down.set_defaults(fn=cmd_down)
+    build = sub.add_parser("build", help="build or locate the control-plane binaries")
+    build.set_defaults(fn=cmd_build)
+    demo = sub.add_parser("demo", help="run the demo on a fresh sandbox")
+    demo.add_argument("--keep", action="store_true", help="keep the sandbox running afterwards")
+    demo.set_defaults(fn=cmd_demo)
+    args = p.parse_args(argv)
+    return int(args.fn(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

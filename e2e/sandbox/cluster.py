@@ -1,0 +1,435 @@
+"""Start and stop a whole sandbox: etcd, the Kubernetes control plane, the node agent, Prometheus.
+
+Every component is a local process with its output in ``<state_dir>/logs``; ports are picked
+free at start, so several sandboxes (and CI beside a developer's sandbox) can coexist.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tidal.sandbox.binaries import K8S_VERSION, Binaries, ensure_binaries
+from tidal.sandbox.pki import Pki, make_pki
+from tidal.sandbox.procs import ManagedProcess, free_port
+from tidal.sandbox.prometheus import write_prometheus_config
+from tidal.sandbox.wait import wait_for
+
+SERVICE_CIDR = "10.96.0.0/16"
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    """What to start. Defaults suit the test suite: two GPU nodes, Prometheus on."""
+
+    nodes: int = 2
+    gpus_per_node: int = 2
+    cpu_per_node: str = "16"
+    memory_per_node: str = "64Gi"
+    fake_nodes: int = 0
+    fake_node_pods: int = 1000
+    prometheus: bool = True
+    scrape_interval: str = "1s"
+    state_dir: Path | None = None
+    keep_state: bool = False
+    extra_pod_path: Sequence[str] = field(default_factory=tuple)
+
+
+class SandboxError(RuntimeError):
+    """A component failed to start; the message carries the end of its log."""
+
+
+class Sandbox:
+    """A running sandbox. Use as a context manager, or call :meth:`start` and :meth:`stop`."""
+
+    def __init__(self, config: SandboxConfig | None = None) -> None:
+        self.config = config or SandboxConfig()
+        self.binaries: Binaries | None = None
+        self._owns_state = self.config.state_dir is None
+        self.state_dir = self.config.state_dir or Path(tempfile.mkdtemp(prefix="tidal-sandbox-"))
+        self.log_dir = self.state_dir / "logs"
+        self.kubeconfig = self.state_dir / "kubeconfig"
+        self.pki: Pki | None = None
+        self.api_port = 0
+        self.prometheus_port = 0
+        self.processes: list[ManagedProcess] = []
+        self.started_seconds: float | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def __enter__(self) -> Sandbox:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> Sandbox:
+        t0 = time.monotonic()
+        try:
+            self.binaries = ensure_binaries()
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            self.pki = make_pki(self.state_dir / "pki")
+            self._start_etcd()
+            self._start_apiserver()
+            self._write_kubeconfig()
+            self._start_controller_manager()
+            self._start_scheduler()
+            self._start_node_agent()
+            if self.config.prometheus:
+                self._start_prometheus()
+            self._wait_cluster_usable()
+        except BaseException:
+            self.stop()
+            raise
+        self.started_seconds = time.monotonic() - t0
+        (self.state_dir / "sandbox.json").write_text(json.dumps(self.describe(), indent=2))
+        return self
+
+    def stop(self) -> None:
+        """Stop every component, newest first; remove the state unless asked to keep it."""
+        for proc in reversed(self.processes):
+            # The node agent stops its pods on SIGTERM, so it gets time to honour grace periods.
+            proc.stop(grace=40.0 if proc.name == "node-agent" else 10.0)
+        self.processes.clear()
+        from tidal.sandbox.nodeagent import kill_leftovers  # late: `-m nodeagent` imports us
+
+        kill_leftovers(self.state_dir)
+        if self._owns_state and not self.config.keep_state:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "kubeconfig": str(self.kubeconfig),
+            "apiServer": self.api_url,
+            "prometheus": self.prometheus_url if self.config.prometheus else None,
+            "logs": str(self.log_dir),
+            "pids": {p.name: p.pid for p in self.processes},
+            "kubernetesVersion": K8S_VERSION,
+        }
+
+    # -- access ----------------------------------------------------------------------------
+    @property
+    def api_url(self) -> str:
+        return f"https://127.0.0.1:{self.api_port}"
+
+    @property
+    def prometheus_url(self) -> str:
+        return f"http://127.0.0.1:{self.prometheus_port}"
+
+    @property
+    def env(self) -> dict[str, str]:
+        """Environment for subprocesses that should talk to this sandbox."""
+        env = dict(os.environ)
+        env["KUBECONFIG"] = str(self.kubeconfig)
+        env["TIDAL_PROMETHEUS_URL"] = self.prometheus_url
+        if self.binaries is not None:
+            env["PATH"] = f"{self.binaries.kubectl.parent}{os.pathsep}{env.get('PATH', '')}"
+        return env
+
+    def kubectl(
+        self,
+        *args: str,
+        input: str | None = None,
+        check: bool = True,
+        timeout: float = 60.0,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run the sandbox's kubectl; raise with its stderr when ``check`` and it fails."""
+        assert self.binaries is not None, "sandbox not started"
+        argv = [str(self.binaries.kubectl), f"--kubeconfig={self.kubeconfig}", *args]
+        result = subprocess.run(
+            argv, input=input, capture_output=True, text=True, timeout=timeout, check=False
+        )
+        if check and result.returncode != 0:
+            raise subprocess.CalledProcessError(
+                result.returncode, argv, result.stdout, result.stderr
+            )
+        return result
+
+    def api_client(self) -> Any:
+        """A ``kubernetes.client.ApiClient`` logged in as the sandbox admin."""
+        from kubernetes import client, config
+
+        configuration = client.Configuration()
+        config.load_kube_config(
+            config_file=str(self.kubeconfig), client_configuration=configuration
+        )
+        configuration.connection_pool_maxsize = 32
+        return client.ApiClient(configuration)
+
+    def pod_log(self, namespace: str, pod: str, container: str | None = None) -> str:
+        """The node agent's log of a pod's container (``kubectl logs`` needs a kubelet)."""
+        pods = self.state_dir / "pods"
+        matches = sorted(pods.glob(f"{namespace}_{pod}_*/{container or '*'}.log"))
+        return "\n".join(p.read_text(errors="replace") for p in matches)
+
+    # -- components ------------------------------------------------------------------------
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+        proc = ManagedProcess(name, argv, self.log_dir / f"{name}.log", env=env)
+        self.processes.append(proc)
+
+    def _check_alive(self) -> None:
+        for proc in self.processes:
+            if not proc.alive():
+                raise SandboxError(
+                    f"{proc.name} exited with {proc.popen.returncode}; log {proc.log_path}:\n"
+                    f"{proc.tail()}"
+                )
+
+    def _wait(self, fn: Any, what: str, timeout: float) -> Any:
+        def probe() -> Any:
+            self._check_alive()
+            return fn()
+
+        try:
+            return wait_for(probe, timeout=timeout, interval=0.1, what=what)
+        except SandboxError:
+            raise
+        except TimeoutError as exc:
+            tails = "\n".join(f"--- {p.name}:\n{p.tail(15)}" for p in self.processes)
+            raise SandboxError(f"{exc}\n{tails}") from exc
+
+    def _start_etcd(self) -> None:
+        assert self.binaries is not None
+        client_port, peer_port = free_port(), free_port()
+        self.etcd_url = f"http://127.0.0.1:{client_port}"
+        peer_url = f"http://127.0.0.1:{peer_port}"
+        self._spawn(
+            "etcd",
+            [
+                str(self.binaries.etcd),
+                f"--data-dir={self.state_dir / 'etcd'}",
+                "--name=default",
+                f"--listen-client-urls={self.etcd_url}",
+                f"--advertise-client-urls={self.etcd_url}",
+                f"--listen-peer-urls={peer_url}",
+                f"--initial-advertise-peer-urls={peer_url}",
+                f"--initial-cluster=default={peer_url}",
+                "--unsafe-no-fsync=true",
+                "--quota-backend-bytes=4294967296",
+                "--log-level=warn",
+            ],
+        )
+        self._wait(lambda: _http_ok(f"{self.etcd_url}/health"), "etcd health", 30)
+
+    def _start_apiserver(self) -> None:
+        assert self.binaries is not None and self.pki is not None
+        self.api_port = free_port()
+        pki = self.pki
+        self._spawn(
+            "kube-apiserver",
+            [
+                str(self.binaries.kube_apiserver),
+                f"--etcd-servers={self.etcd_url}",
+                f"--cert-dir={self.state_dir / 'pki'}",
+                f"--tls-cert-file={pki.serving_cert}",
+                f"--tls-private-key-file={pki.serving_key}",
+                f"--client-ca-file={pki.ca_cert}",
+                f"--secure-port={self.api_port}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                # The loopback address may not back the `kubernetes` Service endpoints.
+                "--endpoint-reconciler-type=none",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--authorization-mode=RBAC",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={pki.sa_pub}",
+                f"--service-account-signing-key-file={pki.sa_key}",
+                "--allow-privileged=true",
+                "--max-requests-inflight=1000",
+                "--max-mutating-requests-inflight=500",
+                "--profiling=false",
+                "--v=1",
+            ],
+        )
+        self._wait(self._apiserver_ready, "kube-apiserver /readyz", 90)
+
+    def _ssl_context(self) -> ssl.SSLContext:
+        assert self.pki is not None
+        ctx = ssl.create_default_context(cafile=str(self.pki.ca_cert))
+        ctx.load_cert_chain(str(self.pki.admin_cert), str(self.pki.admin_key))
+        return ctx
+
+    def _apiserver_ready(self) -> bool:
+        return _http_ok(f"{self.api_url}/readyz", self._ssl_context())
+
+    def _write_kubeconfig(self) -> None:
+        assert self.pki is not None
+
+        def b64(path: Path) -> str:
+            return base64.b64encode(path.read_bytes()).decode()
+
+        doc = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "tidal-sandbox",
+                    "cluster": {
+                        "server": self.api_url,
+                        "certificate-authority-data": b64(self.pki.ca_cert),
+                    },
+                }
+            ],
+            "users": [
+                {
+                    "name": "tidal-admin",
+                    "user": {
+                        "client-certificate-data": b64(self.pki.admin_cert),
+                        "client-key-data": b64(self.pki.admin_key),
+                    },
+                }
+            ],
+            "contexts": [
+                {
+                    "name": "tidal-sandbox",
+                    "context": {"cluster": "tidal-sandbox", "user": "tidal-admin"},
+                }
+            ],
+            "current-context": "tidal-sandbox",
+        }
+        self.kubeconfig.write_text(yaml.safe_dump(doc))
+        self.kubeconfig.chmod(0o600)
+
+    def _start_controller_manager(self) -> None:
+        assert self.binaries is not None and self.pki is not None
+        self._spawn(
+            "kube-controller-manager",
+            [
+                str(self.binaries.kube_controller_manager),
+                f"--kubeconfig={self.kubeconfig}",
+                "--leader-elect=false",
+                "--secure-port=0",
+                f"--service-account-private-key-file={self.pki.sa_key}",
+                f"--root-ca-file={self.pki.ca_cert}",
+                f"--cluster-signing-cert-file={self.pki.ca_cert}",
+                f"--cluster-signing-key-file={self.pki.ca_key}",
+                "--use-service-account-credentials=false",
+                "--kube-api-qps=200",
+                "--kube-api-burst=400",
+                "--concurrent-deployment-syncs=10",
+                "--concurrent-replicaset-syncs=10",
+                "--concurrent-service-endpoint-syncs=10",
+                "--concurrent-gc-syncs=20",
+                "--v=1",
+            ],
+        )
+
+    def _start_scheduler(self) -> None:
+        assert self.binaries is not None
+        self._spawn(
+            "kube-scheduler",
+            [
+                str(self.binaries.kube_scheduler),
+                f"--kubeconfig={self.kubeconfig}",
+                "--leader-elect=false",
+                "--secure-port=0",
+                "--v=1",
+            ],
+        )
+
+    def _start_node_agent(self) -> None:
+        c = self.config
+        pod_path = [*c.extra_pod_path, str(Path(sys.executable).parent)]
+        self._spawn(
+            "node-agent",
+            [
+                sys.executable,
+                "-m",
+                "tidal.sandbox.nodeagent",
+                f"--kubeconfig={self.kubeconfig}",
+                f"--state-dir={self.state_dir}",
+                f"--nodes={c.nodes}",
+                f"--gpus-per-node={c.gpus_per_node}",
+                f"--cpu-per-node={c.cpu_per_node}",
+                f"--memory-per-node={c.memory_per_node}",
+                f"--fake-nodes={c.fake_nodes}",
+                f"--fake-node-pods={c.fake_node_pods}",
+                f"--pod-path={os.pathsep.join(pod_path)}",
+                f"--api-port={self.api_port}",
+            ],
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+
+    def _start_prometheus(self) -> None:
+        assert self.binaries is not None and self.pki is not None
+        self.prometheus_port = free_port()
+        targets = self.state_dir / "prometheus-targets.json"
+        self._spawn(
+            "pod-discovery",
+            [
+                sys.executable,
+                "-m",
+                "tidal.sandbox.podsd",
+                f"--kubeconfig={self.kubeconfig}",
+                f"--out={targets}",
+            ],
+        )
+        config_path = write_prometheus_config(
+            self.state_dir / "prometheus.yml",
+            targets_file=targets,
+            scrape_interval=self.config.scrape_interval,
+        )
+        self._spawn(
+            "prometheus",
+            [
+                str(self.binaries.prometheus),
+                f"--config.file={config_path}",
+                f"--storage.tsdb.path={self.state_dir / 'prometheus-data'}",
+                f"--web.listen-address=127.0.0.1:{self.prometheus_port}",
+                "--web.enable-lifecycle",
+                "--storage.tsdb.retention.time=6h",
+                "--log.level=warn",
+            ],
+        )
+
+    def _wait_cluster_usable(self) -> None:
+        from kubernetes import client
+
+        api = client.CoreV1Api(self.api_client())
+
+        def default_sa() -> bool:
+            api.read_namespaced_service_account("default", "default")
+            return True
+
+        self._wait(default_sa, "the default service account (controller-manager)", 60)
+        expected = self.config.nodes + self.config.fake_nodes
+
+        def nodes_schedulable() -> bool:
+            nodes = api.list_node().items
+            ready = 0
+            for n in nodes:
+                conditions = (n.status.conditions if n.status else None) or []
+                taints = (n.spec.taints if n.spec else None) or []
+                if any(c.type == "Ready" and c.status == "True" for c in conditions) and not any(
+                    t.key.startswith("node.kubernetes.io/") for t in taints
+                ):
+                    ready += 1
+            return ready == expected
+
+        self._wait(nodes_schedulable, f"{expected} nodes Ready and untainted", 60)
+        if self.config.prometheus:
+            self._wait(
+                lambda: _http_ok(f"{self.prometheus_url}/-/ready"), "Prometheus /-/ready", 30
+            )
+
+
+def _http_ok(url: str, context: ssl.SSLContext | None = None) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2, context=context) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False

@@ -1,0 +1,52 @@
+"""Shared fixtures: one sandbox (real control plane + node agent + Prometheus) per test run and a
+fresh namespace per test. Tests that use them are marked ``sandbox``."""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tidal.sandbox import Sandbox, SandboxConfig
+from tidal.sandbox.wait import wait_for
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "sandbox" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.sandbox)
+
+
+@pytest.fixture(scope="session")
+def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
+    keep = os.environ.get("TIDAL_KEEP_SANDBOX") == "1"
+    state = tmp_path_factory.mktemp("sandbox") if keep else None
+    config = SandboxConfig(nodes=2, gpus_per_node=2, fake_nodes=1, state_dir=state, keep_state=keep)
+    with Sandbox(config) as sb:
+        yield sb
+
+
+@pytest.fixture
+def namespace(sandbox: Sandbox, request: pytest.FixtureRequest) -> Iterator[str]:
+    from kubernetes import client
+
+    base = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-")
+    name = f"{base}-{uuid.uuid4().hex[:5]}"
+    api = client.CoreV1Api(sandbox.api_client())
+    api.create_namespace({"metadata": {"name": name, "labels": {"tidal.dev/test": "true"}}})
+    wait_for(
+        lambda: api.read_namespaced_service_account("default", name),
+        timeout=30,
+        what=f"default service account in {name}",
+    )
+    yield name
+    api.delete_namespace(name)
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return Path(__file__).resolve().parent.parent

@@ -1,0 +1,146 @@
+"""Pure parts of the node agent: $(VAR) expansion, downward-API fields, addresses, probes."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+from pathlib import Path
+
+import pytest
+
+from tidal.sandbox.nodeagent import (
+    ProbeState,
+    UnsupportedPod,
+    expand,
+    field_ref,
+    run_probe,
+)
+
+POD = {
+    "metadata": {
+        "name": "web-1",
+        "namespace": "ns",
+        "uid": "u-1",
+        "labels": {"app": "web"},
+        "annotations": {"a/b": "c"},
+    },
+    "spec": {"nodeName": "tidal-node-1", "serviceAccountName": "default"},
+}
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("$(A)-$(B)", "1-2"),
+        ("$$(A)", "$(A)"),
+        ("$(MISSING)", "$(MISSING)"),
+        ("plain", "plain"),
+        ("$(A)$(A)", "11"),
+    ],
+)
+def test_expand_follows_kubernetes_rules(text: str, expected: str) -> None:
+    assert expand(text, {"A": "1", "B": "2"}) == expected
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("metadata.name", "web-1"),
+        ("metadata.namespace", "ns"),
+        ("metadata.uid", "u-1"),
+        ("spec.nodeName", "tidal-node-1"),
+        ("status.podIP", "127.1.0.9"),
+        ("status.hostIP", "127.0.0.1"),
+        ("metadata.labels['app']", "web"),
+        ("metadata.annotations['a/b']", "c"),
+    ],
+)
+def test_field_ref_resolves_downward_api(path: str, expected: str) -> None:
+    assert field_ref(POD, path, "127.1.0.9") == expected
+
+
+def test_field_ref_rejects_unknown_paths_with_a_reason() -> None:
+    with pytest.raises(UnsupportedPod) as err:
+        field_ref(POD, "status.phase", "127.1.0.9")
+    assert err.value.reason == "FieldRefUnsupported"
+
+
+def test_probe_state_needs_thresholds() -> None:
+    p = ProbeState({"successThreshold": 2, "failureThreshold": 2}, next_at=0)
+    p.record(True)
+    assert p.result is None
+    p.record(True)
+    assert p.result is True
+    p.record(False)
+    assert p.result is True
+    p.record(False)
+    assert p.result is False
+
+
+def test_http_and_tcp_probes_against_a_real_server(tmp_path: Path) -> None:
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200 if self.path == "/ok" else 500)
+            self.end_headers()
+
+        def log_message(self, *a: object) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    port = srv.server_address[1]
+    try:
+        ip = "127.0.0.1"
+        assert run_probe({"httpGet": {"path": "/ok", "port": port}}, ip, {}, {}, tmp_path)
+        assert not run_probe({"httpGet": {"path": "/bad", "port": port}}, ip, {}, {}, tmp_path)
+        assert run_probe(
+            {"httpGet": {"path": "/ok", "port": "web"}}, ip, {"web": port}, {}, tmp_path
+        )
+        assert run_probe({"tcpSocket": {"port": port}}, ip, {}, {}, tmp_path)
+        assert run_probe({"exec": {"command": ["true"]}}, ip, {}, {}, tmp_path)
+        assert not run_probe({"exec": {"command": ["false"]}}, ip, {}, {}, tmp_path)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert not run_probe({"tcpSocket": {"port": port}}, ip, {}, {}, tmp_path)
+
+
+def test_pod_network_gives_each_pod_a_reachable_address_of_its_own() -> None:
+    import socket
+    import subprocess
+
+    from tidal.sandbox.podnet import PodNetwork, enter
+
+    net = PodNetwork()
+    net.setup()
+    try:
+        (ns1, ip1), (ns2, ip2) = net.attach(), net.attach()
+        assert ip1 != ip2 and net.subnet is not None
+        assert {ip1, ip2} <= {str(h) for h in net.subnet.hosts()}
+        server = subprocess.Popen(
+            enter(
+                ns1,
+                [
+                    "python3",
+                    "-c",
+                    "import socket,time;s=socket.socket();"
+                    f"s.bind(('{ip1}',8080));s.listen();print('up',flush=True);"
+                    "c,_=s.accept();c.sendall(b'hi');time.sleep(0.5)",
+                ],
+            ),
+            stdout=subprocess.PIPE,
+        )
+        assert server.stdout is not None and server.stdout.readline() == b"up\n"
+        with socket.create_connection((ip1, 8080), timeout=5) as conn:
+            assert conn.recv(2) == b"hi"
+        server.wait(timeout=5)
+        net.detach(ns2, ip2)
+        assert net.attach()[1] == ip2  # released addresses are reused
+    finally:
+        net.teardown()
+    assert (
+        f"tidal{net.index}-"
+        not in subprocess.run(
+            ["ip", "netns", "list"], capture_output=True, text=True, check=True
+        ).stdout
+    )
