@@ -85,11 +85,36 @@ def _structural(node: Any) -> Any:
     return {k: out[k] for k in [*first, *sorted(k for k in out if k not in first)]}
 
 
+def _defaults_of(node: dict[str, Any]) -> dict[str, Any]:
+    """The object an empty ``{}`` becomes after defaulting (recursively)."""
+    out: dict[str, Any] = {}
+    for name, prop in node.get("properties", {}).items():
+        if "default" in prop:
+            out[name] = prop["default"]
+    return out
+
+
+def _expand_empty_defaults(node: Any) -> Any:
+    """Replace ``default: {}`` with the defaulted object.
+
+    The API server checks a default against the schema's CEL rules *without* defaulting its
+    fields first, so ``{}`` would fail rules such as ``self.minReplicas <= self.maxReplicas``.
+    """
+    if isinstance(node, list):
+        return [_expand_empty_defaults(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    node = {k: _expand_empty_defaults(v) for k, v in node.items()}
+    if node.get("default") == {} and "properties" in node:
+        node["default"] = _defaults_of(node)
+    return node
+
+
 def schema_of(model: type[api.ApiModel]) -> dict[str, Any]:
     """The structural OpenAPI v3 schema of one API model."""
     raw = model.model_json_schema(by_alias=True, mode="validation")
     defs = raw.pop("$defs", {})
-    return dict(_structural(_resolve(raw, defs)))
+    return dict(_expand_empty_defaults(_structural(_resolve(raw, defs))))
 
 
 def build_crd() -> dict[str, Any]:

@@ -412,7 +412,7 @@ class Batching(ApiModel):
         default_factory=list,
         max_length=16,
         description="Batch sizes the batcher aims for (each <= maxBatchSize).",
-        json_schema_extra={"x-kubernetes-list-type": "set"},
+        json_schema_extra={"x-kubernetes-list-type": "set", "default": []},
     )
 
 

@@ -1,0 +1,38 @@
+"""Fixtures of the operator's sandbox tests: the CRD installed once, an operator per test."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from isvc_fixtures import OperatorProcess
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def isvc_crd(sandbox: Any) -> None:
+    sandbox.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
+    sandbox.kubectl(
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/inferenceservices.serving.tidal.dev",
+    )
+
+
+@pytest.fixture
+def operator(
+    sandbox: Any, namespace: str, isvc_crd: None, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    env = {**os.environ, **sandbox.env}
+    proc = OperatorProcess(env, namespace, tmp_path / "operator.log")
+    proc.start()
+    yield proc
+    proc.stop()
+    if os.environ.get("TIDAL_SHOW_OPERATOR_LOG") == "1":
+        sys.stderr.write(proc.log()[-20000:])
