@@ -1,5 +1,9 @@
-"""Shared fixtures: one sandbox (real control plane + node agent + Prometheus) per test run and a
-fresh namespace per test. Tests that use them are marked ``sandbox``."""
+"""pytest fixtures for tests and end-to-end scenarios: one sandbox (real control plane + node
+agent + Prometheus) per test run and a fresh namespace per test.
+
+Loaded by the repository's top-level ``conftest.py``. Tests that use the sandbox are marked
+``sandbox`` automatically, so ``pytest -m "not sandbox"`` runs only the fast ones.
+Set ``TIDAL_KEEP_SANDBOX=1`` to keep the sandbox's state (logs, pod logs) after the run."""
 
 from __future__ import annotations
 
@@ -7,7 +11,6 @@ import os
 import re
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -45,8 +48,3 @@ def namespace(sandbox: Sandbox, request: pytest.FixtureRequest) -> Iterator[str]
     )
     yield name
     api.delete_namespace(name)
-
-
-@pytest.fixture(scope="session")
-def repo_root() -> Path:
-    return Path(__file__).resolve().parent.parent

@@ -1,0 +1,3 @@
+"""Repository-wide pytest configuration: the sandbox fixtures for tests/ and e2e/."""
+
+pytest_plugins = ["tidal.sandbox.pytest_plugin"]
