@@ -1,0 +1,199 @@
+"""An open-loop load generator that finds its targets the way kube-proxy would: through the
+Service's EndpointSlices, using only endpoints marked ready.
+
+Requests arrive at a rate given as a function of time (a surge is a step in that function), each
+one a real Open Inference Protocol request over HTTP. Every request is recorded — when it was
+sent, which endpoint took it, how long it took, how it ended — so scenarios can assert on
+latency, failures and on which replicas received traffic when. Loops are bounded in time and in
+concurrency, and targets are only the sandbox's own pod addresses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from tidal.sandbox.endpoints import ready_endpoints
+
+RateFn = Callable[[float], float]
+
+
+@dataclass(frozen=True)
+class Sample:
+    sent: float  # seconds since the run started (monotonic)
+    wall: float  # wall-clock send time (epoch seconds), to compare with Kubernetes timestamps
+    latency: float  # seconds
+    status: int  # HTTP status, 0 for a connection error or timeout
+    endpoint: str
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+@dataclass
+class LoadReport:
+    samples: list[Sample] = field(default_factory=list)
+    endpoint_changes: list[tuple[float, tuple[str, ...]]] = field(default_factory=list)
+    dropped: int = 0  # arrivals not sent because the concurrency cap was reached
+
+    def window(self, start: float, end: float) -> list[Sample]:
+        return [s for s in self.samples if start <= s.sent < end]
+
+    def p99(self, start: float = 0.0, end: float = math.inf) -> float:
+        return percentile([s.latency for s in self.window(start, end) if s.ok], 0.99)
+
+    def failures(self, start: float = 0.0, end: float = math.inf) -> list[Sample]:
+        return [s for s in self.window(start, end) if not s.ok]
+
+    def first_request_wall(self) -> dict[str, float]:
+        """Wall-clock time of the first request each endpoint received."""
+        first: dict[str, float] = {}
+        for s in sorted(self.samples, key=lambda s: s.wall):
+            first.setdefault(s.endpoint.split(":")[0], s.wall)
+        return first
+
+
+class EndpointWatcher:
+    """Polls the Service's EndpointSlices in a thread; ``current`` is the ready set."""
+
+    def __init__(self, api_client: Any, namespace: str, service: str, interval: float) -> None:
+        self.api_client, self.namespace, self.service = api_client, namespace, service
+        self.interval = interval
+        self.current: tuple[str, ...] = ()
+        self.changes: list[tuple[float, tuple[str, ...]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="endpoints")
+        self._t0 = time.monotonic()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(Exception):
+                eps = tuple(
+                    f"{ip}:{port}"
+                    for ip, port in ready_endpoints(self.api_client, self.namespace, self.service)
+                )
+                if eps != self.current:
+                    self.current = eps
+                    self.changes.append((time.monotonic() - self._t0, eps))
+            self._stop.wait(self.interval)
+
+    def start(self, t0: float) -> None:
+        self._t0 = t0
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+class LoadGenerator:
+    """Sends ``rate(t)`` requests per second for ``duration`` seconds to a model."""
+
+    def __init__(
+        self,
+        api_client: Any,
+        namespace: str,
+        service: str,
+        model: str,
+        body: dict[str, Any],
+        rate: RateFn,
+        *,
+        timeout: float = 10.0,
+        max_in_flight: int = 256,
+        refresh: float = 0.2,
+        on_tick: Callable[[float, LoadReport], None] | None = None,
+    ) -> None:
+        self.namespace, self.service, self.model = namespace, service, model
+        self.body, self.rate = body, rate
+        self.timeout, self.max_in_flight = timeout, max_in_flight
+        self.watcher = EndpointWatcher(api_client, namespace, service, refresh)
+        self.report = LoadReport()
+        self.on_tick = on_tick
+        self._in_flight: dict[str, int] = {}
+
+    def _pick(self) -> str | None:
+        eps = self.watcher.current
+        if not eps:
+            return None
+        # Least outstanding requests, like a good client-side balancer.
+        return min(eps, key=lambda e: self._in_flight.get(e, 0))
+
+    async def _one(self, session: aiohttp.ClientSession, t0: float) -> None:
+        endpoint = self._pick()
+        sent = time.monotonic() - t0
+        wall = time.time()
+        if endpoint is None:
+            self.report.samples.append(Sample(sent, wall, 0.0, 0, "", "no ready endpoint"))
+            return
+        self._in_flight[endpoint] = self._in_flight.get(endpoint, 0) + 1
+        start = time.perf_counter()
+        status, error = 0, ""
+        try:
+            url = f"http://{endpoint}/v2/models/{self.model}/infer"
+            async with session.post(url, json=self.body) as resp:
+                await resp.read()
+                status = resp.status
+                if status >= 300:
+                    error = (await resp.text())[:200]
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            error = f"{type(exc).__name__}: {exc}"[:200]
+        finally:
+            self._in_flight[endpoint] -= 1
+        latency = time.perf_counter() - start
+        self.report.samples.append(Sample(sent, wall, latency, status, endpoint, error))
+
+    async def run(self, duration: float) -> LoadReport:
+        t0 = time.monotonic()
+        self.watcher.start(t0)
+        timeout = aiohttp.ClientTimeout(total=self.timeout)
+        connector = aiohttp.TCPConnector(limit=self.max_in_flight, force_close=False)
+        tasks: set[asyncio.Task[None]] = set()
+        next_tick = 1.0
+        try:
+            async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+                due = 0.0  # fractional arrivals carried between steps
+                step = 0.005
+                now = 0.0
+                while now < duration:
+                    due += self.rate(now) * step
+                    while due >= 1.0:
+                        due -= 1.0
+                        if len(tasks) >= self.max_in_flight:
+                            self.report.dropped += 1
+                            continue
+                        task = asyncio.create_task(self._one(session, t0))
+                        tasks.add(task)
+                        task.add_done_callback(tasks.discard)
+                    if self.on_tick is not None and now >= next_tick:
+                        next_tick += 1.0
+                        self.on_tick(now, self.report)
+                    await asyncio.sleep(max(0.0, (now + step) - (time.monotonic() - t0)))
+                    now = time.monotonic() - t0
+                if tasks:
+                    await asyncio.wait(tasks, timeout=self.timeout + 1)
+        finally:
+            self.watcher.stop()
+        self.report.endpoint_changes = list(self.watcher.changes)
+        return self.report
+
+
+def step_rate(base: float, surge: float, at: float) -> RateFn:
+    """``base`` requests/s until ``at`` seconds, ``surge`` requests/s after."""
+    return lambda t: surge if t >= at else base
