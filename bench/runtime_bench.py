@@ -38,10 +38,11 @@ from tidal.runtime.modelgen import ModelInfo, write_mlp
 
 INPUTS, LAYERS, OUTPUTS = 256, 3, 16
 MAX_BATCH = 32
-# Hidden widths of the two models: "light" costs ~0.1 ms of CPU per row when batched (far less
-# than one HTTP request costs a Python server here), "heavy" ~1 ms per row (the regime of a real
-# model, where compute per row dominates the per-request overhead).
-MODELS = {"light": 1536, "heavy": 3072}
+# Hidden widths of the models: "tiny" computes next to nothing, so its runtime latency is the
+# HTTP + batching overhead alone; "light" costs ~0.1 ms of CPU per row when batched (less than
+# one HTTP request costs a Python server here); "heavy" ~0.5 ms per row (nearer a real model,
+# where compute per row dominates the per-request overhead).
+MODELS = {"tiny": 8, "light": 1536, "heavy": 3072}
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -173,16 +174,16 @@ def row(name: str, rate: float, latencies: list[float], unit: str = "rows/s") ->
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--seconds", type=float, default=5.0, help="per measurement")
+    parser.add_argument("--seconds", type=float, default=4.0, help="per measurement")
     parser.add_argument("--clients", type=int, default=64, help="concurrent clients")
-    parser.add_argument("--model", choices=[*MODELS, "both"], default="both")
+    parser.add_argument("--model", choices=[*MODELS, "all"], default="all")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="tidal-bench-"))
     print(
         f"ONNX Runtime {ort.__version__}, 1 intra-op thread; {os.cpu_count()} cores; "
         f"{args.clients} clients at saturation, {args.seconds:g} s per measurement"
     )
-    names = list(MODELS) if args.model == "both" else [args.model]
+    names = list(MODELS) if args.model == "all" else [args.model]
     for name in names:
         info = write_mlp(
             workdir / f"{name}.onnx",

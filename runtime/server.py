@@ -220,7 +220,8 @@ class RuntimeServer:
     async def _known_metadata(self, name: str) -> Any:
         slot = self.cache.slot(name)
         if not slot.inputs:
-            await self.cache.ensure_loaded(name, on_demand=True)
+            # Metadata is known once the engine has been loaded (it stays known after eviction).
+            await self.cache.ensure_loaded(name)
         return slot
 
     async def model_metadata(self, request: web.Request) -> web.Response:
