@@ -9,6 +9,7 @@ hands bodies in and gets bytes out.  Every malformed input raises :class:`Invali
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,7 +103,7 @@ def decode_request(body: bytes, header_length: int | None) -> InferRequest:
             isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
         ):
             raise InvalidInput(f"input {name!r}: 'shape' must be a list of non-negative integers")
-        count = int(np.prod(shape)) if shape else 1
+        count = math.prod(shape)  # Python ints: a huge shape cannot overflow to a small count
         params = tensor.get("parameters") or {}
         params = _as_dict(params, f"input {name!r} parameters")
         size = params.get("binary_data_size")

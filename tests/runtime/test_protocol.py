@@ -6,9 +6,11 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from tidal.runtime.errors import InvalidInput, InvalidRequest
-from tidal.runtime.protocol import RequestedOutput, decode_request, encode_response
+from tidal.runtime.errors import InvalidInput, InvalidRequest, ServingError
+from tidal.runtime.protocol import DATATYPES, RequestedOutput, decode_request, encode_response
 
 
 def binary_body(header: dict[str, object], *chunks: bytes) -> tuple[bytes, int]:
@@ -77,6 +79,13 @@ def test_json_and_binary_inputs_decode_to_the_same_arrays() -> None:
             "not INT32",
         ),
         (b"{}", 99, InvalidRequest, "Inference-Header-Content-Length"),
+        (
+            b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [4294967296, 4294967296], '
+            b'"data": []}]}',
+            None,
+            InvalidInput,
+            "needs 18446744073709551616 elements",
+        ),
     ],
 )
 def test_malformed_requests_say_what_was_expected(
@@ -115,3 +124,46 @@ def test_binary_sizes_must_match_the_shape_and_the_body() -> None:
     body, length = binary_body({"inputs": [tensor]}, bytes(4))
     with pytest.raises(InvalidRequest, match="past the end"):
         decode_request(body, length)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=5),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
+    max_leaves=20,
+)
+tensor_like = st.fixed_dictionaries(
+    {},
+    optional={
+        "name": st.sampled_from(["x", 1, None]),
+        "datatype": st.sampled_from([*DATATYPES, "BYTES", 3]),
+        "shape": st.lists(st.integers(-2, 4) | st.just(2**32), max_size=3) | json_values,
+        "data": json_values,
+        "parameters": st.dictionaries(
+            st.sampled_from(["binary_data_size", "binary_data"]), json_values, max_size=2
+        ),
+    },
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.one_of(
+        json_values,
+        st.fixed_dictionaries(
+            {"inputs": st.lists(tensor_like, max_size=3)},
+            optional={"outputs": json_values, "parameters": json_values, "id": json_values},
+        ),
+    ),
+    st.binary(max_size=64),
+    st.one_of(st.none(), st.integers(-5, 400)),
+)
+def test_nothing_a_client_sends_raises_anything_but_a_serving_error(
+    header: object, tail: bytes, length: int | None
+) -> None:
+    body = json.dumps(header).encode()
+    try:
+        decode_request(body + tail, len(body) if length is None else length)
+    except ServingError:
+        pass
