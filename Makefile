@@ -28,7 +28,7 @@ sandbox-binaries:
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy operator runtime e2e/sandbox
+	$(BIN)/mypy tidal/operator tidal/runtime tidal/sandbox
 	$(BIN)/lint-imports
 
 # Regenerate crds/ from the pydantic models (a test fails when they drift).
