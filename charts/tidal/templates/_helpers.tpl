@@ -1,0 +1,105 @@
+{{/* Names, labels and the image reference shared by every template. */}}
+
+{{- define "tidal.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* <release>-tidal, or the release name when it already contains the chart name. */}}
+{{- define "tidal.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "tidal.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "tidal.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "tidal.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "tidal.labels" -}}
+helm.sh/chart: {{ include "tidal.chart" . }}
+{{ include "tidal.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: tidal
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "tidal.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "tidal.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "tidal.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/*
+The operator's own API rights, derived from operator/shell (see charts/README.md):
+  - kopf watches InferenceServices and the labelled children (list, watch);
+  - kube.py server-side applies ConfigMaps, Services and Deployments (patch; an apply that
+    creates the object is authorised as patch), patches the status subresource and creates
+    core/v1 Events;
+  - children carry an ownerReference with blockOwnerDeletion, which clusters running the
+    OwnerReferencesPermissionEnforcement admission plugin authorise as an update of the
+    owner's finalizers subresource;
+  - pods are patched for the pod-deletion-cost annotation (the autoscaler's scale-down choice).
+Nothing is ever deleted by the operator: children go with their owner (garbage collector).
+*/}}
+{{- define "tidal.operatorRules" -}}
+- apiGroups: ["serving.tidal.dev"]
+  resources: ["inferenceservices"]
+  verbs: ["list", "watch"]
+- apiGroups: ["serving.tidal.dev"]
+  resources: ["inferenceservices/status"]
+  verbs: ["patch"]
+- apiGroups: ["serving.tidal.dev"]
+  resources: ["inferenceservices/finalizers"]
+  verbs: ["update"]
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["list", "watch", "patch"]
+- apiGroups: [""]
+  resources: ["services", "configmaps"]
+  verbs: ["list", "watch", "patch"]
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list", "watch", "patch"]
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+{{- end }}
+
+{{/*
+kopf's cluster observation: it lists and watches CRDs to notice resources appearing, and — when
+it watches named namespaces — lists and watches namespaces (read-only; without them kopf only
+logs warnings and uses what it found at start).
+*/}}
+{{- define "tidal.discoveryRules" -}}
+- apiGroups: ["apiextensions.k8s.io"]
+  resources: ["customresourcedefinitions"]
+  verbs: ["list", "watch"]
+{{- if .Values.watchNamespaces }}
+- apiGroups: [""]
+  resources: ["namespaces"]
+  verbs: ["list", "watch"]
+{{- end }}
+{{- end }}
