@@ -202,8 +202,8 @@ def _event_for(before: Condition | None, after: Condition) -> EventSpec | None:
     same_status = before is not None and before.status == after.status
     if same_status and (after.type != DEGRADED or before is None or before.reason == after.reason):
         return None
-    if before is None and after.type == DEGRADED and after.status is ConditionStatus.FALSE:
-        return None
+    if before is None and not (after.type == DEGRADED and after.status is ConditionStatus.TRUE):
+        return None  # a new object's first status is no change (its children get Events)
     bad = (after.type == DEGRADED and after.status is ConditionStatus.TRUE) or (
         after.type == READY and after.status is ConditionStatus.FALSE and before is not None
     )

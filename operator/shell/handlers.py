@@ -8,8 +8,9 @@ while the operator is down is still cleaned up by the garbage collector.
 * InferenceService events store the body and enqueue the key.
 * Events of labelled children (Deployments, pods, Services, ConfigMaps) update the store and
   enqueue the owner, so a deleted or edited child is put back, and status follows the pods.
-* A resync task enqueues every key with ``force`` periodically (and once at start), so the
-  operator re-asserts every child even if a watch event was lost.
+* The initial listing of InferenceServices (at start and after a re-list) and a periodic
+  resync enqueue every key with ``force``, so the operator re-asserts every child even if a
+  change happened while nobody watched.
 """
 
 from __future__ import annotations
@@ -37,9 +38,6 @@ class OperatorSettings:
 
     workers: int = 4
     resync_seconds: float = 300.0
-    # Children appear after a first reconcile; wait briefly for the initial listings so the
-    # first pass sees what already exists instead of re-applying everything twice.
-    startup_grace_seconds: float = 1.0
 
 
 @dataclass
@@ -95,13 +93,12 @@ async def on_cleanup_stop(**_: Any) -> None:
 
 
 async def _resync_forever() -> None:
-    await asyncio.sleep(RUNTIME.settings.startup_grace_seconds)
     while True:
+        await asyncio.sleep(RUNTIME.settings.resync_seconds)
         queue = RUNTIME.queue
         if queue is not None:
             for key in list(RUNTIME.store.services):
                 await queue.add(key, force=True)
-        await asyncio.sleep(RUNTIME.settings.resync_seconds)
 
 
 async def _enqueue(key: Key) -> None:
@@ -119,7 +116,11 @@ async def on_event_inference_service(event: dict[str, Any], body: kopf.Body, **_
             RUNTIME.queue.forget(key)
         return
     if event.get("type") is None:
-        return  # the initial listing: the resync task's first (forced) pass covers it
+        # The initial listing (operator start, or a re-list after a watch error): re-assert
+        # every child, since changes made while nobody watched left no event behind.
+        if RUNTIME.queue is not None:
+            await RUNTIME.queue.add(key, force=True)
+        return
     await _enqueue(key)
 
 
@@ -127,7 +128,7 @@ async def _on_child(event: dict[str, Any], body: kopf.Body, kind: str) -> None:
     plain = _plain(body)
     plain["kind"] = kind  # items of an initial LIST carry no kind
     owner = RUNTIME.store.put_child(plain, deleted=event.get("type") == "DELETED")
-    if owner is not None and event.get("type") is not None and owner in RUNTIME.store.services:
+    if owner is not None and owner in RUNTIME.store.services:
         await _enqueue(owner)
 
 

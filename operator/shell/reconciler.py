@@ -15,6 +15,7 @@ A spec that passes the schema but cannot work touches nothing but the status (De
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -243,7 +244,8 @@ class Reconciler:
             retry = retry or self._backoff(key)
         for event in events:
             metrics.EVENTS.labels(type=event.type, reason=event.reason).inc()
-            await self.kube.post_event(body, event, now)
+        # Events are independent of each other and of the next reconcile: post them at once.
+        await asyncio.gather(*(self.kube.post_event(body, e, now) for e in events))
         if retry is None:
             self._failures.pop(key, None)
         result_label = "retry" if retry else ("degraded" if problems else "ok")

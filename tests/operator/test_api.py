@@ -81,7 +81,7 @@ def test_defaults_match_between_models_and_schema() -> None:
     defaults = api.Autoscaling()
     assert scaling["minReplicas"]["default"] == defaults.min_replicas
     assert scaling["maxReplicas"]["default"] == defaults.max_replicas
-    assert spec["autoscaling"]["default"] == {}
+    assert spec["autoscaling"]["default"] == defaults.to_wire()
     assert spec["rollout"]["properties"]["steps"]["default"] == [25, 50, 100]
 
 

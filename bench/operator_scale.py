@@ -1,0 +1,256 @@
+"""How the operator copes with many InferenceServices: time to Ready, reconcile cost, memory.
+
+Starts a sandbox with one fake node (pods are reported Running/Ready without running anything),
+installs the CRD, starts ``tidal-operator`` for one namespace, creates N InferenceServices at
+once and measures
+
+* the time from the first create until every InferenceService reports Ready (and the time
+  until the operator had written every child, which does not wait for the pods);
+* reconcile duration P50/P99 (from the operator's histogram, interpolated within buckets);
+* Kubernetes API requests per reconcile (the operator's own requests; watches excluded), both
+  while converging and in a quiet period afterwards (a level-triggered operator that re-applies
+  everything on every event would show up here);
+* the operator's resident memory (current and peak) from /proc.
+
+    .venv/bin/python bench/operator_scale.py [--services 200] [--workers 4] [--quiet-seconds 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tidal.sandbox import Sandbox, SandboxConfig
+from tidal.sandbox.procs import free_port
+from tidal.sandbox.wait import wait_for
+
+REPO = Path(__file__).resolve().parent.parent
+NAMESPACE = "bench"
+
+
+def service(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "serving.tidal.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "runtime": {
+                "backend": "onnxruntime",
+                "nodeSelector": {"tidal.dev/sandbox-fake": "true"},
+                "tolerations": [
+                    {
+                        "key": "tidal.dev/sandbox-fake",
+                        "operator": "Equal",
+                        "value": "true",
+                        "effect": "NoSchedule",
+                    }
+                ],
+            },
+            "models": [{"name": "m", "engines": [{"uri": f"file:///models/{name}.onnx"}]}],
+            "autoscaling": {"minReplicas": 1, "maxReplicas": 4},
+        },
+    }
+
+
+def scrape(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        match = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$", line)
+        if match is None:
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2) or ""))
+        out.setdefault(match.group(1), []).append((labels, float(match.group(3))))
+    return out
+
+
+def total(metrics: dict[str, list[tuple[dict[str, str], float]]], name: str) -> float:
+    return sum(v for _, v in metrics.get(name, []))
+
+
+def quantile(metrics: dict[str, list[tuple[dict[str, str], float]]], name: str, q: float) -> float:
+    """Quantile from a Prometheus histogram (linear within the bucket, like histogram_quantile)."""
+    buckets = sorted(
+        (float("inf") if lab["le"] == "+Inf" else float(lab["le"]), v)
+        for lab, v in metrics.get(f"{name}_bucket", [])
+    )
+    count = buckets[-1][1]
+    rank = q * count
+    prev_le, prev_count = 0.0, 0.0
+    for le, cum in buckets:
+        if cum >= rank:
+            if le == float("inf"):
+                return prev_le
+            width = cum - prev_count
+            return prev_le + (le - prev_le) * ((rank - prev_count) / width if width else 0.0)
+        prev_le, prev_count = le, cum
+    return prev_le
+
+
+def rss_kib(pid: int) -> tuple[int, int]:
+    fields = dict(
+        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+    )
+    return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--services", type=int, default=200)
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--quiet-seconds", type=float, default=10.0)
+    p.add_argument("--json", action="store_true", help="print the figures as JSON too")
+    args = p.parse_args(argv)
+
+    config = SandboxConfig(
+        nodes=0, fake_nodes=1, fake_node_pods=max(1000, 2 * args.services), prometheus=False
+    )
+    with Sandbox(config) as sb:
+        sb.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
+        sb.kubectl(
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/inferenceservices.serving.tidal.dev",
+        )
+        sb.kubectl("create", "namespace", NAMESPACE)
+        metrics_port = free_port()
+        log = (sb.state_dir / "operator.log").open("wb")
+        operator = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tidal.operator",
+                "--namespace",
+                NAMESPACE,
+                "--workers",
+                str(args.workers),
+                "--metrics-port",
+                str(metrics_port),
+                "--health-port",
+                "0",
+                "--bind-address",
+                "127.0.0.1",
+                "--log-format",
+                "full",
+            ],
+            env={**os.environ, **sb.env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            wait_for(lambda: scrape(metrics_port), timeout=30, what="operator metrics")
+            idle_rss, _ = rss_kib(operator.pid)
+            names = [f"svc-{i:04d}" for i in range(args.services)]
+            manifest = yaml.safe_dump_all([service(n) for n in names])
+            started = time.monotonic()
+            sb.kubectl("apply", "-f", "-", input=manifest, timeout=300)
+            created = time.monotonic() - started
+
+            children_done = None
+            expected_children = 3 * args.services
+
+            def progress() -> bool:
+                nonlocal children_done
+                m = scrape(metrics_port)
+                if (
+                    children_done is None
+                    and total(m, "tidal_operator_children_applied_total") >= expected_children
+                ):
+                    children_done = time.monotonic() - started
+                out = sb.kubectl("get", "inferenceservices", "-n", NAMESPACE, "-o", "json")
+                items = json.loads(out.stdout)["items"]
+                ready = [
+                    i
+                    for i in items
+                    if any(
+                        c["type"] == "Ready" and c["status"] == "True"
+                        for c in (i.get("status") or {}).get("conditions", [])
+                    )
+                ]
+                return len(ready) == args.services
+
+            wait_for(progress, timeout=900, interval=0.5, what="all InferenceServices Ready")
+            all_ready = time.monotonic() - started
+            converge = scrape(metrics_port)
+            rss_ready, _ = rss_kib(operator.pid)
+            time.sleep(args.quiet_seconds)
+            quiet = scrape(metrics_port)
+            rss_now, rss_peak = rss_kib(operator.pid)
+        finally:
+            operator.send_signal(signal.SIGTERM)
+            try:
+                operator.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                operator.kill()
+            log.close()
+
+    def per_reconcile(m: dict[str, list[tuple[dict[str, str], float]]]) -> float:
+        reconciles = total(m, "tidal_operator_reconciles_total")
+        return total(m, "tidal_operator_api_requests_total") / reconciles if reconciles else 0.0
+
+    by_verb: dict[str, float] = {}
+    for labels, value in converge.get("tidal_operator_api_requests_total", []):
+        key = f"{labels['verb']} {labels['resource']}"
+        by_verb[key] = by_verb.get(key, 0.0) + value
+    quiet_calls = total(quiet, "tidal_operator_api_requests_total") - total(
+        converge, "tidal_operator_api_requests_total"
+    )
+    quiet_reconciles = total(quiet, "tidal_operator_reconciles_total") - total(
+        converge, "tidal_operator_reconciles_total"
+    )
+    figures = {
+        "services": args.services,
+        "workers": args.workers,
+        "create_seconds": round(created, 2),
+        "children_written_seconds": round(children_done, 2) if children_done else None,
+        "all_ready_seconds": round(all_ready, 2),
+        "reconciles": int(total(converge, "tidal_operator_reconciles_total")),
+        "reconciles_per_service": round(
+            total(converge, "tidal_operator_reconciles_total") / args.services, 2
+        ),
+        "reconcile_p50_ms": round(
+            1000 * quantile(converge, "tidal_operator_reconcile_duration_seconds", 0.5), 2
+        ),
+        "reconcile_p99_ms": round(
+            1000 * quantile(converge, "tidal_operator_reconcile_duration_seconds", 0.99), 2
+        ),
+        "api_calls": int(total(converge, "tidal_operator_api_requests_total")),
+        "api_calls_per_reconcile": round(per_reconcile(converge), 2),
+        "api_calls_per_service": round(
+            total(converge, "tidal_operator_api_requests_total") / args.services, 2
+        ),
+        "api_calls_by_kind": {k: int(v) for k, v in sorted(by_verb.items())},
+        "quiet_seconds": args.quiet_seconds,
+        "quiet_reconciles": int(quiet_reconciles),
+        "quiet_api_calls": int(quiet_calls),
+        "errors": int(total(quiet, "tidal_operator_reconcile_errors_total")),
+        "rss_idle_mib": round(idle_rss / 1024, 1),
+        "rss_all_ready_mib": round(rss_ready / 1024, 1),
+        "rss_after_quiet_mib": round(rss_now / 1024, 1),
+        "rss_peak_mib": round(rss_peak / 1024, 1),
+    }
+    width = max(len(k) for k in figures)
+    print(f"operator scale benchmark: {args.services} InferenceServices on a fake node")
+    for key, value in figures.items():
+        print(f"  {key:<{width}}  {value}")
+    if args.json:
+        print(json.dumps(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
