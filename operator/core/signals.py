@@ -456,6 +456,22 @@ def _selector(extra: str, *matchers: str) -> str:
     return "{" + ",".join(parts) + "}"
 
 
+def _increase(series: str, window: str) -> str:
+    """How much counters grew over `window`, counting series born inside it in full.
+
+    ``increase()`` needs two samples and measures from the first one, so it cannot see what a
+    series held when it first appeared — and the runtime creates a labelled series with its
+    first observation (the first cold start of a model, the first 500 of a pod). A series absent
+    `window` ago (``unless ... offset``) grew by everything it holds; the rest by ``increase``.
+    The ``role`` label is summed away first: relabelling a pod serving <-> standby starts new
+    series with the pod's lifetime totals, which are not new requests.
+    """
+    s, w = series, window
+    drop = "sum without (role)"
+    born = f"({drop} ({s}) unless {drop} ({s} offset {w}))"
+    return f"({born} or {drop} (increase({s}[{w}])))"
+
+
 def pool_signals_query(
     matchers: str = "",
     *,
@@ -486,19 +502,19 @@ def pool_signals_query(
     )
 
     def p99(selector: str) -> str:
-        buckets = f"rate(tidal_request_duration_seconds_bucket{selector}[{w}])"
+        buckets = _increase(f"tidal_request_duration_seconds_bucket{selector}", w)
         return f"histogram_quantile(0.99, sum by ({_GROUP}, le) ({buckets}))"
 
     parts = {
         "p99_hot": p99(hot),
         "p99_cold": p99(cold),
-        "requests": f"{by} (increase(tidal_requests_total{sel()}[{w}]))",
-        "errors": f"{by} (increase(tidal_requests_total{errors}[{w}]))",
+        "requests": f"{by} ({_increase(f'tidal_requests_total{sel()}', w)})",
+        "errors": f"{by} ({_increase(f'tidal_requests_total{errors}', w)})",
         "cold_start": (
-            f"{by} (increase(tidal_cold_start_seconds_sum{sel()}[{cw}]))"
-            f" / {by} (increase(tidal_cold_start_seconds_count{sel()}[{cw}]))"
+            f"{by} ({_increase(f'tidal_cold_start_seconds_sum{sel()}', cw)})"
+            f" / {by} ({_increase(f'tidal_cold_start_seconds_count{sel()}', cw)})"
         ),
-        "cold_samples": f"{by} (increase(tidal_cold_start_seconds_count{sel()}[{cw}]))",
+        "cold_samples": f"{by} ({_increase(f'tidal_cold_start_seconds_count{sel()}', cw)})",
         "startup": f"avg by ({_GROUP}) (tidal_startup_seconds{sel()} > 0)",
         "engine_load": (
             f"{by} (tidal_engine_load_seconds_sum{sel()})"
