@@ -312,7 +312,12 @@ def test_query_groups_by_pool_and_tags_every_signal() -> None:
     ):
         assert f'"signal", "{signal}"' in q
     assert 'cache="hot",isvc!="",namespace="ns"' in q and "[20s]" in q
-    assert q.count(" or ") == 12
+    assert q.count("label_replace(") == 13  # 12 pool signals + GPU memory per pod
+    # Counters: series born inside the window count in full, role relabels do not.
+    assert "(sum without (role) (tidal_requests_total{" in q
+    assert (
+        'unless sum without (role) (tidal_requests_total{isvc!="",namespace="ns"} offset 20s)' in q
+    )
     assert "sum by (namespace, isvc, pool, le)" in q
 
 
