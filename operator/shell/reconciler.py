@@ -246,6 +246,9 @@ class Reconciler:
             metrics.EVENTS.labels(type=event.type, reason=event.reason).inc()
         # Events are independent of each other and of the next reconcile: post them at once.
         await asyncio.gather(*(self.kube.post_event(body, e, now) for e in events))
+        changes = [e.message for e in events if e.reason in ("Created", "Updated")]
+        if changes:
+            log.info("%s/%s: %s", key[0], key[1], "; ".join(changes))
         if retry is None:
             self._failures.pop(key, None)
         result_label = "retry" if retry else ("degraded" if problems else "ok")
