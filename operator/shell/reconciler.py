@@ -258,8 +258,27 @@ class Reconciler:
     async def _apply_children(
         self, isvc: InferenceService, observed: Observed, kids: Children, force: bool
     ) -> list[EventSpec]:
-        events = []
+        # A pool's ConfigMap must exist before its Deployment's pods read it, so each pool is
+        # applied in order; pools and the Service do not depend on each other and go at once.
+        chains: dict[str, list[dict[str, Any]]] = {}
         for obj in desired_objects(isvc, observed):
+            chains.setdefault(obj["metadata"]["labels"].get(LABEL_POOL, ""), []).append(obj)
+        results = await asyncio.gather(
+            *(self._apply_chain(chain, kids, force) for chain in chains.values()),
+            return_exceptions=True,
+        )
+        events: list[EventSpec] = []
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+            events += result
+        return events
+
+    async def _apply_chain(
+        self, chain: list[dict[str, Any]], kids: Children, force: bool
+    ) -> list[EventSpec]:
+        events = []
+        for obj in chain:
             kind, name = object_key(obj)
             want = obj["metadata"]["annotations"][ANNOTATION_APPLIED_HASH]
             have = kids.applied.get((kind, name))

@@ -58,11 +58,15 @@ def _setup(body: dict[str, Any], **kw: Any) -> tuple[Store, FakeKube, Reconciler
 async def test_first_pass_applies_every_child_and_writes_status() -> None:
     _store, kube, rec = _setup(minimal())
     assert await rec.reconcile(("ns", "svc"), False) is None
-    assert kube.applied == [
+    assert set(kube.applied) == {
         ("ConfigMap", "svc-primary-config"),
         ("Deployment", "svc-primary"),
         ("Service", "svc"),
-    ]
+    }
+    # The pods read the ConfigMap: it must exist before the Deployment.
+    assert kube.applied.index(("ConfigMap", "svc-primary-config")) < kube.applied.index(
+        ("Deployment", "svc-primary")
+    )
     assert kube.statuses[-1]["observedGeneration"] == 1
     assert {e.reason for e in kube.events} == {"Created"}
 
