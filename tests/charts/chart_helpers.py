@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from tidal.operator.core.api import GROUP, PLURAL
+
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "tidal"
 BUILD_HELM = REPO / "e2e" / "helm" / "build-helm.sh"
@@ -84,3 +86,51 @@ def one(docs: list[Doc], kind: str) -> Doc:
 
 def env_of(container: Doc) -> dict[str, str]:
     return {e["name"]: e.get("value", "") for e in container.get("env", [])}
+
+
+def rule_set(rules: list[Doc]) -> set[tuple[str, str, str]]:
+    """(apiGroup, resource, verb) triples: the order and grouping of rules do not matter."""
+    return {
+        (group, resource, verb)
+        for rule in rules
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+# What the operator does (operator/shell) and why each right is needed; a change here must be
+# a deliberate change of what the operator does.
+OPERATOR_RIGHTS = {
+    # kopf's watches of InferenceServices and of the labelled children
+    (GROUP, PLURAL, "list"),
+    (GROUP, PLURAL, "watch"),
+    ("apps", "deployments", "list"),
+    ("apps", "deployments", "watch"),
+    ("", "services", "list"),
+    ("", "services", "watch"),
+    ("", "configmaps", "list"),
+    ("", "configmaps", "watch"),
+    ("", "pods", "list"),
+    ("", "pods", "watch"),
+    # kube.py: server-side apply of the children (an apply that creates the object is
+    # authorised as patch and as create: the sandbox refuses it without create)
+    ("apps", "deployments", "patch"),
+    ("", "services", "patch"),
+    ("", "configmaps", "patch"),
+    ("apps", "deployments", "create"),
+    ("", "services", "create"),
+    ("", "configmaps", "create"),
+    # the pod-deletion-cost annotation (autoscaler's scale-down choice)
+    ("", "pods", "patch"),
+    # kube.py: status merge patch and core/v1 Events
+    (GROUP, f"{PLURAL}/status", "patch"),
+    ("", "events", "create"),
+    # ownerReferences with blockOwnerDeletion (OwnerReferencesPermissionEnforcement)
+    (GROUP, f"{PLURAL}/finalizers", "update"),
+}
+KOPF_DISCOVERY = {
+    ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
+    ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
+}
+NAMESPACE_DISCOVERY = {("", "namespaces", "list"), ("", "namespaces", "watch")}

@@ -8,7 +8,19 @@ from typing import Any
 
 import pytest
 import yaml
-from chart_helpers import CHART, REPO, Doc, Helm, by_kind, env_of, one
+from chart_helpers import (
+    CHART,
+    KOPF_DISCOVERY,
+    NAMESPACE_DISCOVERY,
+    OPERATOR_RIGHTS,
+    REPO,
+    Doc,
+    Helm,
+    by_kind,
+    env_of,
+    one,
+    rule_set,
+)
 
 from tidal.operator.__main__ import parse_args
 from tidal.operator.core.api import GROUP, LABEL_ISVC, LABEL_POOL, LABEL_ROLE, PLURAL
@@ -24,50 +36,6 @@ def operator_container(docs: list[Doc]) -> Doc:
 
 def port(container: Doc, name: str) -> int:
     return int(next(p["containerPort"] for p in container["ports"] if p["name"] == name))
-
-
-def rule_set(rules: list[Doc]) -> set[tuple[str, str, str]]:
-    """(apiGroup, resource, verb) triples: the order and grouping of rules do not matter."""
-    return {
-        (group, resource, verb)
-        for rule in rules
-        for group in rule["apiGroups"]
-        for resource in rule["resources"]
-        for verb in rule["verbs"]
-    }
-
-
-# What the operator does (operator/shell) and why each right is needed; a change here must be
-# a deliberate change of what the operator does.
-OPERATOR_RIGHTS = {
-    # kopf's watches of InferenceServices and of the labelled children
-    (GROUP, PLURAL, "list"),
-    (GROUP, PLURAL, "watch"),
-    ("apps", "deployments", "list"),
-    ("apps", "deployments", "watch"),
-    ("", "services", "list"),
-    ("", "services", "watch"),
-    ("", "configmaps", "list"),
-    ("", "configmaps", "watch"),
-    ("", "pods", "list"),
-    ("", "pods", "watch"),
-    # kube.py: server-side apply of the children (an apply that creates is authorised as patch)
-    ("apps", "deployments", "patch"),
-    ("", "services", "patch"),
-    ("", "configmaps", "patch"),
-    # the pod-deletion-cost annotation (autoscaler's scale-down choice)
-    ("", "pods", "patch"),
-    # kube.py: status merge patch and core/v1 Events
-    (GROUP, f"{PLURAL}/status", "patch"),
-    ("", "events", "create"),
-    # ownerReferences with blockOwnerDeletion (OwnerReferencesPermissionEnforcement)
-    (GROUP, f"{PLURAL}/finalizers", "update"),
-}
-KOPF_DISCOVERY = {
-    ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
-    ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
-}
-NAMESPACE_DISCOVERY = {("", "namespaces", "list"), ("", "namespaces", "watch")}
 
 
 # -- the chart as a whole --------------------------------------------------------------------

