@@ -456,3 +456,45 @@ def _prometheus_pid(sandbox: Any) -> int:
         if getattr(proc, "name", "") == "prometheus":
             return int(proc.popen.pid)
     raise AssertionError(f"no prometheus process among {[p.name for p in sandbox.processes]}")
+
+
+async def test_arrival_rate_step_freshness(
+    sandbox: Any, namespace: str, model: ModelInfo, prometheus: PrometheusSignals
+) -> None:
+    """A step from idle to a steady rate: when does each path's arrival rate show 80 % of it?"""
+    pods = start_pool(sandbox, namespace, "primary", 1, runtime_config(model))
+    key = PoolKey(namespace, ISVC, "primary")
+    rate = 40.0
+    stop = asyncio.Event()
+    async with new_scrape_session() as session, SignalCollector(prometheus) as collector:
+        assert await infer(session, pod_url(pods[0])) == 200  # the series exist before the step
+        await poll(lambda: _has_pool(prometheus, key), "the pool in Prometheus")
+        await asyncio.sleep(2.0)
+        await collector.observe_pool(key, pods)  # the rate memory's base
+
+        async def load() -> None:
+            sent: list[asyncio.Task[int]] = []
+            while not stop.is_set():
+                sent.append(asyncio.create_task(infer(session, pod_url(pods[0]))))
+                await asyncio.sleep(1.0 / rate)
+            assert set(await asyncio.gather(*sent)) == {200}
+
+        t_step = time.monotonic()
+        loader = asyncio.create_task(load())
+        seen: dict[str, float] = {}
+        try:
+            while len(seen) < 2 and time.monotonic() - t_step < 30:
+                reading = await collector.observe_pool(key, pods)
+                elapsed = time.monotonic() - t_step
+                if (reading.fast.arrival_rate or 0) >= 0.8 * rate:
+                    seen.setdefault("pods", elapsed)
+                if reading.prom is not None and (reading.prom.arrival_rate or 0) >= 0.8 * rate:
+                    seen.setdefault("prometheus", elapsed)
+                await asyncio.sleep(0.1)
+        finally:
+            stop.set()
+            await loader
+    print(f"\nfreshness: arrival-rate step to 80% via {seen}")
+    assert set(seen) == {"pods", "prometheus"}
+    assert seen["pods"] < 1.5  # two scrapes at least 0.5 s apart after the step
+    assert seen["pods"] < seen["prometheus"]
