@@ -32,23 +32,17 @@ from chart_helpers import (
 from kubernetes import client
 
 from tidal.operator.core.api import GROUP, LABEL_ISVC, PLURAL
+from tidal.sandbox.nodeagent import FAKE_LABEL
 from tidal.sandbox.procs import free_port
 from tidal.sandbox.wait import wait_for
 
 pytestmark = pytest.mark.sandbox
 
 PROMETHEUS_OPERATOR_KINDS = {"PodMonitor", "ServiceMonitor"}
-# Where the sandbox schedules pods that should never run (no process, no CPU).
+# Runtime pods go to the sandbox's fake node: scheduled, never run (no process, no CPU).
 FAKE_NODE_PLACEMENT = {
-    "nodeSelector": {"tidal.dev/sandbox-fake": "true"},
-    "tolerations": [
-        {
-            "key": "tidal.dev/sandbox-fake",
-            "operator": "Equal",
-            "value": "true",
-            "effect": "NoSchedule",
-        }
-    ],
+    "nodeSelector": {FAKE_LABEL: "true"},
+    "tolerations": [{"key": FAKE_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
 }
 
 
