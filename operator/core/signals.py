@@ -689,11 +689,15 @@ def observation_from_signals(
         else:
             notes.append(f"queue:stale pods {fast_age:.1f}s")
     if source == "none" and prom is not None and prom.in_flight is not None:
-        if prom_fresh and prom_age is not None:
+        reporting = prom.pods_reporting or 0
+        if not prom_fresh or prom_age is None:
+            notes.append(f"queue:stale prometheus {_fmt_age(prom_age)}")
+        elif reporting < counts.ready_serving:
+            # Prometheus lost pods too: its sum would count them as idle.
+            notes.append(f"queue:prometheus has {reporting}/{counts.ready_serving} pods")
+        else:
             queue, rate, source = prom.in_flight, prom.arrival_rate, "prometheus"
             ages.append(prom_age)
-        else:
-            notes.append(f"queue:stale prometheus {_fmt_age(prom_age)}")
     if source == "none" and counts.ready_serving == 0:
         # Nothing serves, so nothing can be queued: an empty pool's queue is known to be zero.
         queue, rate, source = 0.0, 0.0, "pods"

@@ -405,7 +405,12 @@ def fast_at(at: float, in_flight: float | None = 6.0, rate: float | None = 20.0)
 
 
 def prom_at(queried_at: float, age: float | None = 0.5, **kw: Any) -> PromPoolSignals:
-    values: dict[str, Any] = {"p99_hot_ms": 30.0, "in_flight": 4.0, "arrival_rate": 15.0}
+    values: dict[str, Any] = {
+        "p99_hot_ms": 30.0,
+        "in_flight": 4.0,
+        "arrival_rate": 15.0,
+        "pods_reporting": 2,
+    }
     values.update(kw)
     return PromPoolSignals(KEY, queried_at, age_seconds=age, **values)
 
@@ -419,6 +424,17 @@ def prom_at(queried_at: float, age: float | None = 0.5, **kw: Any) -> PromPoolSi
         (fast_at(90.0), prom_at(99.5), 4.0, 15.0, 30.0, "prometheus", 1.0, "queue:stale pods"),
         # Pods missing too many: Prometheus.
         (fast_at(99.8, None), prom_at(99.5), 4.0, 15.0, 30.0, "prometheus", 1.0, None),
+        # Pods missing, and Prometheus lost one of the two serving pods as well: no sum of zeros.
+        (
+            fast_at(99.8, None),
+            prom_at(99.5, pods_reporting=1),
+            None,
+            None,
+            30.0,
+            "none",
+            1.0,
+            "queue:prometheus has 1/2 pods",
+        ),
         # Prometheus stale: P99 dropped, queue from pods still drives the decision.
         (fast_at(99.8), prom_at(99.5, age=9.0), 6.0, 20.0, None, "pods", 0.2, "p99:stale 9.5s"),
         # Prometheus down.
