@@ -5,7 +5,9 @@ installs the CRD, starts ``tidal-operator`` for one namespace, creates N Inferen
 once and measures
 
 * the time from the first create until every InferenceService reports Ready (and the time
-  until the operator had written every child, which does not wait for the pods);
+  until the operator had written every child, which does not wait for the pods), and per
+  service the time from its creation to its Ready condition (P50/P99, one-second resolution:
+  the API server's timestamps);
 * reconcile duration P50/P99 (from the operator's histogram, interpolated within buckets);
 * Kubernetes API requests per reconcile (the operator's own requests; watches excluded), both
   while converging and in a quiet period afterwards (a level-triggered operator that re-applies
@@ -26,6 +28,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +80,18 @@ def scrape(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:
     return out
 
 
+Metrics = dict[str, list[tuple[dict[str, str], float]]]
+
+
+def minus(after: Metrics, before: Metrics) -> Metrics:
+    """Counters and histogram buckets accumulated between two scrapes."""
+    earlier = {(n, tuple(sorted(lab.items()))): v for n, rows in before.items() for lab, v in rows}
+    return {
+        name: [(lab, v - earlier.get((name, tuple(sorted(lab.items()))), 0.0)) for lab, v in rows]
+        for name, rows in after.items()
+    }
+
+
 def total(metrics: dict[str, list[tuple[dict[str, str], float]]], name: str) -> float:
     return sum(v for _, v in metrics.get(name, []))
 
@@ -98,6 +113,16 @@ def quantile(metrics: dict[str, list[tuple[dict[str, str], float]]], name: str, 
             return prev_le + (le - prev_le) * ((rank - prev_count) / width if width else 0.0)
         prev_le, prev_count = le, cum
     return prev_le
+
+
+def _seconds_to_ready(item: dict[str, Any]) -> float | None:
+    """creationTimestamp -> Ready's lastTransitionTime (both with one-second resolution)."""
+    created = datetime.fromisoformat(item["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
+    for cond in (item.get("status") or {}).get("conditions", []):
+        if cond["type"] == "Ready" and cond["status"] == "True":
+            ready = datetime.fromisoformat(cond["lastTransitionTime"].replace("Z", "+00:00"))
+            return (ready - created).total_seconds()
+    return None
 
 
 def rss_kib(pid: int) -> tuple[int, int]:
@@ -153,6 +178,27 @@ def main(argv: list[str] | None = None) -> int:
         )
         try:
             wait_for(lambda: scrape(metrics_port), timeout=30, what="operator metrics")
+            # Warm-up: one service through to Ready, so the measurement starts with the
+            # operator's watches running (kopf needs a few seconds to start them).
+            sb.kubectl("apply", "-f", "-", input=yaml.safe_dump(service("warmup")))
+            wait_for(
+                lambda: (
+                    "True"
+                    in sb.kubectl(
+                        "get",
+                        "inferenceservice",
+                        "warmup",
+                        "-n",
+                        NAMESPACE,
+                        "-o",
+                        'jsonpath={.status.conditions[?(@.type=="Ready")].status}',
+                    ).stdout
+                ),
+                timeout=120,
+                what="warm-up service Ready",
+            )
+            time.sleep(1.0)
+            baseline = scrape(metrics_port)
             idle_rss, _ = rss_kib(operator.pid)
             names = [f"svc-{i:04d}" for i in range(args.services)]
             manifest = yaml.safe_dump_all([service(n) for n in names])
@@ -181,14 +227,22 @@ def main(argv: list[str] | None = None) -> int:
                         for c in (i.get("status") or {}).get("conditions", [])
                     )
                 ]
-                return len(ready) == args.services
+                return len(ready) == args.services + 1  # and the warm-up service
 
             wait_for(progress, timeout=900, interval=0.5, what="all InferenceServices Ready")
             all_ready = time.monotonic() - started
-            converge = scrape(metrics_port)
+            items = json.loads(
+                sb.kubectl("get", "inferenceservices", "-n", NAMESPACE, "-o", "json").stdout
+            )["items"]
+            to_ready = sorted(
+                t
+                for i in items
+                if i["metadata"]["name"] != "warmup" and (t := _seconds_to_ready(i)) is not None
+            )
+            converge = minus(scrape(metrics_port), baseline)
             rss_ready, _ = rss_kib(operator.pid)
             time.sleep(args.quiet_seconds)
-            quiet = scrape(metrics_port)
+            quiet = minus(scrape(metrics_port), baseline)
             rss_now, rss_peak = rss_kib(operator.pid)
         finally:
             operator.send_signal(signal.SIGTERM)
@@ -218,6 +272,10 @@ def main(argv: list[str] | None = None) -> int:
         "create_seconds": round(created, 2),
         "children_written_seconds": round(children_done, 2) if children_done else None,
         "all_ready_seconds": round(all_ready, 2),
+        "create_to_ready_p50_s": to_ready[len(to_ready) // 2] if to_ready else None,
+        "create_to_ready_p99_s": to_ready[min(len(to_ready) - 1, int(0.99 * len(to_ready)))]
+        if to_ready
+        else None,
         "reconciles": int(total(converge, "tidal_operator_reconciles_total")),
         "reconciles_per_service": round(
             total(converge, "tidal_operator_reconciles_total") / args.services, 2

@@ -69,6 +69,9 @@ async def on_startup_configure(settings: kopf.OperatorSettings, **_: Any) -> Non
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.batching.idle_timeout = 60.0
+    # Our handlers only record state and enqueue; coalescing happens in the work queue, so
+    # kopf need not hold events back (its default window is 0.1 s per object).
+    settings.batching.batch_window = 0.01
     settings.networking.request_timeout = 60.0
     kube = Kube.from_environment()
     RUNTIME.reconciler = Reconciler(kube=kube, store=RUNTIME.store)

@@ -13,11 +13,13 @@ them: the operator is the authority for those.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -82,13 +84,26 @@ def load_client_config() -> client.Configuration:
 
 @dataclass
 class Kube:
-    """Thin async facade over one ``kubernetes`` ApiClient."""
+    """Thin async facade over one ``kubernetes`` ApiClient.
+
+    Requests run on a thread pool of their own (sized like the connection pool), so a burst of
+    applies and Events neither waits behind nor starves the loop's default executor.
+    """
 
     api: client.ApiClient
+    threads: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(32, thread_name_prefix="kube")
+    )
 
     @classmethod
     def from_environment(cls) -> Kube:
         return cls(client.ApiClient(load_client_config()))
+
+    async def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self.threads, functools.partial(self._request, method, path, **kwargs)
+        )
 
     def _request(
         self,
@@ -129,8 +144,7 @@ class Kube:
         )
         what = f"apply {obj['kind']} {meta['namespace']}/{meta['name']}"
         try:
-            return await asyncio.to_thread(
-                self._request,
+            return await self._call(
                 "PATCH",
                 path,
                 resource=str(obj["kind"]).lower(),
@@ -149,8 +163,7 @@ class Kube:
         """
         path = f"/apis/{API_VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status"
         try:
-            await asyncio.to_thread(
-                self._request,
+            await self._call(
                 "PATCH",
                 path,
                 resource="inferenceservices/status",
@@ -187,8 +200,7 @@ class Kube:
             "count": 1,
         }
         try:
-            await asyncio.to_thread(
-                self._request,
+            await self._call(
                 "POST",
                 f"/api/v1/namespaces/{meta['namespace']}/events",
                 resource="events",
