@@ -121,8 +121,6 @@ OPERATOR_RIGHTS = {
     ("apps", "deployments", "create"),
     ("", "services", "create"),
     ("", "configmaps", "create"),
-    # the pod-deletion-cost annotation (autoscaler's scale-down choice)
-    ("", "pods", "patch"),
     # kube.py: status merge patch and core/v1 Events
     (GROUP, f"{PLURAL}/status", "patch"),
     ("", "events", "create"),

@@ -267,6 +267,7 @@ def test_cluster_wide_rbac_allows_exactly_the_operator_rights(
             ("", "secrets", "list"),
             ("apps", "deployments", "delete"),
             ("", "pods", "delete"),
+            ("", "pods", "patch"),
             ("", "pods", "create"),
             (GROUP, PLURAL, "update"),
             (GROUP, PLURAL, "patch"),

@@ -60,8 +60,9 @@ The operator's own API rights, derived from operator/shell (see charts/README.md
     subresource and creates core/v1 Events;
   - children carry an ownerReference with blockOwnerDeletion, which clusters running the
     OwnerReferencesPermissionEnforcement admission plugin authorise as an update of the
-    owner's finalizers subresource;
-  - pods are patched for the pod-deletion-cost annotation (the autoscaler's scale-down choice).
+    owner's finalizers subresource.
+Pods are only watched (status follows them); when the operator starts writing the
+pod-deletion-cost annotation it needs "patch" on pods too (and tests/charts/chart_helpers.py).
 Nothing is ever deleted by the operator: children go with their owner (garbage collector).
 */}}
 {{- define "tidal.operatorRules" -}}
@@ -82,7 +83,7 @@ Nothing is ever deleted by the operator: children go with their owner (garbage c
   verbs: ["list", "watch", "create", "patch"]
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list", "watch", "patch"]
+  verbs: ["list", "watch"]
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
