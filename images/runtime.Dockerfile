@@ -50,4 +50,7 @@ WORKDIR /home/tidal
 # runtime's cache_dir): mount a volume there for a cache that outlives the pod.
 USER 65532:65532
 EXPOSE 8080
+# Runtime pods set `command: [tidal-runtime]` themselves, so NVIDIA's entrypoint script (banner,
+# CUDA forward-compatibility setup) is bypassed there too: run hosts whose driver supports the
+# image's CUDA release.
 ENTRYPOINT ["tidal-runtime"]
