@@ -5,12 +5,12 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test venv sandbox-binaries lint unit crds bench clean
+.PHONY: demo test venv sandbox-binaries helm lint unit crds bench clean
 
 demo: venv sandbox-binaries
 	$(BIN)/python -m tidal.sandbox demo
 
-test: venv sandbox-binaries lint
+test: venv sandbox-binaries helm lint
 	$(BIN)/pytest
 
 venv: $(VENV)/.installed
@@ -25,6 +25,10 @@ $(VENV)/.installed: pyproject.toml
 sandbox-binaries:
 	bash e2e/sandbox/build-binaries.sh
 
+# Helm v4 from the Go module proxy, for the chart's tests.
+helm:
+	bash e2e/helm/build-helm.sh >/dev/null
+
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -34,9 +38,15 @@ lint: venv
 # Regenerate crds/ from the pydantic models (a test fails when they drift).
 crds: venv
 	$(BIN)/python -m tidal.operator.crdgen crds/
+	cp crds/*.yaml charts/tidal/crds/
 
 unit: venv
 	$(BIN)/pytest -m "not sandbox"
+
+# Benchmarks: each prints ratios against a baseline measured in the same run.
+bench: venv
+	$(BIN)/python bench/autoscale_sim.py
+	$(BIN)/python bench/runtime_bench.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

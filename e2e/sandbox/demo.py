@@ -1,88 +1,412 @@
-"""The foundation demo: a sandbox, a two-replica Deployment, traffic through its EndpointSlice."""
+"""``make demo``: tidal end to end on the local sandbox, no GPU needed.
+
+1. start the sandbox (real control plane, node agent, Prometheus) and the tidal operator;
+2. generate an ONNX model and apply an InferenceService with a primary and a baseline pool;
+3. send steady traffic, then a 5x surge: the autoscaler scales the serving pool, new replicas
+   get traffic only once warm;
+4. roll out a bad primary (its runtime adds latency): the SLO is breached, traffic flips to the
+   warm baseline, the flip is recorded (RolledBack condition, Event);
+5. print a summary of the measured times and write a plot to ``out/demo.png``.
+
+A live table shows replicas per pool, queue depth, P99 and the active pool while it runs.
+"""
 
 from __future__ import annotations
 
-import collections
+import asyncio
+import contextlib
 import json
-import signal
+import math
+import os
+import subprocess
+import sys
 import threading
 import time
-import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
-from rich.console import Console
+from rich.console import Console, Group
+from rich.live import Live
+from rich.panel import Panel
 from rich.table import Table
 
 from tidal.sandbox.cluster import Sandbox, SandboxConfig
-from tidal.sandbox.endpoints import ready_endpoints
-from tidal.sandbox.manifests import echo_deployment, service
+from tidal.sandbox.loadgen import LoadGenerator, LoadReport, percentile
 from tidal.sandbox.wait import wait_for
 
+REPO = Path(__file__).resolve().parents[2]
+NAMESPACE = "demo"
+NAME = "classifier"
 
-def run_demo(keep: bool = False) -> int:
+# The scenario's clock (seconds after the load starts).
+BASE_RPS, SURGE_RPS = 30.0, 150.0
+SURGE_AT, SURGE_END = 20.0, 60.0
+BAD_ROLLOUT_AT = 70.0
+MAX_DURATION = 150.0
+ADDED_LATENCY_MS = 40  # every replica: a stand-in for a heavier model's compute time
+BAD_LATENCY_MS = 160  # the bad rollout's primary
+SLO_P99_MS = 120
+SLO_FOR_SECONDS = 5
+
+
+def rate(t: float) -> float:
+    return SURGE_RPS if SURGE_AT <= t < SURGE_END else BASE_RPS
+
+
+def inference_service(model_uri: str, sha256: str) -> dict[str, Any]:
+    model = {
+        "name": NAME,
+        "engines": [{"uri": model_uri, "sha256": sha256, "backend": "onnxruntime"}],
+        "maxBatchSize": 16,
+        "batching": {"maxQueueDelayMs": 2, "preferredBatchSizes": [8, 16]},
+        "warmup": {"batchSizes": [1, 16], "iterations": 2},
+    }
+
+    def runtime(latency_ms: int) -> dict[str, Any]:
+        return {
+            "backend": "onnxruntime",
+            "image": "ghcr.io/tidal-serving/runtime:0.1.0",
+            "env": [
+                {"name": "TIDAL_FAULT_ADDED_LATENCY_MS", "value": str(latency_ms)},
+                # A few seconds of warm-up, as a real engine load would take.
+                {"name": "TIDAL_FAULT_EXTRA_WARMUP_SECONDS", "value": "3"},
+            ],
+        }
+
+    return {
+        "apiVersion": "serving.tidal.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": NAME, "namespace": NAMESPACE},
+        "spec": {
+            "runtime": runtime(ADDED_LATENCY_MS),
+            "models": [model],
+            "autoscaling": {
+                "minReplicas": 1,
+                "maxReplicas": 6,
+                "targetQueueDepth": 2,
+                "targetP99Ms": 100,
+                "standbyReplicas": 1,
+                "scaleDownDelaySeconds": 30,
+            },
+            "rollout": {
+                "baseline": {
+                    "runtime": runtime(ADDED_LATENCY_MS),
+                    "models": [model],
+                    "minReplicas": 1,
+                },
+                "slo": {"p99Ms": SLO_P99_MS, "errorRate": 0.05, "for": f"{SLO_FOR_SECONDS}s"},
+                "onBreach": "rollback",
+                "activePool": "auto",
+            },
+        },
+    }
+
+
+@dataclass
+class Frame:
+    t: float
+    rps: float
+    p99_ms: float
+    failures: int
+    active: str
+    pools: dict[str, dict[str, int]]
+    queue: float | None
+    decision: str
+    rolled_back: bool
+
+
+@dataclass
+class Timeline:
+    frames: list[Frame] = field(default_factory=list)
+    marks: dict[str, float] = field(default_factory=dict)
+
+    def mark(self, what: str, t: float) -> None:
+        self.marks.setdefault(what, t)
+
+
+def _status(sb: Sandbox) -> dict[str, Any]:
+    out = sb.kubectl("-n", NAMESPACE, "get", "inferenceservice", NAME, "-o", "json", check=False)
+    if out.returncode != 0:
+        return {}
+    return dict(json.loads(out.stdout).get("status") or {})
+
+
+def _condition(status: dict[str, Any], ctype: str) -> dict[str, Any]:
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == ctype:
+            return dict(cond)
+    return {}
+
+
+def _view(frame: Frame | None, events: list[str]) -> Group:
+    table = Table(title="tidal demo — InferenceService demo/classifier", expand=True)
+    for col in ("t (s)", "load rps", "P99 ms", "failed", "active pool", "queue"):
+        table.add_column(col, justify="right")
+    pools = Table(expand=True)
+    for col in ("pool", "desired", "ready", "warming", "standby"):
+        pools.add_column(col, justify="right")
+    if frame is not None:
+        p99 = "—" if math.isnan(frame.p99_ms) else f"{frame.p99_ms:.0f}"
+        queue = "—" if frame.queue is None else f"{frame.queue:.1f}"
+        table.add_row(
+            f"{frame.t:.0f}",
+            f"{frame.rps:.0f}",
+            p99,
+            str(frame.failures),
+            frame.active + (" (rolled back)" if frame.rolled_back else ""),
+            queue,
+        )
+        for pool, counts in sorted(frame.pools.items()):
+            pools.add_row(
+                pool, *(str(counts.get(k, 0)) for k in ("desired", "ready", "warming", "standby"))
+            )
+    decision = Panel(frame.decision if frame else "…", title="last decision")
+    log = Panel("\n".join(events[-6:]) or "…", title="what happened")
+    return Group(table, pools, decision, log)
+
+
+def _plot(timeline: Timeline, report: LoadReport, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_load, ax_lat, ax_rep) = plt.subplots(3, 1, figsize=(10, 9), sharex=True)
+    ts = [f.t for f in timeline.frames]
+    ax_load.plot(ts, [f.rps for f in timeline.frames], label="requests/s sent")
+    ax_load.set_ylabel("requests/s")
+    seconds = range(int(max(ts, default=0)) + 1)
+    p99 = [
+        percentile([s.latency * 1000 for s in report.window(t - 2, t) if s.ok], 0.99)
+        for t in seconds
+    ]
+    ax_lat.plot(list(seconds), p99, label="P99 (2 s window), ms", color="tab:red")
+    ax_lat.axhline(SLO_P99_MS, color="gray", linestyle="--", label="SLO P99")
+    ax_lat.set_ylabel("ms")
+    for pool, color in (("primary", "tab:blue"), ("baseline", "tab:green")):
+        ax_rep.step(
+            ts,
+            [f.pools.get(pool, {}).get("ready", 0) for f in timeline.frames],
+            where="post",
+            color=color,
+            label=f"{pool} ready",
+        )
+        ax_rep.step(
+            ts,
+            [f.pools.get(pool, {}).get("desired", 0) for f in timeline.frames],
+            where="post",
+            color=color,
+            linestyle=":",
+            label=f"{pool} desired",
+        )
+    ax_rep.set_ylabel("replicas")
+    ax_rep.set_xlabel("seconds since the load started")
+    for what, t in timeline.marks.items():
+        for ax in (ax_load, ax_lat, ax_rep):
+            ax.axvline(t, color="black", alpha=0.25)
+        ax_load.annotate(what, (t, ax_load.get_ylim()[1]), rotation=90, va="top", fontsize=8)
+    for ax in (ax_load, ax_lat, ax_rep):
+        ax.legend(loc="upper left", fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.suptitle("tidal on the sandbox: surge, scale-up, bad rollout, rollback")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def run_demo(keep: bool = False, out_dir: Path | None = None) -> int:
     console = Console()
-    console.rule("[bold]tidal sandbox demo")
+    out_dir = out_dir or REPO / "out"
+    console.rule("[bold]tidal demo")
     with console.status(
-        "starting etcd, kube-apiserver, controller-manager, scheduler, node agent, Prometheus…"
+        "starting the sandbox: etcd, kube-apiserver, controller-manager, scheduler, "
+        "node agent, Prometheus…"
     ):
-        sb = Sandbox(SandboxConfig(keep_state=keep)).start()
+        sb = Sandbox(SandboxConfig(nodes=2, gpus_per_node=2, keep_state=keep)).start()
+    operator: subprocess.Popen[bytes] | None = None
     try:
         console.print(
-            f"sandbox up in [bold]{sb.started_seconds:.1f}s[/] — kubeconfig {sb.kubeconfig}"
+            f"sandbox up in [bold]{sb.started_seconds:.1f}s[/] — export KUBECONFIG={sb.kubeconfig}"
         )
-        console.print(sb.kubectl("get", "nodes", "-o", "wide").stdout)
-        sb.kubectl("create", "namespace", "demo")
-        wait_for(
-            lambda: sb.kubectl("-n", "demo", "get", "sa", "default", check=False).returncode == 0,
-            what="default service account",
+        from tidal.runtime.modelgen import write_mlp
+
+        info = write_mlp(sb.state_dir / "models" / "classifier.onnx", hidden=256, seed=1)
+        console.print(
+            f"generated ONNX model {info.path} "
+            f"({info.size_bytes} bytes, sha256 {info.sha256[:12]}…)"
         )
-        manifests = [echo_deployment("echo", replicas=2), service("echo")]
+        sb.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
         sb.kubectl(
-            "-n", "demo", "apply", "-f", "-", input="\n---\n".join(json.dumps(m) for m in manifests)
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/inferenceservices.serving.tidal.dev",
         )
-        t0 = time.monotonic()
-        with console.status("waiting for both pods to be ready in the EndpointSlice…"):
-            api = sb.api_client()
-
-            def two_ready() -> list[tuple[str, int]]:
-                eps = ready_endpoints(api, "demo", "echo")
-                return eps if len(eps) == 2 else []
-
-            endpoints = wait_for(
-                two_ready,
-                timeout=60,
-                what="2 ready endpoints",
+        sb.kubectl("create", "namespace", NAMESPACE)
+        log_path = sb.state_dir / "logs" / "tidal-operator.log"
+        operator = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tidal.operator",
+                "--namespace",
+                NAMESPACE,
+                "--log-format",
+                "plain",
+            ],
+            env={**sb.env, "PYTHONUNBUFFERED": "1"},
+            stdout=open(log_path, "wb"),  # noqa: SIM115 - lives as long as the process
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        console.print(f"tidal-operator started (log: {log_path})")
+        wait_for(
+            lambda: (
+                sb.kubectl("-n", NAMESPACE, "get", "sa", "default", check=False).returncode == 0
+            ),
+            what="namespace ready",
+        )
+        isvc = inference_service(info.uri, info.sha256)
+        sb.kubectl("apply", "-f", "-", input=json.dumps(isvc))
+        t_apply = time.monotonic()
+        with console.status(
+            "waiting for the InferenceService to be Ready (models loaded and warmed)…"
+        ):
+            wait_for(
+                lambda: _condition(_status(sb), "Ready").get("status") == "True",
+                timeout=180,
+                interval=0.5,
+                what="InferenceService Ready",
             )
-        console.print(
-            f"EndpointSlice lists 2 ready pods after {time.monotonic() - t0:.1f}s: {endpoints}"
-        )
-        console.print(sb.kubectl("-n", "demo", "get", "pods", "-o", "wide").stdout)
-        answers: collections.Counter[str] = collections.Counter()
-        latencies = []
-        for i in range(40):
-            ip, port = endpoints[i % len(endpoints)]
-            t = time.perf_counter()
-            with urllib.request.urlopen(f"http://{ip}:{port}/", timeout=5) as resp:
-                answers[json.loads(resp.read())["pod"]] += 1
-            latencies.append((time.perf_counter() - t) * 1000)
-        table = Table(title="40 requests through the Service's EndpointSlice")
-        table.add_column("pod")
-        table.add_column("answers", justify="right")
-        for pod, n in sorted(answers.items()):
-            table.add_row(pod, str(n))
-        console.print(table)
-        latencies.sort()
-        console.print(
-            f"latency p50 {latencies[len(latencies) // 2]:.2f} ms, max {latencies[-1]:.2f} ms"
-        )
+        console.print(f"InferenceService Ready after {time.monotonic() - t_apply:.1f}s")
+        console.print(sb.kubectl("-n", NAMESPACE, "get", "inferenceservice", NAME).stdout)
+        summary = _drive(sb, console, isvc, out_dir)
         if keep:
-            console.print(f"\nthe sandbox keeps running: export KUBECONFIG={sb.kubeconfig}")
-            console.print("press Ctrl-C to stop it")
-            stop = threading.Event()
-            signal.signal(signal.SIGINT, lambda *_: stop.set())
-            signal.signal(signal.SIGTERM, lambda *_: stop.set())
-            stop.wait()
+            console.print(
+                f"\nthe sandbox keeps running: export KUBECONFIG={sb.kubeconfig}; Ctrl-C stops it"
+            )
+            with contextlib.suppress(KeyboardInterrupt):
+                while True:
+                    time.sleep(1)
+        return 0 if summary.get("failed_requests", 1) == 0 or summary.get("rolled_back") else 1
     finally:
+        if operator is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(operator.pid, 15)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                operator.wait(timeout=15)
         with console.status("stopping the sandbox…"):
             sb.stop()
-    console.print("[green]demo finished[/]")
-    return 0
+
+
+def _drive(sb: Sandbox, console: Console, isvc: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+    timeline = Timeline()
+    events: list[str] = []
+    t0 = time.monotonic()
+    api = sb.api_client()
+    loadgen = LoadGenerator(
+        api,
+        NAMESPACE,
+        NAME,
+        NAME,
+        {"inputs": [{"name": "input", "shape": [1, 16], "datatype": "FP32", "data": [0.5] * 16}]},
+        rate,
+        timeout=10.0,
+        max_in_flight=400,
+    )
+    stop_at = [MAX_DURATION]
+    result: dict[str, LoadReport] = {}
+
+    def run_load() -> None:
+        result["report"] = asyncio.run(loadgen.run_until(lambda t: t >= stop_at[0]))
+
+    thread = threading.Thread(target=run_load, daemon=True)
+    thread.start()
+    bad_applied = False
+    last_decision = ""
+    with Live(_view(None, events), console=console, refresh_per_second=2) as live:
+        while thread.is_alive():
+            t = time.monotonic() - t0
+            status = _status(sb)
+            report = loadgen.report
+            window = report.window(t - 2, t)
+            decision = (status.get("lastDecision") or {}).get("reason", "")
+            rolled = _condition(status, "RolledBack").get("status") == "True"
+            metrics = status.get("metrics") or {}
+            frame = Frame(
+                t=t,
+                rps=rate(t),
+                p99_ms=percentile([s.latency * 1000 for s in window if s.ok], 0.99),
+                failures=len(report.failures()),
+                active=str(status.get("activePool", "?")),
+                pools={k: dict(v) for k, v in (status.get("pools") or {}).items()},
+                queue=metrics.get("queueDepth"),
+                decision=decision or "…",
+                rolled_back=rolled,
+            )
+            timeline.frames.append(frame)
+            if decision and decision != last_decision:
+                events.append(f"{t:5.1f}s  decision: {decision}")
+                last_decision = decision
+                if t >= SURGE_AT and (
+                    "surge" in decision or "scale-up" in decision or "p99" in decision
+                ):
+                    timeline.mark("scale-up decided", t)
+            primary = frame.pools.get("primary", {})
+            if t >= SURGE_AT:
+                timeline.mark("surge", SURGE_AT)
+                warm = primary.get("ready", 0) + primary.get("standby", 0)
+                if "scale-up decided" in timeline.marks and warm >= max(
+                    2, primary.get("desired", 0)
+                ):
+                    timeline.mark("warm capacity", t)
+            if t >= BAD_ROLLOUT_AT and not bad_applied:
+                bad = json.loads(json.dumps(isvc))
+                bad["spec"]["runtime"]["env"][0]["value"] = str(BAD_LATENCY_MS)
+                sb.kubectl("apply", "-f", "-", input=json.dumps(bad))
+                bad_applied = True
+                timeline.mark("bad rollout", t)
+                events.append(
+                    f"{t:5.1f}s  applied a bad primary (+{BAD_LATENCY_MS} ms per request)"
+                )
+            if rolled and "rolled back" not in timeline.marks:
+                timeline.mark("rolled back", t)
+                events.append(
+                    f"{t:5.1f}s  RolledBack: {_condition(status, 'RolledBack').get('message', '')}"
+                )
+                stop_at[0] = min(stop_at[0], t + 10)
+            live.update(_view(frame, events))
+            time.sleep(0.5)
+    thread.join()
+    report = result["report"]
+    png = out_dir / "demo.png"
+    _plot(timeline, report, png)
+    marks = timeline.marks
+    summary = {
+        "requests": len(report.samples),
+        "failed_requests": len(report.failures()),
+        "surge_to_decision_s": _diff(marks, "surge", "scale-up decided"),
+        "surge_to_warm_capacity_s": _diff(marks, "surge", "warm capacity"),
+        "bad_rollout_to_flip_s": _diff(marks, "bad rollout", "rolled back"),
+        "slo_window_s": SLO_FOR_SECONDS,
+        "rolled_back": "rolled back" in marks,
+        "p99_before_surge_ms": report.p99(5, SURGE_AT) * 1000,
+        "p99_during_surge_ms": report.p99(SURGE_AT, SURGE_END) * 1000,
+        "plot": str(png),
+    }
+    (out_dir / "demo-summary.json").write_text(json.dumps(summary, indent=2))
+    table = Table(title="demo summary (measured in this run)")
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    for key, value in summary.items():
+        table.add_row(key, f"{value:.2f}" if isinstance(value, float) else str(value))
+    console.print(table)
+    console.print(f"plot written to [bold]{png}[/]")
+    return summary
+
+
+def _diff(marks: dict[str, float], start: str, end: str) -> float | None:
+    if start in marks and end in marks:
+        return round(marks[end] - marks[start], 2)
+    return None

@@ -160,6 +160,11 @@ class LoadGenerator:
         self.report.samples.append(Sample(sent, wall, latency, status, endpoint, error))
 
     async def run(self, duration: float) -> LoadReport:
+        """Send load for ``duration`` seconds, then wait for the answers."""
+        return await self.run_until(lambda t: t >= duration)
+
+    async def run_until(self, done: Callable[[float], bool]) -> LoadReport:
+        """Send load until ``done(seconds since start)`` is true, then wait for the answers."""
         t0 = time.monotonic()
         self.watcher.start(t0)
         timeout = aiohttp.ClientTimeout(total=self.timeout)
@@ -171,7 +176,7 @@ class LoadGenerator:
                 due = 0.0  # fractional arrivals carried between steps
                 step = 0.005
                 now = 0.0
-                while now < duration:
+                while not done(now):
                     due += self.rate(now) * step
                     while due >= 1.0:
                         due -= 1.0
