@@ -615,7 +615,6 @@ class PodRunner(threading.Thread):
             "podIP": self.ip,
             "podIPs": [{"ip": self.ip}],
             "startTime": self.start_time,
-            "qosClass": "BestEffort",
             "conditions": [
                 self._condition("PodReadyToStartContainers", True),
                 self._condition("Initialized", True),
