@@ -8,6 +8,8 @@ flag                        environment                          default
 ``--namespace NS`` (many)   ``TIDAL_OPERATOR_NAMESPACES`` (a,b)  cluster-wide
 ``--workers N``             ``TIDAL_OPERATOR_WORKERS``           4
 ``--resync-seconds S``      ``TIDAL_OPERATOR_RESYNC_SECONDS``    300
+``--tick-seconds S``        ``TIDAL_OPERATOR_TICK_SECONDS``      1 (control loop, <= 1)
+``--prometheus-url URL``    ``TIDAL_PROMETHEUS_URL``             none: pod scrapes only
 ``--metrics-port P``        ``TIDAL_OPERATOR_METRICS_PORT``      8081 (0: off)
 ``--health-port P``         ``TIDAL_OPERATOR_HEALTH_PORT``       8082 (0: off) ``/healthz``
 ``--bind-address A``        ``TIDAL_OPERATOR_BIND_ADDRESS``      0.0.0.0
@@ -55,6 +57,17 @@ def parse_args(argv: list[str] | None, env: Mapping[str, str]) -> argparse.Names
         help="re-apply every child this often even without events",
     )
     p.add_argument(
+        "--tick-seconds",
+        type=float,
+        default=float(env.get("TIDAL_OPERATOR_TICK_SECONDS", "") or 1.0),
+        help="control loop period per InferenceService (at most 1)",
+    )
+    p.add_argument(
+        "--prometheus-url",
+        default=env.get("TIDAL_PROMETHEUS_URL", "") or None,
+        help="Prometheus for latency, error and cold-start signals; unset: pod scrapes only",
+    )
+    p.add_argument(
         "--metrics-port", type=int, default=_env_int(env, "TIDAL_OPERATOR_METRICS_PORT", 8081)
     )
     p.add_argument(
@@ -90,8 +103,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     # kopf logs every watch event at debug level; keep its chatter out of info logs.
     logging.getLogger("kopf.objects").setLevel(logging.DEBUG if args.debug else logging.WARNING)
+    if not 0 < args.tick_seconds <= 1:
+        raise SystemExit("--tick-seconds must be in (0, 1]")
+    matchers = (
+        'namespace=~"' + "|".join(sorted(set(args.namespaces))) + '"' if args.namespaces else ""
+    )
     handlers.configure(
-        handlers.OperatorSettings(workers=args.workers, resync_seconds=args.resync_seconds)
+        handlers.OperatorSettings(
+            workers=args.workers,
+            resync_seconds=args.resync_seconds,
+            tick_seconds=args.tick_seconds,
+            prometheus_url=args.prometheus_url,
+            prometheus_matchers=matchers,
+        )
     )
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.bind_address)

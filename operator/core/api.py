@@ -880,22 +880,71 @@ class PoolStatus(ApiModel):
     warming: int = Field(default=0, ge=0, description="Pods loading or warming their models.")
     standby: int = Field(default=0, ge=0, description="Ready pods held out of the Service.")
     updated: int = Field(default=0, ge=0, description="Pods running the current template.")
+    metrics: ServiceMetrics | None = Field(default=None, description="Latest signals.")
 
 
 class ServiceMetrics(ApiModel):
-    """Latest metrics the operator read from Prometheus."""
+    """Latest signals of one pool: pod scrapes for the queue, Prometheus for the rest."""
 
-    queue_depth: float | None = Field(default=None, description="In-flight+queued per replica.")
+    queue_depth: float | None = Field(
+        default=None, description="In-flight plus queued requests of the pool's serving pods."
+    )
+    arrival_rate: float | None = Field(default=None, description="Requests per second.")
     p99_hot_ms: float | None = Field(default=None, description="Hot-path P99 latency, ms.")
     p99_cold_ms: float | None = Field(default=None, description="Cold-start P99 latency, ms.")
     error_rate: float | None = Field(default=None, description="Fraction of failed requests.")
+    requests: int | None = Field(
+        default=None, ge=0, description="Requests behind p99HotMs and errorRate (their window)."
+    )
+    queue_source: str | None = Field(
+        default=None,
+        max_length=32,
+        description="Where the queue depth came from: pods, prometheus or none.",
+    )
 
 
 class Decision(ApiModel):
     """The operator's last scaling or rollout decision."""
 
-    reason: str = Field(max_length=1024, description="Why, e.g. panic:queue.")
+    reason: str = Field(max_length=1024, description="Why, e.g. surge:queue.")
     at: str = Field(description="When (RFC 3339).", json_schema_extra={"format": "date-time"})
+    pool: str | None = Field(default=None, max_length=16, description="Pool it was made for.")
+    desired_replicas: int | None = Field(
+        default=None, ge=0, description="Serving replicas asked for by this decision."
+    )
+    standby_replicas: int | None = Field(
+        default=None, ge=0, description="Standby replicas asked for by this decision."
+    )
+    inputs: dict[str, float] = Field(
+        default_factory=dict,
+        max_length=32,
+        description="The numbers the decision was made from (counts, queue, rates, P99).",
+    )
+
+
+class RolloutStatus(ApiModel):
+    """Where the two-pool traffic logic stands (present when spec.rollout.baseline is set)."""
+
+    phase: str = Field(
+        default="Stable",
+        max_length=32,
+        description="Stable, Preparing, RolledBack, Progressing or Pinned.",
+    )
+    traffic: str = Field(
+        default="primary",
+        max_length=16,
+        description="What the Service selects: primary, baseline or split.",
+    )
+    primary_traffic_percent: float = Field(
+        default=100.0, ge=0, le=100, description="Primary's share by ready replica proportion."
+    )
+    step: int | None = Field(default=None, ge=0, description="Index of the rollout step.")
+    reason: str = Field(default="", max_length=2048, description="The last rollout decision.")
+    state: str = Field(
+        default="",
+        max_length=65536,
+        description="The rollout planner's state as JSON, so a restarted operator resumes.",
+    )
 
 
 class InferenceServiceStatus(ApiModel):
@@ -930,6 +979,9 @@ class InferenceServiceStatus(ApiModel):
     )
     metrics: ServiceMetrics | None = Field(default=None, description="Latest metrics.")
     last_decision: Decision | None = Field(default=None, description="Last decision and why.")
+    rollout: RolloutStatus | None = Field(
+        default=None, description="Two-pool traffic state (with a baseline)."
+    )
 
 
 class InferenceService(ApiModel):

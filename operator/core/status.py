@@ -7,8 +7,10 @@ Deployments and pods of each pool), the spec problems found by
 time, and returns the new status and Events. Conditions keep their ``lastTransitionTime`` while
 their status does not change, so writing the result again is a no-op (idempotence).
 
-Fields owned by other loops (``metrics``, ``lastDecision``, conditions other than the three
-above) are carried over from the previous status unchanged.
+The control loop's part (``tidal.operator.core.control.ControlStatus``: conditions ``Scaling``,
+``Prewarmed``, ``RolledBack``, ``MetricsStale``, per-pool metrics, ``lastDecision``, ``rollout``)
+is merged in when given, with the same transition-time rules; without it those fields are
+carried over from the previous status unchanged.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from tidal.operator.core.api import (
     PoolName,
     PoolStatus,
 )
+from tidal.operator.core.control import ControlStatus
 
 READY = "Ready"
 PROGRESSING = "Progressing"
@@ -72,6 +75,7 @@ class StatusInput:
     problems: Sequence[str] = ()
     error: str | None = None
     previous: InferenceServiceStatus | None = None
+    control: ControlStatus | None = None
 
 
 @dataclass(frozen=True)
@@ -216,20 +220,45 @@ def _event_for(before: Condition | None, after: Condition) -> EventSpec | None:
 
 def compute_status(inp: StatusInput) -> StatusResult:
     """The new status and the Events its changes deserve."""
+    control = inp.control
     pools = {
         pool: count_pool(pool, desired, inp.deployments.get(pool), inp.pods)
         for pool, desired in inp.desired.items()
     }
-    active = pools.get(inp.active_pool, PoolStatus())
     prev = inp.previous or InferenceServiceStatus()
+    if control is not None:
+        pools = {
+            pool: counts.model_copy(update={"metrics": control.pool_metrics.get(pool)})
+            for pool, counts in pools.items()
+        }
+    else:
+        before = prev.pools
+        pools = {
+            pool: counts.model_copy(
+                update={"metrics": before[pool.value].metrics if pool.value in before else None}
+            )
+            for pool, counts in pools.items()
+        }
+    active = pools.get(inp.active_pool, PoolStatus())
     by_type = {c.type: c for c in prev.conditions}
     ours = [
         _condition(by_type, READY, _ready(inp, active), inp),
         _condition(by_type, PROGRESSING, _progressing(inp, pools), inp),
         _condition(by_type, DEGRADED, _degraded(inp), inp),
     ]
-    others = [c for c in prev.conditions if c.type not in OWNED_CONDITIONS]
-    events = tuple(e for c in ours if (e := _event_for(by_type.get(c.type), c)) is not None)
+    owned = set(OWNED_CONDITIONS)
+    if control is not None:
+        for verdict in control.conditions:
+            ours.append(_condition(by_type, verdict[0], verdict[1:], inp))
+            owned.add(verdict[0])
+    others = [c for c in prev.conditions if c.type not in owned]
+    # The control loop's conditions are reported by its own Events (with the decision's
+    # numbers); only the three reconcile conditions get Events here.
+    events = tuple(
+        e
+        for c in ours
+        if c.type in OWNED_CONDITIONS and (e := _event_for(by_type.get(c.type), c)) is not None
+    )
     status = InferenceServiceStatus(
         observed_generation=inp.generation,
         conditions=[*ours, *others],
@@ -241,7 +270,12 @@ def compute_status(inp: StatusInput) -> StatusResult:
         selector=f"{LABEL_ISVC}={inp.isvc_name},{LABEL_POOL}={inp.active_pool.value}",
         active_pool=inp.active_pool,
         pools={pool.value: counts for pool, counts in pools.items()},
-        metrics=prev.metrics,
-        last_decision=prev.last_decision,
+        metrics=active.metrics if control is not None else prev.metrics,
+        last_decision=(
+            control.last_decision or prev.last_decision
+            if control is not None
+            else prev.last_decision
+        ),
+        rollout=control.rollout if control is not None else prev.rollout,
     )
     return StatusResult(status=status, events=events)

@@ -8,6 +8,9 @@ while the operator is down is still cleaned up by the garbage collector.
 * InferenceService events store the body and enqueue the key.
 * Events of labelled children (Deployments, pods, Services, ConfigMaps) update the store and
   enqueue the owner, so a deleted or edited child is put back, and status follows the pods.
+* Every InferenceService gets a control loop (``tidal.operator.shell.controller``), started
+  on its first event and stopped when it is deleted; the loop publishes replica counts,
+  routing and its status fields for the reconciler and enqueues the key when they change.
 * The initial listing of InferenceServices (at start and after a re-list) and a periodic
   resync enqueue every key with ``force``, so the operator re-asserts every child even if a
   change happened while nobody watched.
@@ -25,8 +28,10 @@ import kopf
 
 from tidal.operator.core.api import GROUP, LABEL_ISVC, PLURAL, VERSION
 from tidal.operator.shell import metrics
+from tidal.operator.shell.controller import Controller, ControllerSettings
 from tidal.operator.shell.kube import Kube
 from tidal.operator.shell.reconciler import Key, Reconciler, Store
+from tidal.operator.shell.signals import PrometheusSignals, SignalCollector
 from tidal.operator.shell.workqueue import WorkQueue
 
 log = logging.getLogger("tidal.operator")
@@ -38,6 +43,11 @@ class OperatorSettings:
 
     workers: int = 4
     resync_seconds: float = 300.0
+    # Control loop: tick period (<= 1 s), Prometheus (None: pod scrapes only, no SLO signals).
+    tick_seconds: float = 1.0
+    prometheus_url: str | None = None
+    # PromQL matchers narrowing every query (e.g. namespace=~"a|b" when watching namespaces).
+    prometheus_matchers: str = ""
 
 
 @dataclass
@@ -48,6 +58,7 @@ class Runtime:
     store: Store = field(default_factory=Store)
     queue: WorkQueue[Key] | None = None
     reconciler: Reconciler | None = None
+    controller: Controller | None = None
     started: asyncio.Event | None = None
     resync_task: asyncio.Task[None] | None = None
 
@@ -74,7 +85,20 @@ async def on_startup_configure(settings: kopf.OperatorSettings, **_: Any) -> Non
     settings.batching.batch_window = 0.01
     settings.networking.request_timeout = 60.0
     kube = Kube.from_environment()
-    RUNTIME.reconciler = Reconciler(kube=kube, store=RUNTIME.store)
+    config = RUNTIME.settings
+    prometheus = (
+        PrometheusSignals(config.prometheus_url, matchers=config.prometheus_matchers)
+        if config.prometheus_url
+        else None
+    )
+    RUNTIME.controller = Controller(
+        kube,
+        RUNTIME.store,
+        _enqueue,
+        SignalCollector(prometheus),
+        ControllerSettings(tick_seconds=config.tick_seconds),
+    )
+    RUNTIME.reconciler = Reconciler(kube=kube, store=RUNTIME.store, control=RUNTIME.controller.view)
     RUNTIME.queue = WorkQueue(
         RUNTIME.reconciler.reconcile,
         workers=RUNTIME.settings.workers,
@@ -82,7 +106,12 @@ async def on_startup_configure(settings: kopf.OperatorSettings, **_: Any) -> Non
     )
     RUNTIME.queue.start()
     RUNTIME.resync_task = asyncio.create_task(_resync_forever())
-    log.info("tidal-operator started with %d workers", RUNTIME.settings.workers)
+    log.info(
+        "tidal-operator started with %d workers, control tick %.2fs, %s",
+        config.workers,
+        config.tick_seconds,
+        f"Prometheus at {config.prometheus_url}" if prometheus else "pod scrapes only",
+    )
 
 
 @kopf.on.cleanup()
@@ -91,6 +120,8 @@ async def on_cleanup_stop(**_: Any) -> None:
         RUNTIME.resync_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await RUNTIME.resync_task
+    if RUNTIME.controller is not None:
+        await RUNTIME.controller.close()
     if RUNTIME.queue is not None:
         await RUNTIME.queue.stop()
 
@@ -117,7 +148,11 @@ async def on_event_inference_service(event: dict[str, Any], body: kopf.Body, **_
         RUNTIME.store.children.pop(key, None)
         if RUNTIME.queue is not None:
             RUNTIME.queue.forget(key)
+        if RUNTIME.controller is not None:
+            await RUNTIME.controller.stop(key)
         return
+    if RUNTIME.controller is not None and not body.get("metadata", {}).get("deletionTimestamp"):
+        RUNTIME.controller.ensure(key)
     if event.get("type") is None:
         # The initial listing (operator start, or a re-list after a watch error): re-assert
         # every child, since changes made while nobody watched left no event behind.

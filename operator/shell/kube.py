@@ -175,6 +175,38 @@ class Kube:
                 return
             raise
 
+    async def patch_pod(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+        """JSON merge patch of a pod's metadata (role label, pod-deletion-cost annotation).
+
+        Only labels and annotations the ReplicaSet does not select on are touched, so the
+        ReplicaSet never fights over them. A pod gone meanwhile is no error.
+        """
+        path = f"/api/v1/namespaces/{namespace}/pods/{name}"
+        try:
+            await self._call(
+                "PATCH",
+                path,
+                resource="pods",
+                body=dict(patch),
+                query=[("fieldManager", FIELD_MANAGER + "-pods")],
+                content_type="application/merge-patch+json",
+            )
+        except KubeError as exc:
+            if exc.status != 404:
+                raise
+
+    async def scale_deployment(self, namespace: str, name: str, replicas: int) -> None:
+        """Set only a Deployment's replicas (its template is held during a staged rollout)."""
+        path = f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}"
+        await self._call(
+            "PATCH",
+            path,
+            resource="deployment",
+            body={"spec": {"replicas": replicas}},
+            query=[("fieldManager", FIELD_MANAGER)],
+            content_type="application/merge-patch+json",
+        )
+
     async def post_event(self, isvc: Mapping[str, Any], event: EventSpec, now: datetime) -> None:
         """Post a core/v1 Event about an InferenceService; failures are logged, not raised."""
         meta = isvc["metadata"]

@@ -8,7 +8,10 @@ This module owns the loop body and the in-memory picture of the world it works f
 * :class:`Reconciler` — for one key: parse the spec, ask the pure core for the desired
   children and the status, server-side apply only the children whose applied hash differs
   from what the watch shows (all of them on a forced pass: at start and on each resync), write
-  the status when it changed, post the Events the core asked for.
+  the status when it changed, post the Events the core asked for. The replica counts, the
+  pool the Service selects and the control loop's status fields come from the per-service
+  control loop (``tidal.operator.shell.controller``) once it has decided; before that, the
+  Deployments' current replicas stay.
 
 A spec that passes the schema but cannot work touches nothing but the status (Degraded).
 """
@@ -35,9 +38,11 @@ from tidal.operator.core.api import (
     format_validation_error,
     parse_inference_service,
 )
+from tidal.operator.core.control import ControlView, follow_planner, stamp_template_hash
 from tidal.operator.core.resources import (
     ANNOTATION_APPLIED_HASH,
     Observed,
+    deployment_name,
     desired_objects,
     find_spec_problems,
     object_key,
@@ -108,6 +113,8 @@ class Children:
     applied: dict[tuple[str, str], str] = field(default_factory=dict)  # (kind, name) -> hash
     deployments: dict[str, DeploymentState] = field(default_factory=dict)  # by pool
     pods: dict[str, PodState] = field(default_factory=dict)  # by pod name
+    # Whole pod objects (without managedFields), for the control loop's signals.
+    pod_bodies: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -137,8 +144,10 @@ class Store:
         if kind == "Pod":
             if deleted:
                 kids.pods.pop(name, None)
+                kids.pod_bodies.pop(name, None)
             else:
                 kids.pods[name] = pod_state(body)
+                kids.pod_bodies[name] = dict(body)
             return owner
         if deleted:
             kids.applied.pop((kind, name), None)
@@ -161,6 +170,8 @@ class Reconciler:
     kube: Kube
     store: Store
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
+    # The control loop's view of a key (None: it has not decided yet, or there is none).
+    control: Callable[[Key], ControlView | None] = field(default=lambda key: None)
     retry_seconds: float = 2.0
     max_retry_seconds: float = 60.0
     _failures: dict[Key, int] = field(default_factory=dict)
@@ -197,21 +208,29 @@ class Reconciler:
             metrics.RECONCILES.labels(result="degraded").inc()
             return None
         kids = self.store.children.get(key, Children())
-        observed = Observed(
-            replicas={
-                PoolName(pool): dep.spec_replicas
-                for pool, dep in kids.deployments.items()
-                if pool in (PoolName.PRIMARY.value, PoolName.BASELINE.value)
-            },
-            active_pool=previous.active_pool if previous else PoolName.PRIMARY,
-        )
+        view = self.control(key)
+        if view is not None:
+            observed = view.observed
+            # The planner obeys a manual activePool itself, once the pinned pool is warm.
+            routed = follow_planner(isvc)
+        else:
+            observed = Observed(
+                replicas={
+                    PoolName(pool): dep.spec_replicas
+                    for pool, dep in kids.deployments.items()
+                    if pool in (PoolName.PRIMARY.value, PoolName.BASELINE.value)
+                },
+                active_pool=previous.active_pool if previous else PoolName.PRIMARY,
+            )
+            routed = isvc
         problems = find_spec_problems(isvc)
         events: list[EventSpec] = []
         error: str | None = None
         retry: float | None = None
         if not problems:
+            hold = view is not None and view.hold_primary_template
             try:
-                events += await self._apply_children(isvc, observed, kids, force)
+                events += await self._apply_children(routed, observed, kids, force, hold)
             except KubeError as exc:
                 metrics.RECONCILE_ERRORS.labels(kind="api").inc()
                 log.warning("reconcile %s/%s: %s", *key, exc)
@@ -222,7 +241,7 @@ class Reconciler:
                 generation=isvc.generation,
                 now=now,
                 isvc_name=isvc.name,
-                active_pool=resolve_active_pool(isvc, observed),
+                active_pool=resolve_active_pool(routed, observed),
                 desired={pool.name: _desired(isvc, pool.name, observed) for pool in pools_of(isvc)},
                 deployments={
                     PoolName(p): d
@@ -233,6 +252,7 @@ class Reconciler:
                 problems=problems,
                 error=error,
                 previous=previous,
+                control=view.status if view is not None else None,
             )
         )
         events += result.events
@@ -256,13 +276,30 @@ class Reconciler:
         return retry
 
     async def _apply_children(
-        self, isvc: InferenceService, observed: Observed, kids: Children, force: bool
+        self,
+        isvc: InferenceService,
+        observed: Observed,
+        kids: Children,
+        force: bool,
+        hold_primary: bool = False,
     ) -> list[EventSpec]:
         # A pool's ConfigMap must exist before its Deployment's pods read it, so each pool is
         # applied in order; pools and the Service do not depend on each other and go at once.
+        objects = desired_objects(isvc, observed)
+        stamp_template_hash(objects, isvc.name)
         chains: dict[str, list[dict[str, Any]]] = {}
-        for obj in desired_objects(isvc, observed):
+        for obj in objects:
             chains.setdefault(obj["metadata"]["labels"].get(LABEL_POOL, ""), []).append(obj)
+        held = kids.deployments.get(PoolName.PRIMARY.value)
+        if hold_primary and held is not None:
+            # Staged rollout: the primary's pods keep their template (and config) while they
+            # serve; only the replica count follows the planner.
+            chain = chains.pop(PoolName.PRIMARY.value, [])
+            want = next((o["spec"]["replicas"] for o in chain if o["kind"] == "Deployment"), None)
+            if want is not None and want != held.spec_replicas:
+                await self.kube.scale_deployment(
+                    isvc.namespace, deployment_name(isvc.name, PoolName.PRIMARY), want
+                )
         results = await asyncio.gather(
             *(self._apply_chain(chain, kids, force) for chain in chains.values()),
             return_exceptions=True,

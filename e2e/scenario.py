@@ -1,0 +1,218 @@
+"""Helpers of the operator's end-to-end scenarios: the operator as a process, a status recorder,
+pod readiness times, and an InferenceService on the real runtime with a generated ONNX model."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tidal.runtime.modelgen import write_mlp
+
+REPO = Path(__file__).resolve().parents[1]
+INFER_BODY = {
+    "inputs": [{"name": "input", "shape": [1, 16], "datatype": "FP32", "data": [0.5] * 16}]
+}
+
+
+def parse_time(text: str) -> float:
+    """Epoch seconds of an RFC 3339 timestamp (``Z`` or offset, optional fraction)."""
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+@contextlib.contextmanager
+def running_operator(
+    sandbox: Any, namespace: str, log_path: Path
+) -> Iterator[subprocess.Popen[bytes]]:
+    """``tidal-operator`` watching ``namespace`` with the sandbox's Prometheus."""
+    env = {**os.environ, **sandbox.env}
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tidal.operator",
+                "--namespace",
+                namespace,
+                "--metrics-port",
+                "0",
+                "--health-port",
+                "0",
+                "--log-format",
+                "plain",
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+        )
+    try:
+        yield proc
+    finally:
+        # Delete the test objects while the operator still runs is not needed (no finalizers).
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+        if os.environ.get("TIDAL_SHOW_OPERATOR_LOG") == "1":
+            sys.stderr.write(log_path.read_text(errors="replace")[-30000:])
+
+
+def apply(sandbox: Any, namespace: str, manifest: dict[str, Any]) -> None:
+    sandbox.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(manifest))
+
+
+def get_isvc(sandbox: Any, namespace: str, name: str) -> dict[str, Any]:
+    out = sandbox.kubectl("get", "inferenceservice", name, "-n", namespace, "-o", "json")
+    return dict(json.loads(out.stdout))
+
+
+def condition(body: dict[str, Any], kind: str) -> dict[str, Any]:
+    for cond in (body.get("status") or {}).get("conditions", []):
+        if cond["type"] == kind:
+            return dict(cond)
+    return {}
+
+
+def events(sandbox: Any, namespace: str, name: str) -> list[dict[str, Any]]:
+    out = sandbox.kubectl(
+        "get",
+        "events",
+        "-n",
+        namespace,
+        "--field-selector",
+        f"involvedObject.name={name}",
+        "-o",
+        "json",
+    )
+    return list(json.loads(out.stdout)["items"])
+
+
+def pods(sandbox: Any, namespace: str) -> list[dict[str, Any]]:
+    out = sandbox.kubectl("get", "pods", "-n", namespace, "-o", "json")
+    return list(json.loads(out.stdout)["items"])
+
+
+def ready_since_by_ip(pod_list: list[dict[str, Any]]) -> dict[str, float]:
+    """Pod IP -> wall time its Ready condition last became True (second precision, floored)."""
+    out: dict[str, float] = {}
+    for pod in pod_list:
+        ip = (pod.get("status") or {}).get("podIP")
+        for cond in (pod.get("status") or {}).get("conditions") or []:
+            if ip and cond.get("type") == "Ready" and cond.get("status") == "True":
+                out[ip] = parse_time(cond["lastTransitionTime"])
+    return out
+
+
+def model_service(
+    name: str,
+    model_path: Path,
+    *,
+    env: dict[str, str],
+    autoscaling: dict[str, Any],
+    rollout: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """An InferenceService on the real runtime (onnxruntime) serving one generated MLP."""
+    write_mlp(model_path, seed=1)
+    runtime = {
+        "backend": "onnxruntime",
+        "env": [{"name": k, "value": v} for k, v in {"OMP_NUM_THREADS": "1", **env}.items()],
+    }
+    spec: dict[str, Any] = {
+        "runtime": runtime,
+        "models": [
+            {
+                "name": "mlp",
+                "engines": [{"uri": model_path.resolve().as_uri()}],
+                "maxBatchSize": 8,
+                "batching": {"maxQueueDelayMs": 1},
+                "warmup": {"batchSizes": [1], "iterations": 1},
+            }
+        ],
+        "autoscaling": autoscaling,
+    }
+    if rollout is not None:
+        spec["rollout"] = rollout
+    return {
+        "apiVersion": "serving.tidal.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+@dataclass
+class StatusRecorder:
+    """Polls the InferenceService in a thread: every distinct lastDecision and rollout status,
+    with the wall time it was first seen."""
+
+    sandbox: Any
+    namespace: str
+    name: str
+    interval: float = 0.25
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    rollouts: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
+    bodies: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def _run(self) -> None:
+        from kubernetes import client
+
+        api = client.CustomObjectsApi(self.sandbox.api_client())
+        while not self._stop.is_set():
+            with contextlib.suppress(Exception):
+                body = api.get_namespaced_custom_object(
+                    "serving.tidal.dev", "v1alpha1", self.namespace, "inferenceservices", self.name
+                )
+                seen = time.time()
+                status = body.get("status") or {}
+                decision = status.get("lastDecision")
+                if decision and (not self.decisions or self.decisions[-1] != decision):
+                    self.decisions.append(dict(decision))
+                rollout = status.get("rollout")
+                if rollout and (
+                    not self.rollouts
+                    or self.rollouts[-1][1].get("traffic") != rollout.get("traffic")
+                ):
+                    self.rollouts.append((seen, dict(rollout)))
+                self.bodies.append((seen, body))
+                if len(self.bodies) > 2000:
+                    del self.bodies[:1000]
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> StatusRecorder:
+        self._thread = threading.Thread(target=self._run, daemon=True, name="status-recorder")
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+
+def install_crd(sandbox: Any) -> None:
+    """The InferenceService CRD (idempotent), waited for until the API server serves it."""
+    sandbox.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
+    sandbox.kubectl(
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/inferenceservices.serving.tidal.dev",
+    )

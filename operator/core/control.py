@@ -1,0 +1,447 @@
+"""Glue of the control loop: from the deciders' answers to children, status and Events.
+
+This module owns the pure translation between the spec and the three deciders (``decide_scale``
+in ``core.autoscaler``, ``plan_rollout`` in ``core.rollout``, ``choose_standby`` in
+``core.autoscaler_pods``) and what the shell writes:
+
+* the deciders' inputs built from the spec (:func:`scaling_policy_of`, :func:`rollout_spec_of`)
+  and from several pools' observations (:func:`combine_observations` for a split step);
+* their answers turned into :class:`~tidal.operator.core.resources.Observed` (replicas per pool,
+  the pool the Service selects, split) by :func:`plan_children`;
+* the status the loop owns (:class:`ControlStatus`: conditions ``Scaling``, ``Prewarmed``,
+  ``RolledBack``, ``MetricsStale``, the last decision with its inputs, each pool's metrics and
+  the rollout state as JSON) and the Events of a scale (:func:`scale_event`).
+
+The shell (``tidal.operator.shell.controller``) does the I/O and keeps the state between ticks.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from tidal.operator.core.api import (
+    ActivePool,
+    ConditionStatus,
+    Decision,
+    InferenceService,
+    PoolName,
+    RolloutStatus,
+    ServiceMetrics,
+    duration_seconds,
+    percent_value,
+)
+from tidal.operator.core.autoscaler import (
+    REASON_HOLD_MISSING,
+    REASON_HOLD_STALE,
+    Observation,
+    ScaleDecision,
+    ScalerState,
+    ScalingPolicy,
+)
+from tidal.operator.core.resources import Observed, content_hash, deployment_name
+from tidal.operator.core.rollout import (
+    ActivePool as RolloutActivePool,
+)
+from tidal.operator.core.rollout import (
+    Pool,
+    RolloutDecision,
+    RolloutSpec,
+    RolloutState,
+    Traffic,
+)
+from tidal.operator.core.slo import BreachAction, PoolSignals, SloPolicy
+
+SCALING = "Scaling"
+PREWARMED = "Prewarmed"
+ROLLED_BACK = "RolledBack"
+METRICS_STALE = "MetricsStale"
+CONTROL_CONDITIONS = (SCALING, PREWARMED, ROLLED_BACK, METRICS_STALE)
+ANNOTATION_TEMPLATE_HASH = "serving.tidal.dev/template-hash"
+
+ConditionVerdict = tuple[str, ConditionStatus, str, str]  # type, status, reason, message
+
+
+# -- inputs of the deciders ------------------------------------------------------------------
+
+
+def scaling_policy_of(isvc: InferenceService, tick_seconds: float = 1.0) -> ScalingPolicy:
+    """The autoscaler's policy for the pools that serve the InferenceService's traffic."""
+    return ScalingPolicy.from_spec(isvc.spec.autoscaling, tick_seconds=min(tick_seconds, 1.0))
+
+
+def initial_scaler_state(policy: ScalingPolicy, deployment_replicas: int | None) -> ScalerState:
+    """State for a pool seen for the first time (or after an operator restart).
+
+    The Deployment's replicas include the standby pods (all still labelled serving when new):
+    seeding the serving count with them would make the first decision add the standby again.
+    """
+    if deployment_replicas is None:
+        return ScalerState()
+    serving = deployment_replicas - policy.standby_replicas
+    return ScalerState(desired_serving=max(policy.min_replicas, min(policy.max_replicas, serving)))
+
+
+def slo_policy_of(isvc: InferenceService) -> SloPolicy:
+    """``spec.rollout.slo`` in the SLO evaluator's units (no objective: nothing can breach)."""
+    rollout = isvc.spec.rollout
+    slo = rollout.slo
+    action = BreachAction(rollout.on_breach.value)
+    if slo is None:
+        return SloPolicy(on_breach=action)
+    headroom = percent_value(slo.gpu_memory_headroom) if slo.gpu_memory_headroom else None
+    return SloPolicy(
+        p99_ms=slo.p99_ms,
+        error_rate=slo.error_rate,
+        cold_start_ms=slo.cold_start_ms,
+        gpu_memory_headroom=None if headroom is None else headroom / 100.0,
+        for_seconds=duration_seconds(slo.for_),
+        on_breach=action,
+        min_requests=slo.min_requests,
+    )
+
+
+def rollout_spec_of(isvc: InferenceService, primary_hash: str) -> RolloutSpec | None:
+    """The planner's spec, or None for a single-pool InferenceService (no planner)."""
+    rollout = isvc.spec.rollout
+    if rollout.baseline is None:
+        return None
+    return RolloutSpec(
+        slo=slo_policy_of(isvc),
+        active_pool=RolloutActivePool(rollout.active_pool.value),
+        primary_hash=primary_hash,
+        baseline_min_replicas=rollout.baseline.min_replicas,
+        control_replicas=rollout.control_replicas,
+        max_replicas=isvc.spec.autoscaling.max_replicas,
+        steps=tuple(rollout.steps),
+        step_seconds=float(rollout.step_seconds),
+        drain_seconds=float(rollout.drain_seconds),
+    )
+
+
+def primary_template_hash(objects: Sequence[Mapping[str, Any]], isvc_name: str) -> str:
+    """Hash of the primary Deployment's pod template among ``desired_objects``' output."""
+    name = deployment_name(isvc_name, PoolName.PRIMARY)
+    for obj in objects:
+        if obj["kind"] == "Deployment" and obj["metadata"]["name"] == name:
+            template = dict(obj["spec"]["template"])
+            meta = dict(template.get("metadata") or {})
+            annotations = dict(meta.get("annotations") or {})
+            annotations.pop(ANNOTATION_TEMPLATE_HASH, None)
+            meta["annotations"] = annotations
+            template["metadata"] = meta
+            return content_hash(template)
+    raise ValueError(f"no primary Deployment {name} among the desired objects")
+
+
+def stamp_template_hash(objects: list[dict[str, Any]], isvc_name: str) -> str:
+    """Put the primary template's hash on its pods (so the shell can tell which template a
+    ready pod runs); returns the hash. Idempotent."""
+    digest = primary_template_hash(objects, isvc_name)
+    name = deployment_name(isvc_name, PoolName.PRIMARY)
+    for obj in objects:
+        if obj["kind"] == "Deployment" and obj["metadata"]["name"] == name:
+            meta = obj["spec"]["template"].setdefault("metadata", {})
+            meta.setdefault("annotations", {})[ANNOTATION_TEMPLATE_HASH] = digest
+    return digest
+
+
+def combine_observations(observations: Sequence[Observation]) -> Observation:
+    """One observation of the service's traffic served by several pools (a split step).
+
+    Counts, queues and rates add up; P99 is the worst pool's; a signal missing in one pool is
+    missing for the whole (the autoscaler holds rather than deciding on half the picture).
+    """
+    if not observations:
+        raise ValueError("no observation to combine")
+    if len(observations) == 1:
+        return observations[0]
+
+    def total(values: list[float | None]) -> float | None:
+        return None if any(v is None for v in values) else sum(v for v in values if v is not None)
+
+    p99s = [o.hot_p99_ms for o in observations if o.hot_p99_ms is not None]
+    warmups = [o.warmup_seconds for o in observations if o.warmup_seconds is not None]
+    ages = [o.metrics_age_seconds for o in observations]
+    return Observation(
+        now=max(o.now for o in observations),
+        ready_serving=sum(o.ready_serving for o in observations),
+        warming=sum(o.warming for o in observations),
+        ready_standby=sum(o.ready_standby for o in observations),
+        pending_unschedulable=sum(o.pending_unschedulable for o in observations),
+        queue_depth=total([o.queue_depth for o in observations]),
+        hot_p99_ms=max(p99s) if p99s else None,
+        arrival_rate=total([o.arrival_rate for o in observations]),
+        warmup_seconds=max(warmups) if warmups else None,
+        metrics_age_seconds=None if any(a is None for a in ages) else max(a or 0.0 for a in ages),
+    )
+
+
+def traffic_pools(rollout: RolloutDecision | None) -> tuple[PoolName, ...]:
+    """The pools whose serving pods receive the Service's traffic."""
+    if rollout is None:
+        return (PoolName.PRIMARY,)
+    return tuple(PoolName(p.value) for p in rollout.service_pools)
+
+
+def to_wall_signals(signals: PoolSignals, mono_now: float, wall_now: float) -> PoolSignals:
+    """The same signals with ``observedAt`` on the wall clock (the planner's persisted clock)."""
+    if signals.observed_at is None:
+        return signals
+    return signals.model_copy(update={"observed_at": wall_now - (mono_now - signals.observed_at)})
+
+
+# -- answers to children --------------------------------------------------------------------
+
+
+def plan_children(
+    isvc: InferenceService,
+    scale: ScaleDecision | None,
+    rollout: RolloutDecision | None,
+    current: Mapping[PoolName, int],
+) -> Observed:
+    """Replicas per pool and routing for ``desired_objects``.
+
+    Without a decision (manual ``spec.replicas``, or no tick yet) the current replicas stay.
+    With a planner the pools get its sizes; the standby pods belong to the pool that alone
+    serves the traffic (a split step keeps none: both pools are sized by the planner).
+    """
+    replicas: dict[PoolName, int] = dict(current)
+    if rollout is None:
+        if scale is not None and isvc.spec.replicas is None:
+            replicas[PoolName.PRIMARY] = scale.desired_total
+        return Observed(replicas=replicas, active_pool=PoolName.PRIMARY, split=False)
+    replicas[PoolName.PRIMARY] = rollout.desired_replicas.primary
+    replicas[PoolName.BASELINE] = rollout.desired_replicas.baseline
+    pools = traffic_pools(rollout)
+    if len(pools) == 1 and scale is not None:
+        replicas[pools[0]] += scale.desired_standby
+    if isvc.spec.replicas is not None:
+        replicas.pop(PoolName.PRIMARY, None)  # the manual count wins (desired_replicas)
+    return Observed(
+        replicas=replicas,
+        active_pool=pools[0] if len(pools) == 1 else PoolName.PRIMARY,
+        split=rollout.traffic is Traffic.SPLIT,
+    )
+
+
+def follow_planner(isvc: InferenceService) -> InferenceService:
+    """The InferenceService with ``activePool: auto`` for ``desired_objects``: the planner
+    already obeys a manual pin, and only after the pinned pool is warm (rule 1 of rollout)."""
+    if isvc.spec.rollout.active_pool is ActivePool.AUTO:
+        return isvc
+    rollout = isvc.spec.rollout.model_copy(update={"active_pool": ActivePool.AUTO})
+    spec = isvc.spec.model_copy(update={"rollout": rollout})
+    return isvc.model_copy(update={"spec": spec})
+
+
+# -- status -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ControlStatus:
+    """The status fields the control loop owns (merged into the status by ``compute_status``)."""
+
+    conditions: tuple[ConditionVerdict, ...] = ()
+    pool_metrics: Mapping[PoolName, ServiceMetrics] = field(default_factory=dict)
+    last_decision: Decision | None = None
+    rollout: RolloutStatus | None = None
+
+
+def rfc3339_ms(now: datetime) -> str:
+    """RFC 3339 in UTC with milliseconds: decisions a second apart must stay apart."""
+    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z"
+
+
+def _round(value: float | None, digits: int) -> float | None:
+    if value is None or math.isnan(value) or math.isinf(value):
+        return None
+    return round(value, digits)
+
+
+def pool_metrics(
+    observation: Observation, signals: PoolSignals, queue_source: str
+) -> ServiceMetrics:
+    """One pool's signals for status, rounded so noise does not rewrite the status."""
+    return ServiceMetrics(
+        queue_depth=_round(observation.queue_depth, 1),
+        arrival_rate=_round(observation.arrival_rate, 1),
+        p99_hot_ms=_round(signals.p99_hot_ms, 1),
+        p99_cold_ms=_round(signals.cold_start_ms, 1),
+        error_rate=_round(signals.error_rate, 4),
+        requests=signals.requests,
+        queue_source=queue_source,
+    )
+
+
+def decision_inputs(decision: ScaleDecision) -> dict[str, float]:
+    """The numbers of a decision that are known (None inputs are left out)."""
+    out: dict[str, float] = {}
+    for name, value in vars_of(decision.inputs).items():
+        if isinstance(value, bool) or value is None:
+            continue
+        if isinstance(value, int | float) and math.isfinite(value):
+            out[_camel(name)] = round(float(value), 3)
+    return out
+
+
+def vars_of(obj: Any) -> dict[str, Any]:
+    slots = getattr(obj, "__slots__", None)
+    if slots:
+        return {name: getattr(obj, name) for name in slots}
+    return dict(vars(obj))
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(p.title() for p in rest)
+
+
+def status_decision(decision: ScaleDecision, pool: PoolName, now: datetime) -> Decision:
+    return Decision(
+        reason=decision.reason,
+        at=rfc3339_ms(now),
+        pool=pool.value,
+        desired_replicas=decision.desired_serving,
+        standby_replicas=decision.desired_standby,
+        inputs=decision_inputs(decision),
+    )
+
+
+def camel_reason(reason: str) -> str:
+    """``surge:queue`` -> ``SurgeQueue`` (condition reasons are CamelCase)."""
+    parts = [p for chunk in reason.replace("-", ":").split(":") for p in [chunk] if p]
+    return "".join(p[:1].upper() + p[1:] for p in parts) or "Unknown"
+
+
+def scaling_condition(
+    decision: ScaleDecision | None, observation: Observation | None, manual: bool
+) -> ConditionVerdict:
+    """``Scaling``: True while the pool is on its way to a new size, with the decision's reason."""
+    if manual:
+        return (SCALING, ConditionStatus.FALSE, "Manual", "spec.replicas is set: no autoscaling")
+    if decision is None or observation is None:
+        return (SCALING, ConditionStatus.UNKNOWN, "NoDecision", "no decision yet")
+    have = observation.ready_serving
+    want = decision.desired_serving
+    moving = have != want or observation.warming > 0
+    message = (
+        f"{decision.reason}: {want} serving + {decision.desired_standby} standby asked, "
+        f"{have} serving, {observation.ready_standby} standby ready, "
+        f"{observation.warming} warming"
+    )
+    if decision.notes:
+        message += "; " + "; ".join(decision.notes)
+    status = ConditionStatus.TRUE if moving else ConditionStatus.FALSE
+    return (SCALING, status, camel_reason(decision.reason), message)
+
+
+def prewarmed_condition(
+    decision: ScaleDecision | None, observation: Observation | None
+) -> ConditionVerdict:
+    """``Prewarmed``: the warm standby asked for is ready (True when none is asked for)."""
+    if decision is None or observation is None:
+        return (PREWARMED, ConditionStatus.UNKNOWN, "NoDecision", "no decision yet")
+    want, have = decision.desired_standby, observation.ready_standby
+    if want == 0:
+        return (PREWARMED, ConditionStatus.TRUE, "NoStandby", "no standby replicas asked for")
+    if have >= want:
+        return (PREWARMED, ConditionStatus.TRUE, "StandbyReady", f"{have}/{want} standby warm")
+    return (
+        PREWARMED,
+        ConditionStatus.FALSE,
+        "StandbyWarming",
+        f"{have}/{want} standby warm, {observation.warming} pods warming",
+    )
+
+
+def metrics_condition(decision: ScaleDecision | None, notes: Sequence[str]) -> ConditionVerdict:
+    """``MetricsStale``: True while the autoscaler holds the pool for lack of fresh metrics."""
+    detail = "; ".join(notes) if notes else "all signals fresh"
+    if decision is not None and decision.reason in (REASON_HOLD_MISSING, REASON_HOLD_STALE):
+        reason = "MetricsMissing" if decision.reason == REASON_HOLD_MISSING else "MetricsStale"
+        return (METRICS_STALE, ConditionStatus.TRUE, reason, f"holding the pool size: {detail}")
+    return (METRICS_STALE, ConditionStatus.FALSE, "Fresh", detail)
+
+
+def rolled_back_condition(rollout: RolloutDecision) -> ConditionVerdict:
+    """``RolledBack``: True while the baseline serves because the primary breached."""
+    record = rollout.rollback
+    if record is None:
+        return (ROLLED_BACK, ConditionStatus.FALSE, rollout.phase.value, rollout.reason)
+    breaches = ", ".join(r.describe() for r in record.breaches) or record.reason
+    return (
+        ROLLED_BACK,
+        ConditionStatus.TRUE,
+        "SloBreach",
+        f"primary {record.primary_hash}: {breaches}",
+    )
+
+
+def rollout_status(decision: RolloutDecision, state: RolloutState) -> RolloutStatus:
+    return RolloutStatus(
+        phase=decision.phase.value,
+        traffic=decision.traffic.value,
+        primary_traffic_percent=round(decision.primary_traffic_percent, 1),
+        step=decision.step,
+        reason=decision.reason[:2048],
+        state=json.dumps(state.model_dump(mode="json", by_alias=True), sort_keys=True),
+    )
+
+
+def restore_rollout_state(raw: RolloutStatus | None) -> RolloutState | None:
+    """The planner's state as an earlier operator stored it (None: absent or unreadable)."""
+    if raw is None or not raw.state:
+        return None
+    try:
+        return RolloutState.model_validate(json.loads(raw.state))
+    except ValueError:
+        return None
+
+
+# -- Events -----------------------------------------------------------------------------------
+
+
+def scale_event(
+    pool: PoolName, before: int | None, decision: ScaleDecision
+) -> tuple[str, str, str] | None:
+    """(type, reason, message) of the Event for a change of a pool's size, None for no change."""
+    after = decision.desired_total
+    if before is None or before == after:
+        return None
+    inputs = decision.inputs
+    parts = [f"queue {inputs.queue_depth:.1f}" if inputs.queue_depth is not None else "queue ?"]
+    if inputs.arrival_rate is not None:
+        parts.append(f"rate {inputs.arrival_rate:.1f}/s")
+    if inputs.hot_p99_ms is not None:
+        parts.append(f"p99 {inputs.hot_p99_ms:.0f}ms")
+    parts.append(f"warm-up {inputs.warmup_seconds:.1f}s")
+    kind = "ScaledUp" if after > before else "ScaledDown"
+    type_ = "Warning" if decision.unschedulable else "Normal"
+    message = (
+        f"pool {pool.value}: {before} -> {after} replicas ({decision.desired_serving} serving, "
+        f"{decision.desired_standby} standby, promote {decision.promote_standby}): "
+        f"{decision.reason}; {', '.join(parts)}"
+    )
+    return type_, kind, message
+
+
+def rollout_pool(pool: PoolName) -> Pool:
+    return Pool(pool.value)
+
+
+@dataclass(frozen=True)
+class ControlView:
+    """What the reconciler takes from the control loop for one InferenceService.
+
+    ``hold_primary_template``: the primary's new pod template must wait (a staged rollout moves
+    traffic off the primary first); the reconciler then changes only its replicas.
+    """
+
+    observed: Observed
+    status: ControlStatus
+    hold_primary_template: bool = False

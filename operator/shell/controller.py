@@ -1,0 +1,467 @@
+"""The per-InferenceService control loop: observe every tick, decide, hand the result over.
+
+This module owns the loop that runs beside the level-triggered reconciler, one asyncio task per
+InferenceService (started by the watch handlers, stopped when the object is deleted or gone
+from the store). Each tick (``tick_seconds``, at most 1 s):
+
+1. observe each pool from the pods the watch keeps (``SignalCollector.observe_pool``: direct pod
+   scrapes for the queue, the shared Prometheus round for latencies and errors);
+2. ``decide_scale`` for the pool(s) the Service routes to (state in memory per traffic set);
+3. ``plan_rollout`` when a baseline is configured, on wall-clock seconds, its state restored
+   from ``status.rollout.state`` so a restarted operator resumes;
+4. relabel pods ``serving``/``standby`` (``choose_standby``; a surge promotes standby pods at
+   once, before any new pod is asked for) and, before a scale-down, set each pod's
+   ``controller.kubernetes.io/pod-deletion-cost`` so the ReplicaSet removes the cheapest;
+5. publish a :class:`~tidal.operator.core.control.ControlView` (replicas per pool, the pool the
+   Service selects, the status fields this loop owns) for the reconciler, and enqueue a
+   reconcile when the children must change (at once) or the status did (at most once per
+   ``status_interval``); post an Event for each scale and each traffic switch.
+
+Pod patches are JSON merge patches of metadata only (field manager ``tidal-operator-pods``); the
+ReplicaSet selects on isvc and pool, never on the role label, so it never fights them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from tidal.operator.core.api import (
+    LABEL_POOL,
+    LABEL_ROLE,
+    InferenceService,
+    PoolName,
+    parse_inference_service,
+)
+from tidal.operator.core.autoscaler import Observation, ScaleDecision, ScalerState, decide_scale
+from tidal.operator.core.autoscaler_pods import (
+    ANNOTATION_POD_DELETION_COST,
+    choose_standby,
+    pod_deletion_cost,
+)
+from tidal.operator.core.control import (
+    ANNOTATION_TEMPLATE_HASH,
+    ControlStatus,
+    ControlView,
+    combine_observations,
+    initial_scaler_state,
+    metrics_condition,
+    plan_children,
+    pool_metrics,
+    prewarmed_condition,
+    primary_template_hash,
+    restore_rollout_state,
+    rolled_back_condition,
+    rollout_spec_of,
+    rollout_status,
+    scale_event,
+    scaling_condition,
+    scaling_policy_of,
+    status_decision,
+    to_wall_signals,
+)
+from tidal.operator.core.resources import (
+    ROLE_SERVING,
+    ROLE_STANDBY,
+    Observed,
+    desired_objects,
+    find_spec_problems,
+    pools_of,
+)
+from tidal.operator.core.rollout import (
+    PoolObservation,
+    RolloutDecision,
+    RolloutObservation,
+    RolloutState,
+    initial_state,
+    plan_rollout,
+)
+from tidal.operator.core.signals import PoolKey, pod_views
+from tidal.operator.core.status import EventSpec
+from tidal.operator.shell.kube import Kube, KubeError
+from tidal.operator.shell.reconciler import Key, Store
+from tidal.operator.shell.signals import PoolReading, SignalCollector
+
+log = logging.getLogger("tidal.operator.controller")
+
+Enqueue = Callable[[Key], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    """How often the loop ticks and how eagerly it writes."""
+
+    tick_seconds: float = 1.0
+    # Status changes that are only new metric values are written at most this often.
+    status_interval: float = 1.0
+    # A label patch the watch has not confirmed yet is not sent again within this time.
+    patch_grace_seconds: float = 3.0
+
+
+@dataclass
+class ServiceState:
+    """What the loop remembers of one InferenceService between ticks (memory only, except the
+    rollout state, which goes to status)."""
+
+    scalers: dict[tuple[PoolName, ...], ScalerState] = field(default_factory=dict)
+    last_total: dict[tuple[PoolName, ...], int] = field(default_factory=dict)
+    rollout: RolloutState | None = None
+    rollout_loaded: bool = False
+    last_decision_key: tuple[str, int, int] | None = None
+    view: ControlView | None = None
+    enqueued_at: float = -1e9
+    patched: dict[tuple[str, str], tuple[str, float]] = field(default_factory=dict)
+
+
+def _labels(pod: Mapping[str, Any]) -> Mapping[str, str]:
+    return dict((pod.get("metadata") or {}).get("labels") or {})
+
+
+def _annotations(pod: Mapping[str, Any]) -> Mapping[str, str]:
+    return dict((pod.get("metadata") or {}).get("annotations") or {})
+
+
+def _ready(pod: Mapping[str, Any]) -> bool:
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
+
+
+def _live(pod: Mapping[str, Any]) -> bool:
+    meta = pod.get("metadata") or {}
+    phase = (pod.get("status") or {}).get("phase")
+    return meta.get("deletionTimestamp") is None and phase not in ("Succeeded", "Failed")
+
+
+def ready_of_template(pods: Sequence[Mapping[str, Any]], template_hash: str | None) -> int:
+    """Ready pods running ``template_hash`` (None: any template; pods without the annotation,
+    made by an older operator, count as running it)."""
+    return sum(
+        1
+        for p in pods
+        if _live(p)
+        and _ready(p)
+        and (
+            template_hash is None
+            or _annotations(p).get(ANNOTATION_TEMPLATE_HASH, template_hash) == template_hash
+        )
+    )
+
+
+class Controller:
+    """Runs one control loop per InferenceService key."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        store: Store,
+        enqueue: Enqueue,
+        collector: SignalCollector,
+        settings: ControllerSettings | None = None,
+        *,
+        mono: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.kube, self.store, self.enqueue = kube, store, enqueue
+        self.collector = collector
+        self.settings = settings or ControllerSettings()
+        self.mono, self.wall = mono, wall
+        self.states: dict[Key, ServiceState] = {}
+        self.tasks: dict[Key, asyncio.Task[None]] = {}
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def view(self, key: Key) -> ControlView | None:
+        state = self.states.get(key)
+        return state.view if state is not None else None
+
+    def ensure(self, key: Key) -> None:
+        """Start the key's loop unless it runs."""
+        task = self.tasks.get(key)
+        if task is None or task.done():
+            self.tasks[key] = asyncio.create_task(self._run(key), name=f"control {key[0]}/{key[1]}")
+
+    async def stop(self, key: Key) -> None:
+        """Stop the key's loop and forget its state (the object was deleted)."""
+        task = self.tasks.pop(key, None)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self.states.pop(key, None)
+        for pool in PoolName:
+            self.collector.forget(PoolKey(key[0], key[1], pool.value))
+
+    async def close(self) -> None:
+        for key in list(self.tasks):
+            await self.stop(key)
+        await self.collector.close()
+
+    async def _run(self, key: Key) -> None:
+        period = self.settings.tick_seconds
+        next_at = self.mono()
+        while key in self.store.services:
+            try:
+                await self.tick(key)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # one bad tick must not end the loop; the next one retries
+                log.exception("control tick of %s/%s failed", *key)
+            next_at += period
+            now = self.mono()
+            if next_at < now:  # a slow tick: skip the missed ticks rather than bunching up
+                next_at = now
+            await asyncio.sleep(next_at - now)
+        self.states.pop(key, None)
+        self.tasks.pop(key, None)
+
+    # -- one tick ----------------------------------------------------------------------------
+
+    async def tick(self, key: Key) -> None:
+        body = self.store.services.get(key)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return
+        try:
+            isvc = parse_inference_service(body)
+        except ValidationError:
+            return  # the reconciler reports it as Degraded
+        if find_spec_problems(isvc):
+            return
+        st = self.states.setdefault(key, ServiceState())
+        kids = self.store.children.get(key)
+        bodies = list(kids.pod_bodies.values()) if kids is not None else []
+        pools = tuple(p.name for p in pools_of(isvc))
+        pods = {
+            pool: [b for b in bodies if _labels(b).get(LABEL_POOL) == pool.value] for pool in pools
+        }
+        readings_list = await asyncio.gather(
+            *(
+                self.collector.observe_pool(PoolKey(key[0], key[1], pool.value), pods[pool])
+                for pool in pools
+            )
+        )
+        readings = dict(zip(pools, readings_list, strict=True))
+        mono, wall = self.mono(), self.wall()
+        now = datetime.fromtimestamp(wall, UTC)
+        deployments = kids.deployments if kids is not None else {}
+        current = {
+            PoolName(p): d.spec_replicas
+            for p, d in deployments.items()
+            if p in (PoolName.PRIMARY.value, PoolName.BASELINE.value)
+        }
+
+        primary_hash = primary_template_hash(desired_objects(isvc, Observed()), isvc.name)
+        spec = rollout_spec_of(isvc, primary_hash)
+        if spec is not None and not st.rollout_loaded:
+            previous = (body.get("status") or {}).get("rollout")
+            st.rollout = _restore(previous)
+            st.rollout_loaded = True
+        serving = _serving_pools(st.rollout or (initial_state(spec) if spec else None))
+
+        policy = scaling_policy_of(isvc, self.settings.tick_seconds)
+        observation = combine_observations([readings[p].observed.observation for p in serving])
+        manual = isvc.spec.replicas is not None
+        decision: ScaleDecision | None = None
+        if not manual:
+            scaler = st.scalers.get(serving)
+            if scaler is None:
+                have = [current[p] for p in serving if p in current]
+                scaler = initial_scaler_state(policy, sum(have) if have else None)
+            decision, st.scalers[serving] = decide_scale(policy, observation, scaler)
+        desired_serving = isvc.spec.replicas if manual else decision.desired_serving  # type: ignore[union-attr]
+
+        rollout: RolloutDecision | None = None
+        events: list[EventSpec] = []
+        if spec is not None:
+            applied = st.rollout.applied_hash if st.rollout is not None else primary_hash
+            obs = RolloutObservation(
+                primary=PoolObservation(
+                    ready_replicas=ready_of_template(pods[PoolName.PRIMARY], applied),
+                    signals=to_wall_signals(readings[PoolName.PRIMARY].slo, mono, wall),
+                ),
+                baseline=PoolObservation(
+                    ready_replicas=ready_of_template(pods[PoolName.BASELINE], None),
+                    signals=to_wall_signals(readings[PoolName.BASELINE].slo, mono, wall),
+                ),
+                autoscaler_desired=max(desired_serving or 0, 0),
+            )
+            rollout, st.rollout = plan_rollout(spec, obs, st.rollout, wall)
+            events += [EventSpec(e.type.value, e.reason, e.message) for e in rollout.events]
+
+        observed = plan_children(isvc, decision, rollout, current)
+        if decision is not None:
+            event = scale_event(serving[0], st.last_total.get(serving), decision)
+            if event is not None:
+                events.append(EventSpec(*event))  # type: ignore[arg-type]
+            st.last_total[serving] = decision.desired_total
+            if len(serving) == 1:
+                await self._assign_roles(key, st, pods[serving[0]], readings[serving[0]], decision)
+            for pool in serving:
+                if observed.replicas.get(pool, 0) < sum(1 for p in pods[pool] if _live(p)):
+                    await self._set_deletion_costs(key, st, pods[pool], readings[pool])
+
+        view = ControlView(
+            observed=observed,
+            status=self._status(st, isvc, serving, readings, observation, decision, rollout, now),
+            hold_primary_template=rollout.hold_primary_template if rollout else False,
+        )
+        await self._publish(key, st, view, mono)
+        for e in events:
+            log.info("%s/%s %s: %s", key[0], key[1], e.reason, e.message)
+        await asyncio.gather(*(self.kube.post_event(body, e, now) for e in events))
+
+    def _status(
+        self,
+        st: ServiceState,
+        isvc: InferenceService,
+        serving: tuple[PoolName, ...],
+        readings: Mapping[PoolName, PoolReading],
+        observation: Observation,
+        decision: ScaleDecision | None,
+        rollout: RolloutDecision | None,
+        now: datetime,
+    ) -> ControlStatus:
+        notes = [n for p in serving for n in readings[p].observed.notes]
+        conditions = [
+            scaling_condition(decision, observation, isvc.spec.replicas is not None),
+            prewarmed_condition(decision, observation),
+            metrics_condition(decision, notes),
+        ]
+        if rollout is not None:
+            conditions.append(rolled_back_condition(rollout))
+        last = st.view.status.last_decision if st.view is not None else None
+        if decision is not None:
+            marker = (decision.reason, decision.desired_serving, decision.desired_standby)
+            if marker != st.last_decision_key or last is None:
+                last = status_decision(decision, serving[0], now)
+                st.last_decision_key = marker
+        return ControlStatus(
+            conditions=tuple(conditions),
+            pool_metrics={
+                pool: pool_metrics(r.observed.observation, r.slo, r.observed.queue_source)
+                for pool, r in readings.items()
+            },
+            last_decision=last,
+            rollout=rollout_status(rollout, st.rollout) if rollout and st.rollout else None,
+        )
+
+    async def _publish(self, key: Key, st: ServiceState, view: ControlView, mono: float) -> None:
+        before = st.view
+        st.view = view
+        if before is not None and before == view:
+            return
+        urgent = (
+            before is None
+            or before.observed != view.observed
+            or before.hold_primary_template != view.hold_primary_template
+            or before.status.conditions != view.status.conditions
+            or before.status.last_decision != view.status.last_decision
+            or (before.status.rollout is None) != (view.status.rollout is None)
+            or (
+                before.status.rollout is not None
+                and view.status.rollout is not None
+                and before.status.rollout.traffic != view.status.rollout.traffic
+            )
+        )
+        if urgent or mono - st.enqueued_at >= self.settings.status_interval:
+            st.enqueued_at = mono
+            await self.enqueue(key)
+
+    # -- pods ----------------------------------------------------------------------------------
+
+    async def _patch_pod(
+        self, key: Key, st: ServiceState, pod: str, what: str, value: str, patch: dict[str, Any]
+    ) -> None:
+        sent = st.patched.get((pod, what))
+        if (
+            sent is not None
+            and sent[0] == value
+            and self.mono() - sent[1] < self.settings.patch_grace_seconds
+        ):
+            return
+        st.patched[(pod, what)] = (value, self.mono())
+        try:
+            await self.kube.patch_pod(key[0], pod, patch)
+        except KubeError as exc:
+            log.warning("patch pod %s/%s: %s", key[0], pod, exc)
+
+    async def _assign_roles(
+        self,
+        key: Key,
+        st: ServiceState,
+        pods: Sequence[Mapping[str, Any]],
+        reading: PoolReading,
+        decision: ScaleDecision,
+    ) -> None:
+        views = pod_views(pods, reading.pod_scrapes, self.wall())
+        assignment = choose_standby(views, decision.desired_serving, decision.desired_standby)
+        changes = [(n, ROLE_SERVING) for n in assignment.promote]
+        changes += [(n, ROLE_STANDBY) for n in assignment.demote]
+        # Pods demoted earlier but counted among the serving now (choose_standby keeps standby
+        # pods beyond the target standby out of both lists): make every standby pod that is
+        # neither serving nor kept as standby serve again.
+        keep = set(assignment.serving) | set(assignment.standby)
+        for v in views:
+            if v.ready and v.standby and v.name not in keep:
+                changes.append((v.name, ROLE_SERVING))
+        if changes:
+            log.info(
+                "%s/%s roles (%s): %s",
+                key[0],
+                key[1],
+                assignment.reason,
+                ", ".join(f"{n}={r}" for n, r in changes),
+            )
+        await asyncio.gather(
+            *(
+                self._patch_pod(
+                    key, st, name, "role", role, {"metadata": {"labels": {LABEL_ROLE: role}}}
+                )
+                for name, role in changes
+            )
+        )
+
+    async def _set_deletion_costs(
+        self,
+        key: Key,
+        st: ServiceState,
+        pods: Sequence[Mapping[str, Any]],
+        reading: PoolReading,
+    ) -> None:
+        by_name = {str((p.get("metadata") or {}).get("name")): p for p in pods}
+        patches = []
+        for view in pod_views(pods, reading.pod_scrapes, self.wall()):
+            cost = str(pod_deletion_cost(view))
+            if _annotations(by_name.get(view.name, {})).get(ANNOTATION_POD_DELETION_COST) == cost:
+                continue
+            patch = {"metadata": {"annotations": {ANNOTATION_POD_DELETION_COST: cost}}}
+            patches.append(self._patch_pod(key, st, view.name, "cost", cost, patch))
+        await asyncio.gather(*patches)
+
+
+def _restore(raw: Any) -> RolloutState | None:
+    from tidal.operator.core.api import RolloutStatus
+
+    if not isinstance(raw, dict):
+        return None
+    try:
+        return restore_rollout_state(RolloutStatus.model_validate(raw))
+    except ValidationError:
+        return None
+
+
+def _serving_pools(state: RolloutState | None) -> tuple[PoolName, ...]:
+    if state is None:
+        return (PoolName.PRIMARY,)
+    if state.traffic.value == "split":
+        return (PoolName.PRIMARY, PoolName.BASELINE)
+    return (PoolName(state.traffic.value),)
