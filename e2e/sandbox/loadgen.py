@@ -79,6 +79,7 @@ class EndpointWatcher:
         self.current: tuple[str, ...] = ()
         self.changes: list[tuple[float, tuple[str, ...]]] = []
         self._stop = threading.Event()
+        self._first = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="endpoints")
         self._t0 = time.monotonic()
 
@@ -92,11 +93,21 @@ class EndpointWatcher:
                 if eps != self.current:
                     self.current = eps
                     self.changes.append((time.monotonic() - self._t0, eps))
+                self._first.set()
             self._stop.wait(self.interval)
 
-    def start(self, t0: float) -> None:
+    def start(self, t0: float, first_timeout: float = 5.0) -> None:
+        """Start polling; returns once the first answer is in, so the first arrivals do not
+        meet an endpoint set that is merely not read yet."""
         self._t0 = t0
         self._thread.start()
+        self._first.wait(first_timeout)
+
+    def rebase(self, t0: float) -> None:
+        """Re-express recorded change times relative to ``t0``."""
+        shift = self._t0 - t0
+        self.changes = [(t + shift, eps) for t, eps in self.changes]
+        self._t0 = t0
 
     def stop(self) -> None:
         self._stop.set()
@@ -165,8 +176,9 @@ class LoadGenerator:
 
     async def run_until(self, done: Callable[[float], bool]) -> LoadReport:
         """Send load until ``done(seconds since start)`` is true, then wait for the answers."""
-        t0 = time.monotonic()
-        self.watcher.start(t0)
+        self.watcher.start(time.monotonic())
+        t0 = time.monotonic()  # the run's clock starts once the endpoints are known
+        self.watcher.rebase(t0)
         timeout = aiohttp.ClientTimeout(total=self.timeout)
         connector = aiohttp.TCPConnector(limit=self.max_in_flight, force_close=False)
         tasks: set[asyncio.Task[None]] = set()
