@@ -1,0 +1,238 @@
+"""Tables for the control loop's pure glue (tidal.operator.core.control): spec -> deciders'
+inputs, decisions -> children, status conditions and Events."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+import pytest
+from isvc_fixtures import minimal
+
+from tidal.operator.core.api import ConditionStatus, PoolName, parse_inference_service
+from tidal.operator.core.autoscaler import (
+    Observation,
+    ScalerState,
+    ScalingPolicy,
+    decide_scale,
+)
+from tidal.operator.core.control import (
+    ANNOTATION_TEMPLATE_HASH,
+    combine_observations,
+    follow_planner,
+    initial_scaler_state,
+    metrics_condition,
+    plan_children,
+    prewarmed_condition,
+    primary_template_hash,
+    restore_rollout_state,
+    rfc3339_ms,
+    rollout_spec_of,
+    rollout_status,
+    scale_event,
+    scaling_condition,
+    slo_policy_of,
+    stamp_template_hash,
+)
+from tidal.operator.core.resources import Observed, desired_objects
+from tidal.operator.core.rollout import (
+    PoolObservation,
+    RolloutObservation,
+    Traffic,
+    plan_rollout,
+)
+from tidal.operator.core.slo import PoolSignals
+
+BASELINE = {"baseline": {"minReplicas": 1}}
+
+
+def isvc(**spec: object):  # type: ignore[no-untyped-def]
+    return parse_inference_service(minimal(**spec))
+
+
+def decision_for(obs: Observation, policy: ScalingPolicy | None = None):  # type: ignore[no-untyped-def]
+    return decide_scale(policy or ScalingPolicy(max_replicas=6), obs, ScalerState())[0]
+
+
+@pytest.mark.parametrize(
+    ("replicas", "standby", "expected"),
+    [(None, 0, None), (1, 0, 1), (3, 1, 2), (1, 1, 1), (20, 0, 10)],
+)
+def test_initial_scaler_state_does_not_count_standby_as_serving(
+    replicas: int | None, standby: int, expected: int | None
+) -> None:
+    policy = ScalingPolicy(min_replicas=1, max_replicas=10, standby_replicas=standby)
+    assert initial_scaler_state(policy, replicas).desired_serving == expected
+
+
+def test_slo_policy_reads_units_from_the_spec() -> None:
+    svc = isvc(
+        rollout={
+            **BASELINE,
+            "slo": {"p99Ms": 80, "for": "1m30s", "gpuMemoryHeadroom": "10%", "minRequests": 5},
+            "onBreach": "alert",
+        }
+    )
+    policy = slo_policy_of(svc)
+    assert (policy.p99_ms, policy.for_seconds, policy.gpu_memory_headroom) == (80, 90, 0.1)
+    assert policy.min_requests == 5 and policy.on_breach.value == "alert"
+
+
+@pytest.mark.parametrize(
+    ("rollout", "has_planner"),
+    [({}, False), (BASELINE, True), ({**BASELINE, "activePool": "baseline"}, True)],
+)
+def test_planner_only_with_a_baseline(rollout: dict[str, object], has_planner: bool) -> None:
+    spec = rollout_spec_of(isvc(rollout=rollout), "h1")
+    assert (spec is not None) is has_planner
+
+
+def test_template_hash_ignores_replicas_and_its_own_annotation() -> None:
+    svc = isvc()
+    one = desired_objects(svc, Observed(replicas={PoolName.PRIMARY: 1}))
+    three = desired_objects(svc, Observed(replicas={PoolName.PRIMARY: 3}))
+    digest = stamp_template_hash(one, svc.name)
+    assert digest == primary_template_hash(three, svc.name) == primary_template_hash(one, svc.name)
+    deployment = next(o for o in one if o["kind"] == "Deployment")
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert annotations[ANNOTATION_TEMPLATE_HASH] == digest
+    changed = isvc(runtime={"backend": "onnxruntime", "env": [{"name": "A", "value": "1"}]})
+    assert primary_template_hash(desired_objects(changed, Observed()), svc.name) != digest
+
+
+def test_combine_observations_adds_counts_and_keeps_the_worst_p99() -> None:
+    a = Observation(
+        now=5, ready_serving=2, warming=1, queue_depth=3, hot_p99_ms=40, arrival_rate=10
+    )
+    b = Observation(now=6, ready_serving=1, queue_depth=1, hot_p99_ms=90, arrival_rate=5)
+    both = combine_observations([a, b])
+    assert (both.ready_serving, both.warming, both.queue_depth) == (3, 1, 4)
+    assert (both.hot_p99_ms, both.arrival_rate, both.now) == (90, 15, 6)
+    missing = combine_observations([a, Observation(now=6, ready_serving=1, queue_depth=None)])
+    assert missing.queue_depth is None  # half a picture holds the autoscaler
+
+
+def test_plan_children_single_pool_takes_serving_plus_standby() -> None:
+    svc = isvc(autoscaling={"minReplicas": 1, "maxReplicas": 6, "standbyReplicas": 1})
+    policy = ScalingPolicy(max_replicas=6, standby_replicas=1)
+    obs = Observation(now=0, ready_serving=1, queue_depth=20, arrival_rate=None)
+    decision = decision_for(obs, policy)
+    observed = plan_children(svc, decision, None, {PoolName.PRIMARY: 2})
+    assert observed.replicas[PoolName.PRIMARY] == decision.desired_total
+    assert decision.desired_total > 2 and observed.active_pool is PoolName.PRIMARY
+
+
+def test_plan_children_keeps_a_manual_replica_count() -> None:
+    svc = isvc(replicas=3)
+    observed = plan_children(svc, None, None, {PoolName.PRIMARY: 3})
+    assert observed.replicas == {PoolName.PRIMARY: 3}
+
+
+def _rollout(svc, primary_signals: PoolSignals, state=None, now=0.0):  # type: ignore[no-untyped-def]
+    spec = rollout_spec_of(svc, "h1")
+    assert spec is not None
+    obs = RolloutObservation(
+        primary=PoolObservation(ready_replicas=1, signals=primary_signals),
+        baseline=PoolObservation(ready_replicas=1),
+        autoscaler_desired=1,
+    )
+    return plan_rollout(spec, obs, state, now)
+
+
+def test_plan_children_routes_where_the_planner_says_and_state_round_trips() -> None:
+    svc = isvc(rollout={**BASELINE, "slo": {"p99Ms": 50, "for": "5s", "minRequests": 1}})
+    bad = PoolSignals(p99_hot_ms=200, requests=100, observed_at=0.0)
+    decision, state = _rollout(svc, bad, None, 0.0)
+    assert decision.traffic is Traffic.PRIMARY
+    observed = plan_children(svc, None, decision, {})
+    assert observed.active_pool is PoolName.PRIMARY
+    # Persisted in status and read back by a restarted operator: the breach clock goes on.
+    restored = restore_rollout_state(rollout_status(decision, state))
+    assert restored == state
+    later = PoolSignals(p99_hot_ms=200, requests=100, observed_at=6.0)
+    decision, state = _rollout(svc, later, restored, 6.0)
+    assert decision.traffic is Traffic.BASELINE and decision.rollback is not None
+    observed = plan_children(svc, None, decision, {})
+    assert observed.active_pool is PoolName.BASELINE and not observed.split
+    assert observed.replicas[PoolName.PRIMARY] == 1  # control group
+    assert json.loads(rollout_status(decision, state).state)["rollback"]["switchedAt"] == 6.0
+
+
+def test_follow_planner_only_clears_a_manual_pin() -> None:
+    pinned = isvc(rollout={**BASELINE, "activePool": "baseline"})
+    assert follow_planner(pinned).spec.rollout.active_pool.value == "auto"
+    assert follow_planner(pinned).spec.models == pinned.spec.models
+    auto = isvc(rollout=BASELINE)
+    assert follow_planner(auto) is auto
+
+
+@pytest.mark.parametrize(
+    ("ready", "warming", "queue", "status", "reason"),
+    [
+        (1, 0, 0.0, ConditionStatus.FALSE, "Steady"),
+        (1, 0, 6.0, ConditionStatus.TRUE, "SurgeQueue"),
+        (1, 0, None, ConditionStatus.FALSE, "HoldMetricsMissing"),
+        (2, 1, 0.0, ConditionStatus.TRUE, None),
+    ],
+)
+def test_scaling_condition(
+    ready: int, warming: int, queue: float | None, status: ConditionStatus, reason: str | None
+) -> None:
+    obs = Observation(now=0, ready_serving=ready, warming=warming, queue_depth=queue)
+    decision = decision_for(obs)
+    kind, got, why, message = scaling_condition(decision, obs, manual=False)
+    assert (kind, got) == ("Scaling", status)
+    if reason is not None:
+        assert why == reason
+    assert decision.reason in message
+
+
+def test_scaling_condition_manual() -> None:
+    assert scaling_condition(None, None, manual=True)[2] == "Manual"
+
+
+@pytest.mark.parametrize(
+    ("standby_asked", "standby_ready", "status", "reason"),
+    [
+        (0, 0, ConditionStatus.TRUE, "NoStandby"),
+        (1, 1, ConditionStatus.TRUE, "StandbyReady"),
+        (1, 0, ConditionStatus.FALSE, "StandbyWarming"),
+    ],
+)
+def test_prewarmed_condition(
+    standby_asked: int, standby_ready: int, status: ConditionStatus, reason: str
+) -> None:
+    policy = ScalingPolicy(max_replicas=6, standby_replicas=standby_asked)
+    obs = Observation(now=0, ready_serving=1, ready_standby=standby_ready, queue_depth=0)
+    decision = decision_for(obs, policy)
+    assert prewarmed_condition(decision, obs)[1:3] == (status, reason)
+
+
+@pytest.mark.parametrize(
+    ("queue", "age", "status", "reason"),
+    [
+        (0.0, 0.1, ConditionStatus.FALSE, "Fresh"),
+        (None, 0.1, ConditionStatus.TRUE, "MetricsMissing"),
+        (1.0, 60.0, ConditionStatus.TRUE, "MetricsStale"),
+    ],
+)
+def test_metrics_condition_says_when_the_pool_is_held(
+    queue: float | None, age: float, status: ConditionStatus, reason: str
+) -> None:
+    obs = Observation(now=0, ready_serving=1, queue_depth=queue, metrics_age_seconds=age)
+    verdict = metrics_condition(decision_for(obs), ["queue:missing"])
+    assert verdict[1:3] == (status, reason)
+
+
+def test_scale_event_only_on_change() -> None:
+    obs = Observation(now=0, ready_serving=1, queue_depth=30)
+    decision = decision_for(obs)
+    assert scale_event(PoolName.PRIMARY, None, decision) is None
+    assert scale_event(PoolName.PRIMARY, decision.desired_total, decision) is None
+    kind, reason, message = scale_event(PoolName.PRIMARY, 1, decision)  # type: ignore[misc]
+    assert (kind, reason) == ("Normal", "ScaledUp") and decision.reason in message
+
+
+def test_decision_time_keeps_milliseconds() -> None:
+    at = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
+    assert rfc3339_ms(at) == "2026-01-02T03:04:05.678Z"
