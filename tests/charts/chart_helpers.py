@@ -113,6 +113,8 @@ OPERATOR_RIGHTS = {
     ("", "configmaps", "watch"),
     ("", "pods", "list"),
     ("", "pods", "watch"),
+    # the control loop: role label (serving/standby) and pod-deletion-cost annotation
+    ("", "pods", "patch"),
     # kube.py: server-side apply of the children (an apply that creates the object is
     # authorised as patch and as create: the sandbox refuses it without create)
     ("apps", "deployments", "patch"),

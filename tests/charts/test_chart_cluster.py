@@ -267,7 +267,6 @@ def test_cluster_wide_rbac_allows_exactly_the_operator_rights(
             ("", "secrets", "list"),
             ("apps", "deployments", "delete"),
             ("", "pods", "delete"),
-            ("", "pods", "patch"),
             ("", "pods", "create"),
             (GROUP, PLURAL, "update"),
             (GROUP, PLURAL, "patch"),

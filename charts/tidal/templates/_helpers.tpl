@@ -61,8 +61,9 @@ The operator's own API rights, derived from operator/shell (see charts/README.md
   - children carry an ownerReference with blockOwnerDeletion, which clusters running the
     OwnerReferencesPermissionEnforcement admission plugin authorise as an update of the
     owner's finalizers subresource.
-Pods are only watched (status follows them); when the operator starts writing the
-pod-deletion-cost annotation it needs "patch" on pods too (and tests/charts/chart_helpers.py).
+Pods are watched (status and the control loop follow them) and patched: the control loop sets
+their serving/standby role label and the pod-deletion-cost annotation (a merge patch of
+metadata only).
 Nothing is ever deleted by the operator: children go with their owner (garbage collector).
 */}}
 {{- define "tidal.operatorRules" -}}
@@ -83,7 +84,7 @@ Nothing is ever deleted by the operator: children go with their owner (garbage c
   verbs: ["list", "watch", "create", "patch"]
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list", "watch"]
+  verbs: ["list", "watch", "patch"]
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
