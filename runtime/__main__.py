@@ -71,10 +71,17 @@ def main(argv: list[str] | None = None) -> int:
         loop = asyncio.get_running_loop()
         task = asyncio.current_task()
         assert task is not None
+        stop = asyncio.Event()
+
+        def on_signal() -> None:
+            if stop.is_set():  # a second signal: stop draining, exit now
+                task.cancel()
+            stop.set()
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, task.cancel)
+            loop.add_signal_handler(sig, on_signal)
         with contextlib.suppress(asyncio.CancelledError):
-            await serve(config, args.host, port, backend)
+            await serve(config, args.host, port, backend, stop)
 
     asyncio.run(run())
     return 0

@@ -182,6 +182,9 @@ class RuntimeConfig(_Model):
     models: list[ModelSpec] = Field(default_factory=list)
     memory: MemorySpec = Field(default_factory=MemorySpec)
     max_concurrent_loads: int = Field(default=2, gt=0)
+    # On SIGTERM: report not-ready but keep serving this long, so the endpoint leaves the
+    # Service's EndpointSlice (and clients' balancers) before the listener closes.
+    shutdown_drain_seconds: float = Field(default=5.0, ge=0, le=300)
     faults: FaultSpec = Field(default_factory=FaultSpec)
     max_request_bytes: ByteSize = Field(default=64 * 2**20, gt=0)
     cache_dir: str | None = Field(

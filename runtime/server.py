@@ -125,6 +125,7 @@ class RuntimeServer:
         self.cache = EngineCache(config, self.backend, self.store, self.metrics, clock)
         self.batchers: dict[str, ModelBatcher] = {}
         self.ready = False
+        self.draining = False  # shutting down: not ready, still serving
         self.startup_error: str | None = None
         self._startup_task: asyncio.Task[None] | None = None
         self._random = random.Random(config.faults.seed)
@@ -196,10 +197,13 @@ class RuntimeServer:
         return web.json_response({"live": True})
 
     async def ready_handler(self, request: web.Request) -> web.Response:
-        body: dict[str, Any] = {"ready": self.ready}
+        ready = self.ready and not self.draining
+        body: dict[str, Any] = {"ready": ready}
+        if self.draining:
+            body["draining"] = True
         if self.startup_error:
             body["error"] = self.startup_error
-        return web.json_response(body, status=200 if self.ready else 503)
+        return web.json_response(body, status=200 if ready else 503)
 
     async def server_metadata(self, request: web.Request) -> web.Response:
         return web.json_response(
@@ -390,9 +394,17 @@ class RuntimeServer:
 
 
 async def serve(
-    config: RuntimeConfig, host: str, port: int, backend: Backend | None = None
+    config: RuntimeConfig,
+    host: str,
+    port: int,
+    backend: Backend | None = None,
+    stop: asyncio.Event | None = None,
 ) -> None:
-    """Run the server until cancelled."""
+    """Run the server until cancelled or until ``stop`` is set.
+
+    After ``stop`` the server drains: readiness fails at once, requests are still served for
+    ``shutdownDrainSeconds`` (endpoints and client balancers catch up meanwhile), then it exits.
+    """
     server = RuntimeServer(config, backend)
     runner = web.AppRunner(server.build_app(), access_log=None, handle_signals=False)
     await runner.setup()
@@ -400,6 +412,9 @@ async def serve(
     await site.start()
     log.info("tidal-runtime listening on %s:%d (backend %s)", host, port, config.backend)
     try:
-        await asyncio.Event().wait()
+        await (stop or asyncio.Event()).wait()
+        server.draining = True
+        log.info("stopping: not ready, serving for %.1fs more", config.shutdown_drain_seconds)
+        await asyncio.sleep(config.shutdown_drain_seconds)
     finally:
         await runner.cleanup()

@@ -41,9 +41,11 @@ NAME = "classifier"
 
 # The scenario's clock (seconds after the load starts).
 BASE_RPS, SURGE_RPS = 30.0, 150.0
-SURGE_AT, SURGE_END = 20.0, 60.0
-BAD_ROLLOUT_AT = 70.0
-MAX_DURATION = 150.0
+# The first seconds of load settle the pool (its first decision sees traffic appear from
+# nothing); the surge comes once it is back to its steady size.
+SURGE_AT, SURGE_END = 40.0, 80.0
+BAD_ROLLOUT_AT = 90.0
+MAX_DURATION = 190.0
 ADDED_LATENCY_MS = 40  # every replica: a stand-in for a heavier model's compute time
 BAD_LATENCY_MS = 160  # the bad rollout's primary
 SLO_P99_MS = 120
@@ -85,9 +87,10 @@ def inference_service(model_uri: str, sha256: str) -> dict[str, Any]:
                 "minReplicas": 1,
                 "maxReplicas": 6,
                 "targetQueueDepth": 2,
-                "targetP99Ms": 100,
+                # Well above the normal P99 (~70 ms here): the surge shows in the queue.
+                "targetP99Ms": 300,
                 "standbyReplicas": 1,
-                "scaleDownDelaySeconds": 30,
+                "scaleDownDelaySeconds": 15,
             },
             "rollout": {
                 "baseline": {
@@ -98,6 +101,10 @@ def inference_service(model_uri: str, sha256: str) -> dict[str, Any]:
                 "slo": {"p99Ms": SLO_P99_MS, "errorRate": 0.05, "for": f"{SLO_FOR_SECONDS}s"},
                 "onBreach": "rollback",
                 "activePool": "auto",
+                # Short steps so the demo's bad rollout reaches its first step quickly.
+                "steps": [50, 100],
+                "stepSeconds": 20,
+                "drainSeconds": 5,
             },
         },
     }
@@ -325,6 +332,7 @@ def _drive(sb: Sandbox, console: Console, isvc: dict[str, Any], out_dir: Path) -
     thread.start()
     bad_applied = False
     last_decision = ""
+    last_rollout = ""
     with Live(_view(None, events), console=console, refresh_per_second=2) as live:
         while thread.is_alive():
             t = time.monotonic() - t0
@@ -353,6 +361,15 @@ def _drive(sb: Sandbox, console: Console, isvc: dict[str, Any], out_dir: Path) -
                     "surge" in decision or "scale-up" in decision or "p99" in decision
                 ):
                     timeline.mark("scale-up decided", t)
+            rollout = status.get("rollout") or {}
+            rollout_now = f"{rollout.get('phase', '')}: {rollout.get('reason', '')}"
+            if rollout and rollout_now != last_rollout:
+                events.append(f"{t:5.1f}s  rollout {rollout_now}")
+                last_rollout = rollout_now
+                if bad_applied and ("pending:" in rollout_now or "breach:" in rollout_now):
+                    timeline.mark("SLO breach begins", t)
+                elif "slo ok" in rollout_now and "rolled back" not in timeline.marks:
+                    timeline.marks.pop("SLO breach begins", None)  # it recovered: not sustained
             primary = frame.pools.get("primary", {})
             if t >= SURGE_AT:
                 timeline.mark("surge", SURGE_AT)
@@ -380,6 +397,10 @@ def _drive(sb: Sandbox, console: Console, isvc: dict[str, Any], out_dir: Path) -
             time.sleep(0.5)
     thread.join()
     report = result["report"]
+    (out_dir / "demo-events.log").parent.mkdir(parents=True, exist_ok=True)
+    (out_dir / "demo-events.log").write_text("\n".join(events) + "\n")
+    for sample in report.failures()[:5]:
+        console.print(f"failed request at {sample.sent:.1f}s to {sample.endpoint}: {sample.error}")
     png = out_dir / "demo.png"
     _plot(timeline, report, png)
     marks = timeline.marks
@@ -389,6 +410,7 @@ def _drive(sb: Sandbox, console: Console, isvc: dict[str, Any], out_dir: Path) -
         "surge_to_decision_s": _diff(marks, "surge", "scale-up decided"),
         "surge_to_warm_capacity_s": _diff(marks, "surge", "warm capacity"),
         "bad_rollout_to_flip_s": _diff(marks, "bad rollout", "rolled back"),
+        "breach_onset_to_flip_s": _diff(marks, "SLO breach begins", "rolled back"),
         "slo_window_s": SLO_FOR_SECONDS,
         "rolled_back": "rolled back" in marks,
         "p99_before_surge_ms": report.p99(5, SURGE_AT) * 1000,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -86,3 +87,46 @@ def test_modelgen_cli_prints_the_sha256(tmp_path: Any) -> None:
     digest, size, _path = result.stdout.split()
     assert digest == hashlib.sha256(out.read_bytes()).hexdigest()
     assert int(size) == out.stat().st_size
+
+
+def test_sigterm_drains_not_ready_but_still_serving_then_exits(models: dict[str, Any]) -> None:
+    host = "127.0.0.58"
+    port = free_port(host)
+    config = {
+        "models": [{"name": "mlp", "engines": [{"uri": models["mlp"].uri}]}],
+        "shutdownDrainSeconds": 2,
+    }
+    env = {
+        **os.environ,
+        "TIDAL_HOST": host,
+        "TIDAL_PORT": str(port),
+        "TIDAL_RUNTIME_CONFIG_JSON": json.dumps(config),
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tidal.runtime"], env=env, stdout=subprocess.DEVNULL
+    )
+    try:
+        client = triton.InferenceServerClient(f"{host}:{port}")
+        deadline = time.monotonic() + 60
+        while True:
+            with contextlib.suppress(Exception):
+                if client.is_server_ready():
+                    break
+            assert process.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        process.send_signal(signal.SIGTERM)
+        stopped = time.monotonic()
+        deadline = stopped + 5
+        while client.is_server_ready():  # readiness fails at once…
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        tensor = triton.InferInput("input", [1, 16], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 16), np.float32))
+        # …while requests are still answered during the drain window
+        assert client.infer("mlp", [tensor]).as_numpy("output").shape == (1, 4)
+        code = process.wait(30)
+        assert code == 0
+        assert time.monotonic() - stopped >= 1.5
+    finally:
+        if process.poll() is None:
+            process.kill()
