@@ -75,6 +75,9 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
+# The API's enums, under the names this module has always used.
+from tidal.operator.core.api import ActivePool
+from tidal.operator.core.api import PoolName as Pool
 from tidal.operator.core.slo import (
     BreachAction,
     Frozen,
@@ -107,19 +110,6 @@ __all__ = [
     "plan_rollout",
     "step_shares",
 ]
-
-
-class Pool(StrEnum):
-    PRIMARY = "primary"
-    BASELINE = "baseline"
-
-
-class ActivePool(StrEnum):
-    """``spec.rollout.activePool``: ``auto`` lets the SLO decide; the others pin a pool."""
-
-    AUTO = "auto"
-    PRIMARY = "primary"
-    BASELINE = "baseline"
 
 
 class Traffic(StrEnum):

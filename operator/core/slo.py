@@ -49,6 +49,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from tidal.operator.core.api import BreachAction
+
 __all__ = [
     "BreachAction",
     "PoolSignals",
@@ -70,13 +72,6 @@ class Frozen(BaseModel):
     model_config = ConfigDict(
         frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True
     )
-
-
-class BreachAction(StrEnum):
-    """What a sustained breach of the primary does."""
-
-    ROLLBACK = "rollback"
-    ALERT = "alert"
 
 
 class Signal(StrEnum):
