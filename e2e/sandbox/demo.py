@@ -223,7 +223,17 @@ def _plot(timeline: Timeline, report: LoadReport, path: Path) -> None:
 
 
 def run_demo(keep: bool = False, out_dir: Path | None = None) -> int:
-    console = Console()
+    """``tidal-sandbox demo``: exit 0 when the story played out as it should."""
+    summary = demo_scenario(keep=keep, out_dir=out_dir or REPO / "out")
+    ok = summary["failed_requests"] == 0 and summary["rolled_back"]
+    return 0 if ok else 1
+
+
+def demo_scenario(
+    keep: bool = False, out_dir: Path | None = None, console: Console | None = None
+) -> dict[str, Any]:
+    """Run the whole demo on a fresh sandbox and return its measured summary."""
+    console = console or Console()
     out_dir = out_dir or REPO / "out"
     console.rule("[bold]tidal demo")
     with console.status(
@@ -296,7 +306,7 @@ def run_demo(keep: bool = False, out_dir: Path | None = None) -> int:
             with contextlib.suppress(KeyboardInterrupt):
                 while True:
                     time.sleep(1)
-        return 0 if summary.get("failed_requests", 1) == 0 or summary.get("rolled_back") else 1
+        return summary
     finally:
         if operator is not None:
             with contextlib.suppress(ProcessLookupError):
