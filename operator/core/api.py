@@ -341,7 +341,8 @@ class Engine(ApiModel):
         min_length=1,
         max_length=2048,
         pattern=ENGINE_URI_PATTERN,
-        description="Where the engine lives: file://, s3://, gs://, http(s)://.",
+        description="Where the engine lives: file:// or http(s)://; s3:// and gs:// are "
+        "reserved (the runtime cannot fetch them yet: the service reports Degraded).",
     )
     backend: Backend | None = Field(
         default=None,

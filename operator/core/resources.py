@@ -48,6 +48,8 @@ ROLE_STANDBY = "standby"
 MANAGED_BY = "tidal-operator"
 ANNOTATION_APPLIED_HASH = "serving.tidal.dev/applied-hash"
 ENGINE_FORMAT = {Backend.ONNXRUNTIME: "onnx", Backend.TENSORRT: "plan"}
+# What tidal.runtime's storage can read today (the API also admits s3:// and gs://).
+RUNTIME_FETCH_SCHEMES = frozenset({"file", "http", "https"})
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,13 @@ def find_spec_problems(isvc: InferenceService) -> list[str]:
                     f"{where}.runtime.backend to one of {', '.join(have)}"
                 )
             for engine in model.engines:
+                scheme = engine.uri.split("://", 1)[0]
+                if scheme not in RUNTIME_FETCH_SCHEMES:
+                    problems.append(
+                        f"{pool.name.value} pool: model {model.name!r}: engine {engine.uri}: the "
+                        f"runtime cannot fetch {scheme}:// yet; serve the file over https:// "
+                        "(for example a presigned object-store URL) or from file://"
+                    )
                 if engine.effective_backend is Backend.TENSORRT and not _plan_described(engine):
                     problems.append(
                         f"{pool.name.value} pool: model {model.name!r}: engine {engine.uri} "

@@ -320,7 +320,7 @@ def _arrival_rate(
         # First sight, or a counter reset (the process restarted): no interval to measure.
         return _Last(cur.at, cur.answered, cur.in_flight, None), None
     elapsed = cur.at - prev.at
-    if elapsed < min_interval:
+    if elapsed < min_interval - 1e-9:  # tolerate float rounding of the timestamps
         # Too short to difference without noise: keep the older base, repeat its rate.
         return prev, prev.rate
     arrived = (cur.answered - prev.answered) + (cur.in_flight - prev.in_flight)

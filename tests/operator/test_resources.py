@@ -299,3 +299,9 @@ def test_desired_objects_properties(
     # A ConfigMap comes before the Deployment that reads it.
     kinds = [k for k, _ in keys]
     assert kinds.index("ConfigMap") < kinds.index("Deployment")
+
+
+def test_an_engine_the_runtime_cannot_fetch_is_a_problem_that_says_what_to_do() -> None:
+    isvc = _isvc(models=[{"name": "m", "engines": [{"uri": "s3://bucket/m.onnx"}]}])
+    (problem,) = find_spec_problems(isvc)
+    assert "cannot fetch s3://" in problem and "https://" in problem
