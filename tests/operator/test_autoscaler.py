@@ -321,7 +321,8 @@ def test_policy_validation() -> None:
 
 
 def test_policy_from_the_spec() -> None:
-    api = pytest.importorskip("tidal.operator.core.api")
+    from tidal.operator.core import api
+
     spec = api.Autoscaling.model_validate(
         {"minReplicas": 2, "maxReplicas": 40, "targetQueueDepth": 6, "standbyReplicas": 2}
     )
