@@ -144,13 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         nodes=0, fake_nodes=1, fake_node_pods=max(1000, 2 * args.services), prometheus=False
     )
     with Sandbox(config) as sb:
-        sb.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
-        sb.kubectl(
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/inferenceservices.serving.tidal.dev",
-        )
+        sb.apply_crds(REPO / "crds")
         sb.kubectl("create", "namespace", NAMESPACE)
         metrics_port = free_port()
         log = (sb.state_dir / "operator.log").open("wb")

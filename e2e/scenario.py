@@ -209,10 +209,4 @@ class StatusRecorder:
 
 def install_crd(sandbox: Any) -> None:
     """The InferenceService CRD (idempotent), waited for until the API server serves it."""
-    sandbox.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
-    sandbox.kubectl(
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd/inferenceservices.serving.tidal.dev",
-    )
+    sandbox.apply_crds(REPO / "crds")

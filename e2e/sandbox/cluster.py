@@ -159,6 +159,11 @@ class Sandbox:
             )
         return result
 
+    def apply_crds(self, directory: Path) -> None:
+        """Apply every CRD in ``directory`` (idempotent) and wait until they are served."""
+        self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(directory))
+        self.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(directory))
+
     def api_client(self) -> Any:
         """A ``kubernetes.client.ApiClient`` logged in as the sandbox admin."""
         from kubernetes import client, config

@@ -253,13 +253,7 @@ def demo_scenario(
             f"generated ONNX model {info.path} "
             f"({info.size_bytes} bytes, sha256 {info.sha256[:12]}…)"
         )
-        sb.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
-        sb.kubectl(
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/inferenceservices.serving.tidal.dev",
-        )
+        sb.apply_crds(REPO / "crds")
         sb.kubectl("create", "namespace", NAMESPACE)
         log_path = sb.state_dir / "logs" / "tidal-operator.log"
         operator = subprocess.Popen(

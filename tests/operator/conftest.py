@@ -16,13 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="session")
 def isvc_crd(sandbox: Any) -> None:
-    sandbox.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
-    sandbox.kubectl(
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd/inferenceservices.serving.tidal.dev",
-    )
+    sandbox.apply_crds(REPO / "crds")
 
 
 @pytest.fixture
