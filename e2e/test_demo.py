@@ -19,7 +19,12 @@ def test_demo_scales_on_the_surge_and_rolls_back_the_bad_primary(tmp_path: Path)
     assert summary["surge_to_decision_s"] <= 3.0
     assert summary["surge_to_warm_capacity_s"] is not None
     assert summary["rolled_back"]
-    assert summary["breach_onset_to_flip_s"] is not None
-    assert summary["breach_onset_to_flip_s"] <= SLO_FOR_SECONDS + 10
+    # Never before the SLO window has passed (the marks are sampled every ~0.6 s); then as soon
+    # as the baseline, scaled down with the load earlier, is warm again — pod start-up time on
+    # a busy 2-core machine, so only a loose upper bound here (e2e/test_rollback.py holds the
+    # warm-baseline flip to slo.for + 5 s).
+    flip = summary["breach_onset_to_flip_s"]
+    assert flip is not None
+    assert SLO_FOR_SECONDS - 1.0 <= flip <= SLO_FOR_SECONDS + 40
     assert (tmp_path / "demo.png").stat().st_size > 10_000
     assert "RolledBack" in (tmp_path / "demo-events.log").read_text()
