@@ -23,8 +23,6 @@ import argparse
 import json
 import os
 import re
-import signal
-import subprocess
 import sys
 import time
 import urllib.request
@@ -35,6 +33,7 @@ from typing import Any
 import yaml
 
 from tidal.sandbox import Sandbox, SandboxConfig
+from tidal.sandbox.operatorproc import OperatorProcess
 from tidal.sandbox.procs import free_port
 from tidal.sandbox.wait import wait_for
 
@@ -147,28 +146,15 @@ def main(argv: list[str] | None = None) -> int:
         sb.apply_crds(REPO / "crds")
         sb.kubectl("create", "namespace", NAMESPACE)
         metrics_port = free_port()
-        log = (sb.state_dir / "operator.log").open("wb")
-        operator = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tidal.operator",
-                "--namespace",
-                NAMESPACE,
-                "--workers",
-                str(args.workers),
-                "--metrics-port",
-                str(metrics_port),
-                "--health-port",
-                "0",
-                "--bind-address",
-                "127.0.0.1",
-                "--log-format",
-                "full",
-            ],
-            env={**os.environ, **sb.env},
-            stdout=log,
-            stderr=subprocess.STDOUT,
+        operator = OperatorProcess(
+            {**os.environ, **sb.env}, NAMESPACE, sb.state_dir / "operator.log"
+        ).start(
+            "--workers",
+            str(args.workers),
+            "--metrics-port",
+            str(metrics_port),
+            "--bind-address",
+            "127.0.0.1",
         )
         try:
             wait_for(lambda: scrape(metrics_port), timeout=30, what="operator metrics")
@@ -239,12 +225,7 @@ def main(argv: list[str] | None = None) -> int:
             quiet = minus(scrape(metrics_port), baseline)
             rss_now, rss_peak = rss_kib(operator.pid)
         finally:
-            operator.send_signal(signal.SIGTERM)
-            try:
-                operator.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                operator.kill()
-            log.close()
+            operator.stop()
 
     def per_reconcile(m: dict[str, list[tuple[dict[str, str], float]]]) -> float:
         reconciles = total(m, "tidal_operator_reconciles_total")

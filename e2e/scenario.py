@@ -6,8 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -20,8 +18,8 @@ from typing import Any
 import yaml
 
 from tidal.runtime.modelgen import write_mlp
+from tidal.sandbox.operatorproc import REPO, OperatorProcess
 
-REPO = Path(__file__).resolve().parents[1]
 INFER_BODY = {
     "inputs": [{"name": "input", "shape": [1, 16], "datatype": "FP32", "data": [0.5] * 16}]
 }
@@ -33,60 +31,18 @@ def parse_time(text: str) -> float:
 
 
 @contextlib.contextmanager
-def running_operator(
-    sandbox: Any, namespace: str, log_path: Path
-) -> Iterator[subprocess.Popen[bytes]]:
+def running_operator(sandbox: Any, namespace: str, log_path: Path) -> Iterator[OperatorProcess]:
     """``tidal-operator`` watching ``namespace`` with the sandbox's Prometheus."""
-    env = {**os.environ, **sandbox.env}
-    with log_path.open("ab") as log:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tidal.operator",
-                "--namespace",
-                namespace,
-                "--metrics-port",
-                "0",
-                "--health-port",
-                "0",
-                "--log-format",
-                "plain",
-            ],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=REPO,
-        )
-    try:
-        yield proc
-    finally:
-        # Delete the test objects while the operator still runs is not needed (no finalizers).
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
-        if os.environ.get("TIDAL_SHOW_OPERATOR_LOG") == "1":
-            sys.stderr.write(log_path.read_text(errors="replace")[-30000:])
+    with OperatorProcess({**os.environ, **sandbox.env}, namespace, log_path, "plain") as proc:
+        try:
+            yield proc
+        finally:
+            if os.environ.get("TIDAL_SHOW_OPERATOR_LOG") == "1":
+                sys.stderr.write(proc.log()[-30000:])
 
 
 def apply(sandbox: Any, namespace: str, manifest: dict[str, Any]) -> None:
     sandbox.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(manifest))
-
-
-def get_isvc(sandbox: Any, namespace: str, name: str) -> dict[str, Any]:
-    out = sandbox.kubectl("get", "inferenceservice", name, "-n", namespace, "-o", "json")
-    return dict(json.loads(out.stdout))
-
-
-def condition(body: dict[str, Any], kind: str) -> dict[str, Any]:
-    for cond in (body.get("status") or {}).get("conditions", []):
-        if cond["type"] == kind:
-            return dict(cond)
-    return {}
 
 
 def events(sandbox: Any, namespace: str, name: str) -> list[dict[str, Any]]:

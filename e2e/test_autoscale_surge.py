@@ -21,9 +21,7 @@ from scenario import (
     INFER_BODY,
     StatusRecorder,
     apply,
-    condition,
     events,
-    get_isvc,
     install_crd,
     model_service,
     parse_time,
@@ -33,6 +31,7 @@ from scenario import (
 )
 
 from tidal.sandbox.loadgen import LoadGenerator, step_rate
+from tidal.sandbox.operatorproc import condition, get_isvc
 from tidal.sandbox.wait import wait_for
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.timeout(180)]

@@ -21,9 +21,7 @@ from scenario import (
     INFER_BODY,
     StatusRecorder,
     apply,
-    condition,
     events,
-    get_isvc,
     install_crd,
     model_service,
     pods,
@@ -32,6 +30,7 @@ from scenario import (
 
 from tidal.operator.core.api import LABEL_POOL
 from tidal.sandbox.loadgen import LoadGenerator
+from tidal.sandbox.operatorproc import condition, get_isvc
 from tidal.sandbox.wait import wait_for
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.timeout(180)]

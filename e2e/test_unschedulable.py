@@ -16,9 +16,7 @@ import pytest
 from scenario import (
     INFER_BODY,
     apply,
-    condition,
     events,
-    get_isvc,
     install_crd,
     model_service,
     pods,
@@ -26,6 +24,7 @@ from scenario import (
 )
 
 from tidal.sandbox.loadgen import LoadGenerator
+from tidal.sandbox.operatorproc import condition, get_isvc
 from tidal.sandbox.wait import wait_for
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.timeout(180)]

@@ -364,7 +364,6 @@ class Sandbox:
                 f"--fake-nodes={c.fake_nodes}",
                 f"--fake-node-pods={c.fake_node_pods}",
                 f"--pod-path={os.pathsep.join(pod_path)}",
-                f"--api-port={self.api_port}",
             ],
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )

@@ -17,9 +17,7 @@ import asyncio
 import contextlib
 import json
 import math
-import os
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -33,6 +31,7 @@ from rich.table import Table
 
 from tidal.sandbox.cluster import Sandbox, SandboxConfig
 from tidal.sandbox.loadgen import LoadGenerator, LoadReport, percentile
+from tidal.sandbox.operatorproc import OperatorProcess, condition, get_isvc
 from tidal.sandbox.wait import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -132,18 +131,12 @@ class Timeline:
         self.marks.setdefault(what, t)
 
 
-def _status(sb: Sandbox) -> dict[str, Any]:
-    out = sb.kubectl("-n", NAMESPACE, "get", "inferenceservice", NAME, "-o", "json", check=False)
-    if out.returncode != 0:
+def _isvc(sb: Sandbox) -> dict[str, Any]:
+    """The demo's InferenceService, or {} while the API server has none (or a blip)."""
+    try:
+        return get_isvc(sb, NAMESPACE, NAME)
+    except subprocess.CalledProcessError:
         return {}
-    return dict(json.loads(out.stdout).get("status") or {})
-
-
-def _condition(status: dict[str, Any], ctype: str) -> dict[str, Any]:
-    for cond in status.get("conditions") or []:
-        if cond.get("type") == ctype:
-            return dict(cond)
-    return {}
 
 
 def _view(frame: Frame | None, events: list[str]) -> Group:
@@ -241,7 +234,7 @@ def demo_scenario(
         "node agent, Prometheus…"
     ):
         sb = Sandbox(SandboxConfig(nodes=2, gpus_per_node=2, keep_state=keep)).start()
-    operator: subprocess.Popen[bytes] | None = None
+    operator: OperatorProcess | None = None
     try:
         console.print(
             f"sandbox up in [bold]{sb.started_seconds:.1f}s[/] — export KUBECONFIG={sb.kubeconfig}"
@@ -256,21 +249,9 @@ def demo_scenario(
         sb.apply_crds(REPO / "crds")
         sb.kubectl("create", "namespace", NAMESPACE)
         log_path = sb.state_dir / "logs" / "tidal-operator.log"
-        operator = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tidal.operator",
-                "--namespace",
-                NAMESPACE,
-                "--log-format",
-                "plain",
-            ],
-            env={**sb.env, "PYTHONUNBUFFERED": "1"},
-            stdout=open(log_path, "wb"),  # noqa: SIM115 - lives as long as the process
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        operator = OperatorProcess(
+            {**sb.env, "PYTHONUNBUFFERED": "1"}, NAMESPACE, log_path, "plain"
+        ).start()
         console.print(f"tidal-operator started (log: {log_path})")
         wait_for(
             lambda: (
@@ -285,7 +266,7 @@ def demo_scenario(
             "waiting for the InferenceService to be Ready (models loaded and warmed)…"
         ):
             wait_for(
-                lambda: _condition(_status(sb), "Ready").get("status") == "True",
+                lambda: condition(_isvc(sb), "Ready").get("status") == "True",
                 timeout=180,
                 interval=0.5,
                 what="InferenceService Ready",
@@ -303,10 +284,7 @@ def demo_scenario(
         return summary
     finally:
         if operator is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(operator.pid, 15)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                operator.wait(timeout=15)
+            operator.stop()
         with console.status("stopping the sandbox…"):
             sb.stop()
 
@@ -340,11 +318,12 @@ def _drive(sb: Sandbox, console: Console, isvc: dict[str, Any], out_dir: Path) -
     with Live(_view(None, events), console=console, refresh_per_second=2) as live:
         while thread.is_alive():
             t = time.monotonic() - t0
-            status = _status(sb)
+            body = _isvc(sb)
+            status = body.get("status") or {}
             report = loadgen.report
             window = report.window(t - 2, t)
             decision = (status.get("lastDecision") or {}).get("reason", "")
-            rolled = _condition(status, "RolledBack").get("status") == "True"
+            rolled = condition(body, "RolledBack").get("status") == "True"
             metrics = status.get("metrics") or {}
             frame = Frame(
                 t=t,
@@ -394,7 +373,7 @@ def _drive(sb: Sandbox, console: Console, isvc: dict[str, Any], out_dir: Path) -
             if rolled and "rolled back" not in timeline.marks:
                 timeline.mark("rolled back", t)
                 events.append(
-                    f"{t:5.1f}s  RolledBack: {_condition(status, 'RolledBack').get('message', '')}"
+                    f"{t:5.1f}s  RolledBack: {condition(body, 'RolledBack').get('message', '')}"
                 )
                 stop_at[0] = min(stop_at[0], t + 10)
             live.update(_view(frame, events))

@@ -361,6 +361,12 @@ class PodRunner(threading.Thread):
             return bool(c.terminated and c.terminated.get("exitCode") != 0)
         return False
 
+    def _backoff(self, c: Container) -> float:
+        """kubelet's restart back-off: the base doubling per restart, at most 5 minutes."""
+        return float(
+            min(self.agent.backoff_base * (2 ** min(c.restart_count, 10)), BACKOFF_MAX_SECONDS)
+        )
+
     def _on_exit(self, c: Container, mono: float) -> None:
         assert c.proc is not None
         code = c.proc.returncode
@@ -384,9 +390,7 @@ class PodRunner(threading.Thread):
             # kubelet: 10 s doubling to 5 min, reset after 10 min of running fine.
             if ran_for > 600:
                 c.restart_count = 0
-            delay = min(
-                self.agent.backoff_base * (2 ** min(c.restart_count, 10)), BACKOFF_MAX_SECONDS
-            )
+            delay = self._backoff(c)
             c.backoff_until = mono + delay
             c.waiting = (
                 "CrashLoopBackOff",
@@ -476,9 +480,7 @@ class PodRunner(threading.Thread):
                 "finishedAt": now_rfc3339(),
             }
             c.last_state = {"terminated": c.terminated}
-            delay = min(
-                self.agent.backoff_base * (2 ** min(c.restart_count, 10)), BACKOFF_MAX_SECONDS
-            )
+            delay = self._backoff(c)
             c.backoff_until = mono + delay
             c.waiting = ("RunContainerError", c.terminated["message"])
             c.restart_count += 1
@@ -493,13 +495,12 @@ class PodRunner(threading.Thread):
         c.waiting = None
         c.started_at = now_rfc3339()
         c.started_mono = mono
-        delay = 0.0
 
         def probe(key: str) -> ProbeState | None:
             spec = c.spec.get(key)
             if not spec:
                 return None
-            return ProbeState(spec, next_at=mono + float(spec.get("initialDelaySeconds", delay)))
+            return ProbeState(spec, next_at=mono + float(spec.get("initialDelaySeconds", 0)))
 
         c.started_probe = probe("startupProbe")
         c.ready_probe = probe("readinessProbe")
@@ -668,7 +669,6 @@ class NodeAgent:
         nodes: list[NodeSpec],
         state_dir: Path,
         pod_path: str,
-        api_port: int,
         backoff_base: float = 10.0,
     ) -> None:
         from kubernetes import client
@@ -679,7 +679,6 @@ class NodeAgent:
         self.nodes = {n.name: n for n in nodes}
         self.state_dir = state_dir
         self.pod_path = pod_path
-        self.api_port = api_port
         self.backoff_base = backoff_base
         self.network = PodNetwork()
         self.stopping = threading.Event()
@@ -975,7 +974,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fake-nodes", type=int, default=0)
     p.add_argument("--fake-node-pods", type=int, default=1000)
     p.add_argument("--pod-path", default=os.environ.get("PATH", ""))
-    p.add_argument("--api-port", type=int, default=6443)
     p.add_argument("--restart-backoff", type=float, default=10.0, help="first restart delay (s)")
     args = p.parse_args(argv)
     logging.basicConfig(
@@ -1005,7 +1003,7 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(args.fake_nodes)
     ]
     path = os.pathsep.join(x for x in [args.pod_path, os.environ.get("PATH", "")] if x)
-    agent = NodeAgent(api, nodes, args.state_dir, path, args.api_port, args.restart_backoff)
+    agent = NodeAgent(api, nodes, args.state_dir, path, args.restart_backoff)
 
     def on_signal(signum: int, _frame: Any) -> None:
         log.info("signal %d: stopping pods and exiting", signum)

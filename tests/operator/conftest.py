@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from isvc_fixtures import OperatorProcess
+
+from tidal.sandbox.operatorproc import OperatorProcess
 
 REPO = Path(__file__).resolve().parents[2]
 

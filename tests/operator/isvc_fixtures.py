@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -55,55 +52,3 @@ def minimal(name: str = "svc", namespace: str = "ns", **spec: Any) -> dict[str, 
     }
     body["spec"].update(spec)
     return body
-
-
-class OperatorProcess:
-    """``tidal-operator`` as a child process watching one namespace; restartable, killable."""
-
-    def __init__(self, env: dict[str, str], namespace: str, log_path: Path) -> None:
-        self.env = env
-        self.namespace = namespace
-        self.log_path = log_path
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, *extra: str) -> None:
-        assert self.proc is None or self.proc.poll() is not None
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tidal.operator",
-                "--namespace",
-                self.namespace,
-                "--metrics-port",
-                "0",
-                "--health-port",
-                "0",
-                "--log-format",
-                "full",
-                *extra,
-            ],
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=REPO,
-        )
-        log.close()
-
-    def kill(self) -> None:
-        """SIGKILL: no cleanup, as if the node died mid-reconcile."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

@@ -10,9 +10,9 @@ import time
 from typing import Any
 
 import pytest
-from isvc_fixtures import OperatorProcess
 from test_operator_sandbox import apply, condition, fake_service, get_isvc, is_ready
 
+from tidal.sandbox.operatorproc import OperatorProcess
 from tidal.sandbox.wait import wait_for
 
 pytestmark = pytest.mark.sandbox

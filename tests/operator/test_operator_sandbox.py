@@ -19,7 +19,6 @@ import yaml
 from isvc_fixtures import (
     EXAMPLE_MODEL_PREFIX,
     INVALID,
-    OperatorProcess,
     example_paths,
     invalid_cases,
     minimal,
@@ -29,6 +28,7 @@ from tidal.operator.core import api
 from tidal.operator.core.resources import ANNOTATION_APPLIED_HASH, Observed, desired_objects
 from tidal.runtime.modelgen import write_mlp
 from tidal.sandbox.endpoints import ready_endpoints
+from tidal.sandbox.operatorproc import OperatorProcess, condition, get_isvc
 from tidal.sandbox.wait import wait_for
 
 pytestmark = pytest.mark.sandbox
@@ -47,18 +47,6 @@ FAKE_NODE_PLACEMENT = {
 
 
 # -- helpers --------------------------------------------------------------------------------
-
-
-def get_isvc(sandbox: Any, namespace: str, name: str) -> dict[str, Any]:
-    out = sandbox.kubectl("get", "inferenceservice", name, "-n", namespace, "-o", "json")
-    return dict(json.loads(out.stdout))
-
-
-def condition(body: dict[str, Any], kind: str) -> dict[str, Any]:
-    for cond in (body.get("status") or {}).get("conditions", []):
-        if cond["type"] == kind:
-            return dict(cond)
-    return {}
 
 
 def is_ready(sandbox: Any, namespace: str, name: str) -> dict[str, Any] | None:
