@@ -202,7 +202,7 @@ def test_spec_edit_rolls_pods_while_ready_holds(
     edited["spec"]["models"][0]["warmup"] = {"batchSizes": [1, 2], "iterations": 2}
     apply(sandbox, namespace, edited)
 
-    samples = 0
+    rolling_samples = 0  # polls that saw the roll in progress, with Ready holding
     deadline = time.monotonic() + 180
     while True:
         body = get_isvc(sandbox, namespace, "roll")
@@ -210,7 +210,6 @@ def test_spec_edit_rolls_pods_while_ready_holds(
         assert condition(body, "Ready").get("status") == "True", status
         assert status.get("readyReplicas", 0) >= 1, status
         assert status.get("desiredReplicas") == 1, status
-        samples += 1
         pods = children(sandbox, namespace, "roll").get("Pod", set())
         done = (
             status.get("observedGeneration") == body["metadata"]["generation"]
@@ -220,9 +219,11 @@ def test_spec_edit_rolls_pods_while_ready_holds(
         )
         if done:
             break
+        rolling_samples += 1
         assert time.monotonic() < deadline, f"roll did not finish: {status}"
         time.sleep(0.2)
-    assert samples > 3  # the roll was observed, not skipped
+    # The roll was observed under way (how many polls that takes depends on the machine).
+    assert rolling_samples >= 1
     after = children(sandbox, namespace, "roll")["ReplicaSet"]
     assert len(after) == 2  # old (scaled to 0, kept as history) and new
 
