@@ -7,11 +7,20 @@ Owns one :class:`Slot` per configured model and the budget.  Loads run at most
 an ``await`` in between, so concurrent loads cannot overcommit.  Engines with requests queued or
 running (``refs > 0``) are never evicted.  A failed load (missing file, checksum mismatch,
 incompatible or corrupt engine) releases its reservation and leaves the slot unloaded.
+
+Fleet additions (the gateway and the operator's placement): a :class:`ChangeFeed` whose
+generation bumps on every change of a model's state, of the pins or of a load starting or ending,
+so that ``GET /v2/tidal/models`` can long-poll without polling loops; and **pins**
+(:meth:`EngineCache.set_pins`): pinned models are loaded in the background (at most
+``maxConcurrentLoads - 1`` at once, so an on-demand load always finds a free load slot when
+``maxConcurrentLoads > 1``), retried with back-off while they fail, and never evicted to make
+room for anything.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -52,6 +61,58 @@ class Slot:
     first_request_pending: bool = False
     engine_uri: str | None = None
     history: list[str] = field(default_factory=list)
+    # Fleet view (GET /v2/tidal/models).
+    pinned: bool = False
+    outstanding: int = 0  # infer requests received for this model and not yet answered
+    requests: int = 0  # infer requests answered, cumulative
+    last_size_bytes: int = 0  # measured size of the last successful load (kept after eviction)
+    last_load_seconds: float = 0.0  # wall time of the last successful load, every phase
+
+    @property
+    def fleet_state(self) -> str:
+        """READY, LOADING (from the moment a load is started) or UNAVAILABLE."""
+        if self.state == READY:
+            return READY
+        return LOADING if self.loading is not None else self.state
+
+
+# Back-off of a pinned model whose background load failed: first retry, ceiling (seconds).
+PIN_RETRY_FIRST_S = 1.0
+PIN_RETRY_MAX_S = 30.0
+
+
+class ChangeFeed:
+    """A generation counter that waiters can block on until it moves (no polling)."""
+
+    def __init__(self) -> None:
+        self.generation = 0
+        self._moved: asyncio.Event | None = None
+        self.closed = False
+
+    def bump(self) -> None:
+        self.generation += 1
+        if self._moved is not None:
+            self._moved.set()
+            self._moved = None
+
+    def close(self) -> None:
+        """Release every waiter now and from now on (the server is shutting down)."""
+        self.closed = True
+        self.bump()
+
+    async def wait_past(self, since: int, wait_seconds: float) -> None:
+        """Return once the generation differs from ``since``, or after ``wait_seconds``.
+
+        "Differs", not "exceeds": a client that remembers a generation from before this process
+        restarted (counting from 0 again) gets an answer at once instead of waiting.
+        """
+        if self.generation != since or self.closed or wait_seconds <= 0:
+            return
+        if self._moved is None:
+            self._moved = asyncio.Event()
+        moved = self._moved
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(moved.wait(), wait_seconds)
 
 
 class EngineCache:
@@ -75,6 +136,10 @@ class EngineCache:
         self._load_pool = ThreadPoolExecutor(
             max_workers=config.max_concurrent_loads, thread_name_prefix="tidal-load"
         )
+        self.changes = ChangeFeed()
+        self._pin_loads = asyncio.Semaphore(max(1, config.max_concurrent_loads - 1))
+        self._pin_tasks: dict[str, asyncio.Task[None]] = {}
+        self._pin_retry: dict[str, asyncio.TimerHandle] = {}
         metrics.gpu_memory.labels("budget").set(config.memory.engine_cache_budget_bytes)
         for name in self.slots:
             metrics.model_ready.labels(name).set(0)
@@ -124,6 +189,7 @@ class EngineCache:
             return
         if slot.loading is None:
             slot.loading = asyncio.ensure_future(self._load(slot, on_demand))
+            self.changes.bump()
         await asyncio.shield(slot.loading)
 
     async def _phase(self, slot: Slot, phase: str, func: Any, *args: Any) -> Any:
@@ -146,6 +212,7 @@ class EngineCache:
                 uses=s.uses,
                 in_use=s.refs > 0 or s.state == LOADING,
                 load_seconds=s.load_seconds,
+                pinned=s.pinned,
             )
             for s in self.slots.values()
             if s.spec.name != exclude and s.state in (READY, LOADING)
@@ -174,6 +241,7 @@ class EngineCache:
         try:
             async with self._loads:
                 slot.load_seconds = 0.0
+                load_started = self.clock.now()
                 # Names were validated with the configuration; describing them cannot fail.
                 descriptors = [e.descriptor() for e in spec.engines]
                 selection = select_engine(descriptors, self.backend.target(spec))
@@ -186,6 +254,7 @@ class EngineCache:
                 estimate = self.backend.estimate_bytes(path, chosen)
                 self._reserve(slot, estimate)
                 slot.state = LOADING
+                self.changes.bump()
                 available = self.budget - sum(e.size_bytes for e in self._entries(spec.name))
                 engine = await self._phase(
                     slot, "deserialize", self.backend.load, path, chosen, spec, available
@@ -204,6 +273,8 @@ class EngineCache:
                 slot.loaded_at = slot.last_used = self.clock.now()
                 slot.last_error = None
                 slot.first_request_pending = on_demand
+                slot.last_size_bytes = slot.size_bytes
+                slot.last_load_seconds = slot.loaded_at - load_started
                 self.metrics.model_ready.labels(spec.name).set(1)
                 log.info("loaded %s from %s (%s)", spec.name, chosen.uri, selection.reason)
         except BaseException as exc:
@@ -220,6 +291,7 @@ class EngineCache:
         finally:
             slot.loading = None
             self._publish()
+            self.changes.bump()
 
     def _warm_up(self, engine: Engine, spec: ModelSpec) -> None:
         for batch_size in spec.warmup.batch_sizes:
@@ -236,6 +308,7 @@ class EngineCache:
         slot.size_bytes = 0
         self.metrics.cache_evictions.labels(slot.spec.name).inc()
         self.metrics.model_ready.labels(slot.spec.name).set(0)
+        self.changes.bump()
 
     async def unload(self, name: str) -> None:
         slot = self.slot(name)
@@ -250,6 +323,79 @@ class EngineCache:
         slot.size_bytes = 0
         self.metrics.model_ready.labels(name).set(0)
         self._publish()
+        self.changes.bump()
+
+    # -- pins (fleet placement) ---------------------------------------------------------------
+
+    def set_pins(self, names: list[str]) -> tuple[list[str], dict[str, str]]:
+        """Make ``names`` the whole pinned set (level-triggered); returns (pinned, rejected).
+
+        Every name must be configured (the caller checks).  A model is rejected, and not pinned,
+        when its last measured size alone exceeds the budget, or when it would take the pinned
+        models' known sizes together past the budget (earlier names win).  A model never loaded
+        has no known size yet and is accepted; if it then cannot fit, its background load fails
+        and says why in ``lastError``.  Models left out are unpinned, not unloaded.
+        """
+        accepted: list[str] = []
+        rejected: dict[str, str] = {}
+        total = 0
+        for name in dict.fromkeys(names):
+            size = self.slots[name].last_size_bytes
+            if size > self.budget:
+                rejected[name] = f"too-large: {size}B exceeds the cache budget of {self.budget}B"
+            elif total + size > self.budget:
+                rejected[name] = (
+                    f"no-room: the models pinned before it need {total}B of the "
+                    f"{self.budget}B budget, it needs {size}B more"
+                )
+            else:
+                accepted.append(name)
+                total += size
+        wanted = set(accepted)
+        changed = False
+        for name, slot in self.slots.items():
+            if slot.pinned != (name in wanted):
+                slot.pinned = name in wanted
+                changed = True
+            if not slot.pinned and name in self._pin_retry:
+                self._pin_retry.pop(name).cancel()
+        if changed:
+            self.changes.bump()
+        for name in accepted:
+            self._schedule_pin(name)
+        return accepted, rejected
+
+    def pins_loading(self) -> list[str]:
+        """Pinned models that are not resident yet (loading, queued to load, or retrying)."""
+        return [n for n, s in self.slots.items() if s.pinned and s.state != READY]
+
+    def _schedule_pin(self, name: str, delay: float = PIN_RETRY_FIRST_S) -> None:
+        """Start the background load of a pinned model unless it is resident or under way."""
+        slot = self.slots[name]
+        if not slot.pinned or slot.state == READY or name in self._pin_tasks:
+            return
+        if name in self._pin_retry:
+            self._pin_retry.pop(name).cancel()
+        self._pin_tasks[name] = asyncio.create_task(
+            self._load_pinned(name, delay), name=f"pin-{name}"
+        )
+
+    async def _load_pinned(self, name: str, delay: float) -> None:
+        slot = self.slots[name]
+        failed = False
+        try:
+            async with self._pin_loads:
+                if slot.pinned:
+                    await self.ensure_loaded(name, on_demand=False)
+        except ServingError as exc:
+            log.warning("pinned model %s did not load (retry in %.0f s): %s", name, delay, exc)
+            failed = True
+        finally:
+            self._pin_tasks.pop(name, None)
+        if failed and slot.pinned:
+            self._pin_retry[name] = asyncio.get_running_loop().call_later(
+                delay, self._schedule_pin, name, min(delay * 2, PIN_RETRY_MAX_S)
+            )
 
     def _publish(self) -> None:
         resident = sum(s.size_bytes for s in self.slots.values() if s.state in (READY, LOADING))
@@ -263,6 +409,11 @@ class EngineCache:
         return sum(s.size_bytes for s in self.slots.values() if s.state in (READY, LOADING))
 
     def close(self) -> None:
+        self.changes.close()
+        for timer in self._pin_retry.values():
+            timer.cancel()
+        for task in self._pin_tasks.values():
+            task.cancel()
         for slot in self.slots.values():
             if slot.engine is not None:
                 slot.engine.close()

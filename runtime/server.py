@@ -2,7 +2,9 @@
 
 Routes: health (live/ready), server and model metadata, model ready, model config (Triton
 extension, used by tritonclient), infer (JSON and binary tensors), the model-repository
-extension (index, load, unload), and ``/metrics``.  Every :class:`ServingError` becomes
+extension (index, load, unload), the fleet endpoints the gateway and the operator use
+(``GET /v2/tidal/models``, a long-poll of the hot set; ``PUT /v2/tidal/placement``, the pinned
+models), and ``/metrics``.  Every :class:`ServingError` becomes
 ``{"error": message}`` with its status in :func:`error_middleware`; anything else a handler
 raises becomes a 500 without taking the process down.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import random
 from typing import Any
 
@@ -38,6 +41,8 @@ from tidal.runtime.protocol import DATATYPES, HEADER_LENGTH, decode_request, enc
 from tidal.runtime.storage import EngineStore
 
 log = logging.getLogger("tidal.runtime.server")
+
+MAX_LONG_POLL_S = 30.0  # longest a GET /v2/tidal/models?since=… waits for a change
 
 
 def _error_response(error: ServingError) -> web.Response:
@@ -129,6 +134,7 @@ class RuntimeServer:
         self.startup_error: str | None = None
         self._startup_task: asyncio.Task[None] | None = None
         self._random = random.Random(config.faults.seed)
+        self.replica_name = os.environ.get("POD_NAME") or None  # else the listening host:port
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -137,6 +143,7 @@ class RuntimeServer:
             client_max_size=self.config.max_request_bytes, middlewares=[error_middleware]
         )
         app.on_startup.append(self._on_startup)
+        app.on_shutdown.append(self._on_shutdown)
         app.on_cleanup.append(self._on_cleanup)
         r = app.router
         r.add_get("/v2/health/live", self.live)
@@ -146,6 +153,8 @@ class RuntimeServer:
         r.add_post("/v2/repository/index", self.repository_index)
         r.add_post("/v2/repository/models/{model}/load", self.repository_load)
         r.add_post("/v2/repository/models/{model}/unload", self.repository_unload)
+        r.add_get("/v2/tidal/models", self.fleet_models)
+        r.add_put("/v2/tidal/placement", self.fleet_placement)
         for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
             r.add_get(prefix, self.model_metadata)
             r.add_get(prefix + "/ready", self.model_ready)
@@ -179,9 +188,19 @@ class RuntimeServer:
                 delay = min(delay * 2, 30.0)
         self.startup_error = None
         self.ready = True
+        self.cache.changes.bump()
         elapsed = self.clock.now() - self.started_at
         self.metrics.startup_seconds.set(elapsed)
         log.info("ready after %.2f s", elapsed)
+
+    def start_draining(self) -> None:
+        """Not ready from now on (SIGTERM); requests are still served."""
+        self.draining = True
+        self.cache.changes.bump()
+
+    async def _on_shutdown(self, app: web.Application) -> None:
+        # Before aiohttp waits for running handlers: answer the long-polls now.
+        self.cache.changes.close()
 
     async def _on_cleanup(self, app: web.Application) -> None:
         self.ready = False
@@ -315,12 +334,72 @@ class RuntimeServer:
             raise InvalidRequest("body must be a JSON object")
         return body
 
+    # -- fleet endpoints (gateway, operator placement) -----------------------------------------
+
+    async def fleet_models(self, request: web.Request) -> web.Response:
+        """The hot set and per-model state; with ``since``, a long-poll for the next change."""
+        since_text = request.query.get("since")
+        if since_text is not None:
+            try:
+                since = int(since_text)
+                wait = float(request.query.get("wait", "30"))
+            except ValueError:
+                raise InvalidRequest("'since' must be an integer and 'wait' a number") from None
+            await self.cache.changes.wait_past(since, min(max(wait, 0.0), MAX_LONG_POLL_S))
+        return web.json_response(self.fleet_view(request))
+
+    def fleet_view(self, request: web.Request) -> dict[str, Any]:
+        cache = self.cache
+        replica = self.replica_name
+        if replica is None:
+            sockname = request.transport.get_extra_info("sockname") if request.transport else None
+            replica = f"{sockname[0]}:{sockname[1]}" if sockname else request.host
+        return {
+            "replica": replica,
+            "generation": cache.changes.generation,
+            "ready": self.ready and not self.draining,
+            "budgetBytes": cache.budget,
+            "residentBytes": cache.resident_bytes(),
+            "maxConcurrentLoads": self.config.max_concurrent_loads,
+            "models": {
+                name: {
+                    "state": slot.fleet_state,
+                    "sizeBytes": slot.size_bytes,
+                    "lastSizeBytes": slot.last_size_bytes,
+                    "loadSeconds": slot.last_load_seconds,
+                    "outstanding": slot.outstanding,
+                    "requests": slot.requests,
+                    "pinned": slot.pinned,
+                    "lastError": slot.last_error,
+                }
+                for name, slot in cache.slots.items()
+            },
+        }
+
+    async def fleet_placement(self, request: web.Request) -> web.Response:
+        """Replace the pinned set: those models are loaded in the background and kept hot."""
+        body = await self._json_body(request)
+        pinned = body.get("pinned")
+        if set(body) - {"pinned"} or not isinstance(pinned, list):
+            raise InvalidRequest('the body must be {"pinned": ["model", ...]}')
+        if not all(isinstance(name, str) for name in pinned):
+            raise InvalidRequest("'pinned' must be a list of model names (strings)")
+        unknown = sorted(set(pinned) - set(self.cache.slots))
+        if unknown:
+            raise InvalidRequest(f"unknown models {unknown}: not in this runtime's configuration")
+        accepted, rejected = self.cache.set_pins(pinned)
+        loading = [name for name in self.cache.pins_loading() if name in accepted]
+        return web.json_response({"pinned": accepted, "loading": loading, "rejected": rejected})
+
     # -- inference ----------------------------------------------------------------------------
 
     async def infer(self, request: web.Request) -> web.Response:
         name = request.match_info["model"]
         started = self.clock.now()
         self.metrics.inflight.inc()
+        slot = self.cache.slots.get(name)
+        if slot is not None:
+            slot.outstanding += 1
         cold = False
         code = 500
         try:
@@ -332,7 +411,9 @@ class RuntimeServer:
             raise
         finally:
             self.metrics.inflight.dec()
-            if name in self.cache.slots:
+            if slot is not None:
+                slot.outstanding -= 1
+                slot.requests += 1
                 elapsed = self.clock.now() - started
                 label = "cold" if cold else "hot"
                 self.metrics.request_duration.labels(name, label, str(code)).observe(elapsed)
@@ -413,7 +494,7 @@ async def serve(
     log.info("tidal-runtime listening on %s:%d (backend %s)", host, port, config.backend)
     try:
         await (stop or asyncio.Event()).wait()
-        server.draining = True
+        server.start_draining()
         log.info("stopping: not ready, serving for %.1fs more", config.shutdown_drain_seconds)
         await asyncio.sleep(config.shutdown_drain_seconds)
     finally:

@@ -3,7 +3,8 @@
 The hot set lives on the device under a budget in bytes.  :func:`plan_admission` decides, for an
 engine about to load, which resident engines to evict; the order of eviction comes from an
 :class:`EvictionPolicy`, an interface so that policies can be compared (``bench/``).  Engines in
-use (queued or running requests, or still loading) are never evicted.
+use (queued or running requests, or still loading) are never evicted, and neither are pinned
+engines (the fleet placement wants them hot): only idle, unpinned engines make room.
 """
 
 from __future__ import annotations
@@ -24,6 +25,11 @@ class CacheEntry:
     uses: int = 0
     in_use: bool = False
     load_seconds: float = 0.0
+    pinned: bool = False
+
+    @property
+    def evictable(self) -> bool:
+        return not self.in_use and not self.pinned
 
 
 class EvictionPolicy(Protocol):
@@ -109,14 +115,16 @@ def plan_admission(
     if incoming_bytes <= free:
         return AdmissionPlan(True, (), "fits")
     victims: list[str] = []
-    for entry in policy.order([e for e in resident if not e.in_use], now):
+    for entry in policy.order([e for e in resident if e.evictable], now):
         victims.append(entry.name)
         free += entry.size_bytes
         if incoming_bytes <= free:
             return AdmissionPlan(True, tuple(victims), f"evict:{policy.name}")
     busy = sorted(e.name for e in resident if e.in_use)
+    pinned = sorted(e.name for e in resident if e.pinned and not e.in_use)
     return AdmissionPlan(
         False,
         (),
-        f"blocked:needs {incoming_bytes}B, only {free}B can be freed; in use: {busy}",
+        f"blocked:needs {incoming_bytes}B, only {free}B can be freed; in use: {busy}, "
+        f"pinned: {pinned}",
     )

@@ -50,6 +50,18 @@ def test_engines_in_use_are_never_evicted() -> None:
     assert plan.reason.startswith("blocked") and "'a'" in plan.reason
 
 
+def test_pinned_engines_are_never_evicted_and_the_refusal_names_them() -> None:
+    resident = [
+        CacheEntry("pinned", 60, last_used=1.0, loaded_at=0.0, pinned=True),
+        CacheEntry("idle", 30, last_used=2.0, loaded_at=0.0),
+    ]
+    plan = plan_admission(resident, 30, budget_bytes=100, policy=LRUPolicy(), now=5.0)
+    assert (plan.admit, plan.evict) == (True, ("idle",))
+    plan = plan_admission(resident, 50, budget_bytes=100, policy=LRUPolicy(), now=5.0)
+    assert not plan.admit
+    assert plan.reason.startswith("blocked") and "pinned: ['pinned']" in plan.reason
+
+
 def test_cost_aware_policy_keeps_engines_that_are_slow_to_reload() -> None:
     slow = CacheEntry("slow", 100, last_used=1.0, loaded_at=0, uses=1, load_seconds=30.0)
     quick = CacheEntry("quick", 100, last_used=2.0, loaded_at=0, uses=1, load_seconds=0.1)
@@ -70,6 +82,7 @@ entries = st.lists(
         loaded_at=st.just(0.0),
         uses=st.integers(0, 10),
         in_use=st.booleans(),
+        pinned=st.booleans(),
     ),
     max_size=8,
     unique_by=lambda e: e.name,
@@ -83,7 +96,7 @@ def test_an_admitted_engine_fits_and_only_idle_engines_go(
     budget = max(300, sum(e.size_bytes for e in resident))
     plan = plan_admission(resident, incoming, budget, make_policy(policy_name), now=100.0)
     by_name = {e.name: e for e in resident}
-    assert all(not by_name[name].in_use for name in plan.evict)
+    assert all(not by_name[name].in_use and not by_name[name].pinned for name in plan.evict)
     if plan.admit:
         kept = sum(e.size_bytes for e in resident if e.name not in plan.evict)
         assert kept + incoming <= budget
@@ -94,5 +107,5 @@ def test_lru_evicts_in_order_of_last_use(resident: list[CacheEntry], incoming: i
     plan = plan_admission(
         resident, incoming, 200 + sum(e.size_bytes for e in resident) // 2, LRUPolicy(), now=100.0
     )
-    idle = sorted((e for e in resident if not e.in_use), key=lambda e: (e.last_used, e.name))
+    idle = sorted((e for e in resident if e.evictable), key=lambda e: (e.last_used, e.name))
     assert list(plan.evict) == [e.name for e in idle[: len(plan.evict)]]
