@@ -3,16 +3,30 @@
 Requests are queued with their arrival time and deadline; the loop asks the pure
 :func:`~tidal.runtime.core.batching.decide_batch` what to send, merges the inputs along the
 batch dimension, runs the batch on a worker thread and hands each request its slice of the
-outputs.  One batch per model runs at a time, so while the device is busy the next batch forms.
+outputs.  One batch per model runs at a time (``faults.maxConcurrentBatches`` execution slots
+when set), so while the device is busy the next batch forms.
 
 ``tidal_queue_depth{model}`` is set from ``len(queue)`` in the same step that changes the queue,
 so it is exact at every scrape: the autoscaler scales on it.
+
+What the operator learns a replica's capacity from (operator/SIGNALS.md, "Capacity"): per
+completed batch, ``tidal_backend_{batches,rows,requests,seconds,row_seconds,rows_squared}_total``
+— a few counter increments per batch, nothing per request — and the gauges
+``tidal_backend_slots``, ``tidal_max_batch_rows``, ``tidal_request_timeout_seconds`` and
+``tidal_queue_reachable`` (queued requests that can still be served before their deadline,
+computed when scraped).
+
+``faults.serviceTimeMs`` / ``serviceTimePerRowMs`` emulate a device: each batch holds its slot
+at least that long (the engine runs, then the worker thread waits out the rest), so a replica
+serves at most ``slots x maxBatchSize / service time`` rows per second, like a GPU.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
 from collections import deque
 from collections.abc import Hashable
 from concurrent.futures import ThreadPoolExecutor
@@ -22,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from tidal.runtime.clock import Clock
-from tidal.runtime.config import ModelSpec
+from tidal.runtime.config import FaultSpec, ModelSpec
 from tidal.runtime.core.batching import (
     BatchPolicy,
     QueuedItem,
@@ -54,12 +68,22 @@ class Pending:
 
 class ModelBatcher:
     def __init__(
-        self, spec: ModelSpec, cache: EngineCache, metrics: RuntimeMetrics, clock: Clock
+        self,
+        spec: ModelSpec,
+        cache: EngineCache,
+        metrics: RuntimeMetrics,
+        clock: Clock,
+        faults: FaultSpec | None = None,
     ) -> None:
         self.spec = spec
         self.cache = cache
         self.metrics = metrics
         self.clock = clock
+        if faults is None:
+            config = getattr(cache, "config", None)
+            faults = getattr(config, "faults", None) or FaultSpec()
+        self.faults = faults
+        self.slots = faults.max_concurrent_batches
         self.policy = BatchPolicy(
             max_batch_size=spec.max_batch_size,
             max_queue_delay=spec.batching.max_queue_delay_ms / 1000.0,
@@ -70,20 +94,38 @@ class ModelBatcher:
         self.queued_rows = 0
         self.recent_batch_seconds: float | None = None
         self._wakeup = asyncio.Event()
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"tidal-{spec.name}")
+        self._pool = ThreadPoolExecutor(
+            max_workers=self.slots, thread_name_prefix=f"tidal-{spec.name}"
+        )
         self._task: asyncio.Task[None] | None = None
-        self._gauge = metrics.queue_depth.labels(spec.name)
+        self._running = 0  # batches executing in extra slots (slots > 1)
+        self._executions: set[asyncio.Task[None]] = set()
+        name = spec.name
+        self._gauge = metrics.queue_depth.labels(name)
         self._gauge.set(0)
-        self._batch_hist = metrics.batch_size.labels(spec.name)
+        self._batch_hist = metrics.batch_size.labels(name)
+        self._done_batches = metrics.backend_batches.labels(name)
+        self._done_rows = metrics.backend_rows.labels(name)
+        self._done_requests = metrics.backend_requests.labels(name)
+        self._busy = metrics.backend_seconds.labels(name)
+        self._row_seconds = metrics.backend_row_seconds.labels(name)
+        self._rows_squared = metrics.backend_rows_squared.labels(name)
+        metrics.backend_slots.labels(name).set(self.slots)
+        metrics.max_batch_rows.labels(name).set(spec.max_batch_size)
+        timeout = spec.batching.timeout_ms
+        metrics.request_timeout.labels(name).set(timeout / 1000.0 if timeout else 0.0)
+        metrics.queue_reachable.labels(name).set_function(self.reachable)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"batcher-{self.spec.name}")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        for task in [self._task, *self._executions]:
+            if task is None:
+                continue
+            task.cancel()
             try:
-                await self._task
+                await task
             except asyncio.CancelledError:
                 pass
         for pending in self.queue:
@@ -93,7 +135,39 @@ class ModelBatcher:
         self._gauge.set(0)
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def submit(self, inputs: Arrays, rows: int, shape_key: Hashable) -> asyncio.Future[Arrays]:
+    def reachable(self) -> float:
+        """Queued requests that can still be served before their deadline.
+
+        A request at position i waits for the batches of the rows ahead of it, `slots` at a
+        time, each taking the recent batch time; it is reachable when its deadline is at least
+        that far away. Requests without a deadline are always reachable. O(queue), run when
+        `/metrics` is read (on the event loop, like every change of the queue).
+        """
+        now = self.clock.now()
+        per_batch = self.recent_batch_seconds or 0.0
+        batch_rows = max(1, self.spec.max_batch_size)
+        count = 0
+        rows_ahead = 0
+        for pending in self.queue:
+            deadline = pending.item.deadline
+            if deadline is None:
+                count += 1
+            else:
+                rounds = rows_ahead // batch_rows // self.slots + 1
+                if deadline - now >= rounds * per_batch:
+                    count += 1
+            rows_ahead += pending.item.rows
+        return float(count)
+
+    def submit(
+        self,
+        inputs: Arrays,
+        rows: int,
+        shape_key: Hashable,
+        timeout_ms: float | None = None,
+    ) -> asyncio.Future[Arrays]:
+        """Queue one request. `timeout_ms` (the request's own ``timeout`` parameter, if it has
+        one) shortens ``batching.timeoutMs``; it never extends it."""
         if len(self.queue) >= self.spec.batching.max_queue_size:
             raise Overloaded(
                 f"model {self.spec.name!r}: queue is full ({len(self.queue)} requests)",
@@ -103,6 +177,8 @@ class ModelBatcher:
             )
         now = self.clock.now()
         timeout = self.spec.batching.timeout_ms
+        if timeout_ms is not None and timeout_ms > 0 and math.isfinite(timeout_ms):
+            timeout = timeout_ms if timeout is None else min(timeout, timeout_ms)
         deadline = now + timeout / 1000.0 if timeout is not None else None
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Arrays] = loop.create_future()
@@ -126,10 +202,12 @@ class ModelBatcher:
                 pending.timer.cancel()
         return taken
 
-    def _timed_out(self) -> Overloaded:
+    def _timed_out(self, pending: Pending) -> Overloaded:
+        waited = 0.0
+        if pending.item.deadline is not None:
+            waited = (pending.item.deadline - pending.item.arrival) * 1000.0
         return Overloaded(
-            f"model {self.spec.name!r}: request timed out after "
-            f"{self.spec.batching.timeout_ms:g} ms in the queue",
+            f"model {self.spec.name!r}: request timed out after {waited:g} ms in the queue",
             retry_after=1,
         )
 
@@ -141,7 +219,7 @@ class ModelBatcher:
         self.queued_rows -= pending.item.rows
         self._gauge.set(len(self.queue))
         if not pending.future.done():
-            pending.future.set_exception(self._timed_out())
+            pending.future.set_exception(self._timed_out(pending))
 
     def _expire(self, now: float) -> None:
         if all(p.item.deadline is None for p in self.queue):
@@ -157,12 +235,12 @@ class ModelBatcher:
             if pending.timer is not None:
                 pending.timer.cancel()
             if not pending.future.done():
-                pending.future.set_exception(self._timed_out())
+                pending.future.set_exception(self._timed_out(pending))
         self._gauge.set(len(self.queue))
 
     async def _run(self) -> None:
         while True:
-            if not self.queue:
+            if not self.queue or self._running >= self.slots:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
@@ -183,8 +261,31 @@ class ModelBatcher:
                     pass
                 continue
             batch = [p for p in self._take(decision.count) if not p.future.done()]
-            if batch:
+            if not batch:
+                continue
+            if self.slots == 1:
                 await self._execute(batch)
+            else:
+                self._running += 1
+                task = asyncio.create_task(self._execute_in_slot(batch))
+                self._executions.add(task)
+                task.add_done_callback(self._executions.discard)
+
+    async def _execute_in_slot(self, batch: list[Pending]) -> None:
+        try:
+            await self._execute(batch)
+        finally:
+            self._running -= 1
+            self._wakeup.set()
+
+    def _infer_paced(self, engine: Any, merged: Arrays, rows: int) -> Arrays:
+        """Run the batch, then hold the slot until the emulated service time has passed."""
+        started = self.clock.now()
+        outputs: Arrays = engine.infer(merged)
+        left = self.faults.batch_floor_seconds(rows) - (self.clock.now() - started)
+        if left > 0:
+            time.sleep(left)
+        return outputs
 
     async def _execute(self, batch: list[Pending]) -> None:
         slot = self.cache.slots[self.spec.name]
@@ -205,7 +306,11 @@ class ModelBatcher:
         started = self.clock.now()
         recent = self.recent_batch_seconds
         try:
-            if recent is not None and recent < INLINE_BELOW_SECONDS:
+            if self.faults.paced:
+                outputs = await asyncio.get_running_loop().run_in_executor(
+                    self._pool, self._infer_paced, engine, merged, rows
+                )
+            elif recent is not None and recent < INLINE_BELOW_SECONDS:
                 outputs = engine.infer(merged)
             else:
                 outputs = await asyncio.get_running_loop().run_in_executor(
@@ -225,6 +330,12 @@ class ModelBatcher:
         elapsed = self.clock.now() - started
         previous = self.recent_batch_seconds
         self.recent_batch_seconds = elapsed if previous is None else 0.8 * previous + 0.2 * elapsed
+        self._done_batches.inc()
+        self._done_rows.inc(rows)
+        self._done_requests.inc(len(batch))
+        self._busy.inc(elapsed)
+        self._row_seconds.inc(rows * elapsed)
+        self._rows_squared.inc(rows * rows)
         offset = 0
         for pending in batch:
             n = pending.item.rows

@@ -153,12 +153,37 @@ class MemorySpec(_Model):
 
 
 class FaultSpec(_Model):
-    """Test and demo aids: make this replica slow, failing or slow to warm. Off by default."""
+    """Test and demo aids: make this replica slow, failing, slow to warm or capacity-limited.
+
+    Off by default (one batch per model at a time, no emulated service time)."""
 
     added_latency_ms: float = Field(default=0.0, ge=0, description="added to every infer")
     error_rate: float = Field(default=0.0, ge=0, le=1, description="fraction answered 500")
     extra_warmup_seconds: float = Field(default=0.0, ge=0, description="added to each warm-up")
     seed: int | None = Field(default=None, description="seed of the error draw")
+    # An emulated device: a batch occupies one of `maxConcurrentBatches` execution slots for at
+    # least serviceTimeMs + serviceTimePerRowMs x rows (the engine runs, then the slot waits out
+    # the rest). Unlike addedLatencyMs, which sleeps beside the request without bound, this gives
+    # a replica a real capacity limit: requests beyond it queue, so P99 and queues respond to
+    # load as on a GPU. maxConcurrentBatches also applies without a service time.
+    service_time_ms: float = Field(
+        default=0.0, ge=0, le=600_000, description="least time a batch holds its slot"
+    )
+    service_time_per_row_ms: float = Field(
+        default=0.0, ge=0, le=600_000, description="added to serviceTimeMs per row of the batch"
+    )
+    max_concurrent_batches: int = Field(
+        default=1, ge=1, le=64, description="batches of one model executing at once"
+    )
+
+    @property
+    def paced(self) -> bool:
+        """True when batches are held to an emulated service time."""
+        return self.service_time_ms > 0 or self.service_time_per_row_ms > 0
+
+    def batch_floor_seconds(self, rows: int) -> float:
+        """The least time a batch of `rows` rows holds its execution slot."""
+        return (self.service_time_ms + self.service_time_per_row_ms * rows) / 1000.0
 
 
 class OnnxRuntimeSpec(_Model):
@@ -212,6 +237,9 @@ FAULT_ENV: dict[str, str] = {
     "TIDAL_FAULT_ERROR_RATE": "errorRate",
     "TIDAL_FAULT_EXTRA_WARMUP_SECONDS": "extraWarmupSeconds",
     "TIDAL_FAULT_SEED": "seed",
+    "TIDAL_FAULT_SERVICE_TIME_MS": "serviceTimeMs",
+    "TIDAL_FAULT_SERVICE_TIME_PER_ROW_MS": "serviceTimePerRowMs",
+    "TIDAL_FAULT_MAX_CONCURRENT_BATCHES": "maxConcurrentBatches",
 }
 
 

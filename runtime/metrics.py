@@ -96,6 +96,65 @@ class RuntimeMetrics:
             buckets=BATCH_BUCKETS,
             registry=r,
         )
+        # What a batch costs, for the operator's capacity estimate (operator/SIGNALS.md,
+        # "Capacity"): counted when a batch completes, so that every counter of one batch moves
+        # together. Rows x seconds and rows squared let a reader fit batch time = a + b x rows by
+        # least squares over any window of increases.
+        self.backend_batches = Counter(
+            "tidal_backend_batches", "Batches the backend completed.", ["model"], registry=r
+        )
+        self.backend_rows = Counter(
+            "tidal_backend_rows",
+            "Rows of the batches the backend completed.",
+            ["model"],
+            registry=r,
+        )
+        self.backend_requests = Counter(
+            "tidal_backend_requests",
+            "Requests of the batches the backend completed.",
+            ["model"],
+            registry=r,
+        )
+        self.backend_seconds = Counter(
+            "tidal_backend_seconds",
+            "Seconds batches held an execution slot (busy time, summed over concurrent batches).",
+            ["model"],
+            registry=r,
+        )
+        self.backend_row_seconds = Counter(
+            "tidal_backend_row_seconds",
+            "Sum over completed batches of rows x seconds.",
+            ["model"],
+            registry=r,
+        )
+        self.backend_rows_squared = Counter(
+            "tidal_backend_rows_squared",
+            "Sum over completed batches of rows squared.",
+            ["model"],
+            registry=r,
+        )
+        self.backend_slots = Gauge(
+            "tidal_backend_slots",
+            "Batches of the model that may execute at once.",
+            ["model"],
+            registry=r,
+        )
+        self.max_batch_rows = Gauge(
+            "tidal_max_batch_rows", "The model's maxBatchSize, in rows.", ["model"], registry=r
+        )
+        self.queue_reachable = Gauge(
+            "tidal_queue_reachable",
+            "Queued requests that can still be served before their deadline at the recent batch "
+            "time (all queued requests when they have no deadline).",
+            ["model"],
+            registry=r,
+        )
+        self.request_timeout = Gauge(
+            "tidal_request_timeout_seconds",
+            "The model's per-request deadline from arrival (batching.timeoutMs); 0: none.",
+            ["model"],
+            registry=r,
+        )
         self.model_ready = Gauge(
             "tidal_model_ready",
             "1 when the model's engine is resident and warm.",
