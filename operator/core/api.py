@@ -573,11 +573,19 @@ class Autoscaling(ApiModel):
         default=1, ge=0, le=1000, description="Fewest replicas; 0 allows scale to zero."
     )
     max_replicas: int = Field(default=10, ge=1, le=1000, description="Most replicas.")
-    target_queue_depth: float = Field(
-        default=4.0,
+    target_utilization: float = Field(
+        default=0.7,
+        gt=0,
+        le=1,
+        description="Share of a replica's capacity to load it with. The operator learns the "
+        "capacity (requests per second at saturation) from the runtime's batch timings.",
+    )
+    target_queue_depth: float | None = Field(
+        default=None,
         gt=0,
         le=10000,
-        description="In-flight plus queued requests per ready replica to aim for.",
+        description="In-flight plus queued requests per ready replica to aim for; when set it "
+        "replaces targetUtilization as the target.",
     )
     target_p99_ms: float | None = Field(
         default=None,
@@ -923,6 +931,24 @@ class Decision(ApiModel):
     )
 
 
+class AutoscalerStatus(ApiModel):
+    """The autoscaler's learned capacity and its memory, so a restarted operator resumes."""
+
+    capacity_per_replica: float | None = Field(
+        default=None, ge=0, description="Requests per second one replica serves at saturation."
+    )
+    knee_concurrency: float | None = Field(
+        default=None,
+        ge=0,
+        description="Requests one replica holds in service at saturation; latency rises beyond.",
+    )
+    state: str = Field(
+        default="",
+        max_length=16384,
+        description="The autoscaler's state as JSON (learned capacity, last decisions, windows).",
+    )
+
+
 class RolloutStatus(ApiModel):
     """Where the two-pool traffic logic stands (present when spec.rollout.baseline is set)."""
 
@@ -982,6 +1008,9 @@ class InferenceServiceStatus(ApiModel):
     last_decision: Decision | None = Field(default=None, description="Last decision and why.")
     rollout: RolloutStatus | None = Field(
         default=None, description="Two-pool traffic state (with a baseline)."
+    )
+    autoscaler: AutoscalerStatus | None = Field(
+        default=None, description="What the autoscaler learned and remembers (survives restarts)."
     )
 
 

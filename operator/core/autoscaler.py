@@ -4,17 +4,36 @@ Owns `decide_scale`, a pure function of a `ScalingPolicy` (from the spec's autos
 an `Observation` (counts and signals the shell gathered) and the previous `ScalerState`; it
 returns a `ScaleDecision` carrying a short machine-friendly reason and the inputs it used, plus
 the next state. It never reads the clock: `Observation.now` is monotonic seconds from the shell.
+Also owns what a replica can do (`estimate_capacity`, learned from the runtime's batch counters)
+and the state's persisted form (`dump_state` / `load_state`).
 
-How demand is estimated (all in "replicas at the target queue depth"):
+Capacity, in the units the service really has: the runtime counts, per completed batch, its
+rows, requests and the seconds it held an execution slot (`WorkSample`). Their decayed sums
+(`CapacityMemory`, in the state) fit batch time = a + b x rows by least squares, so one replica
+serves `slots x rows / time(rows)` requests per second at saturation (evaluated at the largest
+batch the evidence supports) and holds `slots x rows` requests in service when it does: the
+concurrency at which latency starts to rise. The service time is measured whether or not the
+pool is saturated, so a pool that starts saturated knows its capacity from the first batches.
+
+How demand is estimated (in replicas):
 
 * Flow: the arrival rate expected when a replica created now will be warm (the rate now plus
-  its trend over `trend_window_seconds`, times the measured warm-up time), times the seconds of
-  concurrency one request holds (learned from queue depth / arrival rate while not saturated).
-* Backlog: requests queued beyond that flow, to be drained over `backlog_drain_seconds`. A
-  backlog is a stock, not a flow: sizing replicas for it directly (as KPA does with raw
-  concurrency) keeps adding replicas while the ones on the way are still warming.
-* Without an arrival rate (or before the per-request time is known) the queue depth itself,
-  projected by its trend, is the demand.
+  its trend over `trend_window_seconds`, times the measured warm-up time), divided by what one
+  replica serves at the target: `target_utilization` x capacity. When the user set
+  `target_queue_depth`, its old meaning: concurrency per replica, with the seconds of
+  concurrency one request holds learned from queue depth / arrival rate while not saturated,
+  or from the measured service time until then.
+* Backlog: requests waiting beyond what the ready replicas hold in service, plus what they
+  fall behind by until the replicas on the way are warm, counting only requests that can
+  still be served within their deadline (the runtime reports queued requests that cannot, and
+  its request timeout, which ages the backlog while capacity warms). It is drained over
+  `backlog_drain_seconds` and bounded by `max_backlog_share` of the flow: a backlog is a
+  stock, not a flow, and the clients of its oldest requests give up.
+* Bound: when capacity and the arrival rate are known, no term (backlog, P99, queue) sizes
+  beyond arrival / capacity x (1 + `max_headroom`) plus the backlog allowance, so a saturated
+  pool never runs to `max_replicas`. Without capacity (a runtime without the batch counters,
+  or before its first batch) the queue over the target concurrency is the demand, and each
+  decision at most doubles the pool until capacity is known.
 * Hot P99 approaching its target (`p99_approach`) asks for more replicas than are ready even when
   queues look fine, once earlier additions have had time to show in the (lagging) percentile.
 
@@ -26,9 +45,11 @@ that noise cannot make the pool flap. Missing or stale metrics hold the pool whe
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 # Reasons (a closed vocabulary the shell copies into status, Events and metrics labels).
 REASON_STEADY = "steady"
@@ -46,6 +67,10 @@ REASON_FLOOR_MIN = "floor:min"
 REASON_RATE_LIMITED = "rate-limited"
 REASON_UNSCHEDULABLE = "unschedulable"
 
+# Notes (free text beside the reason) for the two bounds added with capacity learning.
+NOTE_CAPACITY_BOUND = "capacity-bound"
+NOTE_LEARNING = "capacity not learned yet: at most doubling"
+
 # Small slack so that a demand of exactly 3.0 replicas computed in floating point as 3.0000001
 # does not round up to 4.
 _EPS = 1e-9
@@ -59,7 +84,9 @@ class AutoscalingSpec(Protocol):
     @property
     def max_replicas(self) -> int: ...
     @property
-    def target_queue_depth(self) -> float: ...
+    def target_utilization(self) -> float: ...
+    @property
+    def target_queue_depth(self) -> float | None: ...
     @property
     def target_p99_ms(self) -> float | None: ...
     @property
@@ -78,8 +105,11 @@ class ScalingPolicy:
 
     min_replicas: int = 1
     max_replicas: int = 10
-    # In-flight plus queued requests per ready serving replica to aim for.
-    target_queue_depth: float = 4.0
+    # Share of a replica's learned capacity (requests/s at saturation) to load it with.
+    target_utilization: float = 0.7
+    # In-flight plus queued requests per ready serving replica to aim for; None: the target is
+    # `target_utilization` of the learned capacity.
+    target_queue_depth: float | None = None
     # Hot-path P99 to stay under; None: the queue signal alone decides.
     target_p99_ms: float | None = None
     standby_replicas: int = 0
@@ -107,6 +137,22 @@ class ScalingPolicy:
     # Trend growth below this fraction of the current rate is treated as noise.
     trend_deadband: float = 0.1
     backlog_drain_seconds: float = 10.0
+    # The backlog allowance is at most this share of the flow's replicas.
+    max_backlog_share: float = 0.5
+    # With capacity known, nothing sizes beyond arrival / capacity x (1 + this) + the backlog
+    # allowance (2.0: utilisation never below a third, whatever P99 or the queue say).
+    max_headroom: float = 2.0
+    # Without a known per-request time, a decision at most multiplies the pool by this.
+    learning_max_factor: float = 2.0
+    # Target concurrency per replica before capacity is learned (utilisation mode).
+    fallback_queue_depth: float = 4.0
+    # Capacity evidence: old batches fade as new ones arrive, e-fold per this many batches.
+    capacity_memory_batches: float = 2000.0
+    # Fewer batches than this in memory: capacity is not known yet.
+    min_capacity_batches: float = 10.0
+    # Capacity is evaluated at most this multiple of the mean batch seen (up to maxBatchSize):
+    # batches larger than any seen are an extrapolation, taken a step at a time.
+    capacity_extrapolation: float = 4.0
     # Without a P99 target, scale-down needs no P99; with one, a missing P99 blocks scale-down
     # unless the pool is idle (no requests, so no percentile to measure).
     require_p99_for_scale_down: bool = True
@@ -119,7 +165,9 @@ class ScalingPolicy:
             problems.append("need 0 <= min_replicas <= max_replicas")
         if self.standby_replicas < 0:
             problems.append("standby_replicas must be >= 0")
-        if self.target_queue_depth <= 0:
+        if not 0 < self.target_utilization <= 1:
+            problems.append("target_utilization must be in (0, 1]")
+        if self.target_queue_depth is not None and self.target_queue_depth <= 0:
             problems.append("target_queue_depth must be > 0")
         if self.target_p99_ms is not None and self.target_p99_ms <= 0:
             problems.append("target_p99_ms must be > 0")
@@ -135,6 +183,14 @@ class ScalingPolicy:
             problems.append("need trend_window_seconds > 0 and max_trend_factor >= 1")
         if self.backlog_drain_seconds <= 0 or self.max_metrics_age_seconds <= 0:
             problems.append("backlog_drain_seconds and max_metrics_age_seconds must be > 0")
+        if self.max_backlog_share < 0 or self.max_headroom < 0:
+            problems.append("max_backlog_share and max_headroom must be >= 0")
+        if self.learning_max_factor < 1 or self.fallback_queue_depth <= 0:
+            problems.append("need learning_max_factor >= 1 and fallback_queue_depth > 0")
+        if self.capacity_memory_batches <= 0 or self.min_capacity_batches < 1:
+            problems.append("need capacity_memory_batches > 0 and min_capacity_batches >= 1")
+        if self.capacity_extrapolation < 1:
+            problems.append("capacity_extrapolation must be >= 1")
         if not 0 < self.seconds_per_request_smoothing <= 1:
             problems.append("seconds_per_request_smoothing must be in (0, 1]")
         if problems:
@@ -146,6 +202,7 @@ class ScalingPolicy:
         fields: dict[str, float | int | bool | None] = {
             "min_replicas": spec.min_replicas,
             "max_replicas": spec.max_replicas,
+            "target_utilization": spec.target_utilization,
             "target_queue_depth": spec.target_queue_depth,
             "target_p99_ms": spec.target_p99_ms,
             "standby_replicas": spec.standby_replicas,
@@ -156,6 +213,130 @@ class ScalingPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class BatchWork:
+    """Completed batches over some interval, summed over pods and models: the increases of the
+    runtime's ``tidal_backend_{batches,rows,requests,seconds,row_seconds,rows_squared}_total``.
+
+    `seconds` is busy time (slot-seconds); `row_seconds` and `rows_squared` are the sums of
+    rows x seconds and rows squared over the batches, what a least-squares fit of batch time
+    against batch size needs. Every field is >= 0.
+    """
+
+    batches: float = 0.0
+    rows: float = 0.0
+    requests: float = 0.0
+    seconds: float = 0.0
+    row_seconds: float = 0.0
+    rows_squared: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in _WORK_FIELDS:
+            value = getattr(self, name)
+            if not value >= 0 or math.isinf(value):
+                raise ValueError(f"BatchWork.{name} must be finite and >= 0")
+
+    def plus(self, other: BatchWork) -> BatchWork:
+        return BatchWork(*(getattr(self, n) + getattr(other, n) for n in _WORK_FIELDS))
+
+    def scaled(self, factor: float) -> BatchWork:
+        return BatchWork(*(getattr(self, n) * factor for n in _WORK_FIELDS))
+
+
+_WORK_FIELDS = ("batches", "rows", "requests", "seconds", "row_seconds", "rows_squared")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkSample:
+    """The pool's batch work since the last observation, and the shape of one replica:
+    `slots` batches execute at once, each of at most `max_batch_rows` rows."""
+
+    work: BatchWork
+    slots: int = 1
+    max_batch_rows: int = 1
+
+    def __post_init__(self) -> None:
+        if self.slots < 1 or self.max_batch_rows < 1:
+            raise ValueError("slots and max_batch_rows must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """What one replica of the pool can do, learned from its batches.
+
+    `per_replica_rate`: requests per second at saturation; `knee_concurrency`: requests it
+    holds in service then (latency rises beyond it); `seconds_per_request`: the time one
+    request holds that concurrency (knee / rate, the service time of a batch).
+    """
+
+    per_replica_rate: float
+    knee_concurrency: float
+    batch_rows: float
+    batch_seconds: float
+
+    @property
+    def seconds_per_request(self) -> float:
+        return self.knee_concurrency / self.per_replica_rate
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityMemory:
+    """Decayed sums of the pool's batch work (old batches fade as new ones arrive, never with
+    time alone: an idle pool keeps what it learned)."""
+
+    work: BatchWork = field(default_factory=BatchWork)
+    slots: int = 1
+    max_batch_rows: int = 1
+
+
+def learn_capacity(
+    policy: ScalingPolicy, memory: CapacityMemory | None, sample: WorkSample | None
+) -> CapacityMemory | None:
+    """Fold one observation's batch work into the memory."""
+    if sample is None or sample.work.batches <= 0:
+        return memory
+    old = memory.work if memory is not None else BatchWork()
+    keep = math.exp(-sample.work.batches / policy.capacity_memory_batches)
+    return CapacityMemory(old.scaled(keep).plus(sample.work), sample.slots, sample.max_batch_rows)
+
+
+def estimate_capacity(policy: ScalingPolicy, memory: CapacityMemory | None) -> Capacity | None:
+    """One replica's capacity from the batches in memory; None while there are too few.
+
+    Batch time is fitted as a + b x rows (least squares, a and b >= 0). Without spread in batch
+    sizes there is nothing to fit and time is taken as proportional to rows (a = 0), which is
+    conservative: throughput grows with the batch only as far as the evidence shows. Capacity
+    is evaluated at the largest batch the replica forms, `max_batch_rows`, but at most
+    `capacity_extrapolation` times the mean batch seen.
+    """
+    if memory is None:
+        return None
+    w = memory.work
+    if w.batches < policy.min_capacity_batches or w.seconds <= 0 or w.rows <= 0:
+        return None
+    n = w.batches
+    mean_rows, mean_seconds = w.rows / n, w.seconds / n
+    var_rows = w.rows_squared / n - mean_rows**2
+    slope = mean_seconds / mean_rows
+    if var_rows > (0.05 * mean_rows) ** 2:
+        cov = w.row_seconds / n - mean_rows * mean_seconds
+        slope = min(max(cov / var_rows, 0.0), mean_seconds / mean_rows)
+    intercept = max(mean_seconds - slope * mean_rows, 0.0)
+    rows = min(float(memory.max_batch_rows), policy.capacity_extrapolation * mean_rows)
+    rows = max(rows, mean_rows)
+    seconds = intercept + slope * rows
+    if seconds <= 0:
+        return None
+    requests_per_row = w.requests / w.rows if w.requests > 0 else 1.0
+    knee = memory.slots * rows * requests_per_row
+    return Capacity(
+        per_replica_rate=knee / seconds,
+        knee_concurrency=knee,
+        batch_rows=rows,
+        batch_seconds=seconds,
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class Observation:
     """What the shell saw of one pool at `now` (monotonic seconds).
 
@@ -163,6 +344,9 @@ class Observation:
     None means the signal is missing. `metrics_age_seconds` is the age of the oldest signal used
     (None: unknown, treated as stale). `warming` counts pods created and scheduled but not ready
     yet; `pending_unschedulable` pods the scheduler cannot place (no GPU) and are not capacity.
+    `unreachable`: queued requests that cannot be served before their deadline any more (not
+    demand); `deadline_seconds`: the requests' deadline from arrival (None: none); `work`: the
+    batches completed since the last observation (None: the runtime does not report them).
     """
 
     now: float
@@ -175,12 +359,22 @@ class Observation:
     arrival_rate: float | None = None
     warmup_seconds: float | None = None
     metrics_age_seconds: float | None = 0.0
+    unreachable: float | None = None
+    deadline_seconds: float | None = None
+    work: WorkSample | None = None
 
     def __post_init__(self) -> None:
         counts = (self.ready_serving, self.warming, self.ready_standby, self.pending_unschedulable)
         if min(counts) < 0:
             raise ValueError("replica counts must be >= 0")
-        for name in ("queue_depth", "hot_p99_ms", "arrival_rate", "warmup_seconds"):
+        for name in (
+            "queue_depth",
+            "hot_p99_ms",
+            "arrival_rate",
+            "warmup_seconds",
+            "unreachable",
+            "deadline_seconds",
+        ):
             value = getattr(self, name)
             if value is not None and (value < 0 or math.isnan(value)):
                 raise ValueError(f"{name} must be >= 0 (or None when missing)")
@@ -212,6 +406,8 @@ class ScalerState:
     trend_signal: str = ""
     # Concurrency seconds one request holds while the pool is not saturated (Little's law).
     seconds_per_request: float | None = None
+    # The pool's batch work, what its capacity is estimated from.
+    capacity: CapacityMemory | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +427,11 @@ class DecisionInputs:
     demand_replicas: float
     p99_replicas: int
     window_max: int | None
+    capacity_per_replica: float | None = None
+    knee_concurrency: float | None = None
+    backlog: float | None = None
+    unreachable: float | None = None
+    bound_replicas: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,6 +454,20 @@ class ScaleDecision:
         return self.desired_serving + self.desired_standby
 
 
+@dataclass(frozen=True, slots=True)
+class _Demand:
+    """Replicas the load asks for, and what went into it."""
+
+    replicas: float
+    projected: float | None = None
+    # Live requests the capacity on the way will find (None: not estimated).
+    backlog: float | None = None
+    # The most any term may ask for (None: capacity or rate unknown).
+    bound: float | None = None
+    # No per-request time known: scale-up is limited to `learning_max_factor`.
+    learning: bool = False
+
+
 def decide_scale(
     policy: ScalingPolicy, observation: Observation, state: ScalerState
 ) -> tuple[ScaleDecision, ScalerState]:
@@ -260,20 +475,26 @@ def decide_scale(
     obs = observation
     current = _current_serving(policy, obs, state)
     warmup = obs.warmup_seconds if obs.warmup_seconds is not None else policy.default_warmup_seconds
+    memory = learn_capacity(policy, state.capacity, obs.work)
+    capacity = estimate_capacity(policy, memory)
 
     stale = _staleness(policy, obs)
     if stale is not None:
-        return _hold(policy, obs, state, current, warmup, stale)
+        return _hold(policy, obs, replace(state, capacity=memory), current, warmup, stale)
 
     assert obs.queue_depth is not None  # _staleness returns a reason when it is missing
     trend_samples, signal = _record_trend(policy, obs, state)
-    demand, projected = _demand_replicas(policy, obs, state, trend_samples, warmup)
+    demand = _demand_replicas(policy, obs, state, trend_samples, warmup, capacity)
     p99_replicas = _p99_replicas(policy, obs, state, warmup)
+    notes: list[str] = []
+    if demand.bound is not None and p99_replicas > math.ceil(demand.bound - _EPS):
+        p99_replicas = max(math.ceil(demand.bound - _EPS), 0)
+        notes.append(NOTE_CAPACITY_BOUND)
     # Hysteresis: queue demand must exceed the replicas asked for by the tolerance to add
     # any, while scale-down goes to the largest plain recommendation of the window, so a load
     # that wanders within the band moves nothing. (P99 has its own guard, see _p99_replicas.)
-    by_demand = math.ceil(demand - _EPS)
-    queue_up = by_demand if demand > current * (1.0 + policy.tolerance) else 0
+    by_demand = math.ceil(demand.replicas - _EPS)
+    queue_up = by_demand if demand.replicas > current * (1.0 + policy.tolerance) else 0
     need_up = max(queue_up, p99_replicas)
     rec = _clamp(max(by_demand, p99_replicas), policy.min_replicas, policy.max_replicas)
     p99_agrees = _p99_agrees_to_scale_down(policy, obs)
@@ -285,10 +506,9 @@ def decide_scale(
 
     desired = current
     reason = REASON_STEADY
-    notes: list[str] = []
     if need_up > current:
         desired = need_up
-        reason = _up_reason(policy, obs, demand, projected, p99_replicas)
+        reason = _up_reason(obs, demand, p99_replicas)
     elif rec < current:
         reason = REASON_WAIT_DOWN
         if agreed_since is None:
@@ -303,6 +523,12 @@ def decide_scale(
             math.ceil(current * policy.max_scale_up_rate - _EPS),
             current + policy.max_scale_up_step,
         )
+        if demand.learning:
+            learning_limit = max(math.ceil(current * policy.learning_max_factor - _EPS), 1)
+            if learning_limit < limit:
+                limit = learning_limit
+                if desired > limit:
+                    notes.append(NOTE_LEARNING)
         if desired > limit:
             desired, reason = limit, REASON_RATE_LIMITED
     unschedulable = obs.pending_unschedulable > 0
@@ -333,9 +559,10 @@ def decide_scale(
         down_window=window,
         trend_samples=trend_samples,
         trend_signal=signal,
-        seconds_per_request=_learn_seconds_per_request(policy, obs, state),
+        seconds_per_request=_learn_seconds_per_request(policy, obs, state, capacity),
+        capacity=memory,
     )
-    inputs = _inputs(obs, state, warmup, demand, projected, p99_replicas, window_max)
+    inputs = _inputs(obs, state, warmup, demand, p99_replicas, window_max, capacity)
     decision = ScaleDecision(
         desired_serving=desired,
         desired_standby=standby,
@@ -382,7 +609,7 @@ def _hold(
     reason: str,
 ) -> tuple[ScaleDecision, ScalerState]:
     """Keep the pool as asked; forget the scale-down window (it must refill from fresh data)."""
-    inputs = _inputs(obs, state, warmup, 0.0, None, 0, None)
+    inputs = _inputs(obs, state, warmup, _Demand(0.0), 0, None, None)
     decision = ScaleDecision(
         desired_serving=current,
         desired_standby=min(policy.standby_replicas, policy.max_replicas - current),
@@ -455,44 +682,89 @@ def _slope(samples: list[tuple[float, float]]) -> float:
     return sum((t - mean_t) * (v - mean_v) for t, v in samples) / var_t
 
 
+def _remaining_warmup(obs: Observation, state: ScalerState, warmup: float) -> float:
+    """Seconds until the replicas last asked for are warm (a full warm-up when none are on the
+    way). Measuring the backlog to that moment, not to now + warm-up on every tick, keeps it
+    from creeping up while replicas warm."""
+    since = state.last_scale_up_at
+    if since is not None and obs.now - since < warmup:
+        return warmup - (obs.now - since)
+    return warmup
+
+
+def _live_backlog(waiting: float, excess: float, remaining: float, deadline: float | None) -> float:
+    """Requests still within their deadline when the capacity on the way is warm.
+
+    Of those waiting now, the share older than the deadline by then is lost (their ages taken
+    as spread evenly over the deadline); of those the ready replicas fall behind by meanwhile,
+    only the last deadline's worth is still waited for. Non-decreasing in `waiting` and
+    `excess`.
+    """
+    if deadline is None or deadline <= 0:
+        return waiting + excess * remaining
+    return waiting * max(0.0, 1.0 - remaining / deadline) + excess * min(remaining, deadline)
+
+
 def _demand_replicas(
     policy: ScalingPolicy,
     obs: Observation,
     state: ScalerState,
     samples: tuple[tuple[float, float], ...],
     warmup: float,
-) -> tuple[float, float | None]:
-    """Replicas needed when new replicas will be warm; also the projected arrival rate."""
+    capacity: Capacity | None,
+) -> _Demand:
+    """Replicas needed when new replicas will be warm, with what went into the estimate."""
     assert obs.queue_depth is not None
-    target = policy.target_queue_depth
-    spr = state.seconds_per_request
-    if obs.arrival_rate is not None and spr is not None:
-        rate = obs.arrival_rate
-        projected = _projected(policy, samples, warmup)
-        # The backlog the capacity on the way will find: what is queued beyond the flow now,
-        # plus what the ready replicas fall behind by until the replicas last asked for are
-        # warm (a full warm-up when none are on the way). Measuring it to that moment, not to
-        # now + warm-up on every tick, keeps it from creeping up while replicas warm.
-        ready_rate = obs.ready_serving * target / spr
-        in_flight = state.last_scale_up_at is not None and obs.now - state.last_scale_up_at < warmup
-        remaining = warmup
-        if state.last_scale_up_at is not None and in_flight:
-            remaining = warmup - (obs.now - state.last_scale_up_at)
-        backlog = max(0.0, obs.queue_depth - rate * spr)
-        # Only a pool already queueing beyond its target is falling behind; below that the
-        # difference is noise in the rate.
-        if obs.queue_depth > obs.ready_serving * target * (1.0 + policy.tolerance):
-            backlog += max(0.0, projected - ready_rate) * remaining
-        # Draining over at least one request's time keeps the backlog's weight <= 1, so that
-        # more arrivals never lower the demand through a smaller backlog.
-        drain = max(policy.backlog_drain_seconds, spr)
-        concurrency = projected * spr + backlog * spr / drain
-        return concurrency / target, projected
-    if obs.arrival_rate is not None:
-        # Rate known, per-request time not yet learned (the pool has been saturated since we
-        # started): the queue itself, as KPA would, until an unsaturated sample arrives.
-        return obs.queue_depth / target, None
-    return _projected(policy, samples, warmup) / target, None
+    live_queue = max(0.0, obs.queue_depth - (obs.unreachable or 0.0))
+    queue_mode = policy.target_queue_depth is not None
+    if queue_mode:
+        assert policy.target_queue_depth is not None
+        target = policy.target_queue_depth
+    elif capacity is not None:
+        target = policy.target_utilization * capacity.knee_concurrency
+    else:
+        target = policy.fallback_queue_depth
+    spr = state.seconds_per_request if queue_mode else None
+    if spr is None and capacity is not None:
+        spr = capacity.seconds_per_request
+    rate = obs.arrival_rate
+    if rate is None or spr is None:
+        # No flow to size for: the queue (or its trend, without a rate) over the target
+        # concurrency, as KPA would. Before the per-request time is known the pool at most
+        # doubles per decision (the next batches tell what a replica does).
+        # (With a queue target set and no rate at all, the queue is the user's own measure.)
+        queue = live_queue if rate is not None else _projected(policy, samples, warmup)
+        learning = capacity is None and (not queue_mode or rate is not None)
+        return _Demand(queue / target, learning=learning)
+
+    projected = _projected(policy, samples, warmup)
+    # Per replica at the target: requests/s (the flow's unit) and concurrency (the queue's).
+    per_replica = target / spr
+    flow = projected / per_replica
+    # The backlog the capacity on the way will find: what is queued beyond what the ready
+    # replicas hold at the target now, plus what they fall behind by until the replicas last
+    # asked for are warm — only requests that can still meet their deadline.
+    in_service = rate * spr
+    waiting = max(0.0, live_queue - in_service)
+    excess = 0.0
+    # Only a pool already queueing beyond its target is falling behind; below that the
+    # difference is noise in the rate.
+    if live_queue > obs.ready_serving * target * (1.0 + policy.tolerance):
+        full_rate = capacity.per_replica_rate if capacity is not None else per_replica
+        excess = max(0.0, projected - obs.ready_serving * full_rate)
+    remaining = _remaining_warmup(obs, state, warmup)
+    backlog = _live_backlog(waiting, excess, remaining, obs.deadline_seconds)
+    # Draining over at least one request's time keeps the backlog's weight <= 1, so that
+    # more arrivals never lower the demand through a smaller backlog.
+    drain = max(policy.backlog_drain_seconds, spr)
+    allowance = backlog * spr / drain / target
+    if capacity is not None:
+        allowance = min(allowance, policy.max_backlog_share * flow)
+    bound = None
+    if capacity is not None:
+        full = projected / capacity.per_replica_rate
+        bound = max(flow, full * (1.0 + policy.max_headroom)) + allowance
+    return _Demand(flow + allowance, projected=projected, backlog=backlog, bound=bound)
 
 
 def _p99_replicas(
@@ -538,25 +810,19 @@ def _push_window(
     return tuple(kept)
 
 
-def _up_reason(
-    policy: ScalingPolicy,
-    obs: Observation,
-    demand: float,
-    projected: float | None,
-    p99_replicas: int,
-) -> str:
-    if p99_replicas > math.ceil(demand - _EPS):
+def _up_reason(obs: Observation, demand: _Demand, p99_replicas: int) -> str:
+    if p99_replicas > math.ceil(demand.replicas - _EPS):
         return REASON_P99
-    if projected is None:
+    if demand.projected is None:
         return REASON_SURGE_QUEUE
     assert obs.arrival_rate is not None
-    if projected > obs.arrival_rate:
+    if demand.projected > obs.arrival_rate:
         return REASON_SURGE_TREND
     return REASON_SURGE_RATE
 
 
 def _learn_seconds_per_request(
-    policy: ScalingPolicy, obs: Observation, state: ScalerState
+    policy: ScalingPolicy, obs: Observation, state: ScalerState, capacity: Capacity | None
 ) -> float | None:
     """Update the concurrency one request holds, only from unsaturated samples.
 
@@ -567,7 +833,13 @@ def _learn_seconds_per_request(
     queue = obs.queue_depth
     if rate is None or queue is None or rate <= 0 or queue <= 0 or obs.ready_serving == 0:
         return state.seconds_per_request
-    if queue > obs.ready_serving * policy.target_queue_depth:
+    if policy.target_queue_depth is not None:
+        saturated_above = policy.target_queue_depth
+    elif capacity is not None:
+        saturated_above = policy.target_utilization * capacity.knee_concurrency
+    else:
+        saturated_above = policy.fallback_queue_depth
+    if queue > obs.ready_serving * saturated_above:
         return state.seconds_per_request
     sample = queue / rate
     if state.seconds_per_request is None:
@@ -580,10 +852,10 @@ def _inputs(
     obs: Observation,
     state: ScalerState,
     warmup: float,
-    demand: float,
-    projected: float | None,
+    demand: _Demand,
     p99_replicas: int,
     window_max: int | None,
+    capacity: Capacity | None,
 ) -> DecisionInputs:
     return DecisionInputs(
         ready_serving=obs.ready_serving,
@@ -592,11 +864,120 @@ def _inputs(
         pending_unschedulable=obs.pending_unschedulable,
         queue_depth=obs.queue_depth,
         arrival_rate=obs.arrival_rate,
-        projected_rate=projected,
+        projected_rate=demand.projected,
         hot_p99_ms=obs.hot_p99_ms,
         warmup_seconds=warmup,
         seconds_per_request=state.seconds_per_request,
-        demand_replicas=demand,
+        demand_replicas=demand.replicas,
         p99_replicas=p99_replicas,
         window_max=window_max,
+        capacity_per_replica=capacity.per_replica_rate if capacity is not None else None,
+        knee_concurrency=capacity.knee_concurrency if capacity is not None else None,
+        backlog=demand.backlog,
+        unreachable=obs.unreachable,
+        bound_replicas=demand.bound,
     )
+
+
+# ------------------------------------------------------------------------------------------
+# The state's persisted form (status.autoscaler.state): JSON-ready, bounded, versioned.
+
+STATE_VERSION = 1
+# The scale-down window is merged down to this many entries when persisted (conservatively:
+# a merged entry keeps the larger recommendation for the later time).
+MAX_PERSISTED_WINDOW = 32
+
+
+def _r(value: float, digits: int = 3) -> float:
+    return round(float(value), digits)
+
+
+def _sig(value: float) -> float:
+    """Six significant digits: enough for estimates, and a stable text for unchanged ones."""
+    return float(f"{value:.6g}")
+
+
+def compact_window(
+    window: tuple[tuple[float, int], ...], limit: int = MAX_PERSISTED_WINDOW
+) -> tuple[tuple[float, int], ...]:
+    """At most `limit` entries of a scale-down window, never lower at any time than the
+    original: merging (t1, r1), (t2, r2) with r1 > r2 into (t2, r1) only delays scale-down."""
+    entries = list(window)
+    while len(entries) > max(limit, 1):
+        # Merge the neighbours whose recommendations differ least.
+        i = min(range(len(entries) - 1), key=lambda k: entries[k][1] - entries[k + 1][1])
+        entries[i : i + 2] = [(entries[i + 1][0], entries[i][1])]
+    return tuple(entries)
+
+
+def dump_state(state: ScalerState, clock_offset: float) -> dict[str, Any]:
+    """The state as JSON-ready data. Monotonic times are written as `time + clock_offset`
+    (the shell passes wall - monotonic now), so another process can read them back."""
+
+    def at(t: float | None) -> float | None:
+        return None if t is None else _r(t + clock_offset)
+
+    out: dict[str, Any] = {
+        "v": STATE_VERSION,
+        "desired": state.desired_serving,
+        "lastUpAt": at(state.last_scale_up_at),
+        "lastAt": at(state.last_decision_at),
+        "agreedSince": at(state.agreed_since),
+        "window": [[at(t), r] for t, r in compact_window(state.down_window)],
+        "trend": [[at(t), _sig(v)] for t, v in state.trend_samples],
+        "trendSignal": state.trend_signal,
+        "spr": None if state.seconds_per_request is None else _sig(state.seconds_per_request),
+    }
+    if state.capacity is not None:
+        w = state.capacity.work
+        out["capacity"] = {
+            "work": [_sig(getattr(w, n)) for n in _WORK_FIELDS],
+            "slots": state.capacity.slots,
+            "maxBatchRows": state.capacity.max_batch_rows,
+        }
+    return out
+
+
+def load_state(data: Mapping[str, Any], clock_offset: float) -> ScalerState:
+    """The inverse of `dump_state` (same `clock_offset` convention, for this process).
+
+    Raises ValueError for data of another version or shape; the caller then starts afresh.
+    """
+    if not isinstance(data, Mapping) or data.get("v") != STATE_VERSION:
+        raise ValueError("not an autoscaler state of this version")
+
+    def at(t: Any) -> float | None:
+        return None if t is None else float(t) - clock_offset
+
+    def opt_int(v: Any) -> int | None:
+        return None if v is None else int(v)
+
+    try:
+        window = tuple((float(t) - clock_offset, int(r)) for t, r in data.get("window") or ())
+        trend = tuple((float(t) - clock_offset, float(v)) for t, v in data.get("trend") or ())
+        capacity = None
+        raw = data.get("capacity")
+        if raw is not None:
+            values = [float(v) for v in raw["work"]]
+            if len(values) != len(_WORK_FIELDS):
+                raise ValueError("capacity.work has the wrong length")
+            capacity = CapacityMemory(
+                BatchWork(*values), int(raw["slots"]), int(raw["maxBatchRows"])
+            )
+        spr = data.get("spr")
+        state = ScalerState(
+            desired_serving=opt_int(data.get("desired")),
+            last_scale_up_at=at(data.get("lastUpAt")),
+            last_decision_at=at(data.get("lastAt")),
+            agreed_since=at(data.get("agreedSince")),
+            down_window=window,
+            trend_samples=trend,
+            trend_signal=str(data.get("trendSignal") or ""),
+            seconds_per_request=None if spr is None else float(spr),
+            capacity=capacity,
+        )
+    except (KeyError, TypeError, IndexError) as exc:
+        raise ValueError(f"malformed autoscaler state: {exc}") from None
+    if any(b[1] >= a[1] for a, b in itertools.pairwise(window)):
+        raise ValueError("malformed autoscaler state: the window is not decreasing")
+    return state
