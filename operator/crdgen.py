@@ -169,6 +169,12 @@ def build_crd() -> dict[str, Any]:
             "description": "The pool that gets traffic.",
         },
         {
+            "name": "Models",
+            "type": "string",
+            "jsonPath": ".status.fleet.summary",
+            "description": "With spec.fleet: models hot on some replica / models.",
+        },
+        {
             "name": "Reason",
             "type": "string",
             "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',

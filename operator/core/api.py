@@ -56,6 +56,7 @@ PERCENT_PATTERN = r"^[0-9]+(\.[0-9]+)?%$"
 WEIGHT_STREAMING_PATTERN = r"^(auto|[0-9]+(\.[0-9]+)?((Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?|%))$"
 # Go durations as CEL's duration() parses them, restricted to the units that make sense here.
 DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
+MAX_MODELS = 512
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 MODEL_NAME_PATTERN = r"^[a-zA-Z0-9]([-a-zA-Z0-9_.]*[a-zA-Z0-9])?$"
 ENGINE_URI_PATTERN = r"^(file|s3|gs|https?)://.+$"
@@ -476,7 +477,14 @@ class Model(ApiModel):
     preload: bool = Field(
         default=True,
         description="Load and warm up before the pod reports ready (hot); false loads it on "
-        "its first request (cold) and lets the engine cache evict it when memory is short.",
+        "its first request (cold) and lets the engine cache evict it when memory is short. "
+        "Not used with spec.fleet: placement decides which models are hot where.",
+    )
+    memory: Quantity | None = Field(
+        default=None,
+        description="Device memory of the loaded engine, e.g. 1500Mi. Optional: the runtime "
+        "measures it on the first load; declared, it lets fleet placement plan before that and "
+        "a model larger than every replica's budget is reported at once.",
     )
 
     @model_validator(mode="after")
@@ -630,7 +638,7 @@ class Baseline(ApiModel):
     models: list[Model] | None = Field(
         default=None,
         min_length=1,
-        max_length=64,
+        max_length=MAX_MODELS,
         description="Models of the baseline pool; unset: the primary's.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
@@ -792,6 +800,134 @@ class Rollout(ApiModel):
 
 
 # ---------------------------------------------------------------------------------------------
+# Fleet: many models per service, a model gateway and placement
+
+
+class FleetGateway(ApiModel):
+    """The model gateway in front of the runtime pods (a Deployment of its own)."""
+
+    replicas: int = Field(default=1, ge=1, le=100, description="Gateway pods.")
+    resources: ResourceRequirements = Field(
+        default_factory=ResourceRequirements,
+        description="CPU and memory requests and limits of the gateway container.",
+    )
+    max_loads_per_replica: int = Field(
+        default=1,
+        ge=1,
+        le=16,
+        description="Cold loads the gateway asks one runtime pod for at a time.",
+    )
+    max_loads_total: int = Field(
+        default=4,
+        ge=1,
+        le=1000,
+        description="Cold loads the gateway asks the whole pool for at a time.",
+    )
+    hold_timeout_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        le=600,
+        description="Longest a request for a cold model is held while it loads; then 503 "
+        "with Retry-After (a request's own timeout parameter shortens it).",
+    )
+    busy_outstanding: int = Field(
+        default=8,
+        ge=1,
+        le=100000,
+        description="When every hot copy of a model has more requests outstanding than this, "
+        "the gateway loads the model on one more replica.",
+    )
+
+
+class FleetPlacement(ApiModel):
+    """How the operator spreads models over the runtime pods' engine budgets."""
+
+    rate_per_copy: float = Field(
+        default=50.0,
+        gt=0,
+        le=1000000,
+        description="Requests per second one hot copy of a model serves before placement "
+        "wants another copy on another replica.",
+    )
+    max_copies: int | None = Field(
+        default=None, ge=1, le=1000, description="Most hot copies of one model; unset: replicas."
+    )
+    min_rate: float = Field(
+        default=0.01,
+        ge=0,
+        le=1000000,
+        description="Models expected below this rate (requests per second) are pinned nowhere: "
+        "they stay cold in the store and load on their first request.",
+    )
+    headroom: Percent = Field(
+        default="20%",
+        description="Share of each replica's engine budget kept free of pinned models, for "
+        "on-demand loads of cold models.",
+    )
+    interval_seconds: float = Field(
+        default=2.0, ge=0.5, le=300, description="How often placement is recomputed, seconds."
+    )
+
+
+class FleetForecast(ApiModel):
+    """Per-model demand forecast used to load models before their predicted rise."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            cel(
+                "duration(self.period) >= duration('1m') && duration(self.period) <= "
+                "duration('168h')",
+                "spec.fleet.forecast.period must be a duration between 1m and 168h",
+                ".period",
+            ),
+        )
+    )
+
+    enabled: bool = Field(default=True, description="Preload ahead of forecast demand.")
+    period: Duration = Field(
+        default="24h",
+        description="Length of the demand cycle the forecast learns (a day, usually).",
+    )
+    slots: int = Field(
+        default=96, ge=4, le=1440, description="Buckets of the learned cycle (96: 15 minutes)."
+    )
+    lead_seconds: float = Field(
+        default=5.0,
+        ge=0,
+        le=3600,
+        description="Preload this long before the predicted rise, beyond the model's measured "
+        "load time.",
+    )
+
+    @model_validator(mode="after")
+    def _period_bounds(self) -> FleetForecast:
+        if not 60 <= duration_seconds(self.period) <= 168 * 3600:
+            raise ValueError("spec.fleet.forecast.period must be a duration between 1m and 168h")
+        return self
+
+
+class Fleet(ApiModel):
+    """Many models on one pool: a gateway routes each request to a replica where its model is
+    hot, and the operator places models onto replicas from their demand and forecast."""
+
+    gateway: FleetGateway = Field(
+        default_factory=FleetGateway,
+        description="The model gateway (the Service's endpoints).",
+        json_schema_extra={"default": {}},
+    )
+    placement: FleetPlacement = Field(
+        default_factory=FleetPlacement,
+        description="How models are spread over the replicas.",
+        json_schema_extra={"default": {}},
+    )
+    forecast: FleetForecast = Field(
+        default_factory=FleetForecast,
+        description="Predictive preloading.",
+        json_schema_extra={"default": {}},
+    )
+
+
+# ---------------------------------------------------------------------------------------------
 # Spec
 
 
@@ -815,8 +951,9 @@ class InferenceServiceSpec(ApiModel):
     )
     models: list[Model] = Field(
         min_length=1,
-        max_length=64,
-        description="Models served; names must be unique.",
+        max_length=MAX_MODELS,
+        description="Models served; names must be unique. More than a few (or more than the "
+        "engine budget holds) want spec.fleet.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
     memory: Memory = Field(
@@ -840,6 +977,11 @@ class InferenceServiceSpec(ApiModel):
         default_factory=Rollout,
         description="Baseline pool, SLO and traffic switch.",
         json_schema_extra={"default": {}},
+    )
+    fleet: Fleet | None = Field(
+        default=None,
+        description="Serve many models through a model gateway with placement and predictive "
+        "preloading; unset: the Service routes to the runtime pods directly.",
     )
 
     @model_validator(mode="after")
@@ -974,6 +1116,40 @@ class RolloutStatus(ApiModel):
     )
 
 
+class FleetStatus(ApiModel):
+    """Where the fleet's models are (present with spec.fleet)."""
+
+    summary: str = Field(
+        default="", max_length=32, description="Models hot on some replica / models, e.g. 12/30."
+    )
+    models_hot: int = Field(default=0, ge=0, description="Models hot on at least one replica.")
+    models_total: int = Field(default=0, ge=0, description="Models of the service.")
+    hot_copies: int = Field(default=0, ge=0, description="Hot copies over all replicas.")
+    pinned_copies: int = Field(
+        default=0, ge=0, description="Copies the last placement pinned (loaded or loading)."
+    )
+    replicas: int = Field(default=0, ge=0, description="Runtime pods the placement covers.")
+    gateways_ready: int = Field(default=0, ge=0, description="Ready gateway pods.")
+    loaded_bytes: int = Field(
+        default=0, ge=0, description="Engine bytes placement has asked replicas to load so far."
+    )
+    placed_at: str | None = Field(
+        default=None,
+        description="When the placement last changed (RFC 3339).",
+        json_schema_extra={"format": "date-time"},
+    )
+    too_large: list[str] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Models larger than every replica's engine budget, with the gap.",
+    )
+    hottest: list[str] = Field(
+        default_factory=list,
+        max_length=10,
+        description="The busiest models with their copies and rates, e.g. m1:3@120.5/s.",
+    )
+
+
 class InferenceServiceStatus(ApiModel):
     """Observed state, written by the operator through the status subresource."""
 
@@ -1011,6 +1187,9 @@ class InferenceServiceStatus(ApiModel):
     )
     autoscaler: AutoscalerStatus | None = Field(
         default=None, description="What the autoscaler learned and remembers (survives restarts)."
+    )
+    fleet: FleetStatus | None = Field(
+        default=None, description="Model placement summary (with spec.fleet)."
     )
 
 

@@ -123,6 +123,8 @@ OPERATOR_RIGHTS = {
     ("apps", "deployments", "create"),
     ("", "services", "create"),
     ("", "configmaps", "create"),
+    # the fleet loop reads back its saved forecast (ConfigMap <isvc>-fleet-state) on start
+    ("", "configmaps", "get"),
     # kube.py: status merge patch and core/v1 Events
     (GROUP, f"{PLURAL}/status", "patch"),
     ("", "events", "create"),

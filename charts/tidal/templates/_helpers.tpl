@@ -80,8 +80,12 @@ Nothing is ever deleted by the operator: children go with their owner (garbage c
   resources: ["deployments"]
   verbs: ["list", "watch", "create", "patch"]
 - apiGroups: [""]
-  resources: ["services", "configmaps"]
+  resources: ["services"]
   verbs: ["list", "watch", "create", "patch"]
+# get: the fleet loop reads back its saved forecast (<isvc>-fleet-state) after a restart.
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list", "watch", "patch"]
