@@ -25,6 +25,7 @@ from typing import Any
 from tidal.operator.core.api import (
     ANNOTATION_CONFIG_HASH,
     API_VERSION,
+    GROUP,
     KIND,
     LABEL_ISVC,
     LABEL_POOL,
@@ -37,10 +38,19 @@ from tidal.operator.core.api import (
     Model,
     PoolName,
     Runtime,
+    percent_value,
     quantity_bytes,
 )
 
+LABEL_COMPONENT = f"{GROUP}/component"
+
 RUNTIME_PORT = 8080
+GATEWAY_PORT = 8080
+GATEWAY_CONTAINER = "gateway"
+COMPONENT_GATEWAY = "gateway"
+GATEWAY_CONFIG_ENV = "TIDAL_GATEWAY_CONFIG_JSON"
+# The runtime's engine budget when spec.memory.engineCacheBudget is unset (tidal.runtime.config).
+RUNTIME_DEFAULT_ENGINE_BUDGET = 8 * 2**30
 CONFIG_KEY = "runtime-config.json"
 CONTAINER_NAME = "runtime"
 ROLE_SERVING = "serving"
@@ -126,6 +136,17 @@ def find_spec_problems(isvc: InferenceService) -> list[str]:
                         "does not follow <gpuArch>-trt<major>.<minor>[-vc]-<precision>.engine; "
                         "rename it or set gpuArch, tensorrtVersion and precision"
                     )
+        if isvc.spec.fleet is not None:
+            budget = engine_budget_bytes(pool.memory)
+            for model in pool.models:
+                if model.memory is not None and quantity_bytes(model.memory) > budget:
+                    gap = quantity_bytes(model.memory) - budget
+                    problems.append(
+                        f"{pool.name.value} pool: model {model.name!r} needs {model.memory} "
+                        f"but a replica's engine budget is {budget} bytes ({gap} bytes short): "
+                        f"raise {where}.memory.engineCacheBudget or lower its reserve, or serve "
+                        "the model from a service with larger replicas"
+                    )
         if pool.memory.weight_streaming_budget is not None and backend is not Backend.TENSORRT:
             problems.append(
                 f"{pool.name.value} pool: memory.weightStreamingBudget needs backend tensorrt; "
@@ -147,6 +168,23 @@ def _plan_described(engine: Engine) -> bool:
         return True
     name = engine.uri.rstrip("/").rsplit("/", 1)[-1].split("?", 1)[0]
     return _PLAN_NAME.match(name) is not None
+
+
+def engine_budget_bytes(memory: Memory) -> int:
+    """Device bytes a runtime pod gives engines: the cache budget less the reserve."""
+    if memory.engine_cache_budget is None:
+        total = RUNTIME_DEFAULT_ENGINE_BUDGET
+    else:
+        total = quantity_bytes(memory.engine_cache_budget)
+    return max(0, total - quantity_bytes(memory.reserve))
+
+
+def placement_headroom(isvc: InferenceService) -> float:
+    """Fraction of each replica's budget that placement leaves unpinned (0 without a fleet)."""
+    fleet = isvc.spec.fleet
+    if fleet is None:
+        return 0.0
+    return (percent_value(fleet.placement.headroom) or 0.0) / 100.0
 
 
 def resolve_active_pool(isvc: InferenceService, observed: Observed) -> PoolName:
@@ -176,12 +214,14 @@ def desired_replicas(isvc: InferenceService, pool: PoolName, observed: Observed)
     return max(floor, min(scaling.max_replicas, floor if asked is None else asked))
 
 
-def render_runtime_config(pool: Pool) -> dict[str, Any]:
+def render_runtime_config(pool: Pool, fleet: bool = False) -> dict[str, Any]:
     """The runtime's configuration (``tidal.runtime.config.RuntimeConfig``) as plain JSON.
 
     Only the engines for the pool's backend are passed on: the runtime of an onnxruntime pool
     has no use for TensorRT plans (and :func:`find_spec_problems` reports models left without
-    any engine).
+    any engine). Under ``spec.fleet`` no model is preloaded: a pod is ready as soon as it runs,
+    the placement then pins models onto it, and the gateway routes a model only to the pods
+    where it is hot.
     """
     backend = pool.runtime.backend
     models = []
@@ -213,7 +253,7 @@ def render_runtime_config(pool: Pool) -> dict[str, Any]:
                     "batchSizes": list(model.warmup.batch_sizes),
                     "iterations": model.warmup.iterations,
                 },
-                "preload": model.preload,
+                "preload": model.preload and not fleet,
             }
         )
     memory: dict[str, Any] = {"reserveBytes": quantity_bytes(pool.memory.reserve)}
@@ -403,10 +443,111 @@ def _deployment(
     }
 
 
+def gateway_name(isvc_name: str) -> str:
+    return f"{isvc_name}-gateway"
+
+
+def gateway_config(isvc: InferenceService) -> dict[str, Any]:
+    """The gateway's configuration (``tidal.gateway.config.GatewayConfig``) as plain JSON."""
+    fleet = isvc.spec.fleet
+    assert fleet is not None
+    names = sorted({m.name for pool in pools_of(isvc) for m in pool.models})
+    gw = fleet.gateway
+    return {
+        "models": names,
+        "maxLoadsPerReplica": gw.max_loads_per_replica,
+        "maxLoadsTotal": gw.max_loads_total,
+        "holdTimeoutSeconds": gw.hold_timeout_seconds,
+        "busyOutstanding": gw.busy_outstanding,
+    }
+
+
+def _gateway_deployment(isvc: InferenceService) -> dict[str, Any]:
+    fleet = isvc.spec.fleet
+    assert fleet is not None
+    selector = {LABEL_ISVC: isvc.name, LABEL_COMPONENT: COMPONENT_GATEWAY}
+    labels = {**common_labels(isvc), **selector, "app.kubernetes.io/name": "tidal-gateway"}
+    probe = {"port": "http", "scheme": "HTTP"}
+    config = json.dumps(gateway_config(isvc), sort_keys=True, separators=(",", ":"))
+    container: dict[str, Any] = {
+        "name": GATEWAY_CONTAINER,
+        "image": isvc.spec.runtime.image,
+        "command": ["tidal-gateway"],
+        "ports": [{"name": "http", "containerPort": GATEWAY_PORT, "protocol": "TCP"}],
+        "env": [
+            {"name": "TIDAL_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            {"name": "TIDAL_PORT", "value": str(GATEWAY_PORT)},
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "TIDAL_LOG_LEVEL", "value": isvc.spec.runtime.log_level.value},
+            {"name": GATEWAY_CONFIG_ENV, "value": config},
+        ],
+        # Ready once the operator has told it about at least one healthy runtime pod.
+        "readinessProbe": {
+            "httpGet": {**probe, "path": "/v2/health/ready"},
+            "periodSeconds": 1,
+            "timeoutSeconds": 1,
+            "failureThreshold": 3,
+        },
+        "livenessProbe": {
+            "httpGet": {**probe, "path": "/v2/health/live"},
+            "periodSeconds": 10,
+            "timeoutSeconds": 2,
+            "failureThreshold": 3,
+        },
+    }
+    requests = dict(fleet.gateway.resources.requests)
+    limits = dict(fleet.gateway.resources.limits)
+    if requests or limits:
+        container["resources"] = {
+            k: v for k, v in (("requests", requests), ("limits", limits)) if v
+        }
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 30,
+    }
+    if isvc.spec.runtime.node_selector:
+        pod_spec["nodeSelector"] = dict(isvc.spec.runtime.node_selector)
+    if isvc.spec.runtime.tolerations:
+        pod_spec["tolerations"] = [t.to_wire() for t in isvc.spec.runtime.tolerations]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(
+            isvc,
+            gateway_name(isvc.name),
+            {**common_labels(isvc), LABEL_COMPONENT: COMPONENT_GATEWAY},
+        ),
+        "spec": {
+            "replicas": fleet.gateway.replicas,
+            "selector": {"matchLabels": selector},
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+            },
+            "revisionHistoryLimit": 3,
+            "template": {
+                "metadata": {
+                    "labels": labels,
+                    "annotations": {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(GATEWAY_PORT),
+                        "prometheus.io/path": "/metrics",
+                    },
+                },
+                "spec": pod_spec,
+            },
+        },
+    }
+
+
 def _service(isvc: InferenceService, active: PoolName, split: bool) -> dict[str, Any]:
     selector = {LABEL_ISVC: isvc.name, LABEL_POOL: active.value, LABEL_ROLE: ROLE_SERVING}
     if split and isvc.spec.rollout.baseline is not None:
         del selector[LABEL_POOL]
+    if isvc.spec.fleet is not None:
+        # The gateway routes to the runtime pods itself (the operator tells it which).
+        selector = {LABEL_ISVC: isvc.name, LABEL_COMPONENT: COMPONENT_GATEWAY}
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -428,12 +569,15 @@ def desired_objects(isvc: InferenceService, observed: Observed) -> list[dict[str
     the shell can tell from a watch event whether a child already matches without a request.
     """
     objects: list[dict[str, Any]] = []
+    fleet = isvc.spec.fleet is not None
     for pool in pools_of(isvc):
-        config = render_runtime_config(pool)
+        config = render_runtime_config(pool, fleet)
         config_json = json.dumps(config, sort_keys=True, separators=(",", ":"))
         replicas = desired_replicas(isvc, pool.name, observed)
         objects.append(_config_map(isvc, pool, config_json))
         objects.append(_deployment(isvc, pool, replicas, content_hash(config)))
+    if fleet:
+        objects.append(_gateway_deployment(isvc))
     objects.append(_service(isvc, resolve_active_pool(isvc, observed), observed.split))
     for obj in objects:
         obj["metadata"]["annotations"] = {ANNOTATION_APPLIED_HASH: content_hash(obj)}

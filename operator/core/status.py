@@ -25,6 +25,7 @@ from tidal.operator.core.api import (
     LABEL_POOL,
     Condition,
     ConditionStatus,
+    FleetStatus,
     InferenceServiceStatus,
     PoolName,
     PoolStatus,
@@ -76,6 +77,11 @@ class StatusInput:
     error: str | None = None
     previous: InferenceServiceStatus | None = None
     control: ControlStatus | None = None
+    # With spec.fleet: the fleet loop's summary (None: not computed yet, keep the previous)
+    # and the models no replica can hold (reported as Degraded, serving goes on).
+    fleet_enabled: bool = False
+    fleet: FleetStatus | None = None
+    fleet_problems: Sequence[str] = ()
 
 
 @dataclass(frozen=True)
@@ -117,6 +123,13 @@ def count_pool(
 
 def _ready(inp: StatusInput, active: PoolStatus) -> tuple[ConditionStatus, str, str]:
     pool = inp.active_pool.value
+    fleet = inp.fleet if inp.fleet is not None else (inp.previous and inp.previous.fleet)
+    if active.ready > 0 and inp.fleet_enabled and (fleet is None or fleet.gateways_ready == 0):
+        return (
+            ConditionStatus.FALSE,
+            "GatewayNotReady",
+            f"{active.ready} replicas of pool {pool} ready; no gateway pod is ready yet",
+        )
     if active.ready > 0:
         return (
             ConditionStatus.TRUE,
@@ -177,6 +190,8 @@ def _degraded(inp: StatusInput) -> tuple[ConditionStatus, str, str]:
     ]
     if failures:
         return ConditionStatus.TRUE, "DeploymentFailed", "; ".join(failures)
+    if inp.fleet_problems:
+        return ConditionStatus.TRUE, "ModelTooLarge", "; ".join(inp.fleet_problems)
     return ConditionStatus.FALSE, "AsExpected", "no problems found"
 
 
@@ -277,5 +292,6 @@ def compute_status(inp: StatusInput) -> StatusResult:
             else prev.last_decision
         ),
         rollout=control.rollout if control is not None else prev.rollout,
+        fleet=(inp.fleet or prev.fleet) if inp.fleet_enabled else None,
     )
     return StatusResult(status=status, events=events)

@@ -11,6 +11,8 @@ while the operator is down is still cleaned up by the garbage collector.
 * Every InferenceService gets a control loop (``tidal.operator.shell.controller``), started
   on its first event and stopped when it is deleted; the loop publishes replica counts,
   routing and its status fields for the reconciler and enqueues the key when they change.
+  One with ``spec.fleet`` also gets a fleet loop (``tidal.operator.shell.fleet``: placement,
+  forecast, the gateways' replica lists) publishing ``status.fleet`` the same way.
 * The initial listing of InferenceServices (at start and after a re-list) and a periodic
   resync enqueue every key with ``force``, so the operator re-asserts every child even if a
   change happened while nobody watched.
@@ -29,6 +31,7 @@ import kopf
 from tidal.operator.core.api import GROUP, LABEL_ISVC, PLURAL, VERSION
 from tidal.operator.shell import metrics
 from tidal.operator.shell.controller import Controller, ControllerSettings
+from tidal.operator.shell.fleet import FleetController
 from tidal.operator.shell.kube import Kube
 from tidal.operator.shell.reconciler import Key, Reconciler, Store
 from tidal.operator.shell.signals import PrometheusSignals, SignalCollector
@@ -59,6 +62,7 @@ class Runtime:
     queue: WorkQueue[Key] | None = None
     reconciler: Reconciler | None = None
     controller: Controller | None = None
+    fleet: FleetController | None = None
     started: asyncio.Event | None = None
     resync_task: asyncio.Task[None] | None = None
 
@@ -98,7 +102,13 @@ async def on_startup_configure(settings: kopf.OperatorSettings, **_: Any) -> Non
         SignalCollector(prometheus),
         ControllerSettings(tick_seconds=config.tick_seconds),
     )
-    RUNTIME.reconciler = Reconciler(kube=kube, store=RUNTIME.store, control=RUNTIME.controller.view)
+    RUNTIME.fleet = FleetController(kube, RUNTIME.store, _enqueue, RUNTIME.controller.view)
+    RUNTIME.reconciler = Reconciler(
+        kube=kube,
+        store=RUNTIME.store,
+        control=RUNTIME.controller.view,
+        fleet=RUNTIME.fleet.view,
+    )
     RUNTIME.queue = WorkQueue(
         RUNTIME.reconciler.reconcile,
         workers=RUNTIME.settings.workers,
@@ -122,6 +132,8 @@ async def on_cleanup_stop(**_: Any) -> None:
             await RUNTIME.resync_task
     if RUNTIME.controller is not None:
         await RUNTIME.controller.close()
+    if RUNTIME.fleet is not None:
+        await RUNTIME.fleet.close()
     if RUNTIME.queue is not None:
         await RUNTIME.queue.stop()
 
@@ -150,9 +162,14 @@ async def on_event_inference_service(event: dict[str, Any], body: kopf.Body, **_
             RUNTIME.queue.forget(key)
         if RUNTIME.controller is not None:
             await RUNTIME.controller.stop(key)
+        if RUNTIME.fleet is not None:
+            await RUNTIME.fleet.stop(key)
         return
-    if RUNTIME.controller is not None and not body.get("metadata", {}).get("deletionTimestamp"):
-        RUNTIME.controller.ensure(key)
+    if not body.get("metadata", {}).get("deletionTimestamp"):
+        if RUNTIME.controller is not None:
+            RUNTIME.controller.ensure(key)
+        if RUNTIME.fleet is not None:
+            RUNTIME.fleet.ensure(key)
     if event.get("type") is None:
         # The initial listing (operator start, or a re-list after a watch error): re-assert
         # every child, since changes made while nobody watched left no event behind.

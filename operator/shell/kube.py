@@ -175,6 +175,11 @@ class Kube:
                 return
             raise
 
+    async def get_config_map(self, namespace: str, name: str) -> dict[str, Any]:
+        """One ConfigMap (the fleet loop's saved state); a missing one raises status 404."""
+        path = _PATHS[("v1", "ConfigMap")].format(ns=namespace, name=name)
+        return await self._call("GET", path, resource="configmap")
+
     async def patch_pod(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
         """JSON merge patch of a pod's metadata (role label, pod-deletion-cost annotation).
 

@@ -39,6 +39,7 @@ from tidal.operator.core.api import (
     parse_inference_service,
 )
 from tidal.operator.core.control import ControlView, follow_planner, stamp_template_hash
+from tidal.operator.core.fleet import FleetView
 from tidal.operator.core.resources import (
     ANNOTATION_APPLIED_HASH,
     Observed,
@@ -172,6 +173,8 @@ class Reconciler:
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     # The control loop's view of a key (None: it has not decided yet, or there is none).
     control: Callable[[Key], ControlView | None] = field(default=lambda key: None)
+    # The fleet loop's view (spec.fleet only; None: it has not looked yet).
+    fleet: Callable[[Key], FleetView | None] = field(default=lambda key: None)
     retry_seconds: float = 2.0
     max_retry_seconds: float = 60.0
     _failures: dict[Key, int] = field(default_factory=dict)
@@ -224,6 +227,7 @@ class Reconciler:
             )
             routed = isvc
         problems = find_spec_problems(isvc)
+        fleet_view = self.fleet(key) if isvc.spec.fleet is not None else None
         events: list[EventSpec] = []
         error: str | None = None
         retry: float | None = None
@@ -253,6 +257,9 @@ class Reconciler:
                 error=error,
                 previous=previous,
                 control=view.status if view is not None else None,
+                fleet_enabled=isvc.spec.fleet is not None,
+                fleet=fleet_view.status if fleet_view is not None else None,
+                fleet_problems=fleet_view.problems if fleet_view is not None else (),
             )
         )
         events += result.events

@@ -1,0 +1,301 @@
+"""Glue of the fleet loop: runtime reports in, placement inputs and status out, without I/O.
+
+This module owns the pure steps between what the fleet loop (``tidal.operator.shell.fleet``)
+reads from the runtime pods and what it hands on:
+
+* :func:`parse_replica_report`: one runtime's ``GET /v2/tidal/models`` answer as typed data
+  (a pod that answers garbage is treated like one that does not answer);
+* :func:`model_rates`: per-model arrival rates from the runtimes' cumulative request counters
+  (a restarted pod's counter reset counts as a fresh start, never as negative traffic);
+* :func:`model_demands`: the placement core's input per model: byte size (measured on a
+  replica, else declared in the spec, else the median of the known ones), load time (measured,
+  else estimated from bytes) and the rate now and forecast over the load-time horizon;
+* :func:`gateway_push`: the document the gateway gets (replicas and placement hints);
+* :func:`fleet_status` and :func:`too_large_problems`: ``status.fleet`` and the ``Degraded``
+  reasons for models no replica can hold.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from tidal.operator.core.api import FleetStatus, InferenceService, Model, quantity_bytes
+from tidal.operator.core.placement import ModelDemand, Placement, ReplicaSlot
+
+# Until a replica has measured a model's load: a fixed cost (process-side deserialize and
+# warm-up) plus the bytes at a conservative staging bandwidth.
+DEFAULT_LOAD_OVERHEAD_SECONDS = 1.0
+DEFAULT_LOAD_BYTES_PER_SECOND = 2e9
+# A model nobody has measured or declared: assume this many bytes (then the median).
+DEFAULT_MODEL_BYTES = 256 * 2**20
+READY = "READY"
+LOADING = "LOADING"
+
+
+@dataclass(frozen=True)
+class ModelReport:
+    """One model as one runtime pod reports it."""
+
+    state: str
+    size_bytes: int = 0
+    last_size_bytes: int = 0
+    load_seconds: float = 0.0
+    outstanding: int = 0
+    requests: float = 0.0
+    pinned: bool = False
+    last_error: str | None = None
+
+
+@dataclass(frozen=True)
+class ReplicaReport:
+    """One runtime pod's hot set (``GET /v2/tidal/models``), read at ``at`` (monotonic)."""
+
+    name: str
+    url: str
+    at: float
+    generation: int
+    ready: bool
+    budget_bytes: int
+    resident_bytes: int
+    models: Mapping[str, ModelReport] = field(default_factory=dict)
+
+    @property
+    def resident(self) -> frozenset[str]:
+        return frozenset(m for m, r in self.models.items() if r.state in (READY, LOADING))
+
+    @property
+    def hot(self) -> frozenset[str]:
+        return frozenset(m for m, r in self.models.items() if r.state == READY)
+
+    @property
+    def pinned(self) -> frozenset[str]:
+        return frozenset(m for m, r in self.models.items() if r.pinned)
+
+
+def _number(value: Any, kind: type[int] | type[float], what: str) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{what} must be a number, got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{what} must be finite")
+    return kind(value)
+
+
+def parse_replica_report(name: str, url: str, body: Any, at: float) -> ReplicaReport:
+    """Typed view of a runtime's hot-set answer; raises ``ValueError`` when it is not one."""
+    if not isinstance(body, Mapping) or not isinstance(body.get("models"), Mapping):
+        raise ValueError("not a tidal runtime hot-set document (no 'models' object)")
+    models: dict[str, ModelReport] = {}
+    for model, raw in body["models"].items():
+        if not isinstance(raw, Mapping):
+            raise ValueError(f"model {model!r}: not an object")
+        error = raw.get("lastError")
+        models[str(model)] = ModelReport(
+            state=str(raw.get("state", "UNAVAILABLE")),
+            size_bytes=_number(raw.get("sizeBytes", 0), int, "sizeBytes"),
+            last_size_bytes=_number(raw.get("lastSizeBytes", 0), int, "lastSizeBytes"),
+            load_seconds=_number(raw.get("loadSeconds", 0.0), float, "loadSeconds"),
+            outstanding=_number(raw.get("outstanding", 0), int, "outstanding"),
+            requests=_number(raw.get("requests", 0), float, "requests"),
+            pinned=bool(raw.get("pinned", False)),
+            last_error=str(error) if error else None,
+        )
+    return ReplicaReport(
+        name=name,
+        url=url,
+        at=at,
+        generation=_number(body.get("generation", 0), int, "generation"),
+        ready=bool(body.get("ready", False)),
+        budget_bytes=_number(body.get("budgetBytes", 0), int, "budgetBytes"),
+        resident_bytes=_number(body.get("residentBytes", 0), int, "residentBytes"),
+        models=models,
+    )
+
+
+@dataclass(frozen=True)
+class FleetView:
+    """What the fleet loop hands the reconciler: ``status.fleet`` and ``Degraded`` reasons."""
+
+    status: FleetStatus
+    problems: tuple[str, ...] = ()
+
+
+# -- rates -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RateState:
+    """The request counters seen last, per (replica, model), and when (monotonic)."""
+
+    counters: Mapping[tuple[str, str], float] = field(default_factory=dict)
+    at: float | None = None
+
+
+def model_rates(
+    previous: RateState, reports: Sequence[ReplicaReport], now: float
+) -> tuple[dict[str, float], RateState]:
+    """Requests per second per model since the previous call, summed over the replicas.
+
+    A counter that went down belongs to a restarted pod: its whole value is new traffic. A
+    replica seen for the first time contributes nothing until its second report (its counter
+    holds traffic of unknown age). The first call returns no rates.
+    """
+    counters = {(r.name, m): rep.requests for r in reports for m, rep in r.models.items()}
+    rates: dict[str, float] = {}
+    if previous.at is not None and now > previous.at:
+        elapsed = now - previous.at
+        for (replica, model), value in counters.items():
+            before = previous.counters.get((replica, model))
+            if before is None:
+                continue
+            delta = value - before if value >= before else value
+            rates[model] = rates.get(model, 0.0) + delta / elapsed
+    return rates, RateState(counters=counters, at=now)
+
+
+# -- placement inputs --------------------------------------------------------------------------
+
+
+def model_sizes(models: Sequence[Model], reports: Sequence[ReplicaReport]) -> dict[str, int]:
+    """Bytes of each model on the device: measured (largest seen), declared, or the median."""
+    measured: dict[str, int] = {}
+    for report in reports:
+        for name, rep in report.models.items():
+            size = max(rep.size_bytes, rep.last_size_bytes)
+            if size > 0:
+                measured[name] = max(measured.get(name, 0), size)
+    sizes: dict[str, int] = {}
+    for model in models:
+        if model.name in measured:
+            sizes[model.name] = measured[model.name]
+        elif model.memory is not None:
+            sizes[model.name] = quantity_bytes(model.memory)
+    fallback = int(statistics.median(sizes.values())) if sizes else DEFAULT_MODEL_BYTES
+    return {m.name: sizes.get(m.name, fallback) for m in models}
+
+
+def model_load_seconds(
+    sizes: Mapping[str, int], reports: Sequence[ReplicaReport]
+) -> dict[str, float]:
+    """Seconds a load of each model takes: the longest measured, else estimated from bytes."""
+    measured: dict[str, float] = {}
+    for report in reports:
+        for name, rep in report.models.items():
+            if rep.load_seconds > 0:
+                measured[name] = max(measured.get(name, 0.0), rep.load_seconds)
+    return {
+        name: measured.get(
+            name, DEFAULT_LOAD_OVERHEAD_SECONDS + size / DEFAULT_LOAD_BYTES_PER_SECOND
+        )
+        for name, size in sizes.items()
+    }
+
+
+def model_demands(
+    models: Sequence[Model],
+    reports: Sequence[ReplicaReport],
+    rates: Mapping[str, float],
+    forecast_rates: Mapping[str, float],
+) -> list[ModelDemand]:
+    """What placement needs per model (``forecast_rates``: the forecast peak over each model's
+    load-time horizon; missing: no forecast, the rate now counts)."""
+    sizes = model_sizes(models, reports)
+    loads = model_load_seconds(sizes, reports)
+    return [
+        ModelDemand(
+            name=m.name,
+            size_bytes=sizes[m.name],
+            load_seconds=loads[m.name],
+            rate=max(0.0, rates.get(m.name, 0.0)),
+            forecast_rate=max(0.0, forecast_rates.get(m.name, 0.0)),
+        )
+        for m in models
+    ]
+
+
+def replica_slots(
+    reports: Sequence[ReplicaReport], pinned: Mapping[str, frozenset[str]]
+) -> list[ReplicaSlot]:
+    """Placement's view of the replicas: budgets and hot sets from their reports, and the pins
+    the last placement gave them (which a replica may not have acknowledged yet)."""
+    return [
+        ReplicaSlot(
+            name=r.name,
+            budget_bytes=r.budget_bytes,
+            resident=r.resident,
+            pinned=pinned.get(r.name, r.pinned),
+        )
+        for r in reports
+    ]
+
+
+# -- outputs -----------------------------------------------------------------------------------
+
+
+def gateway_push(reports: Sequence[ReplicaReport], placement: Placement | None) -> dict[str, Any]:
+    """The gateway's ``PUT /v2/tidal/replicas`` document: serving replicas, placement hints."""
+    names = {r.name for r in reports}
+    hints: dict[str, list[str]] = {}
+    if placement is not None:
+        for model, replicas in placement.assignments.items():
+            kept = [r for r in replicas if r in names]
+            if kept:
+                hints[model] = kept
+    return {
+        "replicas": [{"name": r.name, "url": r.url} for r in sorted(reports, key=lambda r: r.name)],
+        "placement": dict(sorted(hints.items())),
+    }
+
+
+def too_large_problems(isvc: InferenceService, placement: Placement | None) -> list[str]:
+    """``Degraded`` reasons for models larger than every replica's engine budget (measured)."""
+    if placement is None:
+        return []
+    return [
+        f"model {name!r} is {gap} bytes larger than the largest replica's engine budget: raise "
+        "spec.memory.engineCacheBudget (or lower spec.memory.reserve), or serve it from a "
+        "service with larger replicas"
+        for name, gap in sorted(placement.too_large.items())
+    ]
+
+
+def fleet_status(
+    models: Sequence[Model],
+    reports: Iterable[ReplicaReport],
+    placement: Placement | None,
+    rates: Mapping[str, float],
+    gateways_ready: int,
+    loaded_bytes: int,
+    placed_at: datetime | None,
+    top: int = 5,
+) -> FleetStatus:
+    """``status.fleet``: models hot / total, copies, the busiest models."""
+    reports = list(reports)
+    names = {m.name for m in models}
+    copies: dict[str, int] = {}
+    for report in reports:
+        for name in report.hot & names:
+            copies[name] = copies.get(name, 0) + 1
+    pinned = sum(len(p) for p in placement.pinned.values()) if placement is not None else 0
+    busiest = sorted(names, key=lambda n: (-rates.get(n, 0.0), n))[:top]
+    hottest = [f"{n}:{copies.get(n, 0)}@{rates.get(n, 0.0):.1f}/s" for n in busiest if rates.get(n)]
+    return FleetStatus(
+        summary=f"{len(copies)}/{len(names)}",
+        models_hot=len(copies),
+        models_total=len(names),
+        hot_copies=sum(copies.values()),
+        pinned_copies=pinned,
+        replicas=len(reports),
+        gateways_ready=gateways_ready,
+        loaded_bytes=loaded_bytes,
+        placed_at=placed_at.strftime("%Y-%m-%dT%H:%M:%SZ") if placed_at is not None else None,
+        too_large=[
+            f"{n}: {gap} bytes over budget"
+            for n, gap in sorted((placement.too_large if placement else {}).items())
+        ][:64],
+        hottest=hottest,
+    )

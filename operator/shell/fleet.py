@@ -1,0 +1,480 @@
+"""The fleet loop: where each model of an InferenceService with ``spec.fleet`` is hot.
+
+One asyncio task per such InferenceService, beside the control loop. Every tick (1 s):
+
+1. read each serving runtime pod's hot set (``GET /v2/tidal/models``, concurrently, with a
+   short timeout; a pod that does not answer is left out of this tick);
+2. tell every gateway pod which runtime pods serve (``PUT /v2/tidal/replicas``) as soon as
+   that list changes, so a new replica gets traffic and a removed one loses it within a tick;
+3. every ``placement.intervalSeconds``: per-model rates from the runtimes' request counters,
+   the forecast (``tidal.operator.core.forecast``) updated and asked for each model's peak over
+   its load-time horizon, ``place`` (``tidal.operator.core.placement``) run, and each runtime
+   whose pins changed told (``PUT /v2/tidal/placement``); the gateways get the placement as
+   routing hints;
+4. publish ``status.fleet`` (and ``Degraded`` reasons for models no replica can hold) for the
+   reconciler, and every ``forecast_save_seconds`` write the forecast state to the ConfigMap
+   ``<isvc>-fleet-state``, from which a restarted operator resumes.
+
+Pushes are level-triggered and idempotent (the whole pinned set, the whole replica list), and
+repeated every ``resync_seconds`` even when nothing changed, so a restarted runtime or gateway
+catches up without the operator noticing the restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+from pydantic import ValidationError
+
+from tidal.operator.core.api import (
+    LABEL_POOL,
+    LABEL_ROLE,
+    InferenceService,
+    PoolName,
+    duration_seconds,
+    parse_inference_service,
+)
+from tidal.operator.core.control import ControlView
+from tidal.operator.core.fleet import (
+    FleetView,
+    RateState,
+    ReplicaReport,
+    fleet_status,
+    gateway_push,
+    model_demands,
+    model_rates,
+    parse_replica_report,
+    replica_slots,
+    too_large_problems,
+)
+from tidal.operator.core.forecast import (
+    ForecastPolicy,
+    ModelForecast,
+    forecasts_from_json,
+    forecasts_to_json,
+    observe,
+    predict_peak,
+)
+from tidal.operator.core.placement import Placement, PlacementPolicy, place
+from tidal.operator.core.resources import (
+    COMPONENT_GATEWAY,
+    GATEWAY_PORT,
+    LABEL_COMPONENT,
+    ROLE_SERVING,
+    RUNTIME_PORT,
+    common_labels,
+    find_spec_problems,
+    owner_reference,
+    placement_headroom,
+    resolve_active_pool,
+)
+from tidal.operator.shell.kube import Kube, KubeError
+from tidal.operator.shell.reconciler import Key, Store
+
+log = logging.getLogger("tidal.operator.fleet")
+
+Enqueue = Callable[[Key], Awaitable[None]]
+FORECAST_KEY = "forecast.json"
+
+
+@dataclass(frozen=True)
+class FleetSettings:
+    """How often the fleet loop ticks, resends and saves."""
+
+    tick_seconds: float = 1.0
+    request_timeout: float = 1.0
+    # A push the other side has acknowledged is repeated this often anyway (it may restart).
+    resync_seconds: float = 15.0
+    # A push not acknowledged yet is repeated after this long.
+    retry_seconds: float = 2.0
+    forecast_save_seconds: float = 60.0
+    status_interval: float = 2.0
+
+
+@dataclass
+class FleetState:
+    """What the fleet loop remembers of one InferenceService between ticks."""
+
+    rates: RateState = field(default_factory=RateState)
+    last_rates: dict[str, float] = field(default_factory=dict)
+    forecasts: dict[str, ModelForecast] = field(default_factory=dict)
+    forecast_loaded: bool = False
+    forecast_saved_at: float = -1e9
+    placement: Placement | None = None
+    placed_at: float = -1e9
+    placed_wall: datetime | None = None
+    pins_sent: dict[str, tuple[frozenset[str], float]] = field(default_factory=dict)
+    gateway_sent: dict[str, tuple[str, float]] = field(default_factory=dict)
+    loaded_bytes: int = 0
+    view: FleetView | None = None
+    enqueued_at: float = -1e9
+
+
+def state_config_map_name(isvc_name: str) -> str:
+    return f"{isvc_name}-fleet-state"
+
+
+def _labels(pod: Mapping[str, Any]) -> Mapping[str, str]:
+    return dict((pod.get("metadata") or {}).get("labels") or {})
+
+
+def _ready(pod: Mapping[str, Any]) -> bool:
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
+
+
+def _usable(pod: Mapping[str, Any]) -> bool:
+    meta = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    return (
+        meta.get("deletionTimestamp") is None
+        and status.get("phase") == "Running"
+        and bool(status.get("podIP"))
+    )
+
+
+def serving_pools(isvc: InferenceService, view: ControlView | None) -> tuple[PoolName, ...]:
+    """The pools whose serving pods get traffic (both during a split rollout step)."""
+    if view is None:
+        return (PoolName.PRIMARY,)
+    if view.observed.split and isvc.spec.rollout.baseline is not None:
+        return (PoolName.PRIMARY, PoolName.BASELINE)
+    return (resolve_active_pool(isvc, view.observed),)
+
+
+def _due(
+    sent: tuple[Any, float] | None, value: Any, acked: bool, now: float, s: FleetSettings
+) -> bool:
+    """Whether a push of ``value`` is due, given what was sent last and when."""
+    if sent is None or sent[0] != value:
+        return True
+    return now - sent[1] >= (s.resync_seconds if acked else s.retry_seconds)
+
+
+class FleetController:
+    """Runs one fleet loop per InferenceService that has ``spec.fleet``."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        store: Store,
+        enqueue: Enqueue,
+        control: Callable[[Key], ControlView | None],
+        settings: FleetSettings | None = None,
+        *,
+        mono: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.kube, self.store, self.enqueue, self.control = kube, store, enqueue, control
+        self.settings = settings or FleetSettings()
+        self.mono, self.wall = mono, wall
+        self.states: dict[Key, FleetState] = {}
+        self.tasks: dict[Key, asyncio.Task[None]] = {}
+        self._session: aiohttp.ClientSession | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def view(self, key: Key) -> FleetView | None:
+        state = self.states.get(key)
+        return state.view if state is not None else None
+
+    def ensure(self, key: Key) -> None:
+        """Start the key's loop if it has ``spec.fleet`` and the loop is not running."""
+        body = self.store.services.get(key)
+        if body is None or not (body.get("spec") or {}).get("fleet"):
+            return
+        task = self.tasks.get(key)
+        if task is None or task.done():
+            self.tasks[key] = asyncio.create_task(self._run(key), name=f"fleet {key[0]}/{key[1]}")
+
+    async def stop(self, key: Key) -> None:
+        task = self.tasks.pop(key, None)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self.states.pop(key, None)
+
+    async def close(self) -> None:
+        for key in list(self.tasks):
+            await self.stop(key)
+        if self._session is not None:
+            await self._session.close()
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=self.settings.request_timeout),
+                connector=aiohttp.TCPConnector(limit=64),
+            )
+        return self._session
+
+    async def _run(self, key: Key) -> None:
+        next_at = self.mono()
+        while (self.store.services.get(key) or {}).get("spec", {}).get("fleet"):
+            try:
+                await self.tick(key)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # one bad tick must not end the loop
+                log.exception("fleet tick of %s/%s failed", *key)
+            next_at = max(next_at + self.settings.tick_seconds, self.mono())
+            await asyncio.sleep(next_at - self.mono())
+        self.states.pop(key, None)
+        self.tasks.pop(key, None)
+        if key in self.store.services:
+            await self.enqueue(key)  # so that status.fleet goes with spec.fleet
+
+    # -- one tick ----------------------------------------------------------------------------
+
+    async def tick(self, key: Key) -> None:
+        body = self.store.services.get(key)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return
+        try:
+            isvc = parse_inference_service(body)
+        except ValidationError:
+            return  # the reconciler reports it as Degraded
+        fleet = isvc.spec.fleet
+        if fleet is None or find_spec_problems(isvc):
+            return
+        st = self.states.setdefault(key, FleetState())
+        if not st.forecast_loaded:
+            st.forecasts = await self._load_forecasts(isvc)
+            st.forecast_loaded = True
+        kids = self.store.children.get(key)
+        bodies = list(kids.pod_bodies.values()) if kids is not None else []
+        pools = {p.value for p in serving_pools(isvc, self.control(key))}
+        runtimes = [
+            b
+            for b in bodies
+            if _labels(b).get(LABEL_POOL) in pools
+            and _labels(b).get(LABEL_ROLE) == ROLE_SERVING
+            and _usable(b)
+            and _ready(b)
+        ]
+        gateways = [
+            b for b in bodies if _labels(b).get(LABEL_COMPONENT) == COMPONENT_GATEWAY and _usable(b)
+        ]
+        reports = await self._reports(runtimes)
+        mono, wall = self.mono(), self.wall()
+        if mono - st.placed_at >= fleet.placement.interval_seconds:
+            self._place(isvc, st, reports, mono, wall)
+        await self._push_pins(st, reports, mono)
+        await self._push_gateways(st, reports, gateways, mono)
+        if st.forecasts and mono - st.forecast_saved_at >= self.settings.forecast_save_seconds:
+            await self._save_forecasts(isvc, st, mono)
+        view = FleetView(
+            status=fleet_status(
+                isvc.spec.models,
+                reports,
+                st.placement,
+                st.last_rates,
+                sum(1 for g in gateways if _ready(g)),
+                st.loaded_bytes,
+                st.placed_wall,
+            ),
+            problems=tuple(too_large_problems(isvc, st.placement)),
+        )
+        before, st.view = st.view, view
+        if before == view:
+            return
+        urgent = (
+            before is None
+            or before.problems != view.problems
+            or before.status.summary != view.status.summary
+            or before.status.gateways_ready != view.status.gateways_ready
+        )
+        if urgent or mono - st.enqueued_at >= self.settings.status_interval:
+            st.enqueued_at = mono
+            await self.enqueue(key)
+
+    def _place(
+        self,
+        isvc: InferenceService,
+        st: FleetState,
+        reports: Sequence[ReplicaReport],
+        mono: float,
+        wall: float,
+    ) -> None:
+        fleet = isvc.spec.fleet
+        assert fleet is not None
+        first = st.rates.at is None
+        rates, st.rates = model_rates(st.rates, reports, mono)
+        if not first:
+            st.last_rates = rates
+        models = list(isvc.spec.models)
+        names = {m.name for m in models}
+        demands = model_demands(models, reports, st.last_rates, {})
+        if fleet.forecast.enabled and not first:
+            policy = _forecast_policy(isvc)
+            forecast_rates: dict[str, float] = {}
+            for demand in demands:
+                state = observe(policy, st.forecasts.get(demand.name), demand.rate, wall)
+                st.forecasts[demand.name] = state
+                horizon = demand.load_seconds + fleet.forecast.lead_seconds
+                forecast_rates[demand.name] = predict_peak(policy, state, wall, horizon)
+            demands = model_demands(models, reports, st.last_rates, forecast_rates)
+        for gone in set(st.forecasts) - names:
+            del st.forecasts[gone]
+        st.placed_at = mono
+        if not reports:
+            return
+        previous = {r: pins for r, (pins, _) in st.pins_sent.items()}
+        placement = place(
+            PlacementPolicy(
+                rate_per_copy=fleet.placement.rate_per_copy,
+                max_copies=fleet.placement.max_copies,
+                min_rate=fleet.placement.min_rate,
+                headroom_fraction=placement_headroom(isvc),
+            ),
+            demands,
+            replica_slots(reports, previous),
+            wall,
+        )
+        pins = placement.pinned
+        if st.placement is None or st.placement.pinned != pins:
+            st.placed_wall = datetime.fromtimestamp(wall, UTC)
+            sizes = {d.name: d.size_bytes for d in demands}
+            resident = {r.name: r.resident for r in reports}
+            st.loaded_bytes += sum(
+                sizes.get(m, 0)
+                for replica, pins in placement.pinned.items()
+                for m in pins - resident.get(replica, frozenset())
+            )
+            log.info(
+                "%s/%s placement: %s",
+                isvc.namespace,
+                isvc.name,
+                "; ".join(f"{r}={','.join(sorted(p))}" for r, p in sorted(pins.items())),
+            )
+        st.placement = placement
+
+    # -- I/O ---------------------------------------------------------------------------------
+
+    async def _reports(self, pods: Sequence[Mapping[str, Any]]) -> list[ReplicaReport]:
+        async def one(pod: Mapping[str, Any]) -> ReplicaReport | None:
+            name = str(pod["metadata"]["name"])
+            url = f"http://{pod['status']['podIP']}:{RUNTIME_PORT}"
+            try:
+                async with self._http().get(f"{url}/v2/tidal/models") as response:
+                    if response.status != 200:
+                        return None
+                    data = await response.json(content_type=None)
+                return parse_replica_report(name, url, data, self.mono())
+            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                log.debug("hot set of %s: %s", name, exc)
+                return None
+
+        found = await asyncio.gather(*(one(p) for p in pods))
+        return [r for r in found if r is not None]
+
+    async def _put(self, url: str, document: Mapping[str, Any]) -> bool:
+        try:
+            async with self._http().put(url, json=document) as response:
+                if response.status == 200:
+                    return True
+                log.warning("PUT %s: %d %s", url, response.status, (await response.text())[:300])
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.warning("PUT %s: %s", url, exc)
+        return False
+
+    async def _push_pins(
+        self, st: FleetState, reports: Sequence[ReplicaReport], mono: float
+    ) -> None:
+        """Tell each runtime its pinned set when it changed (or to resync)."""
+        if st.placement is None:
+            return
+
+        async def send(report: ReplicaReport, pins: frozenset[str]) -> None:
+            if await self._put(f"{report.url}/v2/tidal/placement", {"pinned": sorted(pins)}):
+                st.pins_sent[report.name] = (pins, mono)
+
+        due = [
+            (r, pins)
+            for r in reports
+            # A replica first seen after the last placement waits for the next one.
+            if (pins := st.placement.pinned.get(r.name)) is not None
+            and _due(st.pins_sent.get(r.name), pins, r.pinned == pins, mono, self.settings)
+        ]
+        await asyncio.gather(*(send(r, p) for r, p in due))
+        for gone in set(st.pins_sent) - {r.name for r in reports}:
+            del st.pins_sent[gone]
+
+    async def _push_gateways(
+        self,
+        st: FleetState,
+        reports: Sequence[ReplicaReport],
+        gateways: Sequence[Mapping[str, Any]],
+        mono: float,
+    ) -> None:
+        """Tell each gateway the serving replicas and the placement when they changed."""
+        document = gateway_push(reports, st.placement)
+        digest = json.dumps(document, sort_keys=True)
+
+        async def send(pod: Mapping[str, Any]) -> None:
+            name = str(pod["metadata"]["name"])
+            # An unready gateway may have restarted and lost the list: it counts as unacked.
+            if not _due(st.gateway_sent.get(name), digest, _ready(pod), mono, self.settings):
+                return
+            url = f"http://{pod['status']['podIP']}:{GATEWAY_PORT}/v2/tidal/replicas"
+            if await self._put(url, document):
+                st.gateway_sent[name] = (digest, mono)
+
+        await asyncio.gather(*(send(g) for g in gateways))
+        for gone in set(st.gateway_sent) - {str(g["metadata"]["name"]) for g in gateways}:
+            del st.gateway_sent[gone]
+
+    async def _load_forecasts(self, isvc: InferenceService) -> dict[str, ModelForecast]:
+        try:
+            cm = await self.kube.get_config_map(isvc.namespace, state_config_map_name(isvc.name))
+        except KubeError as exc:
+            if exc.status != 404:
+                log.warning("forecast state of %s/%s: %s", isvc.namespace, isvc.name, exc)
+            return {}
+        text = (cm.get("data") or {}).get(FORECAST_KEY, "")
+        restored = forecasts_from_json(_forecast_policy(isvc), text)
+        log.info("%s/%s: restored the forecast of %d models", *_key(isvc), len(restored))
+        return restored
+
+    async def _save_forecasts(self, isvc: InferenceService, st: FleetState, mono: float) -> None:
+        obj = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": state_config_map_name(isvc.name),
+                "namespace": isvc.namespace,
+                "labels": common_labels(isvc),
+                "ownerReferences": [owner_reference(isvc)],
+            },
+            "data": {FORECAST_KEY: forecasts_to_json(_forecast_policy(isvc), st.forecasts)},
+        }
+        try:
+            await self.kube.apply(obj)
+            st.forecast_saved_at = mono
+        except KubeError as exc:
+            log.warning("saving the forecast of %s/%s: %s", *_key(isvc), exc)
+            st.forecast_saved_at = mono - self.settings.forecast_save_seconds / 2
+
+
+def _key(isvc: InferenceService) -> tuple[str, str]:
+    return isvc.namespace, isvc.name
+
+
+def _forecast_policy(isvc: InferenceService) -> ForecastPolicy:
+    fleet = isvc.spec.fleet
+    assert fleet is not None
+    return ForecastPolicy(
+        period_seconds=duration_seconds(fleet.forecast.period), slots=fleet.forecast.slots
+    )
