@@ -19,19 +19,26 @@ How it decides:
   or above `hot_rate` (availability: losing one replica does not make a busy model cold), at most
   `max_copies` and the number of replicas. The availability rule is on the model's own rate, not
   its share of the fleet, so that other models' traffic cannot move its copies.
-* Hysteresis: once a placement exists (some replica has pins), a model keeps its current number
+* Hysteresis: once a placement exists (`history`), a model keeps its current number
   of copies k while k lies between the counts for score / (1 + tolerance) and for score /
   (1 - tolerance). Demand noise within the tolerance moves nothing; a larger change re-sizes.
   Without any pins (first placement) the plain counts apply.
 * Room: each replica may pin `budget * (1 - headroom_fraction)` bytes; the headroom is for
-  on-demand loads of cold models. Copies are granted greedily by priority score / j for a
-  model's j-th copy (the rate one more copy would take over, as in D'Hondt apportionment), so a
-  hotter model's copies are never considered after a colder model's. A copy already pinned
-  (an incumbent) has its priority raised by `stickiness` and stays on its replica: a newcomer
-  displaces it only with a score more than (1 + stickiness) times higher. With stickiness above
-  (1 + noise) / (1 - noise) - 1 (0.22 for 10 % noise) noise cannot reorder who gets room.
+  on-demand loads of cold models. Models are granted their copies greedily in order of score,
+  a whole model at a time. A copy already pinned (an incumbent) has its priority raised by
+  `stickiness` and stays on its replica: a newcomer displaces it only with a score more than
+  (1 + stickiness) times higher. With stickiness above (1 + noise) / (1 - noise) - 1 (0.22 for
+  10 % noise) demand noise cannot reorder who gets room, so it moves nothing.
 * A new copy goes to a replica where the model is already resident (no load), then to the one
   with the least demand assigned so far, then the most free bytes, then by name.
+* Monotone: copies wanted never decrease with the score (outside the hysteresis and stickiness
+  bands once a placement exists). Copies granted are monotone too wherever bytes allow: a hotter
+  model is served first, and if it comes up short every replica with room for it already has
+  it, so a colder model at least as large cannot get more copies. A hotter but *larger* model
+  can end with fewer copies than a small colder one when bytes run out: that is packing, not
+  ranking. Whole-model order (rather than interleaving copies by score / j) is what makes these
+  guarantees hold exactly; the price is that a cold model's first copy yields to a hot model's
+  extra copies when room is short (the cold model is still served on demand from the headroom).
 
 Complexity: O(C log C + C * R) for C copies wanted (at most models x replicas; about models +
 a few dozen for a power-law fleet) over R replicas; 200 models on 50 replicas is a few ms.
@@ -216,13 +223,21 @@ def place(
     models: Sequence[ModelDemand],
     replicas: Sequence[ReplicaSlot],
     now: float,
+    *,
+    history: bool | None = None,
 ) -> Placement:
-    """Decide the pinned set of every replica; deterministic, pure."""
+    """Decide the pinned set of every replica; deterministic, pure.
+
+    `history` says whether the replicas' `pinned` sets are the result of an earlier placement
+    (then the hysteresis bands apply, also to models pinned nowhere); None infers it from
+    whether any replica has pins, which misreads a previous placement that pinned nothing. The
+    shell passes True once it has published a placement.
+    """
     _check_unique(models, replicas)
     usable = {r.name: _usable_bytes(policy, r) for r in replicas}
     sizes = {m.name: m.size_bytes for m in models}
-    # A placement exists once some replica has pins; before that there is no band to stay in.
-    history = any(r.pinned for r in replicas)
+    if history is None:
+        history = any(r.pinned for r in replicas)
     cap = len(replicas) if policy.max_copies is None else min(policy.max_copies, len(replicas))
     largest_budget = max((r.budget_bytes for r in replicas), default=0)
     largest_usable = max(usable.values(), default=0)
@@ -262,37 +277,15 @@ def place(
         score = model.score
         for j in range(1, count + 1):
             if j <= len(incumbents):
-                priority = score * (1.0 + policy.stickiness) / j
-                requests.append((-priority, name, j, incumbents[j - 1].name))
+                requests.append(
+                    (-score * (1.0 + policy.stickiness), name, j, incumbents[j - 1].name)
+                )
             else:
-                requests.append((-score / j, name, j, None))
+                requests.append((-score, name, j, None))
     requests.sort(key=lambda q: (q[0], q[1], q[2]))
 
-    free = dict(usable)
-    load = {r.name: 0.0 for r in replicas}
-    hosted: dict[str, list[str]] = {m.name: [] for m in models}
     demand = {m.name: m for m in models}
-    for _, name, _, bound in requests:
-        model = demand[name]
-        size = model.size_bytes
-        chosen: str | None = None
-        if bound is not None and free[bound] >= size:
-            chosen = bound
-        else:
-            best: tuple[bool, float, int, str] | None = None
-            for r in replicas:
-                if free[r.name] < size or r.name in hosted[name]:
-                    continue
-                key = (name not in r.resident, load[r.name], -free[r.name], r.name)
-                if best is None or key < best:
-                    best = key
-            if best is not None:
-                chosen = best[3]
-        if chosen is None:
-            continue
-        hosted[name].append(chosen)
-        free[chosen] -= size
-        load[chosen] += model.score / wanted[name]
+    hosted = _grant(requests, replicas, usable, demand, wanted)
 
     # Final load per replica (each pinned copy carries its share of the model's score) orders
     # each model's replicas, so equal pinned sets give equal assignments whatever the order.
@@ -340,6 +333,41 @@ def _check_unique(models: Sequence[ModelDemand], replicas: Sequence[ReplicaSlot]
         twice = sorted(name for name, n in Counter(names).items() if n > 1)
         if twice:
             raise ValueError(f"duplicate {kind} names: {', '.join(twice)}")
+
+
+def _grant(
+    requests: Sequence[tuple[float, str, int, str | None]],
+    replicas: Sequence[ReplicaSlot],
+    usable: Mapping[str, int],
+    demand: Mapping[str, ModelDemand],
+    wanted: Mapping[str, int],
+) -> dict[str, list[str]]:
+    """Grant copy requests in priority order; model -> replicas granted, in grant order."""
+    free = dict(usable)
+    load = {r.name: 0.0 for r in replicas}
+    hosted: dict[str, list[str]] = {name: [] for name in demand}
+    for _, name, _, bound in requests:
+        model = demand[name]
+        size = model.size_bytes
+        chosen: str | None = None
+        if bound is not None and free[bound] >= size and bound not in hosted[name]:
+            chosen = bound
+        else:
+            best: tuple[bool, float, int, str] | None = None
+            for r in replicas:
+                if free[r.name] < size or r.name in hosted[name]:
+                    continue
+                key = (name not in r.resident, load[r.name], -free[r.name], r.name)
+                if best is None or key < best:
+                    best = key
+            if best is not None:
+                chosen = best[3]
+        if chosen is None:
+            continue
+        hosted[name].append(chosen)
+        free[chosen] -= size
+        load[chosen] += model.score / wanted[name]
+    return hosted
 
 
 def _usable_bytes(policy: PlacementPolicy, replica: ReplicaSlot) -> int:

@@ -1,0 +1,518 @@
+"""place: behaviour tables and properties (budgets, monotone copies, no churn)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tidal.operator.core.placement import (
+    REASON_COLD_BELOW_MIN,
+    REASON_COLD_NO_REPLICAS,
+    REASON_COLD_NO_ROOM,
+    REASON_COLD_OVER_PIN_BUDGET,
+    REASON_COLD_STICKY,
+    REASON_TOO_LARGE,
+    ModelDemand,
+    Placement,
+    PlacementPolicy,
+    PlacementSummary,
+    ReplicaSlot,
+    place,
+    placement_summary,
+)
+
+GB = 10**9
+POLICY = PlacementPolicy()  # 50 req/s per copy, min 0.1 req/s, 20 % headroom
+
+
+def model(name: str, rate: float = 0.0, size_gb: float = 1.0, forecast: float = 0.0) -> ModelDemand:
+    return ModelDemand(
+        name=name,
+        size_bytes=int(size_gb * GB),
+        load_seconds=2.0 * size_gb,
+        rate=rate,
+        forecast_rate=forecast,
+    )
+
+
+def replica(
+    name: str, budget_gb: float = 10.0, resident: Sequence[str] = (), pinned: Sequence[str] = ()
+) -> ReplicaSlot:
+    return ReplicaSlot(
+        name=name,
+        budget_bytes=int(budget_gb * GB),
+        resident=frozenset(resident),
+        pinned=frozenset(pinned),
+    )
+
+
+def replicas(count: int, budget_gb: float = 10.0) -> list[ReplicaSlot]:
+    return [replica(f"r{k}", budget_gb) for k in range(count)]
+
+
+def follow(placement: Placement, slots: Sequence[ReplicaSlot]) -> list[ReplicaSlot]:
+    """The replicas once the runtimes have applied `placement` (pins loaded, now resident)."""
+    return [
+        replace(s, pinned=placement.pinned[s.name], resident=s.resident | placement.pinned[s.name])
+        for s in slots
+    ]
+
+
+def same_placement(a: Placement, b: Placement) -> bool:
+    return a.assignments == b.assignments and a.pinned == b.pinned and a.cold == b.cold
+
+
+# ------------------------------------------------------------------------------------------
+# Tables
+
+
+def test_hot_model_on_several_replicas_rare_on_one_rest_cold() -> None:
+    models = [
+        model("hot", rate=180.0),
+        model("warm", rate=12.0),
+        model("rare", rate=0.5),
+        model("idle", rate=0.01),
+        model("never"),
+    ]
+    p = place(POLICY, models, replicas(4), now=100.0)
+    assert p.copies("hot") == 4  # ceil(180 / 50)
+    assert p.reasons["hot"] == "copies=4:rate"
+    assert p.copies("warm") == 2  # one copy's worth, but hot enough for a spare
+    assert p.reasons["warm"] == "copies=2:available"
+    assert p.copies("rare") == 1
+    assert p.reasons["rare"] == "copies=1:rate"
+    assert p.cold == ("idle", "never")
+    assert p.reasons["idle"] == REASON_COLD_BELOW_MIN
+    assert p.assignments["idle"] == ()
+    assert set(p.pinned) == {"r0", "r1", "r2", "r3"}
+    assert p.at == 100.0
+    assert placement_summary(p, models) == PlacementSummary(
+        hot_models=3, total_models=5, copies=7, cold_models=2, too_large_models=0
+    )
+
+
+def test_model_too_large_for_every_budget_names_the_gap() -> None:
+    models = [model("huge", rate=100.0, size_gb=15), model("big", rate=5.0, size_gb=11)]
+    p = place(POLICY, models, [replica("a", 10), replica("b", 12)], now=0.0)
+    assert p.too_large == {"huge": 3 * GB}
+    assert p.reasons["huge"] == REASON_TOO_LARGE
+    # 11 GB fits b's budget but not its pinnable 80 %: cold, served on demand, not Degraded.
+    assert p.reasons["big"] == REASON_COLD_OVER_PIN_BUDGET
+    assert "big" not in p.too_large
+    assert p.cold == ("big", "huge")
+    assert placement_summary(p, models).too_large_models == 1
+
+
+def test_forecast_preloads_before_the_rise() -> None:
+    models = [model("morning", rate=1.0, forecast=120.0)]
+    p = place(POLICY, models, replicas(4), now=0.0)
+    assert p.copies("morning") == 3
+    assert p.reasons["morning"] == "copies=3:forecast"
+
+
+def test_viral_model_gains_copies() -> None:
+    slots = replicas(8)
+    quiet = [model(f"m{k}", rate=0.5) for k in range(6)] + [model("viral", rate=0.5)]
+    before = place(POLICY, quiet, slots, now=0.0)
+    assert before.copies("viral") == 1
+    slots = follow(before, slots)
+    surge = [*quiet[:-1], model("viral", rate=300.0)]
+    after = place(POLICY, surge, slots, now=5.0)
+    assert after.copies("viral") == 6
+    assert after.reasons["viral"] == "copies=6:rate"
+    # Only the viral model moves: its five new copies are the whole churn.
+    assert sorted(m for _, m in after.loads()) == ["viral"] * 5
+    assert all(after.assignments[m.name] == before.assignments[m.name] for m in quiet[:-1])
+    assert after.bytes_to_load({"viral": GB}) == 5 * GB
+
+
+def test_replica_going_away_rehomes_its_pins() -> None:
+    slots = replicas(3)  # 8 GB pinnable each
+    models = [model(f"m{k}", rate=1.0 + k / 10) for k in range(9)]
+    first = place(POLICY, models, slots, now=0.0)
+    assert not first.cold
+    lost = set(first.pinned["r2"])
+    assert lost
+    survivors = follow(first, slots)[:2]
+    after = place(POLICY, models, survivors, now=10.0)
+    assert set(after.pinned) == {"r0", "r1"}
+    for name in lost:
+        assert after.copies(name) == 1, name
+    # Nothing pinned on a surviving replica moves away.
+    for s in survivors:
+        assert s.pinned <= after.pinned[s.name]
+    assert not after.cold
+
+
+def test_stickiness_keeps_resident_model_under_small_ranking_change() -> None:
+    # One replica with room for one 5 GB model (8 GB pinnable).
+    slot = replica("r0", 10, resident=["b"], pinned=["b"])
+    small_change = [model("a", rate=11.0, size_gb=5), model("b", rate=10.0, size_gb=5)]
+    p = place(POLICY, small_change, [slot], now=0.0)
+    assert p.assignments["b"] == ("r0",)
+    assert p.reasons["a"] == REASON_COLD_NO_ROOM
+    assert p.loads() == []
+    # A challenger well beyond the stickiness band takes the place.
+    big_change = [model("a", rate=20.0, size_gb=5), model("b", rate=10.0, size_gb=5)]
+    p = place(POLICY, big_change, [slot], now=0.0)
+    assert p.assignments["a"] == ("r0",)
+    assert p.reasons["b"] == REASON_COLD_NO_ROOM
+    assert p.loads() == [("r0", "a")]
+
+
+def test_first_placement_ranks_by_score_without_stickiness() -> None:
+    models = [model("a", rate=11.0, size_gb=5), model("b", rate=10.0, size_gb=5)]
+    p = place(POLICY, models, [replica("r0", 10, resident=["b"])], now=0.0)
+    assert p.assignments["a"] == ("r0",)
+
+
+def test_copies_have_hysteresis() -> None:
+    slots = replicas(6)
+    base = place(POLICY, [model("m", rate=100.0)], slots, now=0.0)
+    assert base.copies("m") == 2
+    slots = follow(base, slots)
+    # 12 % more would ask for a third copy from scratch; within the band it stays at 2.
+    up = place(POLICY, [model("m", rate=112.0)], slots, now=1.0)
+    assert up.copies("m") == 2
+    assert up.reasons["m"] == "copies=2:sticky"
+    down = place(POLICY, [model("m", rate=90.0)], slots, now=1.0)
+    assert down.copies("m") == 2
+    # A real change re-sizes.
+    assert place(POLICY, [model("m", rate=140.0)], slots, now=1.0).copies("m") == 3
+    assert place(POLICY, [model("m", rate=40.0)], slots, now=1.0).copies("m") == 2  # hot spare
+    assert place(POLICY, [model("m", rate=5.0)], slots, now=1.0).copies("m") == 1
+
+
+def test_cold_model_must_clear_the_band_to_be_pinned() -> None:
+    slots = [replica("r0", pinned=["other"], resident=["other"]), replica("r1")]
+    others = [model("other", rate=1.0)]
+    edge = place(POLICY, [*others, model("m", rate=0.105)], slots, now=0.0)
+    assert edge.copies("m") == 0
+    assert edge.reasons["m"] == REASON_COLD_STICKY
+    clear = place(POLICY, [*others, model("m", rate=0.12)], slots, now=0.0)
+    assert clear.copies("m") == 1
+    # Without any placement yet the plain threshold applies ...
+    fresh = place(POLICY, [model("m", rate=0.105)], replicas(2), now=0.0)
+    assert fresh.copies("m") == 1
+    # ... unless the shell says that the empty pins are an earlier placement's.
+    after_empty = place(POLICY, [model("m", rate=0.105)], replicas(2), now=0.0, history=True)
+    assert after_empty.copies("m") == 0
+
+
+def test_copies_capped_by_max_copies_and_replicas() -> None:
+    capped = place(replace(POLICY, max_copies=3), [model("m", rate=1000.0)], replicas(8), now=0.0)
+    assert capped.copies("m") == 3
+    assert capped.reasons["m"] == "copies=3:max"
+    few = place(POLICY, [model("m", rate=1000.0)], replicas(2), now=0.0)
+    assert few.copies("m") == 2
+    assert few.reasons["m"] == "copies=2:max"
+
+
+def test_hot_spare_needs_two_replicas() -> None:
+    assert place(POLICY, [model("m", rate=20.0)], replicas(1), now=0.0).copies("m") == 1
+    assert place(POLICY, [model("m", rate=20.0)], replicas(2), now=0.0).copies("m") == 2
+    single = replace(POLICY, hot_min_copies=1)
+    assert place(single, [model("m", rate=20.0)], replicas(2), now=0.0).copies("m") == 1
+
+
+def test_prefers_a_replica_where_the_model_is_resident() -> None:
+    slots = [replica("r0"), replica("r1"), replica("r2", resident=["m"])]
+    p = place(POLICY, [model("m", rate=1.0)], slots, now=0.0)
+    assert p.assignments["m"] == ("r2",)
+    assert p.loads() == []
+
+
+def test_spreads_demand_over_replicas() -> None:
+    policy = replace(POLICY, hot_min_copies=1)
+    models = [model(f"m{rate}", rate=float(rate)) for rate in (40, 30, 20, 10)]
+    p = place(policy, models, replicas(2), now=0.0)
+    load = {r: sum(m.rate for m in models if m.name in p.pinned[r]) for r in p.pinned}
+    assert load == {"r0": 50.0, "r1": 50.0}
+
+
+def test_headroom_is_left_unpinned() -> None:
+    models = [model(f"m{k}", rate=1.0) for k in range(9)]
+    p = place(POLICY, models, [replica("r0", 10)], now=0.0)
+    assert len(p.pinned["r0"]) == 8  # 8 GB of 10 pinnable
+    assert p.cold == ("m8",)  # equal demand: ties go by name
+    assert p.reasons["m8"] == REASON_COLD_NO_ROOM
+
+
+def test_partial_copies_say_no_room() -> None:
+    models = [model("m", rate=200.0, size_gb=5)]
+    p = place(POLICY, models, [replica("a", 10), replica("b", 10), replica("c", 5)], now=0.0)
+    assert p.copies("m") == 2
+    assert p.wanted["m"] == 3
+    assert p.reasons["m"] == "copies=2/3:no-room"
+
+
+def test_models_gone_from_the_spec_are_unpinned() -> None:
+    slots = [replica("r0", pinned=["gone", "m"], resident=["gone", "m"])]
+    p = place(POLICY, [model("m", rate=1.0)], slots, now=0.0)
+    assert p.pinned == {"r0": frozenset({"m"})}
+
+
+def test_no_replicas_leaves_every_model_cold() -> None:
+    models = [model("a", rate=100.0), model("b", rate=100.0, size_gb=1000)]
+    p = place(POLICY, models, [], now=0.0)
+    assert p.cold == ("a", "b")
+    assert p.reasons == {"a": REASON_COLD_NO_REPLICAS, "b": REASON_COLD_NO_REPLICAS}
+    assert p.too_large == {}
+    assert p.pinned == {}
+
+
+def test_loads_are_pins_not_yet_resident() -> None:
+    slots = [replica("r0", resident=["a"]), replica("r1")]
+    models = [model("a", rate=20.0), model("b", rate=1.0, size_gb=2)]
+    p = place(POLICY, models, slots, now=0.0)
+    assert p.assignments["a"][0] in {"r0", "r1"}
+    assert set(p.loads()) == {("r1", "a"), (p.assignments["b"][0], "b")}
+    assert p.bytes_to_load({"a": GB, "b": 2 * GB}) == 3 * GB
+
+
+def test_zero_size_models_are_placed() -> None:
+    p = place(POLICY, [ModelDemand("m", size_bytes=0, rate=1.0)], [replica("r", 0)], now=0.0)
+    assert p.copies("m") == 1
+
+
+def test_fleet_of_200_models_on_50_replicas() -> None:
+    models = [
+        model(f"m{k:03d}", rate=1000.0 / (k + 1) ** 1.1, size_gb=1 + k % 7) for k in range(200)
+    ]
+    slots = replicas(50, budget_gb=40)
+    p = place(POLICY, models, slots, now=0.0)
+    check_invariants(POLICY, models, slots, p)
+    summary = placement_summary(p, models)
+    assert summary.total_models == 200
+    assert summary.hot_models + summary.cold_models == 200
+    assert p.copies("m000") == 20
+    assert p.copies("m000") >= p.copies("m001") >= p.copies("m002") >= p.copies("m199")
+    again = place(POLICY, models, follow(p, slots), now=1.0)
+    assert same_placement(again, p)
+    assert again.loads() == []
+
+
+def test_duplicate_names_are_rejected() -> None:
+    with pytest.raises(ValueError, match="duplicate model names: a"):
+        place(POLICY, [model("a"), model("a")], replicas(1), now=0.0)
+    with pytest.raises(ValueError, match="duplicate replica names: r"):
+        place(POLICY, [], [replica("r"), replica("r")], now=0.0)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"rate_per_copy": 0.0}, "rate_per_copy must be > 0"),
+        ({"max_copies": 0}, "max_copies must be >= 1"),
+        ({"min_rate": -1.0}, "min_rate must be >= 0"),
+        ({"headroom_fraction": 1.0}, r"headroom_fraction must be in \[0, 1\)"),
+        ({"tolerance": 1.0}, r"tolerance must be in \[0, 1\)"),
+        ({"stickiness": -0.1}, "stickiness must be >= 0"),
+        ({"hot_min_copies": 0}, "hot_min_copies must be >= 1"),
+    ],
+)
+def test_policy_is_validated(fields: dict[str, float], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        PlacementPolicy(**fields)  # type: ignore[arg-type]
+
+
+def test_inputs_are_validated() -> None:
+    with pytest.raises(ValueError, match="size_bytes"):
+        ModelDemand("m", size_bytes=-1)
+    with pytest.raises(ValueError, match="rate must be finite"):
+        ModelDemand("m", size_bytes=1, rate=math.nan)
+    with pytest.raises(ValueError, match="forecast_rate"):
+        ModelDemand("m", size_bytes=1, forecast_rate=-1.0)
+    with pytest.raises(ValueError, match="budget_bytes"):
+        ReplicaSlot("r", budget_bytes=-1)
+
+
+# ------------------------------------------------------------------------------------------
+# Properties
+
+
+def check_invariants(
+    policy: PlacementPolicy,
+    models: Sequence[ModelDemand],
+    slots: Sequence[ReplicaSlot],
+    p: Placement,
+) -> None:
+    sizes = {m.name: m.size_bytes for m in models}
+    names = set(sizes)
+    assert set(p.pinned) == {s.name for s in slots}
+    assert set(p.assignments) == set(p.reasons) == set(p.wanted) == names
+    for s in slots:
+        pinned_bytes = sum(sizes[m] for m in p.pinned[s.name])
+        assert pinned_bytes <= s.budget_bytes * (1.0 - policy.headroom_fraction)
+        assert p.pinned[s.name] <= names
+    limit = len(slots) if policy.max_copies is None else min(policy.max_copies, len(slots))
+    for name, where in p.assignments.items():
+        assert len(set(where)) == len(where), "a model twice on one replica"
+        assert len(where) <= limit
+        assert len(where) <= p.wanted[name]
+        for r in where:
+            assert name in p.pinned[r]
+    for r, pinned in p.pinned.items():
+        for name in pinned:
+            assert r in p.assignments[name]
+    assert p.cold == tuple(sorted(n for n in names if not p.assignments[n]))
+    largest = max((s.budget_bytes for s in slots), default=0)
+    for name, gap in p.too_large.items():
+        assert gap == sizes[name] - largest > 0
+        assert p.reasons[name] == REASON_TOO_LARGE
+
+
+rates = st.one_of(
+    st.just(0.0),
+    st.floats(min_value=0.0, max_value=1.0),
+    st.floats(min_value=0.0, max_value=600.0),
+)
+
+
+@st.composite
+def fleets(
+    draw: st.DrawFn, history: bool = True, max_models: int = 14
+) -> tuple[PlacementPolicy, list[ModelDemand], list[ReplicaSlot]]:
+    policy = PlacementPolicy(
+        rate_per_copy=draw(st.sampled_from([10.0, 50.0, 100.0])),
+        max_copies=draw(st.sampled_from([None, 1, 3])),
+        min_rate=draw(st.sampled_from([0.0, 0.1, 1.0])),
+        headroom_fraction=draw(st.sampled_from([0.0, 0.2, 0.5])),
+        hot_rate=draw(st.sampled_from([10.0, 1e9])),
+    )
+    count = draw(st.integers(min_value=0, max_value=max_models))
+    models = [
+        ModelDemand(
+            name=f"m{k:02d}",
+            size_bytes=draw(st.integers(min_value=0, max_value=8)) * GB,
+            load_seconds=1.0,
+            rate=draw(rates),
+            forecast_rate=draw(rates),
+        )
+        for k in range(count)
+    ]
+    names = [m.name for m in models]
+    subsets = st.frozensets(st.sampled_from(names)) if names else st.just(frozenset[str]())
+    slots = [
+        ReplicaSlot(
+            name=f"r{k}",
+            budget_bytes=draw(st.integers(min_value=0, max_value=20)) * GB,
+            resident=draw(subsets) if history else frozenset(),
+            pinned=draw(subsets) if history else frozenset(),
+        )
+        for k in range(draw(st.integers(min_value=0, max_value=6)))
+    ]
+    return policy, models, slots
+
+
+@settings(max_examples=200, deadline=None)
+@given(fleets())
+def test_property_budgets_and_consistency(
+    fleet: tuple[PlacementPolicy, list[ModelDemand], list[ReplicaSlot]],
+) -> None:
+    policy, models, slots = fleet
+    check_invariants(policy, models, slots, place(policy, models, slots, now=0.0))
+
+
+@settings(max_examples=200, deadline=None)
+@given(fleets(history=False))
+def test_property_hotter_models_never_get_fewer_copies(
+    fleet: tuple[PlacementPolicy, list[ModelDemand], list[ReplicaSlot]],
+) -> None:
+    policy, models, slots = fleet
+    p = place(policy, models, slots, now=0.0)
+    for a in models:
+        for b in models:
+            if a.score > b.score:
+                assert p.wanted[a.name] >= p.wanted[b.name] or a.name in p.too_large
+                if a.size_bytes <= b.size_bytes:
+                    assert p.copies(a.name) >= p.copies(b.name), (a, b, p.reasons)
+
+
+@settings(max_examples=150, deadline=None)
+@given(fleets())
+def test_property_monotone_outside_the_bands_with_history(
+    fleet: tuple[PlacementPolicy, list[ModelDemand], list[ReplicaSlot]],
+) -> None:
+    policy, models, slots = fleet
+    p = place(policy, models, slots, now=0.0)
+    band = (1 + policy.tolerance) / (1 - policy.tolerance) * (1 + policy.stickiness)
+    for a in models:
+        for b in models:
+            if a.score > b.score * band and a.name not in p.too_large:
+                assert p.wanted[a.name] >= p.wanted[b.name]
+                if a.size_bytes <= b.size_bytes:
+                    assert p.copies(a.name) >= p.copies(b.name), (a, b, p.reasons)
+
+
+@settings(max_examples=150, deadline=None)
+@given(fleets())
+def test_property_ample_room_grants_every_wanted_copy(
+    fleet: tuple[PlacementPolicy, list[ModelDemand], list[ReplicaSlot]],
+) -> None:
+    policy, models, slots = fleet
+    total = sum(m.size_bytes for m in models)
+    roomy = [
+        replace(s, budget_bytes=math.ceil(total / (1 - policy.headroom_fraction)) + 1)
+        for s in slots
+    ]
+    p = place(policy, models, roomy, now=0.0)
+    for m in models:
+        assert p.copies(m.name) == p.wanted[m.name]
+
+
+@settings(max_examples=200, deadline=None)
+@given(fleets())
+def test_property_fed_its_own_output_nothing_moves(
+    fleet: tuple[PlacementPolicy, list[ModelDemand], list[ReplicaSlot]],
+) -> None:
+    policy, models, slots = fleet
+    first = place(policy, models, slots, now=0.0)
+    slots = follow(first, slots)
+    second = place(policy, models, slots, now=1.0, history=True)
+    assert same_placement(second, first)
+    assert second.loads() == []
+    third = place(policy, models, follow(second, slots), now=2.0, history=True)
+    assert replace(third, at=1.0) == second
+
+
+@settings(max_examples=200, deadline=None)
+@given(fleets(history=False), st.data())
+def test_property_ten_percent_noise_moves_nothing(
+    fleet: tuple[PlacementPolicy, list[ModelDemand], list[ReplicaSlot]], data: st.DataObject
+) -> None:
+    policy, models, slots = fleet
+    base = place(policy, models, slots, now=0.0)
+    factors = st.floats(min_value=0.9, max_value=1.1)
+    noisy = [
+        replace(
+            m, rate=m.rate * data.draw(factors), forecast_rate=m.forecast_rate * data.draw(factors)
+        )
+        for m in models
+    ]
+    after = place(policy, noisy, follow(base, slots), now=1.0, history=True)
+    # Nothing moves (the order of a model's replicas follows their load and may change).
+    assert after.pinned == base.pinned, (base.reasons, after.reasons)
+    assert after.loads() == []
+
+
+@settings(max_examples=100, deadline=None)
+@given(fleets(), st.randoms(use_true_random=False))
+def test_property_deterministic_whatever_the_input_order(
+    fleet: tuple[PlacementPolicy, list[ModelDemand], list[ReplicaSlot]], rng: object
+) -> None:
+    import random
+
+    assert isinstance(rng, random.Random)
+    policy, models, slots = fleet
+    p = place(policy, models, slots, now=0.0)
+    assert place(policy, models, slots, now=0.0) == p
+    shuffled_models, shuffled_slots = list(models), list(slots)
+    rng.shuffle(shuffled_models)
+    rng.shuffle(shuffled_slots)
+    assert place(policy, shuffled_models, shuffled_slots, now=0.0) == p
