@@ -1,0 +1,140 @@
+"""The gateway's typed configuration, where it is read from, and the operator's replica list.
+
+Sources, first match wins: ``--config FILE`` (YAML, or JSON when the name ends in ``.json``),
+``TIDAL_GATEWAY_CONFIG_JSON`` (inline JSON, what the operator renders).  Field names are
+camelCase on the wire; unknown fields are errors.  :class:`ReplicaList` is the body of
+``PUT /v2/tidal/replicas``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic.alias_generators import to_camel
+
+MODEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True
+    )
+
+
+class GatewayConfig(_Model):
+    """Configuration of one gateway process."""
+
+    models: list[Annotated[str, Field(pattern=MODEL_NAME)]] = Field(
+        default_factory=list,
+        description="the model names this gateway accepts; empty: any name a replica reports",
+    )
+    max_loads_per_replica: int = Field(default=1, gt=0, description="loads at once per replica")
+    max_loads_total: int = Field(default=4, gt=0, description="loads at once across the fleet")
+    hold_timeout_seconds: float = Field(
+        default=30.0, gt=0, le=600, description="longest a request is held for a cold model"
+    )
+    upstream_timeout_seconds: float = Field(
+        default=60.0, gt=0, description="whole-request timeout towards a replica"
+    )
+    busy_outstanding: int = Field(
+        default=8,
+        ge=0,
+        description="when every hot copy has more requests in flight, load one more copy",
+    )
+    shutdown_drain_seconds: float = Field(
+        default=5.0, ge=0, le=300, description="after SIGTERM: not ready, still serving"
+    )
+    max_request_bytes: int = Field(default=64 * 2**20, gt=0, description="larger bodies: 413")
+    max_connections_per_replica: int = Field(
+        default=512, gt=0, description="keep-alive connections to one replica"
+    )
+    watch_wait_seconds: float = Field(
+        default=25.0, gt=0, le=30, description="how long one long-poll of a replica waits"
+    )
+    refused_cooldown_seconds: float = Field(
+        default=2.0, ge=0, description="a replica that refused a load (no room) is skipped"
+    )
+
+
+class ReplicaRef(_Model):
+    name: str = Field(min_length=1, max_length=253)
+    url: str
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, url: str) -> str:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"{url!r} is not an http(s)://host:port URL")
+        return url.rstrip("/")
+
+
+class ReplicaList(_Model):
+    """``PUT /v2/tidal/replicas``: the serving replicas and where the placement wants models."""
+
+    replicas: list[ReplicaRef]
+    placement: dict[str, list[str]] = Field(default_factory=dict)
+
+    @field_validator("replicas")
+    @classmethod
+    def _unique_names(cls, replicas: list[ReplicaRef]) -> list[ReplicaRef]:
+        names = [r.name for r in replicas]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"replica names appear twice: {twice}")
+        return replicas
+
+
+def replica_from_url(url: str) -> ReplicaRef:
+    """A ``--replica URL`` flag: the name is the URL's host:port."""
+    if "://" not in url:
+        url = "http://" + url
+    return ReplicaRef(name=urlsplit(url).netloc, url=url)
+
+
+class ConfigError(Exception):
+    """The configuration could not be read or is invalid; the message names the field."""
+
+
+def format_validation_error(error: ValidationError, what: str) -> str:
+    lines = []
+    for item in error.errors():
+        where = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        lines.append(f"  {where}: {item['msg']}")
+    return f"invalid {what}:\n" + "\n".join(lines)
+
+
+def load_config(path: str | None = None, env: dict[str, str] | None = None) -> GatewayConfig:
+    """Read the configuration from ``path`` or the environment (see the module docstring)."""
+    env = dict(os.environ) if env is None else env
+    data: Any
+    if path is not None:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError(f"cannot read configuration file {path}: {exc}") from None
+        try:
+            data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+        except (ValueError, yaml.YAMLError) as exc:
+            raise ConfigError(f"configuration file {path} is not valid YAML/JSON: {exc}") from None
+    elif env.get("TIDAL_GATEWAY_CONFIG_JSON"):
+        try:
+            data = json.loads(env["TIDAL_GATEWAY_CONFIG_JSON"])
+        except ValueError as exc:
+            raise ConfigError(f"TIDAL_GATEWAY_CONFIG_JSON is not valid JSON: {exc}") from None
+    else:
+        data = {}
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError("invalid gateway configuration: the top level must be a mapping")
+    try:
+        return GatewayConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, "gateway configuration")) from None

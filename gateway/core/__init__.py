@@ -1,0 +1,1 @@
+"""The gateway's pure core: routing decisions over typed, frozen views (no I/O, no clock)."""

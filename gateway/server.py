@@ -1,0 +1,700 @@
+"""The gateway's imperative shell: OIP v2 over aiohttp, forwarding, holding, loads, watchers.
+
+* **Forwarding** (the hot path): the body is read once and sent on byte for byte with the
+  headers that carry its meaning (``Content-Type``, ``Inference-Header-Content-Length``,
+  ``Content-Encoding``); the answer comes back the same way.  No tensor is decoded, no JSON
+  parsed; forwards travel on keep-alive connections of :mod:`tidal.gateway.upstream` (a lean
+  HTTP/1.1 client: aiohttp's client cost more CPU per request than the runtime's whole work).
+* **Routing** is :func:`~tidal.gateway.core.routing.choose_route` over a cached
+  :class:`~tidal.gateway.core.routing.ReplicaView` per replica.
+* **Holding**: a request for a cold model waits on :class:`Changes` (woken by every hot-set
+  change and every load that ends, never by a timer loop) and is routed again, until it can be
+  forwarded or its deadline passes (``holdTimeoutSeconds``, or the request's own ``timeout``
+  parameter if smaller): then 503 with ``Retry-After``.
+* **Failures**: a forward that fails before any answer (connection refused or reset, replica
+  gone, or a 502/503 from it) is retried once on another replica; then a clear 502/503.
+* **Watchers**: one task per replica long-polls ``GET /v2/tidal/models`` on a (control)
+  aiohttp session, so a hot-set change reaches the routing table within milliseconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import ValidationError
+
+from tidal.gateway import __version__
+from tidal.gateway.config import GatewayConfig, ReplicaList, ReplicaRef, format_validation_error
+from tidal.gateway.core.routing import LoadBudget, ReplicaView, Route, choose_route
+from tidal.gateway.metrics import GatewayMetrics
+from tidal.gateway.upstream import UpstreamError, UpstreamPool
+
+log = logging.getLogger("tidal.gateway")
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+# Headers that carry the meaning of a body: forwarded both ways, nothing else is.
+REQUEST_HEADERS = ("Content-Type", HEADER_LENGTH, "Content-Encoding", "Accept-Encoding", "Accept")
+RETRIED_STATUSES = frozenset({502, 503})  # from a replica, before any byte of an answer
+WATCH_BACKOFF_FIRST_S = 0.05
+WATCH_BACKOFF_MAX_S = 2.0
+MAX_RETRY_AFTER_S = 30
+# A replica that cannot be reached or answers nonsense: unhealthy until it answers again.
+WATCH_ERRORS = (aiohttp.ClientError, OSError, TimeoutError, ValueError, KeyError, TypeError)
+UNKNOWN_LABEL = "(unknown)"  # metrics label of names no replica serves (bounded cardinality)
+
+
+def error(status: int, message: str, retry_after: int | None = None) -> web.Response:
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+    return web.json_response({"error": message}, status=status, headers=headers)
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Every answer is JSON, also aiohttp's own (no route, body too large) and crashes."""
+    try:
+        response: web.StreamResponse = await handler(request)
+        return response
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        if exc.status == 413:
+            return error(413, "request body is larger than maxRequestBytes")
+        return error(exc.status, f"{exc.reason}: {request.method} {request.path}")
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # the process must survive anything a client sends
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return error(500, f"internal error: {exc}")
+
+
+class Changes:
+    """Wakes every waiter at the next change of the fleet's state (no polling loop)."""
+
+    def __init__(self) -> None:
+        self._event: asyncio.Event | None = None
+
+    def notify(self) -> None:
+        if self._event is not None:
+            self._event.set()
+            self._event = None
+
+    async def wait(self, seconds: float) -> None:
+        if self._event is None:
+            self._event = asyncio.Event()
+        event = self._event
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await event.wait()
+
+
+@dataclass(eq=False)
+class Replica:
+    """One runtime replica as the gateway knows it; its view is rebuilt only when it changes."""
+
+    name: str
+    url: str
+    pool: UpstreamPool
+    healthy: bool = False
+    generation: int = -1
+    models: frozenset[str] = frozenset()
+    hot: frozenset[str] = frozenset()
+    loading: frozenset[str] = frozenset()
+    budget_bytes: int = 0
+    free_bytes: int = 0
+    sizes: dict[str, int] = field(default_factory=dict)
+    load_seconds: dict[str, float] = field(default_factory=dict)
+    outstanding: int = 0
+    own_loads: set[str] = field(default_factory=set)
+    refused: set[str] = field(default_factory=set)
+    last_error: str | None = None
+    watcher: asyncio.Task[None] | None = None
+    _view: ReplicaView | None = None
+
+    def invalidate(self) -> None:
+        self._view = None
+
+    def view(self) -> ReplicaView:
+        cached = self._view
+        if cached is not None and cached.outstanding == self.outstanding:
+            return cached
+        loading = self.loading | self.own_loads if self.own_loads else self.loading
+        cached = self._view = ReplicaView(
+            name=self.name,
+            healthy=self.healthy,
+            models=self.models,
+            hot=self.hot,
+            loading=loading,
+            outstanding=self.outstanding,
+            free_bytes=self.free_bytes,
+            budget_bytes=self.budget_bytes,
+            loads_in_flight=len(loading),
+            refused=frozenset(self.refused),
+        )
+        return cached
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "url": self.url,
+            "healthy": self.healthy,
+            "generation": self.generation,
+            "hot": sorted(self.hot),
+            "loading": sorted(self.loading | self.own_loads),
+            "outstanding": self.outstanding,
+            "freeBytes": self.free_bytes,
+            "budgetBytes": self.budget_bytes,
+            "refused": sorted(self.refused),
+            "lastError": self.last_error,
+        }
+
+
+@dataclass(frozen=True)
+class LoadFailure:
+    """A load that failed for a reason other than room (a broken engine): held requests get it."""
+
+    at: float
+    status: int
+    body: bytes
+    content_type: str
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A forward that failed before any answer; ``response`` is a replica's own 502/503."""
+
+    kind: str
+    detail: str
+    response: web.Response | None = None
+
+
+class Gateway:
+    """The gateway's state: replicas, placement hints, sessions, metrics, readiness."""
+
+    def __init__(self, config: GatewayConfig, replicas: Sequence[ReplicaRef] = ()) -> None:
+        self.config = config
+        self.metrics = GatewayMetrics()
+        self.replicas: dict[str, Replica] = {}
+        self.placement: dict[str, tuple[str, ...]] = {}
+        self.known = frozenset(config.models)
+        self.loads = LoadBudget(config.max_loads_per_replica, config.max_loads_total)
+        self.changes = Changes()
+        self.draining = False
+        self.name = os.environ.get("POD_NAME") or "tidal-gateway"
+        self._initial = list(replicas)
+        self._load_failures: dict[str, LoadFailure] = {}
+        self._background: set[asyncio.Task[None]] = set()
+        self._control: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def build_app(self) -> web.Application:
+        app = web.Application(
+            client_max_size=self.config.max_request_bytes, middlewares=[json_errors]
+        )
+        app.on_startup.append(self._on_startup)
+        app.on_cleanup.append(self._on_cleanup)
+        r = app.router
+        # The router tries routes in order: the hot path first.
+        for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+            r.add_post(prefix + "/infer", self.infer)
+        r.add_get("/v2/health/live", self.live)
+        r.add_get("/v2/health/ready", self.ready)
+        r.add_get("/v2", self.server_metadata)
+        r.add_get("/metrics", self.metrics_handler)
+        r.add_post("/v2/repository/index", self.repository_index)
+        r.add_get("/v2/tidal/replicas", self.get_replicas)
+        r.add_put("/v2/tidal/replicas", self.put_replicas)
+        for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+            r.add_get(prefix, self.proxy_metadata)
+            r.add_get(prefix + "/config", self.proxy_metadata)
+            r.add_get(prefix + "/ready", self.model_ready)
+        return app
+
+    async def _on_startup(self, app: web.Application) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._control = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, limit_per_host=16),
+            cookie_jar=aiohttp.DummyCookieJar(),
+        )
+        self.set_replicas(self._initial, {})
+
+    async def _on_cleanup(self, app: web.Application) -> None:
+        tasks = [r.watcher for r in self.replicas.values() if r.watcher is not None]
+        tasks += list(self._background)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for replica in self.replicas.values():
+            replica.pool.close()
+        if self._control is not None:
+            await self._control.close()
+
+    def start_draining(self) -> None:
+        self.draining = True
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        assert self._loop is not None, "the gateway has not started"
+        return self._loop
+
+    # -- replicas -----------------------------------------------------------------------------
+
+    def set_replicas(
+        self, refs: Iterable[ReplicaRef], placement: dict[str, list[str]] | None
+    ) -> None:
+        """Replace the replica list (level-triggered): watch new ones, forget removed ones."""
+        wanted = {ref.name: ref for ref in refs}
+        kept: dict[str, Replica] = {}
+        for name, replica in self.replicas.items():
+            ref = wanted.get(name)
+            if ref is not None and ref.url == replica.url:
+                kept[name] = replica
+            else:
+                if replica.watcher is not None:
+                    replica.watcher.cancel()
+                replica.pool.close()
+        limit = self.config.max_connections_per_replica
+        for name, ref in wanted.items():
+            if name not in kept:
+                kept[name] = Replica(name=name, url=ref.url, pool=UpstreamPool(ref.url, limit))
+                self._watch(kept[name])
+        self.replicas = {name: kept[name] for name in wanted}
+        if placement is not None:
+            self.placement = {model: tuple(names) for model, names in placement.items()}
+        self._replicas_changed()
+
+    def _replicas_changed(self) -> None:
+        healthy = sum(1 for r in self.replicas.values() if r.healthy)
+        self.metrics.replicas.labels("healthy").set(healthy)
+        self.metrics.replicas.labels("unhealthy").set(len(self.replicas) - healthy)
+        self.changes.notify()
+
+    def _watch(self, replica: Replica) -> None:
+        if replica.watcher is not None:
+            replica.watcher.cancel()
+        replica.watcher = asyncio.create_task(self._watcher(replica), name=f"watch-{replica.name}")
+
+    def _mark_unhealthy(self, replica: Replica, reason: str) -> None:
+        """A forward or load to it failed: stop routing there and re-check it at once."""
+        replica.last_error = reason
+        if replica.healthy:
+            log.warning("replica %s (%s) is unhealthy: %s", replica.name, replica.url, reason)
+            replica.healthy = False
+            replica.invalidate()
+            if self.replicas.get(replica.name) is replica:
+                self._watch(replica)  # a fresh poll answers at once, whatever the generation
+            self._replicas_changed()
+
+    async def _watcher(self, replica: Replica) -> None:
+        """Long-poll the replica's hot set for as long as it is in the list."""
+        assert self._control is not None
+        backoff = WATCH_BACKOFF_FIRST_S
+        since: int | None = None
+        wait = self.config.watch_wait_seconds
+        url = f"{replica.url}/v2/tidal/models"
+        while True:
+            params = {} if since is None else {"since": str(since), "wait": str(wait)}
+            try:
+                async with self._control.get(
+                    url, params=params, timeout=aiohttp.ClientTimeout(total=wait + 10)
+                ) as response:
+                    if response.status != 200:
+                        text = (await response.text())[:200]
+                        raise ValueError(f"GET /v2/tidal/models answered {response.status}: {text}")
+                    snapshot = await response.json()
+                self._apply_snapshot(replica, snapshot)
+                since = int(snapshot["generation"])
+                backoff = WATCH_BACKOFF_FIRST_S
+            except asyncio.CancelledError:
+                raise
+            except (
+                aiohttp.ClientError,
+                OSError,
+                TimeoutError,
+                ValueError,
+                KeyError,
+                TypeError,
+            ) as exc:
+                reason = f"{type(exc).__name__}: {exc}"
+                if replica.healthy or replica.last_error != reason:
+                    log.info("watching %s (%s): %s", replica.name, replica.url, reason)
+                replica.last_error = reason
+                since = None
+                if replica.healthy:
+                    replica.healthy = False
+                    replica.invalidate()
+                    self._replicas_changed()
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, WATCH_BACKOFF_MAX_S)
+
+    def _apply_snapshot(self, replica: Replica, snapshot: dict[str, Any]) -> None:
+        models: dict[str, dict[str, Any]] = snapshot["models"]
+        replica.generation = int(snapshot["generation"])
+        replica.models = frozenset(models)
+        replica.hot = frozenset(n for n, m in models.items() if m["state"] == "READY")
+        replica.loading = frozenset(n for n, m in models.items() if m["state"] == "LOADING")
+        replica.budget_bytes = int(snapshot["budgetBytes"])
+        replica.free_bytes = replica.budget_bytes - int(snapshot["residentBytes"])
+        replica.sizes = {n: int(m.get("lastSizeBytes", 0)) for n, m in models.items()}
+        replica.load_seconds = {n: float(m.get("loadSeconds", 0.0)) for n, m in models.items()}
+        replica.healthy = bool(snapshot["ready"])
+        replica.last_error = None
+        replica.invalidate()
+        self._replicas_changed()
+
+    # -- routing ------------------------------------------------------------------------------
+
+    def route(self, model: str, excluded: frozenset[str] = frozenset()) -> Route:
+        views = [r.view() for r in self.replicas.values()]
+        if excluded:
+            views = [replace(v, healthy=False) if v.name in excluded else v for v in views]
+        return choose_route(
+            model,
+            views,
+            self.loads,
+            self.placement,
+            busy_outstanding=self.config.busy_outstanding,
+            known_models=self.known,
+            model_bytes=max((r.sizes.get(model, 0) for r in self.replicas.values()), default=0),
+        )
+
+    def _model_label(self, model: str) -> str:
+        if self.known:
+            return model if model in self.known else UNKNOWN_LABEL
+        return model if any(model in r.models for r in self.replicas.values()) else UNKNOWN_LABEL
+
+    # -- forwarding ---------------------------------------------------------------------------
+
+    async def _forward(
+        self,
+        replica: Replica,
+        method: str,
+        path: str,
+        body: bytes,
+        headers: list[tuple[str, str]],
+    ) -> web.Response | Failed:
+        replica.outstanding += 1
+        try:
+            async with asyncio.timeout(self.config.upstream_timeout_seconds):
+                answer = await replica.pool.request(method, path, body, headers)
+        except UpstreamError as exc:
+            return self._failed(replica, exc.kind, exc)
+        except TimeoutError:
+            self.metrics.upstream_error["timeout"].inc()
+            return error(
+                504,
+                f"replica {replica.name} did not answer within upstreamTimeoutSeconds "
+                f"({self.config.upstream_timeout_seconds:g} s)",
+            )
+        finally:
+            replica.outstanding -= 1
+        response = web.Response(body=answer.body, status=answer.status, headers=answer.headers)
+        if answer.status in RETRIED_STATUSES:
+            self.metrics.upstream_error["unavailable"].inc()
+            detail = f"replica {replica.name} answered {answer.status}"
+            return Failed("unavailable", detail, response)
+        return response
+
+    def _failed(self, replica: Replica, kind: str, exc: BaseException) -> Failed:
+        self.metrics.upstream_error[kind].inc()
+        detail = f"replica {replica.name} ({replica.url}): {exc}"
+        self._mark_unhealthy(replica, detail)
+        return Failed(kind, detail)
+
+    async def dispatch(
+        self,
+        model: str,
+        method: str,
+        path: str,
+        body: bytes,
+        headers: list[tuple[str, str]],
+        hold: bool,
+    ) -> tuple[web.Response, bool]:
+        """Route, forward, retry once, hold for a cold model; returns (answer, was held)."""
+        failures: list[Failed] = []
+        excluded: frozenset[str] = frozenset()
+        held_at: float | None = None
+        deadline = 0.0
+        try:
+            while True:
+                route = self.route(model, excluded)
+                if route.action == "reject" and excluded:
+                    route = self.route(model)  # no other replica: the failed one, once healthy
+                self.metrics.decision[route.reason].inc()
+                target = route.replica if (route.action == "forward" or not hold) else None
+                if target is not None:
+                    if route.extra_load is not None:
+                        self._start_load(route.extra_load, model)
+                    outcome = await self._forward(
+                        self.replicas[target], method, path, body, headers
+                    )
+                    if not isinstance(outcome, Failed):
+                        return outcome, held_at is not None
+                    failures.append(outcome)
+                    if len(failures) == 2:
+                        return self._give_up(model, failures), held_at is not None
+                    excluded = excluded | {target}
+                    continue
+                if route.status == 404:
+                    return error(404, f"unknown model {model!r}"), held_at is not None
+                if not hold:
+                    return self._not_ready(model, route, 0.0), False
+                now = self.loop.time()
+                if held_at is None:
+                    held_at = now
+                    deadline = now + self._hold_seconds(body, headers)
+                    self.metrics.held.inc()
+                failure = self._load_failures.get(model)
+                if failure is not None and failure.at >= held_at:
+                    headers_out = {"Content-Type": failure.content_type}
+                    return web.Response(
+                        body=failure.body, status=failure.status, headers=headers_out
+                    ), True
+                if route.action == "load" and route.replica is not None:
+                    self._start_load(route.replica, model)
+                if now >= deadline:
+                    return self._not_ready(model, route, now - held_at), True
+                await self.changes.wait(deadline - now)
+        finally:
+            if held_at is not None:
+                self.metrics.held.dec()
+                self.metrics.load_wait.observe(self.loop.time() - held_at)
+
+    def _give_up(self, model: str, failures: list[Failed]) -> web.Response:
+        last = failures[-1]
+        if last.response is not None:
+            return last.response  # the replica's own 502/503 says why (with Retry-After)
+        tried = "; then ".join(f.detail for f in failures)
+        return error(502, f"model {model!r}: no replica answered: {tried}")
+
+    def _not_ready(self, model: str, route: Route, held: float) -> web.Response:
+        estimate = max(
+            (r.load_seconds.get(model, 0.0) for r in self.replicas.values()), default=0.0
+        )
+        retry_after = min(MAX_RETRY_AFTER_S, max(1, math.ceil(estimate)))
+        return error(
+            503,
+            f"model {model!r} is not ready on any replica ({route.reason}); "
+            f"held {held:.1f} s, retry later",
+            retry_after,
+        )
+
+    def _hold_seconds(self, body: bytes, headers: list[tuple[str, str]]) -> float:
+        """holdTimeoutSeconds, or the request's own ``timeout`` parameter (µs) when smaller.
+
+        Only a held request pays for parsing its JSON header; forwarded ones are never parsed.
+        """
+        hold = self.config.hold_timeout_seconds
+        try:
+            length = next((v for k, v in headers if k == HEADER_LENGTH), None)
+            header = json.loads(body[: int(length)] if length is not None else body)
+            timeout_us = header["parameters"]["timeout"]
+        except (ValueError, KeyError, TypeError, IndexError):
+            return hold
+        if isinstance(timeout_us, int | float) and timeout_us > 0:
+            return min(hold, timeout_us / 1e6)
+        return hold
+
+    # -- loads --------------------------------------------------------------------------------
+
+    def _start_load(self, replica_name: str, model: str) -> None:
+        replica = self.replicas.get(replica_name)
+        if replica is None or model in replica.own_loads:
+            return
+        replica.own_loads.add(model)
+        replica.invalidate()
+        task = asyncio.create_task(self._load(replica, model), name=f"load-{model}@{replica_name}")
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _load(self, replica: Replica, model: str) -> None:
+        assert self._control is not None
+        result = "error"
+        timeout = max(self.config.upstream_timeout_seconds, self.config.hold_timeout_seconds)
+        try:
+            async with self._control.post(
+                f"{replica.url}/v2/repository/models/{model}/load",
+                data=b"{}",
+                headers={"Content-Type": "application/json"},
+                timeout=aiohttp.ClientTimeout(total=timeout),
+            ) as response:
+                data = await response.read()
+                if response.status == 200:
+                    result = "ok"
+                    replica.hot = replica.hot | {model}  # the long-poll confirms it
+                elif response.status == 503:  # no room there now: try elsewhere for a while
+                    result = "refused"
+                    self._refuse(replica, model)
+                elif response.status == 404:  # its configuration lacks the model after all
+                    result = "failed"
+                    replica.models = replica.models - {model}
+                else:
+                    result = "failed"
+                    self._load_failures[model] = LoadFailure(
+                        self.loop.time(),
+                        response.status,
+                        data,
+                        response.headers.get("Content-Type", "application/json"),
+                    )
+                if result != "ok":
+                    log.warning(
+                        "loading %s on %s: %d %s", model, replica.name, response.status, data[:300]
+                    )
+        except (aiohttp.ClientError, OSError) as exc:
+            self._mark_unhealthy(replica, f"load of {model}: {type(exc).__name__}: {exc}")
+        except TimeoutError:
+            log.warning("loading %s on %s: no answer within %.0f s", model, replica.name, timeout)
+        finally:
+            replica.own_loads.discard(model)
+            replica.invalidate()
+            self.metrics.load_result[result].inc()
+            self.changes.notify()
+
+    def _refuse(self, replica: Replica, model: str) -> None:
+        replica.refused.add(model)
+
+        def forgive() -> None:
+            replica.refused.discard(model)
+            replica.invalidate()
+            self.changes.notify()
+
+        self.loop.call_later(self.config.refused_cooldown_seconds, forgive)
+
+    # -- handlers -----------------------------------------------------------------------------
+
+    async def infer(self, request: web.Request) -> web.Response:
+        started = self.loop.time()
+        model = request.match_info["model"]
+        body = await request.read()
+        h = request.headers
+        headers = [(k, v) for k in REQUEST_HEADERS if (v := h.get(k)) is not None]
+        response, held = await self.dispatch(
+            model, "POST", request.raw_path, body, headers, hold=True
+        )
+        self.metrics.answered(
+            self._model_label(model), response.status, held, self.loop.time() - started
+        )
+        return response
+
+    async def proxy_metadata(self, request: web.Request) -> web.Response:
+        """Model metadata and config: from a replica that has (or is getting) the model."""
+        model = request.match_info["model"]
+        response, _ = await self.dispatch(model, "GET", request.raw_path, b"", [], hold=False)
+        return response
+
+    async def model_ready(self, request: web.Request) -> web.Response:
+        model = request.match_info["model"]
+        route = self.route(model)
+        if route.reason == "unknown:model":
+            return error(404, f"unknown model {model!r}")
+        ready = route.action == "forward"
+        return web.json_response({"name": model, "ready": ready}, status=200 if ready else 400)
+
+    async def live(self, request: web.Request) -> web.Response:
+        return web.json_response({"live": True})
+
+    async def ready(self, request: web.Request) -> web.Response:
+        healthy = sum(1 for r in self.replicas.values() if r.healthy)
+        ready = healthy > 0 and not self.draining
+        body: dict[str, Any] = {"ready": ready, "healthyReplicas": healthy}
+        if self.draining:
+            body["draining"] = True
+        elif not healthy:
+            body["error"] = f"no healthy replica among {len(self.replicas)} known"
+        return web.json_response(body, status=200 if ready else 503)
+
+    async def server_metadata(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "name": "tidal-gateway",
+                "version": __version__,
+                "extensions": ["binary_tensor_data", "model_repository"],
+            }
+        )
+
+    async def metrics_handler(self, request: web.Request) -> web.Response:
+        return web.Response(
+            body=generate_latest(self.metrics.registry),
+            headers={"Content-Type": CONTENT_TYPE_LATEST},
+        )
+
+    async def repository_index(self, request: web.Request) -> web.Response:
+        """Every model of the fleet: READY when hot on a healthy replica, LOADING, UNAVAILABLE."""
+        raw = await request.read()
+        try:
+            only_ready = bool(json.loads(raw).get("ready", False)) if raw else False
+        except (ValueError, AttributeError):
+            return error(400, "body must be a JSON object")
+        live = [r for r in self.replicas.values() if r.healthy]
+        names = set(self.known) or {n for r in self.replicas.values() for n in r.models}
+        index = []
+        for name in sorted(names):
+            if any(name in r.hot for r in live):
+                state = "READY"
+            elif any(name in r.loading or name in r.own_loads for r in live):
+                state = "LOADING"
+            else:
+                state = "UNAVAILABLE"
+            if not only_ready or state == "READY":
+                index.append({"name": name, "version": "1", "state": state})
+        return web.json_response(index)
+
+    async def get_replicas(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "gateway": self.name,
+                "replicas": [r.describe() for r in self.replicas.values()],
+                "placement": {m: list(names) for m, names in self.placement.items()},
+            }
+        )
+
+    async def put_replicas(self, request: web.Request) -> web.Response:
+        raw = await request.read()
+        try:
+            update = ReplicaList.model_validate_json(raw)
+        except ValidationError as exc:
+            return error(400, format_validation_error(exc, "replica list"))
+        self.set_replicas(update.replicas, update.placement)
+        return web.json_response(
+            {
+                "replicas": list(self.replicas),
+                "placement": {m: list(names) for m, names in self.placement.items()},
+            }
+        )
+
+
+async def serve(
+    config: GatewayConfig,
+    host: str,
+    port: int,
+    replicas: Sequence[ReplicaRef] = (),
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Run the gateway until cancelled or until ``stop`` is set, then drain like the runtime."""
+    gateway = Gateway(config, replicas)
+    runner = web.AppRunner(
+        gateway.build_app(), access_log=None, handle_signals=False, auto_decompress=False
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, backlog=1024)
+    await site.start()
+    log.info("tidal-gateway listening on %s:%d, %d replicas", host, port, len(replicas))
+    try:
+        await (stop or asyncio.Event()).wait()
+        gateway.start_draining()
+        log.info("stopping: not ready, serving for %.1fs more", config.shutdown_drain_seconds)
+        await asyncio.sleep(config.shutdown_drain_seconds)
+    finally:
+        await runner.cleanup()
