@@ -483,10 +483,16 @@ def decide_scale(
         return _hold(policy, obs, replace(state, capacity=memory), current, warmup, stale)
 
     assert obs.queue_depth is not None  # _staleness returns a reason when it is missing
+    notes: list[str] = []
+    remembered = _remembered_rate(policy, obs, state)
+    if remembered is not None:
+        # A rate is differenced from two scrapes, so the first tick after the pods (or the
+        # operator) restarted has none; the last one measured stands in for a few seconds.
+        obs = replace(obs, arrival_rate=remembered)
+        notes.append("rate:remembered")
     trend_samples, signal = _record_trend(policy, obs, state)
     demand = _demand_replicas(policy, obs, state, trend_samples, warmup, capacity)
     p99_replicas = _p99_replicas(policy, obs, state, warmup)
-    notes: list[str] = []
     if demand.bound is not None and p99_replicas > math.ceil(demand.bound - _EPS):
         p99_replicas = max(math.ceil(demand.bound - _EPS), 0)
         notes.append(NOTE_CAPACITY_BOUND)
@@ -630,6 +636,19 @@ def _hold(
     return decision, new_state
 
 
+def _remembered_rate(policy: ScalingPolicy, obs: Observation, state: ScalerState) -> float | None:
+    """The last measured arrival rate, when this observation has none and it is at most
+    `trend_window_seconds` old (utilisation mode only: a queue target keeps its old meaning)."""
+    if obs.arrival_rate is not None or policy.target_queue_depth is not None:
+        return None
+    if state.trend_signal != "rate" or not state.trend_samples:
+        return None
+    at, value = state.trend_samples[-1]
+    if not 0 <= obs.now - at <= policy.trend_window_seconds:
+        return None
+    return value
+
+
 def _record_trend(
     policy: ScalingPolicy, obs: Observation, state: ScalerState
 ) -> tuple[tuple[tuple[float, float], ...], str]:
@@ -730,11 +749,14 @@ def _demand_replicas(
     rate = obs.arrival_rate
     if rate is None or spr is None:
         # No flow to size for: the queue (or its trend, without a rate) over the target
-        # concurrency, as KPA would. Before the per-request time is known the pool at most
-        # doubles per decision (the next batches tell what a replica does).
+        # concurrency, as KPA would. Until the per-request time and the rate are known the
+        # pool at most doubles per decision (the next batches and scrapes tell).
         # (With a queue target set and no rate at all, the queue is the user's own measure.)
         queue = live_queue if rate is not None else _projected(policy, samples, warmup)
-        learning = capacity is None and (not queue_mode or rate is not None)
+        if queue_mode:
+            learning = capacity is None and rate is not None
+        else:
+            learning = capacity is None or rate is None
         return _Demand(queue / target, learning=learning)
 
     projected = _projected(policy, samples, warmup)

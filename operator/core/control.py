@@ -9,8 +9,11 @@ in ``core.autoscaler``, ``plan_rollout`` in ``core.rollout``, ``choose_standby``
 * their answers turned into :class:`~tidal.operator.core.resources.Observed` (replicas per pool,
   the pool the Service selects, split) by :func:`plan_children`;
 * the status the loop owns (:class:`ControlStatus`: conditions ``Scaling``, ``Prewarmed``,
-  ``RolledBack``, ``MetricsStale``, the last decision with its inputs, each pool's metrics and
-  the rollout state as JSON) and the Events of a scale (:func:`scale_event`).
+  ``RolledBack``, ``MetricsStale``, the last decision with its inputs, each pool's metrics, the
+  rollout state as JSON and the autoscaler's memory as JSON) and the Events of a scale
+  (:func:`scale_event`);
+* the autoscaler's memory to and from ``status.autoscaler`` (:func:`autoscaler_status`,
+  :func:`restore_scaler_state`), so that a restarted operator resumes mid-surge.
 
 The shell (``tidal.operator.shell.controller``) does the I/O and keeps the state between ticks.
 """
@@ -26,6 +29,7 @@ from typing import Any
 
 from tidal.operator.core.api import (
     ActivePool,
+    AutoscalerStatus,
     ConditionStatus,
     Decision,
     InferenceService,
@@ -42,6 +46,9 @@ from tidal.operator.core.autoscaler import (
     ScaleDecision,
     ScalerState,
     ScalingPolicy,
+    dump_state,
+    estimate_capacity,
+    load_state,
 )
 from tidal.operator.core.resources import Observed, content_hash, deployment_name
 from tidal.operator.core.rollout import (
@@ -250,6 +257,7 @@ class ControlStatus:
     pool_metrics: Mapping[PoolName, ServiceMetrics] = field(default_factory=dict)
     last_decision: Decision | None = None
     rollout: RolloutStatus | None = None
+    autoscaler: AutoscalerStatus | None = None
 
 
 def rfc3339_ms(now: datetime) -> str:
@@ -400,6 +408,47 @@ def restore_rollout_state(raw: RolloutStatus | None) -> RolloutState | None:
     try:
         return RolloutState.model_validate(json.loads(raw.state))
     except ValueError:
+        return None
+
+
+def autoscaler_status(
+    policy: ScalingPolicy,
+    pools: Sequence[PoolName],
+    state: ScalerState,
+    mono_now: float,
+    wall_now: float,
+) -> AutoscalerStatus:
+    """The autoscaler's memory for status: learned capacity, and the state as JSON for the
+    traffic set `pools` (times on the wall clock, so another process can read them)."""
+    capacity = estimate_capacity(policy, state.capacity)
+    text = json.dumps(
+        {"pools": [p.value for p in pools], "scaler": dump_state(state, wall_now - mono_now)},
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+    return AutoscalerStatus(
+        capacity_per_replica=None if capacity is None else _round(capacity.per_replica_rate, 2),
+        knee_concurrency=None if capacity is None else _round(capacity.knee_concurrency, 2),
+        state=text,
+    )
+
+
+def restore_scaler_state(
+    raw: AutoscalerStatus | None,
+    pools: Sequence[PoolName],
+    mono_now: float,
+    wall_now: float,
+) -> ScalerState | None:
+    """The state an earlier operator stored for the traffic set `pools` (None: absent,
+    unreadable, or stored for other pools)."""
+    if raw is None or not raw.state:
+        return None
+    try:
+        data = json.loads(raw.state)
+        if data.get("pools") != [p.value for p in pools]:
+            return None
+        return load_state(data["scaler"], wall_now - mono_now)
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None
 
 

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from tidal.operator.core.api import LABEL_ISVC, LABEL_POOL, LABEL_ROLE
-from tidal.operator.core.autoscaler import Observation
+from tidal.operator.core.autoscaler import BatchWork, Observation, WorkSample
 from tidal.operator.core.autoscaler_pods import PodView
 from tidal.operator.core.resources import ROLE_STANDBY, RUNTIME_PORT
 from tidal.operator.core.slo import PoolSignals
@@ -261,6 +261,14 @@ class PodScrape:
     engine_load_seconds: float | None = None
     gpu_memory_used_bytes: float | None = None
     gpu_memory_total_bytes: float | None = None
+    # Capacity evidence (None from a runtime that does not expose it): completed batch totals,
+    # execution slots and the largest batch (most over the pod's models), queued requests that
+    # can still meet their deadline, and the shortest request deadline (None: no deadline).
+    work: BatchWork | None = None
+    slots: int | None = None
+    max_batch_rows: int | None = None
+    reachable: float | None = None
+    request_timeout_seconds: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,6 +289,7 @@ class _Last:
     answered: float
     in_flight: float
     rate: float | None
+    work: BatchWork | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,21 +320,41 @@ class FastPoolSignals:
     missing: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     per_pod_in_flight: Mapping[str, float] = field(default_factory=dict)
+    # Batch work of all scraped pods since their previous base (None: no pod reported any),
+    # queued requests of the serving pods that cannot meet their deadline (scaled like the
+    # queue), and the shortest request deadline of the pool's pods.
+    work: WorkSample | None = None
+    unreachable: float | None = None
+    deadline_seconds: float | None = None
+
+
+def _work_delta(prev: BatchWork | None, cur: BatchWork | None) -> BatchWork | None:
+    """What a pod's batch totals grew by; None without both or after a reset."""
+    if prev is None or cur is None:
+        return None
+    names = ("batches", "rows", "requests", "seconds", "row_seconds", "rows_squared")
+    deltas = [getattr(cur, n) - getattr(prev, n) for n in names]
+    if min(deltas) < 0:
+        return None
+    return BatchWork(*deltas)
 
 
 def _arrival_rate(
     prev: _Last | None, cur: PodScrape, min_interval: float
-) -> tuple[_Last, float | None]:
+) -> tuple[_Last, float | None, BatchWork | None]:
+    """The pod's new base, its arrival rate and the batch work done since the old base."""
     if prev is None or cur.answered < prev.answered:
         # First sight, or a counter reset (the process restarted): no interval to measure.
-        return _Last(cur.at, cur.answered, cur.in_flight, None), None
+        return _Last(cur.at, cur.answered, cur.in_flight, None, cur.work), None, None
     elapsed = cur.at - prev.at
     if elapsed < min_interval - 1e-9:  # tolerate float rounding of the timestamps
-        # Too short to difference without noise: keep the older base, repeat its rate.
-        return prev, prev.rate
+        # Too short to difference without noise: keep the older base, repeat its rate (its
+        # work was counted when that base was set).
+        return prev, prev.rate, None
     arrived = (cur.answered - prev.answered) + (cur.in_flight - prev.in_flight)
     rate = max(arrived, 0.0) / elapsed
-    return _Last(cur.at, cur.answered, cur.in_flight, rate), rate
+    work = _work_delta(prev.work, cur.work)
+    return _Last(cur.at, cur.answered, cur.in_flight, rate, cur.work), rate, work
 
 
 def fold_scrapes(
@@ -349,15 +378,20 @@ def fold_scrapes(
     scraped: dict[str, PodScrape] = {}
     rates: dict[str, float] = {}
     missing_now: dict[str, PodMissing] = {}
+    work: BatchWork | None = None
     for result in results:
         if isinstance(result, PodMissing):
             missing_now[result.pod] = result
             continue
         scraped[result.pod] = result
-        entry, rate = _arrival_rate(last.get(result.pod), result, min_rate_interval)
+        entry, rate, done = _arrival_rate(last.get(result.pod), result, min_rate_interval)
         last[result.pod] = entry
         if rate is not None:
             rates[result.pod] = rate
+        if done is not None:
+            # Work is evidence of what a replica does, not the pool's load: every pod's counts,
+            # serving or not, and no extrapolation for pods that did not answer.
+            work = done if work is None else work.plus(done)
     seen = set(scraped) | set(missing_now)
     newest = max((r.at for r in results), default=None)
     kept = {
@@ -373,6 +407,7 @@ def fold_scrapes(
     n_serving = len(serving_set)
     in_flight: float | None
     queued: float | None
+    unreachable: float | None = None
     if n_serving == 0:
         in_flight, queued = 0.0, 0.0
     elif len(missing) > max_missing_fraction * n_serving:
@@ -382,6 +417,13 @@ def fold_scrapes(
         scale = n_serving / len(reported)
         in_flight = sum(scraped[p].in_flight for p in reported) * scale
         queued = sum(scraped[p].queued for p in reported) * scale
+        dead = [
+            max(0.0, scraped[p].queued - r)
+            for p in reported
+            if (r := scraped[p].reachable) is not None
+        ]
+        if dead:
+            unreachable = sum(dead) * n_serving / len(dead)
         if missing:
             notes.append(f"queue:extrapolated {len(missing)}/{n_serving} pods missing")
 
@@ -397,6 +439,14 @@ def fold_scrapes(
         if len(with_rate) < n_serving:
             notes.append(f"rate:extrapolated {n_serving - len(with_rate)}/{n_serving} pods")
 
+    sample = None
+    if work is not None and work.batches > 0:
+        slots = [s.slots for s in scraped.values() if s.slots]
+        rows = [s.max_batch_rows for s in scraped.values() if s.max_batch_rows]
+        sample = WorkSample(work, max(slots, default=1), max(rows, default=1))
+    timeouts = [
+        t for s in scraped.values() if (t := s.request_timeout_seconds) is not None and t > 0
+    ]
     used = [scraped[p].at for p in reported]
     signals = FastPoolSignals(
         at=min(used) if used else newest,
@@ -407,6 +457,9 @@ def fold_scrapes(
         missing=missing,
         notes=tuple(notes),
         per_pod_in_flight={p: s.in_flight for p, s in sorted(scraped.items())},
+        work=sample,
+        unreachable=unreachable,
+        deadline_seconds=min(timeouts) if timeouts else None,
     )
     return signals, RateMemory(kept)
 
@@ -721,6 +774,7 @@ def observation_from_signals(
     if warmup is None and prom is not None:
         warmup = prom.startup_seconds or prom.engine_load_seconds
 
+    from_pods = source == "pods" and fast is not None
     observation = Observation(
         now=now,
         ready_serving=counts.ready_serving,
@@ -732,6 +786,9 @@ def observation_from_signals(
         arrival_rate=rate,
         warmup_seconds=warmup,
         metrics_age_seconds=max(ages) if ages else (0.0 if source != "none" else None),
+        unreachable=fast.unreachable if from_pods and fast is not None else None,
+        deadline_seconds=fast.deadline_seconds if fast is not None else None,
+        work=fast.work if fast is not None else None,
     )
     return ObservedPool(observation, source, tuple(notes))
 

@@ -6,7 +6,9 @@ from the store). Each tick (``tick_seconds``, at most 1 s):
 
 1. observe each pool from the pods the watch keeps (``SignalCollector.observe_pool``: direct pod
    scrapes for the queue, the shared Prometheus round for latencies and errors);
-2. ``decide_scale`` for the pool(s) the Service routes to (state in memory per traffic set);
+2. ``decide_scale`` for the pool(s) the Service routes to (state in memory per traffic set,
+   written to ``status.autoscaler`` every status write and restored from it by a restarted
+   operator, so it resumes mid-surge with its learned capacity and windows);
 3. ``plan_rollout`` when a baseline is configured, on wall-clock seconds, its state restored
    from ``status.rollout.state`` so a restarted operator resumes;
 4. relabel pods ``serving``/``standby`` (``choose_standby``; a surge promotes standby pods at
@@ -37,6 +39,7 @@ from pydantic import ValidationError
 from tidal.operator.core.api import (
     LABEL_POOL,
     LABEL_ROLE,
+    AutoscalerStatus,
     InferenceService,
     PoolName,
     parse_inference_service,
@@ -51,6 +54,7 @@ from tidal.operator.core.control import (
     ANNOTATION_TEMPLATE_HASH,
     ControlStatus,
     ControlView,
+    autoscaler_status,
     combine_observations,
     initial_scaler_state,
     metrics_condition,
@@ -59,6 +63,7 @@ from tidal.operator.core.control import (
     prewarmed_condition,
     primary_template_hash,
     restore_rollout_state,
+    restore_scaler_state,
     rolled_back_condition,
     rollout_spec_of,
     rollout_status,
@@ -109,9 +114,13 @@ class ControllerSettings:
 @dataclass
 class ServiceState:
     """What the loop remembers of one InferenceService between ticks (memory only, except the
-    rollout state, which goes to status)."""
+    rollout state and the autoscaler's state of the serving pools, which go to status)."""
 
     scalers: dict[tuple[PoolName, ...], ScalerState] = field(default_factory=dict)
+    # The autoscaler's status as found at the first tick (restored from once; kept while the
+    # replicas are manual so the memory is not lost).
+    scaler_loaded: bool = False
+    stored_autoscaler: AutoscalerStatus | None = None
     last_total: dict[tuple[PoolName, ...], int] = field(default_factory=dict)
     rollout: RolloutState | None = None
     rollout_loaded: bool = False
@@ -271,12 +280,26 @@ class Controller:
         observation = combine_observations([readings[p].observed.observation for p in serving])
         manual = isvc.spec.replicas is not None
         decision: ScaleDecision | None = None
+        if not st.scaler_loaded:
+            st.stored_autoscaler = _stored_autoscaler(body)
+            st.scaler_loaded = True
+            restored = restore_scaler_state(st.stored_autoscaler, serving, mono, wall)
+            if restored is not None:
+                st.scalers[serving] = restored
+                log.info(
+                    "%s/%s: autoscaler state restored (%s serving asked)",
+                    key[0],
+                    key[1],
+                    restored.desired_serving,
+                )
+        autoscaler: AutoscalerStatus | None = st.stored_autoscaler
         if not manual:
             scaler = st.scalers.get(serving)
             if scaler is None:
                 have = [current[p] for p in serving if p in current]
                 scaler = initial_scaler_state(policy, sum(have) if have else None)
             decision, st.scalers[serving] = decide_scale(policy, observation, scaler)
+            autoscaler = autoscaler_status(policy, serving, st.scalers[serving], mono, wall)
         desired_serving = isvc.spec.replicas if manual else decision.desired_serving  # type: ignore[union-attr]
 
         rollout: RolloutDecision | None = None
@@ -311,7 +334,9 @@ class Controller:
 
         view = ControlView(
             observed=observed,
-            status=self._status(st, isvc, serving, readings, observation, decision, rollout, now),
+            status=self._status(
+                st, isvc, serving, readings, observation, decision, rollout, now, autoscaler
+            ),
             hold_primary_template=rollout.hold_primary_template if rollout else False,
         )
         await self._publish(key, st, view, mono)
@@ -329,6 +354,7 @@ class Controller:
         decision: ScaleDecision | None,
         rollout: RolloutDecision | None,
         now: datetime,
+        autoscaler: AutoscalerStatus | None,
     ) -> ControlStatus:
         notes = [n for p in serving for n in readings[p].observed.notes]
         conditions = [
@@ -352,6 +378,7 @@ class Controller:
             },
             last_decision=last,
             rollout=rollout_status(rollout, st.rollout) if rollout and st.rollout else None,
+            autoscaler=autoscaler,
         )
 
     async def _publish(self, key: Key, st: ServiceState, view: ControlView, mono: float) -> None:
@@ -446,6 +473,16 @@ class Controller:
             patch = {"metadata": {"annotations": {ANNOTATION_POD_DELETION_COST: cost}}}
             patches.append(self._patch_pod(key, st, view.name, "cost", cost, patch))
         await asyncio.gather(*patches)
+
+
+def _stored_autoscaler(body: Mapping[str, Any]) -> AutoscalerStatus | None:
+    raw = (body.get("status") or {}).get("autoscaler")
+    if not isinstance(raw, dict):
+        return None
+    try:
+        return AutoscalerStatus.model_validate(raw)
+    except ValidationError:
+        return None
 
 
 def _restore(raw: Any) -> RolloutState | None:

@@ -23,10 +23,20 @@ from collections.abc import Callable, Sequence
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from tidal.operator.core.autoscaler import BatchWork
 from tidal.operator.core.signals import PodMissing, PodScrape, PodTarget, ScrapeResult
 
 DEFAULT_SCRAPE_TIMEOUT = 0.3
 
+# Batch work counters (capacity evidence), sample name -> BatchWork field.
+_WORK = {
+    "tidal_backend_batches_total": "batches",
+    "tidal_backend_rows_total": "rows",
+    "tidal_backend_requests_total": "requests",
+    "tidal_backend_seconds_total": "seconds",
+    "tidal_backend_row_seconds_total": "row_seconds",
+    "tidal_backend_rows_squared_total": "rows_squared",
+}
 # Sample names read from the runtime (runtime/README.md "Metrics reference").
 _WANTED = frozenset(
     {
@@ -39,6 +49,11 @@ _WANTED = frozenset(
         "tidal_startup_seconds",
         "tidal_engine_load_seconds_sum",
         "tidal_gpu_memory_bytes",
+        "tidal_backend_slots",
+        "tidal_max_batch_rows",
+        "tidal_queue_reachable",
+        "tidal_request_timeout_seconds",
+        *_WORK,
     }
 )
 # Family names as they appear in "# TYPE"/"# HELP" lines (counters drop their _total there).
@@ -47,6 +62,7 @@ _WANTED_FAMILIES = _WANTED | {
     "tidal_engine_cache_hits",
     "tidal_engine_cache_misses",
     "tidal_engine_load_seconds",
+    *(name.removesuffix("_total") for name in _WORK),
 }
 
 
@@ -76,6 +92,11 @@ def parse_pod_metrics(text: str, pod: str, at: float) -> PodScrape:
     startup: float | None = None
     gpu: dict[str, float] = {}
     saw_load = False
+    work: dict[str, float] = {}
+    slots: list[float] = []
+    batch_rows: list[float] = []
+    reachable: float | None = None
+    timeouts: list[float] = []
     try:
         families = list(text_string_to_metric_families(_keep(text)))
     except (ValueError, IndexError) as exc:
@@ -104,6 +125,16 @@ def parse_pod_metrics(text: str, pod: str, at: float) -> PodScrape:
                 saw_load = True
             elif name == "tidal_gpu_memory_bytes":
                 gpu[labels.get("kind", "")] = value
+            elif name in _WORK:
+                work[_WORK[name]] = work.get(_WORK[name], 0.0) + max(value, 0.0)
+            elif name == "tidal_backend_slots":
+                slots.append(value)
+            elif name == "tidal_max_batch_rows":
+                batch_rows.append(value)
+            elif name == "tidal_queue_reachable":
+                reachable = (reachable or 0.0) + max(value, 0.0)
+            elif name == "tidal_request_timeout_seconds" and value > 0:
+                timeouts.append(value)
     if in_flight is None:
         raise MetricsFormatError(f"{pod}: no tidal_inflight_requests (not a tidal runtime?)")
     return PodScrape(
@@ -121,6 +152,11 @@ def parse_pod_metrics(text: str, pod: str, at: float) -> PodScrape:
         engine_load_seconds=load_seconds if saw_load else None,
         gpu_memory_used_bytes=gpu.get("used"),
         gpu_memory_total_bytes=gpu.get("total"),
+        work=BatchWork(**work) if len(work) == len(_WORK) else None,
+        slots=max(1, round(max(slots))) if slots else None,
+        max_batch_rows=max(1, round(max(batch_rows))) if batch_rows else None,
+        reachable=reachable,
+        request_timeout_seconds=min(timeouts) if timeouts else None,
     )
 
 

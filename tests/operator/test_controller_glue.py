@@ -236,3 +236,21 @@ def test_scale_event_only_on_change() -> None:
 def test_decision_time_keeps_milliseconds() -> None:
     at = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
     assert rfc3339_ms(at) == "2026-01-02T03:04:05.678Z"
+
+
+@pytest.mark.parametrize(
+    ("autoscaling", "utilization", "queue_depth"),
+    [
+        ({}, 0.7, None),
+        ({"targetUtilization": 0.5}, 0.5, None),
+        ({"targetQueueDepth": 3}, 0.7, 3.0),
+    ],
+)
+def test_scaling_policy_reads_the_target_from_the_spec(
+    autoscaling: dict[str, object], utilization: float, queue_depth: float | None
+) -> None:
+    from tidal.operator.core.control import scaling_policy_of
+
+    policy = scaling_policy_of(isvc(autoscaling=autoscaling))
+    assert policy.target_utilization == utilization
+    assert policy.target_queue_depth == queue_depth

@@ -492,3 +492,53 @@ def test_warmup_prefers_the_pods_measure_then_startup_then_load_time(
         100.0, COUNTS, fast_at(99.8), prom, warmup_seconds=given_warmup
     )
     assert observed.observation.warmup_seconds == expected
+
+
+# -- capacity evidence and deadlines -------------------------------------------------------------
+
+
+def worked(name: str, at: float, batches: float, seconds: float, **kw: Any) -> PodScrape:
+    from tidal.operator.core.autoscaler import BatchWork
+
+    work = BatchWork(batches, 2 * batches, 2 * batches, seconds, 2 * seconds, 4 * batches)
+    fields: dict[str, Any] = {"in_flight": 4, "queued": 3, "answered": 2 * batches}
+    fields.update(kw)
+    return PodScrape(name, at, work=work, **fields)
+
+
+def test_batch_work_is_the_growth_of_every_pods_counters() -> None:
+    memory = RateMemory()
+    first = [worked("a", 10, 5, 1.0, slots=2, max_batch_rows=8), worked("s", 10, 0, 0.0)]
+    fast, memory = fold_scrapes(first, memory, serving=["a"])
+    assert fast.work is None  # first sight: nothing to difference
+    later = [worked("a", 11, 9, 1.8, slots=2, max_batch_rows=8), worked("s", 11, 1, 0.3)]
+    fast, memory = fold_scrapes(later, memory, serving=["a"])
+    assert fast.work is not None
+    assert fast.work.work.batches == 5 and fast.work.work.seconds == pytest.approx(1.1)
+    assert (fast.work.slots, fast.work.max_batch_rows) == (2, 8)
+    # Closer than the rate interval: the base stays, and its work is not counted twice.
+    fast, memory = fold_scrapes([worked("a", 11.2, 10, 2.0)], memory, serving=["a"])
+    assert fast.work is None
+    # A restarted pod (counters went down) gives no work, never negative work.
+    fast, _ = fold_scrapes([worked("a", 13, 1, 0.1)], memory, serving=["a"])
+    assert fast.work is None
+
+
+def test_unreachable_requests_are_queued_minus_reachable_and_extrapolated() -> None:
+    results = [
+        worked("a", 10, 1, 0.1, queued=5, reachable=2.0, request_timeout_seconds=10.0),
+        worked("b", 10, 1, 0.1, queued=1, reachable=1.0, request_timeout_seconds=4.0),
+    ]
+    fast, _ = fold_scrapes(results, RateMemory(), serving=["a", "b", "c"])
+    assert fast.unreachable == pytest.approx((3 + 0) * 3 / 2)
+    assert fast.deadline_seconds == 4.0
+    observed = observation_from_signals(
+        10.0, PodCounts(ready_serving=3, serving=("a", "b", "c")), fast, None
+    )
+    assert observed.observation.unreachable == fast.unreachable
+    assert observed.observation.deadline_seconds == 4.0
+
+
+def test_a_runtime_without_deadline_gauges_reports_no_unreachable_requests() -> None:
+    fast, _ = fold_scrapes([scrape("a", 10, 3, 0, queued=2)], RateMemory(), serving=["a"])
+    assert fast.unreachable is None and fast.deadline_seconds is None and fast.work is None

@@ -64,6 +64,31 @@ def test_parse_the_runtimes_exposition() -> None:
     )
 
 
+def test_parse_the_runtimes_batch_work_and_deadlines() -> None:
+    from tidal.operator.core.autoscaler import BatchWork
+
+    m = RuntimeMetrics()
+    m.inflight.set(5)
+    for model, rows, seconds, slots, timeout in (("a", 8, 0.1, 1, 2.0), ("b", 2, 0.05, 2, 0.0)):
+        m.backend_batches.labels(model).inc(2)
+        m.backend_rows.labels(model).inc(2 * rows)
+        m.backend_requests.labels(model).inc(2 * rows)
+        m.backend_seconds.labels(model).inc(2 * seconds)
+        m.backend_row_seconds.labels(model).inc(2 * rows * seconds)
+        m.backend_rows_squared.labels(model).inc(2 * rows * rows)
+        m.backend_slots.labels(model).set(slots)
+        m.max_batch_rows.labels(model).set(rows)
+        m.request_timeout.labels(model).set(timeout)
+        m.queue_reachable.labels(model).set(1)
+    scrape = parse_pod_metrics(generate_latest(m.registry).decode(), "p", at=1.0)
+    assert scrape.work is not None
+    want = BatchWork(batches=4, rows=20, requests=20, seconds=0.3, row_seconds=1.8, rows_squared=136)
+    for name in ("batches", "rows", "requests", "seconds", "row_seconds", "rows_squared"):
+        assert getattr(scrape.work, name) == pytest.approx(getattr(want, name)), name
+    assert (scrape.slots, scrape.max_batch_rows) == (2, 8)
+    assert scrape.reachable == 2 and scrape.request_timeout_seconds == 2.0
+
+
 def test_a_fresh_runtime_has_no_startup_time_yet() -> None:
     m = RuntimeMetrics()
     scrape = parse_pod_metrics(generate_latest(m.registry).decode(), "p", at=0.0)
