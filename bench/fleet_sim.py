@@ -1,0 +1,1148 @@
+"""Trace-driven simulation of a fleet of many models on few GPU replicas (issue 10).
+
+Owns the fleet simulator (event-driven: request arrivals, engine loads and their completions),
+the traces, four placement/routing policies and the comparison table. Run it with
+
+    .venv/bin/python bench/fleet_sim.py [--alpha 0.8,1.1] [--seed 7] [--quick]
+
+The fleet. 200 models whose TensorRT engines weigh 0.2-4 GB (log-normal, median 1 GB, clipped);
+8 replicas whose engine budgets together hold 15 % of all engine bytes (each budget still holds
+the largest engine). A load copies the engine at the measured pinned host-to-device bandwidth
+(55 GB/s, FACTS.md) and then pays a fixed deserialize + warm-up overhead (`load_overhead`). A
+replica runs at most `concurrent_loads` loads at once (the runtime's `maxConcurrentLoads`, 2);
+further loads wait in its queue; a running load occupies one of the replica's serving slots
+(warm-up executes on the GPU), so churn costs serving capacity. A replica serves `slots`
+requests at a time, each for `service_seconds`, FIFO; requests beyond that queue, so a hot
+model's P99 reflects queueing. A request for a model that is not ready where it is sent is
+*cold*: it waits for a load (its own or one under way) and then queues like any other; a
+request refused (503: no room, load limit, hold timeout) counts as cold too. Bytes are
+reserved when a load is queued; engines that are loading, have requests in flight or are
+pinned are never evicted (as in `tidal.runtime.core.cache`).
+
+The traces (seeded, so every policy sees the same arrivals). Model k (0-based popularity rank;
+names are shuffled) has Zipf share (k+1)^-alpha of `mean_rate` requests per second. The day is
+compressed to `day_seconds` (1 simulated hour) and repeated `days` times (3) so that a forecast
+can learn it: the whole fleet follows a daily cycle (+-50 %), and each model has its own daily
+bump (a von Mises profile with a random peak hour and sharpness, from flat to ~3x its mean) so
+which models are warm rotates through the day; each model keeps its Zipf share over a day. At
+1.4 days a cold model (rank 150) goes viral: within 60 s it is as popular as the most popular
+model, and stays so. Arrivals are Poisson per model per second. Figures are measured from the
+start of day 2 (day 1 fills the caches and teaches the forecast); the hot models are the three
+with the most requests in that window (the viral one among them).
+
+The policies, on the same traces:
+
+* `random+LRU` (tidal v0.1): the Service sends each request to a random replica; the replica
+  loads on a miss and evicts its least recently used idle engines; 503 if it cannot make room.
+* `ModelMesh-like`: route to a replica where the model is loaded (least outstanding requests);
+  on a miss load it on one replica (one that has room, else the least loaded one that can make
+  room by evicting LRU); when every loaded copy is busy (`busy_outstanding` requests in flight
+  on it) load another copy in the background ("load on another copy when busy"); every 10 s add
+  copies of models above 2,000 requests per minute per copy (ModelMesh's
+  `scaleup_rpm_threshold`). No forecast. ModelMesh's second copy for recently used models is
+  left out (it would only add churn).
+* `tidal`: the gateway, modelled on `tidal.gateway.server`, routes every request with the real
+  `tidal.gateway.core.routing.choose_route` (load limits 1 per replica and 4 in all, busy at 8
+  outstanding, refusals forgotten after 2 s) and holds requests that are not forwarded until
+  something changes (a load ends, a placement) or 30 s pass (503). Every 2 s the operator's fleet
+  loop, modelled on `tidal.operator.shell.fleet` with the API's defaults, takes per-model rates
+  over the interval, folds them into `tidal.operator.core.forecast.observe`, asks `predict_peak`
+  over each model's load time + 5 s lead, and runs `tidal.operator.core.placement.place`; each
+  replica loads the models pinned on it in the background (one at a time, in name order, as the
+  runtime does) and keeps unpinned ones as an LRU cache. The forecast's period is set to the
+  compressed day (`spec.fleet.forecast.period: 1h`); its other knobs keep their defaults.
+* `optimum`: Belady with future knowledge: on a miss evict the engines whose next request is
+  farthest in the future, on the replica where that costs least; route to a replica that holds
+  the model. It is the optimal *demand-loading* policy for one cache of equal-size entries; here
+  (sizes differ, 8 separate budgets, loads take time) it is a near-optimal reference rather than
+  a proof, and a policy that preloads from a forecast can beat it.
+
+Metrics per policy and trace: cold-request share, hot-model P99 and overall P99 latency, GB
+loaded per hour (churn), loads per hour, refused (503) share, and ratios against the baselines
+of the same run. Every policy is also run on the trace restricted to the hot models (the cold
+traffic removed): the goal "hot-model P99 unaffected by cold traffic" compares the two.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+import numpy as np
+
+from tidal.gateway.core.routing import LoadBudget, ReplicaView, choose_route
+from tidal.operator.core.fleet import DEFAULT_LOAD_BYTES_PER_SECOND, DEFAULT_LOAD_OVERHEAD_SECONDS
+from tidal.operator.core.forecast import ForecastPolicy, ModelForecast, observe, predict_peak
+from tidal.operator.core.placement import ModelDemand, PlacementPolicy, ReplicaSlot, place
+
+GB = 1e9
+# What the operator assumes of a model nobody has measured yet (tidal.operator.core.fleet).
+DEFAULT_MODEL_BYTES = 256 * 2**20
+
+# ------------------------------------------------------------------------------------------
+# Configuration and traces
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    models: int = 200
+    size_median_gb: float = 1.0
+    size_sigma: float = 0.7
+    size_min_gb: float = 0.2
+    size_max_gb: float = 4.0
+    replicas: int = 8
+    cache_share: float = 0.15  # of all engine bytes, over all replicas together
+    pinned_gbps: float = 55.0  # FACTS.md, host->device from pinned memory
+    load_overhead: float = 0.3  # seconds of deserialize + warm-up, fixed per load
+    concurrent_loads: int = 2  # per replica (the runtime's maxConcurrentLoads default)
+    service_seconds: float = 0.04
+    slots: int = 4
+    mean_rate: float = 12.0  # requests per second over the fleet, averaged over a day
+    day_seconds: float = 3600.0
+    days: int = 3
+    fleet_swing: float = 0.5  # the whole fleet's daily cycle, +-
+    max_bump: float = 2.0  # sharpness (von Mises kappa) of the sharpest model's daily bump
+    viral_rank: int = 150
+    viral_at_days: float = 1.4
+    viral_ramp_seconds: float = 60.0
+    measure_from_days: float = 1.0
+    hot_models: int = 3
+    # ModelMesh's knobs (its defaults).
+    modelmesh_rpm_per_copy: float = 2000.0
+    modelmesh_tick_seconds: float = 10.0
+    # tidal's knobs: the API's defaults (spec.fleet.*) and the gateway's.
+    busy_outstanding: int = 8  # gateway busyOutstanding; also ModelMesh's in-flight limit
+    loads_per_replica: int = 1  # gateway maxLoadsPerReplica
+    loads_total: int = 4  # gateway maxLoadsTotal
+    hold_timeout: float = 30.0  # gateway holdTimeoutSeconds
+    refused_cooldown: float = 2.0  # gateway refusedCooldownSeconds
+    placement_interval: float = 2.0  # spec.fleet.placement.intervalSeconds
+    rate_per_copy: float = 50.0  # spec.fleet.placement.ratePerCopy
+    min_rate: float = 0.01  # spec.fleet.placement.minRate
+    headroom: float = 0.2  # spec.fleet.placement.headroom
+    forecast: bool = True  # spec.fleet.forecast.enabled
+    forecast_slots: int = 96  # spec.fleet.forecast.slots
+    lead_seconds: float = 5.0  # spec.fleet.forecast.leadSeconds
+    seed: int = 7
+
+    @property
+    def duration(self) -> float:
+        return self.day_seconds * self.days
+
+    @property
+    def measure_from(self) -> float:
+        return self.day_seconds * self.measure_from_days
+
+    def load_seconds(self, size_bytes: float) -> float:
+        return size_bytes / (self.pinned_gbps * GB) + self.load_overhead
+
+
+# --quick: 40 models over 3 days of 5 minutes (a smoke test, a few seconds).
+QUICK = {
+    "models": 40,
+    "mean_rate": 4.0,
+    "day_seconds": 300.0,
+    "viral_rank": 30,
+    "viral_ramp_seconds": 10.0,
+}
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """The models and replicas of a run (the same for every trace of a seed)."""
+
+    sizes: np.ndarray  # bytes per model, by popularity rank
+    budget: float  # bytes per replica
+    names: tuple[str, ...]  # by popularity rank; shuffled so that name order means nothing
+
+
+def make_fleet(cfg: FleetConfig) -> Fleet:
+    rng = np.random.default_rng([cfg.seed, 1])
+    sizes = np.exp(rng.normal(math.log(cfg.size_median_gb), cfg.size_sigma, cfg.models))
+    sizes = np.round(np.clip(sizes, cfg.size_min_gb, cfg.size_max_gb) * GB)
+    budget = float(math.floor(cfg.cache_share * sizes.sum() / cfg.replicas))
+    names = tuple(f"m{k:03d}" for k in rng.permutation(cfg.models))
+    return Fleet(sizes=sizes, budget=max(budget, float(sizes.max())), names=names)
+
+
+@dataclass(frozen=True)
+class Trace:
+    name: str
+    alpha: float
+    times: np.ndarray  # arrival times, sorted
+    models: np.ndarray  # model (popularity rank) per request
+    viral: int
+    hot: tuple[int, ...]  # the hot models (most requests in the measured window)
+
+    def __len__(self) -> int:
+        return len(self.times)
+
+    def only(self, models: Sequence[int], name: str) -> Trace:
+        keep = np.isin(self.models, np.asarray(models))
+        return replace(self, name=name, times=self.times[keep], models=self.models[keep])
+
+    def next_times(self) -> np.ndarray:
+        """For each request, the arrival time of the next request for the same model (inf if
+        none): the future knowledge of the offline optimum."""
+        n = len(self.times)
+        order = np.lexsort((np.arange(n), self.models))
+        nxt = np.full(n, np.inf)
+        same = self.models[order[1:]] == self.models[order[:-1]]
+        nxt[order[:-1][same]] = self.times[order[1:][same]]
+        return nxt
+
+
+def zipf_shares(n: int, alpha: float) -> np.ndarray:
+    w = np.arange(1, n + 1, dtype=np.float64) ** -alpha
+    return np.asarray(w / w.sum())
+
+
+def _daily_shape(cfg: FleetConfig, t: np.ndarray) -> np.ndarray:
+    """Each model's rate over its mean, models x times (one day averages to 1 per model)."""
+    rng = np.random.default_rng([cfg.seed, 2])  # the daily profiles do not depend on alpha
+    peak_hour = rng.uniform(0.0, 1.0, cfg.models)
+    kappa = rng.uniform(0.0, cfg.max_bump, cfg.models)
+
+    def shape(times: np.ndarray) -> np.ndarray:
+        phase = 2 * np.pi * times / cfg.day_seconds
+        fleet = 1.0 + cfg.fleet_swing * np.sin(phase - np.pi / 2)  # trough at midnight
+        bump = np.exp(kappa[:, None] * np.cos(phase[None, :] - 2 * np.pi * peak_hour[:, None]))
+        return np.asarray(fleet[None, :] * bump)
+
+    day = shape(np.arange(0.0, cfg.day_seconds, 1.0))
+    return np.asarray(shape(t) / day.mean(axis=1)[:, None])
+
+
+def model_rates(cfg: FleetConfig, alpha: float, t: np.ndarray) -> np.ndarray:
+    """Expected requests per second, models x times (the viral model included)."""
+    shares = zipf_shares(cfg.models, alpha)
+    rates = np.asarray(cfg.mean_rate * shares[:, None] * _daily_shape(cfg, t))
+    # The viral model: from its own small share to the top model's, flat through the day
+    # apart from the fleet's cycle.
+    v = cfg.viral_rank - 1
+    onset = cfg.viral_at_days * cfg.day_seconds
+    ramp = np.clip((t - onset) / cfg.viral_ramp_seconds, 0.0, 1.0)
+    fleet = 1.0 + cfg.fleet_swing * np.sin(2 * np.pi * t / cfg.day_seconds - np.pi / 2)
+    rates[v] = (1 - ramp) * rates[v] + ramp * cfg.mean_rate * shares[0] * fleet
+    return rates
+
+
+def make_trace(cfg: FleetConfig, alpha: float) -> Trace:
+    """Poisson arrivals per model per second from `model_rates`, seeded by (seed, alpha)."""
+    rng = np.random.default_rng([cfg.seed, 3, round(alpha * 1000)])
+    t = np.arange(0.0, cfg.duration, 1.0)
+    counts = rng.poisson(model_rates(cfg, alpha, t + 0.5))  # models x seconds
+    models = np.repeat(np.arange(cfg.models), counts.sum(axis=1))
+    seconds = np.concatenate([np.repeat(t, row) for row in counts])
+    times = seconds + rng.uniform(0.0, 1.0, len(seconds))
+    order = np.argsort(times, kind="stable")
+    times, models = times[order], models[order].astype(np.int32)
+    window = times >= cfg.measure_from
+    per_model = np.bincount(models[window], minlength=cfg.models)
+    hot = tuple(int(m) for m in np.argsort(-per_model, kind="stable")[: cfg.hot_models])
+    return Trace(f"zipf {alpha:g}", alpha, times, models, cfg.viral_rank - 1, hot)
+
+
+# ------------------------------------------------------------------------------------------
+# The fleet's mechanics: replicas, engines, loads, queues
+
+LOADING, READY = 0, 1
+
+
+@dataclass(eq=False)
+class Engine:
+    """One model's engine on one replica (bytes reserved from the moment its load is queued)."""
+
+    model: int
+    size: float
+    replica: int
+    load_seconds: float
+    state: int = LOADING
+    ready_at: float = math.inf
+    last_used: float = 0.0
+    busy_until: float = 0.0  # the last completion of a request sent to it
+    pinned: bool = False
+    background: bool = False  # a pinned model's background load (the runtime runs one)
+    waiters: list[int] = field(default_factory=list)
+    done: deque[float] = field(default_factory=deque)  # completions of its requests in flight
+
+    def in_flight(self, t: float) -> int:
+        done = self.done
+        while done and done[0] <= t:
+            done.popleft()
+        return len(done) + len(self.waiters)
+
+    def idle(self, t: float) -> bool:
+        return self.state == READY and self.busy_until <= t and not self.waiters
+
+
+@dataclass(eq=False)
+class Replica:
+    index: int
+    name: str
+    budget: float
+    slots: list[float]  # heap: when each serving slot is free next
+    used: float = 0.0
+    engines: dict[int, Engine] = field(default_factory=dict)
+    done: deque[float] = field(default_factory=deque)  # completions of requests in flight
+    waiting: int = 0  # requests here waiting for a load
+    running: int = 0  # loads running
+    load_queue: deque[Engine] = field(default_factory=deque)
+    version: int = 0  # bumps when an engine is added, becomes ready or is evicted
+
+    def outstanding(self, t: float) -> int:
+        done = self.done
+        while done and done[0] <= t:
+            done.popleft()
+        return len(done) + self.waiting
+
+    @property
+    def free(self) -> float:
+        return self.budget - self.used
+
+
+@dataclass(frozen=True)
+class LoadRecord:
+    at: float
+    model: int
+    replica: int
+    size: float
+    reason: str
+
+
+class Sim:
+    """The state of one run; policies act on it through `send`, `load` and `evict`."""
+
+    def __init__(self, cfg: FleetConfig, fleet: Fleet, trace: Trace) -> None:
+        self.cfg = cfg
+        self.fleet = fleet
+        self.trace = trace
+        self.replicas = [
+            Replica(r, f"replica-{r}", fleet.budget, [0.0] * cfg.slots) for r in range(cfg.replicas)
+        ]
+        self.copies: list[dict[int, Engine]] = [{} for _ in range(cfg.models)]
+        self.events: list[tuple[float, int, Engine]] = []
+        self._seq = 0
+        n = len(trace)
+        self.arrivals = trace.times
+        self.latency = np.full(n, np.nan)
+        self.cold = np.zeros(n, dtype=bool)
+        self.failed = np.zeros(n, dtype=bool)
+        self.loads: list[LoadRecord] = []
+        self.evictions = 0
+        self.load_seconds = [cfg.load_seconds(s) for s in fleet.sizes]
+        self.on_ready: Callable[[Sim, Engine, float], None] | None = None
+        self.max_used = 0.0
+
+    # -- time ------------------------------------------------------------------------------
+    def advance(self, t: float) -> None:
+        """Complete every load that finishes by `t`, in time order."""
+        events = self.events
+        while events and events[0][0] <= t:
+            at, _, engine = heapq.heappop(events)
+            self._load_done(engine, at)
+
+    # -- requests --------------------------------------------------------------------------
+    def send(self, i: int, engine: Engine, t: float) -> None:
+        """Request `i` goes to `engine` at `t`: served now, or after its load (cold)."""
+        engine.last_used = t
+        if engine.state == READY:
+            self._join(i, engine, t)
+        else:
+            self.cold[i] = True
+            engine.waiters.append(i)
+            self.replicas[engine.replica].waiting += 1
+
+    def fail(self, i: int) -> None:
+        self.failed[i] = True
+        self.cold[i] = True
+
+    def _join(self, i: int, engine: Engine, t: float) -> None:
+        replica = self.replicas[engine.replica]
+        slots = replica.slots
+        start = slots[0] if slots[0] > t else t
+        end = start + self.cfg.service_seconds
+        heapq.heapreplace(slots, end)
+        self.latency[i] = end - self.arrivals[i]
+        replica.done.append(end)
+        engine.done.append(end)
+        engine.busy_until = end
+
+    # -- loads and evictions ---------------------------------------------------------------
+    def victims(
+        self, replica: Replica, size: float, t: float, key: Callable[[Engine], float]
+    ) -> list[Engine] | None:
+        """Idle, unpinned engines to evict (in `key` order) so that `size` bytes fit; None if
+        there are not enough (the rule of `tidal.runtime.core.cache.plan_admission`)."""
+        if size > replica.budget:
+            return None
+        free = replica.free
+        if size <= free:
+            return []
+        chosen: list[Engine] = []
+        for e in sorted(
+            (e for e in replica.engines.values() if not e.pinned and e.idle(t)), key=key
+        ):
+            chosen.append(e)
+            free += e.size
+            if size <= free:
+                return chosen
+        return None
+
+    def evict(self, engine: Engine) -> None:
+        replica = self.replicas[engine.replica]
+        del replica.engines[engine.model]
+        del self.copies[engine.model][engine.replica]
+        replica.used -= engine.size
+        replica.version += 1
+        self.evictions += 1
+
+    def load(
+        self,
+        model: int,
+        replica: Replica,
+        t: float,
+        victims: Sequence[Engine],
+        reason: str,
+        pinned: bool = False,
+    ) -> Engine:
+        """Evict `victims`, reserve the bytes and queue the load on `replica`."""
+        for v in victims:
+            self.evict(v)
+        size = float(self.fleet.sizes[model])
+        assert model not in replica.engines and size <= replica.free + 1e-6
+        engine = Engine(model, size, replica.index, self.load_seconds[model], last_used=t)
+        engine.pinned = pinned
+        replica.engines[model] = engine
+        self.copies[model][replica.index] = engine
+        replica.used += size
+        replica.version += 1
+        self.max_used = max(self.max_used, replica.used / replica.budget)
+        self.loads.append(LoadRecord(t, model, replica.index, size, reason))
+        if replica.running < self.cfg.concurrent_loads:
+            self._start_load(replica, engine, t)
+        else:
+            replica.load_queue.append(engine)
+        return engine
+
+    def _start_load(self, replica: Replica, engine: Engine, t: float) -> None:
+        replica.running += 1
+        slots = replica.slots
+        start = slots[0] if slots[0] > t else t
+        end = start + engine.load_seconds
+        heapq.heapreplace(slots, end)
+        engine.ready_at = end
+        self._seq += 1
+        heapq.heappush(self.events, (end, self._seq, engine))
+
+    def _load_done(self, engine: Engine, t: float) -> None:
+        replica = self.replicas[engine.replica]
+        engine.state = READY
+        replica.running -= 1
+        replica.version += 1
+        waiters, engine.waiters = engine.waiters, []
+        replica.waiting -= len(waiters)
+        for i in waiters:
+            self._join(i, engine, t)
+        if replica.load_queue:
+            self._start_load(replica, replica.load_queue.popleft(), t)
+        if self.on_ready is not None:
+            self.on_ready(self, engine, t)
+
+
+def lru_key(e: Engine) -> float:
+    return e.last_used
+
+
+# ------------------------------------------------------------------------------------------
+# Policies
+
+
+class Policy(Protocol):
+    name: str
+    tick_seconds: float | None
+
+    def start(self, sim: Sim) -> None: ...
+
+    def route(self, sim: Sim, i: int, model: int, t: float) -> None: ...
+
+    def tick(self, sim: Sim, t: float) -> None: ...
+
+    def finish(self, sim: Sim) -> None: ...
+
+
+class RandomLRU:
+    """tidal v0.1: any replica; the replica loads on a miss and evicts LRU."""
+
+    name = "random+LRU"
+    tick_seconds: float | None = None
+
+    def start(self, sim: Sim) -> None:
+        rng = np.random.default_rng([sim.cfg.seed, 4, len(sim.trace)])
+        self.choice = rng.integers(0, sim.cfg.replicas, len(sim.trace)).tolist()
+
+    def route(self, sim: Sim, i: int, model: int, t: float) -> None:
+        replica = sim.replicas[self.choice[i]]
+        engine = replica.engines.get(model)
+        if engine is None:
+            victims = sim.victims(replica, sim.fleet.sizes[model], t, lru_key)
+            if victims is None:
+                sim.fail(i)  # the runtime's 503 (Overloaded): nothing idle to evict
+                return
+            engine = sim.load(model, replica, t, victims, "miss")
+        sim.send(i, engine, t)
+
+    def tick(self, sim: Sim, t: float) -> None:
+        pass
+
+    def finish(self, sim: Sim) -> None:
+        pass
+
+
+class ModelMeshLike:
+    """Route to loaded copies; load on a miss, LRU; another copy when busy; no forecast."""
+
+    name = "ModelMesh-like"
+
+    def __init__(self, cfg: FleetConfig) -> None:
+        self.tick_seconds: float | None = cfg.modelmesh_tick_seconds
+        self.busy = cfg.busy_outstanding
+        self.rpm = cfg.modelmesh_rpm_per_copy
+
+    def start(self, sim: Sim) -> None:
+        self.counts = np.zeros(sim.cfg.models)
+        self.window: deque[np.ndarray] = deque()
+
+    def place_new(self, sim: Sim, model: int, t: float, reason: str) -> Engine | None:
+        """Load one more copy: on a replica with room if any (least outstanding first), else on
+        the least loaded replica that can make room by evicting LRU."""
+        size = sim.fleet.sizes[model]
+        best: tuple[tuple[int, int, int], Replica, list[Engine]] | None = None
+        for replica in sim.replicas:
+            if model in replica.engines:
+                continue
+            victims = sim.victims(replica, size, t, lru_key)
+            if victims is None:
+                continue
+            rank = (1 if victims else 0, replica.outstanding(t), replica.index)
+            if best is None or rank < best[0]:
+                best = (rank, replica, victims)
+        if best is None:
+            return None
+        return sim.load(model, best[1], t, best[2], reason)
+
+    def route(self, sim: Sim, i: int, model: int, t: float) -> None:
+        self.counts[model] += 1
+        copies = sim.copies[model]
+        if not copies:
+            engine = self.place_new(sim, model, t, "miss")
+            if engine is None:
+                sim.fail(i)
+                return
+            sim.send(i, engine, t)
+            return
+        ready = [e for e in copies.values() if e.state == READY]
+        if not ready:  # only loading copies: wait for the least loaded one
+            engine = min(copies.values(), key=lambda e: sim.replicas[e.replica].outstanding(t))
+            sim.send(i, engine, t)
+            return
+        engine = min(ready, key=lambda e: sim.replicas[e.replica].outstanding(t))
+        if (
+            len(ready) == len(copies)
+            and len(copies) < sim.cfg.replicas
+            and all(e.in_flight(t) >= self.busy for e in ready)
+        ):
+            self.place_new(sim, model, t, "busy")
+        sim.send(i, engine, t)
+
+    def tick(self, sim: Sim, t: float) -> None:
+        """rateTrackingTask: more copies for models above the per-copy rate threshold."""
+        self.window.append(self.counts)
+        self.counts = np.zeros(sim.cfg.models)
+        period = self.tick_seconds or 60.0
+        per_minute = max(1, round(60.0 / period))
+        while len(self.window) > per_minute:
+            self.window.popleft()
+        rpm = np.sum(self.window, axis=0) * 60.0 / (period * len(self.window))
+        for model in np.nonzero(rpm > self.rpm)[0]:
+            copies = len(sim.copies[model])
+            if copies == 0 or rpm[model] / copies <= self.rpm:
+                continue
+            want = min(math.ceil(rpm[model] / self.rpm), sim.cfg.replicas)
+            for _ in range(min(want - copies, max(2, sim.cfg.replicas // 3))):
+                if self.place_new(sim, int(model), t, "rate") is None:
+                    break
+
+    def finish(self, sim: Sim) -> None:
+        pass
+
+
+class Belady:
+    """Offline optimum (demand loading): evict what is needed farthest in the future."""
+
+    name = "optimum"
+    tick_seconds: float | None = None
+
+    def start(self, sim: Sim) -> None:
+        trace = sim.trace
+        self.next_time = trace.next_times().tolist()
+        self.next_use = np.full(sim.cfg.models, np.inf)
+        # Before its first request, a model's next use is that request.
+        models, firsts = np.unique(trace.models, return_index=True)
+        self.next_use[models] = trace.times[firsts]
+
+    def route(self, sim: Sim, i: int, model: int, t: float) -> None:
+        next_use = self.next_use
+        next_use[model] = self.next_time[i]
+        copies = sim.copies[model]
+        if copies:
+            engine = min(copies.values(), key=lambda e: sim.replicas[e.replica].outstanding(t))
+            sim.send(i, engine, t)
+            return
+        size = sim.fleet.sizes[model]
+
+        def farthest_first(e: Engine) -> float:
+            return float(-next_use[e.model])
+
+        best: tuple[tuple[float, int, int], Replica, list[Engine]] | None = None
+        for replica in sim.replicas:
+            victims = sim.victims(replica, size, t, farthest_first)
+            if victims is None:
+                continue
+            # The cost of a choice: how soon the first victim is needed again (later is better).
+            soonest = min((float(next_use[v.model]) for v in victims), default=math.inf)
+            rank = (-soonest, replica.outstanding(t), replica.index)
+            if best is None or rank < best[0]:
+                best = (rank, replica, victims)
+        if best is None:
+            sim.fail(i)
+            return
+        sim.send(i, sim.load(model, best[1], t, best[2], "miss"), t)
+
+    def tick(self, sim: Sim, t: float) -> None:
+        pass
+
+    def finish(self, sim: Sim) -> None:
+        pass
+
+
+@dataclass
+class _GatewayReplica:
+    """The gateway's cached view of one replica, rebuilt only when the replica changes."""
+
+    key: tuple[int, int] = (-1, -1)
+    hot: frozenset[str] = frozenset()
+    loading: frozenset[str] = frozenset()
+    refused: dict[int, float] = field(default_factory=dict)  # model -> forgiven at
+    forgive_at: float = math.inf  # the earliest of those
+    refused_version: int = 0
+    views: dict[int, ReplicaView] = field(default_factory=dict)  # by outstanding
+
+
+class Tidal:
+    """tidal v0.2: the gateway's routing core and the operator's forecast + placement cores."""
+
+    name = "tidal"
+
+    def __init__(self, cfg: FleetConfig, only_models_with_traffic: bool = False) -> None:
+        self.cfg = cfg
+        self.only_models_with_traffic = only_models_with_traffic
+        self.tick_seconds: float | None = cfg.placement_interval
+        self.placement_policy = PlacementPolicy(
+            rate_per_copy=cfg.rate_per_copy,
+            max_copies=None,
+            min_rate=cfg.min_rate,
+            headroom_fraction=cfg.headroom,
+        )
+        self.forecast_policy = ForecastPolicy(
+            period_seconds=cfg.day_seconds, slots=cfg.forecast_slots
+        )
+        self.budget = LoadBudget(per_replica=cfg.loads_per_replica, total=cfg.loads_total)
+        self.decisions: dict[str, int] = {}
+        self.placement_seconds = 0.0
+
+    # -- set-up ----------------------------------------------------------------------------
+    def start(self, sim: Sim) -> None:
+        self.names = sim.fleet.names
+        # The service's models (a fleet of only the hot models for the hot-only traces).
+        self.served = (
+            sorted({int(m) for m in np.unique(sim.trace.models)})
+            if self.only_models_with_traffic
+            else list(range(sim.cfg.models))
+        )
+        self.all_names = frozenset(self.names[m] for m in self.served)
+        self.index = {n: k for k, n in enumerate(self.names)}
+        self.rindex = {r.name: r.index for r in sim.replicas}
+        self.gw = [_GatewayReplica() for _ in sim.replicas]
+        self.counts = np.zeros(sim.cfg.models)
+        self.last_tick: float | None = None
+        self.forecasts: dict[str, ModelForecast] = {}
+        self.pins: dict[str, frozenset[str]] = {r.name: frozenset() for r in sim.replicas}
+        self.pending: list[list[int]] = [[] for _ in sim.replicas]
+        self.hints: Mapping[str, tuple[str, ...]] = {}
+        self.held: list[int] = []
+        self.sizes: dict[int, float] = {}  # measured by a replica (after a first load)
+        self.load_times: dict[int, float] = {}
+        self.models_of = sim.trace.models
+        sim.on_ready = self.on_ready
+
+    # -- the gateway -----------------------------------------------------------------------
+    def view(self, sim: Sim, r: int, t: float) -> ReplicaView:
+        replica, gw = sim.replicas[r], self.gw[r]
+        if gw.forgive_at <= t:
+            gw.refused = {m: until for m, until in gw.refused.items() if until > t}
+            gw.forgive_at = min(gw.refused.values(), default=math.inf)
+            gw.refused_version += 1
+        key = (replica.version, gw.refused_version)
+        if gw.key != key:
+            names = self.names
+            engines = replica.engines.values()
+            gw.hot = frozenset(names[e.model] for e in engines if e.state == READY)
+            gw.loading = frozenset(names[e.model] for e in engines if e.state == LOADING)
+            gw.key = key
+            gw.views = {}
+        outstanding = replica.outstanding(t)
+        v = gw.views.get(outstanding)
+        if v is None:
+            v = gw.views[outstanding] = ReplicaView(
+                name=replica.name,
+                healthy=True,
+                models=self.all_names,
+                hot=gw.hot,
+                loading=gw.loading,
+                outstanding=outstanding,
+                free_bytes=int(replica.free),
+                budget_bytes=int(replica.budget),
+                loads_in_flight=len(gw.loading),
+                refused=frozenset(self.names[m] for m in gw.refused),
+            )
+        return v
+
+    def dispatch(self, sim: Sim, i: int, model: int, t: float) -> bool:
+        """One pass of the gateway's dispatch loop; True when the request was forwarded."""
+        name = self.names[model]
+        size = int(self.sizes.get(model, 0))
+        for _ in range(len(sim.replicas) + 1):
+            views = [self.view(sim, r, t) for r in range(len(sim.replicas))]
+            route = choose_route(
+                name,
+                views,
+                self.budget,
+                self.hints,
+                busy_outstanding=self.cfg.busy_outstanding,
+                model_bytes=size,
+            )
+            self.decisions[route.reason] = self.decisions.get(route.reason, 0) + 1
+            if route.action == "forward":
+                assert route.replica is not None
+                if route.extra_load is not None:
+                    self.gateway_load(sim, self.rindex[route.extra_load], model, t)
+                sim.send(i, sim.replicas[self.rindex[route.replica]].engines[model], t)
+                return True
+            if route.action == "load":
+                assert route.replica is not None
+                if not self.gateway_load(sim, self.rindex[route.replica], model, t):
+                    continue  # refused (no room there): the gateway routes again
+            return False  # held: wait for a change
+        return False
+
+    def gateway_load(self, sim: Sim, r: int, model: int, t: float) -> bool:
+        """`POST /v2/repository/models/{m}/load` on replica `r`; False if it answers 503."""
+        replica = sim.replicas[r]
+        if model in replica.engines:
+            return True
+        victims = sim.victims(replica, sim.fleet.sizes[model], t, lru_key)
+        if victims is None:
+            gw = self.gw[r]
+            gw.refused[model] = t + self.cfg.refused_cooldown
+            gw.forgive_at = min(gw.forgive_at, t + self.cfg.refused_cooldown)
+            gw.refused_version += 1
+            return False
+        pinned = self.names[model] in self.pins[replica.name]
+        sim.load(model, replica, t, victims, "gateway", pinned=pinned)
+        return True
+
+    def route(self, sim: Sim, i: int, model: int, t: float) -> None:
+        self.counts[model] += 1
+        if not self.dispatch(sim, i, model, t):
+            sim.cold[i] = True
+            self.held.append(i)
+
+    def retry_held(self, sim: Sim, t: float) -> None:
+        """Something changed: every held request is routed again, oldest first.
+
+        Once one request for a model stays held, the later ones for it would too (nothing has
+        changed for them since), so they are not routed again in this pass."""
+        held, self.held = self.held, []
+        arrivals, models = sim.arrivals, self.models_of
+        stuck: set[int] = set()
+        for i in held:
+            model = int(models[i])
+            if t - arrivals[i] >= self.cfg.hold_timeout:
+                sim.fail(i)  # 503 with Retry-After
+            elif model in stuck or not self.dispatch(sim, i, model, t):
+                stuck.add(model)
+                self.held.append(i)
+
+    # -- the runtime's pinned loads ----------------------------------------------------------
+    def admit_pins(self, sim: Sim, r: int, t: float) -> None:
+        """Start the next pinned model's background load (one at a time per replica)."""
+        replica = sim.replicas[r]
+        if any(e.background and e.state == LOADING for e in replica.engines.values()):
+            return
+        pending = self.pending[r]
+        while pending:
+            model = pending[0]
+            if model in replica.engines:
+                pending.pop(0)
+                continue
+            victims = sim.victims(replica, sim.fleet.sizes[model], t, lru_key)
+            if victims is None:
+                return  # the runtime retries later (here: at the next change or tick)
+            pending.pop(0)
+            engine = sim.load(model, replica, t, victims, "pin", pinned=True)
+            engine.background = True
+            return
+
+    def on_ready(self, sim: Sim, engine: Engine, t: float) -> None:
+        self.sizes[engine.model] = engine.size
+        self.load_times[engine.model] = engine.load_seconds
+        self.admit_pins(sim, engine.replica, t)
+        self.retry_held(sim, t)
+
+    # -- the operator's fleet loop -----------------------------------------------------------
+    def tick(self, sim: Sim, t: float) -> None:
+        started = time.perf_counter()
+        first = self.last_tick is None
+        elapsed = t - (self.last_tick or 0.0)
+        self.last_tick = t
+        rates = self.counts / elapsed if not first else np.zeros(sim.cfg.models)
+        self.counts = np.zeros(sim.cfg.models)
+        known = list(self.sizes.values())
+        fallback = float(np.median(known)) if known else DEFAULT_MODEL_BYTES
+        demands = []
+        for k in self.served:
+            name = self.names[k]
+            size = self.sizes.get(k, fallback)
+            load = self.load_times.get(
+                k, DEFAULT_LOAD_OVERHEAD_SECONDS + size / DEFAULT_LOAD_BYTES_PER_SECOND
+            )
+            rate = float(rates[k])
+            peak = 0.0
+            if self.cfg.forecast and not first:
+                state = observe(self.forecast_policy, self.forecasts.get(name), rate, t)
+                self.forecasts[name] = state
+                peak = predict_peak(self.forecast_policy, state, t, load + self.cfg.lead_seconds)
+            demands.append(ModelDemand(name, int(size), load, rate, peak))
+        slots = [
+            ReplicaSlot(
+                name=replica.name,
+                budget_bytes=int(replica.budget),
+                resident=frozenset(self.names[m] for m in replica.engines),
+                pinned=self.pins[replica.name],
+            )
+            for replica in sim.replicas
+        ]
+        placement = place(self.placement_policy, demands, slots, t)
+        self.hints = {m: where for m, where in placement.assignments.items() if where}
+        for replica in sim.replicas:
+            pins = placement.pinned[replica.name]
+            self.pins[replica.name] = pins
+            for engine in replica.engines.values():
+                engine.pinned = self.names[engine.model] in pins
+            self.pending[replica.index] = [
+                self.index[n] for n in sorted(pins) if self.index[n] not in replica.engines
+            ]
+            self.admit_pins(sim, replica.index, t)
+        self.retry_held(sim, t)
+        self.placement_seconds += time.perf_counter() - started
+
+    def finish(self, sim: Sim) -> None:
+        for i in self.held:
+            sim.fail(i)
+        self.held = []
+
+
+# ------------------------------------------------------------------------------------------
+# Running and reporting
+
+
+@dataclass
+class Result:
+    trace: str
+    policy: str
+    requests: int
+    cold_share: float
+    failed_share: float
+    hot_p99: float
+    p99: float
+    gb_per_hour: float
+    loads_per_hour: float
+    max_used_share: float  # the fullest replica's reserved bytes over its budget (<= 1)
+    seconds: float
+    notes: str = ""
+
+
+def run_sim(cfg: FleetConfig, fleet: Fleet, trace: Trace, policy: Policy) -> Sim:
+    """Play `trace` through `policy`; the final state (per-request outcomes, loads) stays."""
+    sim = Sim(cfg, fleet, trace)
+    policy.start(sim)
+    period = policy.tick_seconds
+    next_tick = period if period else math.inf
+    advance, route, tick = sim.advance, policy.route, policy.tick
+    for i, (t, m) in enumerate(zip(trace.times.tolist(), trace.models.tolist(), strict=True)):
+        while next_tick <= t:
+            advance(next_tick)
+            tick(sim, next_tick)
+            next_tick += period  # type: ignore[operator]
+        advance(t)
+        route(sim, i, m, t)
+    advance(math.inf)
+    policy.finish(sim)
+    return sim
+
+
+def simulate(
+    cfg: FleetConfig, fleet: Fleet, trace: Trace, policy: Policy, hot: Sequence[int]
+) -> Result:
+    started = time.perf_counter()
+    sim = run_sim(cfg, fleet, trace, policy)
+    return summarise(cfg, trace, policy, sim, hot, time.perf_counter() - started)
+
+
+def summarise(
+    cfg: FleetConfig, trace: Trace, policy: Policy, sim: Sim, hot: Sequence[int], seconds: float
+) -> Result:
+    window = trace.times >= cfg.measure_from
+    hours = (cfg.duration - cfg.measure_from) / 3600.0
+    served = window & ~sim.failed
+    is_hot = served & np.isin(trace.models, np.asarray(hot))
+    loads = [ld for ld in sim.loads if ld.at >= cfg.measure_from]
+    n = int(window.sum())
+    reasons: dict[str, int] = {}
+    for ld in loads:
+        reasons[ld.reason] = reasons.get(ld.reason, 0) + 1
+    notes = "loads " + ", ".join(f"{k} {v}" for k, v in sorted(reasons.items()))
+    if isinstance(policy, Tidal):
+        top = sorted(policy.decisions.items(), key=lambda kv: -kv[1])
+        notes += "; routes " + ", ".join(f"{k} {v}" for k, v in top)
+    return Result(
+        trace=trace.name,
+        policy=policy.name,
+        requests=n,
+        cold_share=float(sim.cold[window].sum() / n) if n else 0.0,
+        failed_share=float(sim.failed[window].sum() / n) if n else 0.0,
+        hot_p99=_p99(sim.latency[is_hot]),
+        p99=_p99(sim.latency[served]),
+        gb_per_hour=sum(ld.size for ld in loads) / GB / hours,
+        loads_per_hour=len(loads) / hours,
+        max_used_share=sim.max_used,
+        seconds=seconds,
+        notes=notes,
+    )
+
+
+def _p99(latencies: np.ndarray) -> float:
+    return float(np.quantile(latencies, 0.99)) if len(latencies) else math.nan
+
+
+HOT_ONLY = " hot only"
+
+
+def make_policies(cfg: FleetConfig, hot_only: bool = False) -> list[Policy]:
+    return [RandomLRU(), ModelMeshLike(cfg), Tidal(cfg, hot_only), Belady()]
+
+
+def run_all(cfg: FleetConfig, alphas: Sequence[float], hot_only: bool = True) -> list[Result]:
+    fleet = make_fleet(cfg)
+    results = []
+    for alpha in alphas:
+        trace = make_trace(cfg, alpha)
+        for policy in make_policies(cfg):
+            results.append(simulate(cfg, fleet, trace, policy, trace.hot))
+        if hot_only:
+            hot_trace = trace.only(trace.hot, trace.name + HOT_ONLY)
+            for policy in make_policies(cfg, hot_only=True):
+                results.append(simulate(cfg, fleet, hot_trace, policy, trace.hot))
+    return results
+
+
+@dataclass(frozen=True)
+class Goal:
+    trace: str
+    what: str
+    met: bool
+    detail: str
+
+
+def goals(results: Sequence[Result]) -> list[Goal]:
+    """Issue 10's goals for tidal on each full trace, with the exact gap."""
+    out: list[Goal] = []
+    by = {(r.trace, r.policy): r for r in results}
+    for trace in dict.fromkeys(r.trace for r in results if not r.trace.endswith(HOT_ONLY)):
+        tidal, rnd = by[(trace, Tidal.name)], by[(trace, RandomLRU.name)]
+        mesh, best = by[(trace, ModelMeshLike.name)], by[(trace, Belady.name)]
+        quiet = by.get((trace + HOT_ONLY, Tidal.name))
+        bound = rnd.cold_share / 3
+        out.append(
+            Goal(
+                trace,
+                "cold share <= 1/3 of random+LRU",
+                tidal.cold_share <= bound,
+                f"{_pct(tidal.cold_share)} vs {_pct(bound)} ({_gap_pp(tidal.cold_share, bound)})",
+            )
+        )
+        bound = best.cold_share * 1.1
+        out.append(
+            Goal(
+                trace,
+                "cold share within 10 % of the optimum",
+                tidal.cold_share <= bound,
+                f"{_pct(tidal.cold_share)} vs 1.1 x {_pct(best.cold_share)} = {_pct(bound)} "
+                f"({_gap_pp(tidal.cold_share, bound)})",
+            )
+        )
+        if quiet is not None:
+            bound = quiet.hot_p99 * 1.1
+            out.append(
+                Goal(
+                    trace,
+                    "hot-model P99 unaffected by cold traffic (<= 1.1 x without it)",
+                    tidal.hot_p99 <= bound,
+                    f"{_ms(tidal.hot_p99)} with vs {_ms(quiet.hot_p99)} without "
+                    f"({tidal.hot_p99 / quiet.hot_p99:.2f}x)",
+                )
+            )
+        bound = mesh.gb_per_hour / 2
+        out.append(
+            Goal(
+                trace,
+                "churn <= 1/2 of ModelMesh-like",
+                tidal.gb_per_hour <= bound,
+                f"{tidal.gb_per_hour:,.0f} vs {bound:,.0f} GB/h "
+                f"({tidal.gb_per_hour / mesh.gb_per_hour:.2f}x ModelMesh-like)",
+            )
+        )
+    return out
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:.1f} %"
+
+
+def _ms(x: float) -> str:
+    return f"{x * 1000:.0f} ms"
+
+
+def _gap_pp(value: float, bound: float) -> str:
+    if value <= bound:
+        return f"met with {(bound - value) * 100:.1f} points to spare"
+    return f"{(value - bound) * 100:.1f} points over"
+
+
+def _ratio(a: float, b: float) -> str:
+    if b == 0:
+        return "—" if a == 0 else "inf"
+    return f"{a / b:.2f}"
+
+
+def describe(cfg: FleetConfig, fleet: Fleet) -> str:
+    total = fleet.sizes.sum()
+    loads = [cfg.load_seconds(s) for s in (fleet.sizes.min(), fleet.sizes.max())]
+    return (
+        f"{cfg.models} models, engines {fleet.sizes.min() / GB:.2f}-{fleet.sizes.max() / GB:.2f} "
+        f"GB ({total / GB:.0f} GB in all); {cfg.replicas} replicas x {fleet.budget / GB:.2f} GB "
+        f"budget = {cfg.replicas * fleet.budget / total * 100:.1f} % of all engine bytes; load "
+        f"= bytes / {cfg.pinned_gbps:g} GB/s + {cfg.load_overhead:g} s "
+        f"({loads[0]:.2f}-{loads[1]:.2f} s), {cfg.concurrent_loads} at a time per replica; "
+        f"{cfg.slots} slots x {cfg.service_seconds * 1000:g} ms per replica; "
+        f"{cfg.mean_rate:g} req/s on average; day = {cfg.day_seconds:g} s x {cfg.days}, "
+        f"measured from {cfg.measure_from:g} s; viral model rank {cfg.viral_rank} at "
+        f"{cfg.viral_at_days * cfg.day_seconds:g} s; tidal: placement every "
+        f"{cfg.placement_interval:g} s, minRate {cfg.min_rate:g}, headroom "
+        f"{cfg.headroom * 100:g} %, lead {cfg.lead_seconds:g} s, loads {cfg.loads_per_replica}"
+        f"/replica {cfg.loads_total} in all; seed {cfg.seed}"
+    )
+
+
+def report(cfg: FleetConfig, fleet: Fleet, results: Sequence[Result], elapsed: float) -> bool:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=160)
+    console.print(describe(cfg, fleet))
+    table = Table(title="fleet placement simulation (hot = the 3 busiest models)")
+    columns = (
+        "trace",
+        "policy",
+        "cold %",
+        "503 %",
+        "hot P99 ms",
+        "hot P99 w/o cold ms",
+        "P99 ms",
+        "GB/h",
+        "loads/h",
+        "cold / random",
+        "cold / optimum",
+        "churn / ModelMesh",
+    )
+    for col in columns:
+        table.add_column(col, justify="left" if col in ("trace", "policy") else "right")
+    by = {(r.trace, r.policy): r for r in results}
+    traces = [t for t in dict.fromkeys(r.trace for r in results) if not t.endswith(HOT_ONLY)]
+    for trace in traces:
+        rows = [r for r in results if r.trace == trace]
+        rnd, mesh = by[(trace, RandomLRU.name)], by[(trace, ModelMeshLike.name)]
+        best = by[(trace, Belady.name)]
+        for r in rows:
+            quiet = by.get((trace + HOT_ONLY, r.policy))
+            table.add_row(
+                trace if r is rows[0] else "",
+                r.policy,
+                f"{r.cold_share * 100:.1f}",
+                f"{r.failed_share * 100:.2f}",
+                f"{r.hot_p99 * 1000:.0f}",
+                f"{quiet.hot_p99 * 1000:.0f}" if quiet else "",
+                f"{r.p99 * 1000:.0f}",
+                f"{r.gb_per_hour:,.0f}",
+                f"{r.loads_per_hour:,.0f}",
+                _ratio(r.cold_share, rnd.cold_share),
+                _ratio(r.cold_share, best.cold_share),
+                _ratio(r.gb_per_hour, mesh.gb_per_hour),
+            )
+        table.add_section()
+    console.print(table)
+    verdicts = goals(results)
+    for g in verdicts:
+        console.print(f"goal {g.trace}: {g.what}: {'met' if g.met else 'NOT met'} — {g.detail}")
+    for r in results:
+        if r.policy == Tidal.name and not r.trace.endswith(HOT_ONLY):
+            console.print(f"tidal {r.trace}: {r.notes}")
+    console.print(f"simulated {len(results)} runs in {elapsed:.1f} s")
+    return all(g.met for g in verdicts)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--alpha", default="0.8,1.1", help="comma-separated Zipf exponents")
+    parser.add_argument("--seed", type=int, default=FleetConfig.seed)
+    parser.add_argument("--quick", action="store_true", help="a small trace (smoke test)")
+    args = parser.parse_args(argv)
+    cfg = FleetConfig(seed=args.seed)
+    if args.quick:
+        cfg = replace(cfg, **QUICK)  # type: ignore[arg-type]
+    alphas = [float(a) for a in args.alpha.split(",") if a]
+    started = time.perf_counter()
+    results = run_all(cfg, alphas)
+    report(cfg, make_fleet(cfg), results, time.perf_counter() - started)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
