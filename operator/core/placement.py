@@ -247,6 +247,10 @@ def place(
         r.name: usable[r.name] - sum(sizes.get(m, 0) for m in r.pinned) for r in replicas
     }
 
+    pinned_at: dict[str, list[ReplicaSlot]] = {}
+    for r in replicas:
+        for name in r.pinned:
+            pinned_at.setdefault(name, []).append(r)
     reasons: dict[str, str] = {}
     wanted: dict[str, int] = {}
     drivers: dict[str, str] = {}
@@ -262,7 +266,7 @@ def place(
         if not replicas:
             reasons[name] = REASON_COLD_NO_REPLICAS
             continue
-        hosts = [r for r in replicas if name in r.pinned]
+        hosts = list(pinned_at.get(name, ()))
         count, driver = _wanted(policy, model, len(hosts) if history else None, cap, len(replicas))
         wanted[name] = count
         drivers[name] = driver
@@ -342,32 +346,50 @@ def _grant(
     demand: Mapping[str, ModelDemand],
     wanted: Mapping[str, int],
 ) -> dict[str, list[str]]:
-    """Grant copy requests in priority order; model -> replicas granted, in grant order."""
-    free = dict(usable)
-    load = {r.name: 0.0 for r in replicas}
-    hosted: dict[str, list[str]] = {name: [] for name in demand}
+    """Grant copy requests in priority order; model -> replicas granted, in grant order.
+
+    Replicas are indexed in name order so that ties fall to the first name; a new copy looks at
+    the replicas where the model is resident first and scans all of them only when none has room.
+    """
+    slots = sorted(replicas, key=lambda r: r.name)
+    index = {r.name: i for i, r in enumerate(slots)}
+    free = [usable[r.name] for r in slots]
+    load = [0.0] * len(slots)
+    resident_at: dict[str, list[int]] = {name: [] for name in demand}
+    for i, r in enumerate(slots):
+        for name in r.resident:
+            if name in resident_at:
+                resident_at[name].append(i)
+    everywhere = range(len(slots))
+    hosted: dict[str, list[int]] = {name: [] for name in demand}
     for _, name, _, bound in requests:
-        model = demand[name]
-        size = model.size_bytes
-        chosen: str | None = None
-        if bound is not None and free[bound] >= size and bound not in hosted[name]:
-            chosen = bound
-        else:
-            best: tuple[bool, float, int, str] | None = None
-            for r in replicas:
-                if free[r.name] < size or r.name in hosted[name]:
-                    continue
-                key = (name not in r.resident, load[r.name], -free[r.name], r.name)
-                if best is None or key < best:
-                    best = key
-            if best is not None:
-                chosen = best[3]
-        if chosen is None:
+        size = demand[name].size_bytes
+        mine = hosted[name]
+        chosen = -1
+        if bound is not None:
+            b = index[bound]
+            if free[b] >= size and b not in mine:
+                chosen = b
+        if chosen < 0:
+            for candidates in (resident_at[name], everywhere):
+                for i in candidates:
+                    room = free[i]
+                    if room < size or i in mine:
+                        continue
+                    if (
+                        chosen < 0
+                        or load[i] < load[chosen]
+                        or (load[i] == load[chosen] and room > free[chosen])
+                    ):
+                        chosen = i
+                if chosen >= 0:
+                    break
+        if chosen < 0:
             continue
-        hosted[name].append(chosen)
+        mine.append(chosen)
         free[chosen] -= size
-        load[chosen] += model.score / wanted[name]
-    return hosted
+        load[chosen] += demand[name].score / wanted[name]
+    return {name: [slots[i].name for i in where] for name, where in hosted.items()}
 
 
 def _usable_bytes(policy: PlacementPolicy, replica: ReplicaSlot) -> int:
