@@ -199,6 +199,7 @@ def observe_all(
 
 def predict(policy: ForecastPolicy, state: ModelForecast | None, at: float, now: float) -> float:
     """The arrival rate (req/s) expected at wall time `at`, as known at `now`; never negative."""
+    _check_times(at, now)
     if state is None or state.samples == 0:
         return 0.0
     return _forecast(
@@ -215,11 +216,10 @@ def predict_peak(
     profile is constant, the trend projection monotone), so checking both ends of each bucket's
     part of the window finds the maximum: at most slots + 1 buckets.
     """
+    _check_times(now, horizon_seconds)
     if state is None or state.samples == 0:
         return 0.0
     horizon = min(max(horizon_seconds, 0.0), policy.period_seconds)
-    if not math.isfinite(horizon):
-        horizon = 0.0
     end = now + horizon
     stale = _stale(policy, state, now)
     width = policy.slot_seconds
@@ -296,6 +296,11 @@ def forecasts_from_json(policy: ForecastPolicy, text: str) -> dict[str, ModelFor
 
 # ------------------------------------------------------------------------------------------
 # Steps.
+
+
+def _check_times(*values: float) -> None:
+    if not all(math.isfinite(v) for v in values):
+        raise ValueError(f"forecast times must be finite, got {values!r}")
 
 
 def _abs_slot(policy: ForecastPolicy, t: float) -> int:

@@ -180,6 +180,10 @@ def test_duplicate_reordered_and_missing_samples_change_nothing() -> None:
     assert observe(POLICY, state, -4.0, now + 5.0).level < state.level  # negative counts as 0
     with pytest.raises(ValueError, match="finite time"):
         observe(POLICY, state, 1.0, math.nan)
+    with pytest.raises(ValueError, match="must be finite"):
+        predict(POLICY, state, at=math.inf, now=now)
+    with pytest.raises(ValueError, match="must be finite"):
+        predict_peak(POLICY, state, now=now, horizon_seconds=math.nan)
 
 
 def test_the_clock_going_back_far_restarts_the_short_term() -> None:
