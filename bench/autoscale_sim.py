@@ -1,35 +1,48 @@
 """Trace-driven simulation of one inference service under tidal's autoscaler and its peers.
 
 Owns the simulator (a fluid FIFO queue in front of identical replicas, stepped every `dt`
-seconds), the traces, faithful models of the peers' control loops (Kubernetes HPA, KEDA on top
-of HPA, Knative's KPA) and the comparison table. Run it with
+seconds), the bursty traces, faithful models of the peers' control loops (Kubernetes HPA, KEDA
+on top of HPA, Knative's KPA), an oracle, and the comparison table with the goals of issue 11.
+Run it with
 
-    .venv/bin/python bench/autoscale_sim.py [--warmup 20] [--seed 7] [--traces step5x,spike10x]
+    .venv/bin/python bench/autoscale_sim.py                 # the main table (W = 30 s)
+    .venv/bin/python bench/autoscale_sim.py --sweep         # warm-up 5..60 s x start states
+    .venv/bin/python bench/autoscale_sim.py --warmup 15 --start saturated --traces herd
 
 The model. Requests arrive as a Poisson process (seeded; every policy sees the same arrivals)
 and wait in one FIFO queue (the Service balances ideally). A ready serving replica works on
 `slots` requests at a time, each for `service_seconds`, so it serves `slots / service_seconds`
-requests per second. A request's latency is its wait plus its service time; requests that wait
-longer than `client_timeout_seconds` are abandoned and count as late. A new replica is warm
-`warmup_seconds` after the decision that created it (scheduling, start, engine load, warm-up).
-Every pod that exists costs replica-seconds, warming and standby ones included.
+requests per second and saturates at `slots` in flight. A request's latency is its wait plus
+its service time; requests that wait longer than `client_timeout_seconds` are abandoned (their
+client gave up) and count as late. A new replica is warm `warmup_seconds` after the decision
+that created it (scheduling, start, engine load, warm-up). Every pod that exists costs
+replica-seconds, warming and standby ones included.
 
-Every policy aims at the same per-replica target: `target_queue_depth` concurrent requests
-(in flight plus queued), which is 70 % of a replica's slots, like Knative's default target
-utilisation. Each peer sees the signals its real pipeline would give it:
+Fairness. Every policy is given the same target utilisation (0.7) — the peers as the
+concurrency target a user would set for this service (0.7 x slots in flight per pod, Knative's
+default target utilisation), tidal as `targetUtilization` with the capacity it learns from the
+runtime's batch counters (the simulated runtime reports its batches as the real one does) —
+the same start state (`normal`: sized for the base load; `saturated`: a third of that, with 10 s
+of backlog already queued) and the same warm-up. Each peer sees the signals its real pipeline
+would give it:
 
-* HPA: a Pods metric (queue depth per pod) from Prometheus scraped every 15 s, synced every 15 s;
-  10 % tolerance; pods without a sample count as 0 when scaling up and as on target when scaling
-  down; scale-down stabilisation 300 s (max of recommendations); scale-up limited per 15 s to
-  max(+100 %, +4 pods) of the replicas at the period's start (the default `behavior`).
+* HPA: a Pods metric (concurrency per pod) from Prometheus scraped every 15 s, synced every
+  15 s; 10 % tolerance; pods without a sample count as 0 when scaling up and as on target when
+  scaling down; scale-down stabilisation 300 s (max of recommendations); scale-up limited per
+  15 s to max(+100 %, +4 pods) of the replicas at the period's start (the default `behavior`).
 * KEDA: the same HPA, fed from KEDA's metric cache that polls Prometheus every 30 s.
 * KPA: concurrency scraped every 1 s (per-second averages), decided every 2 s; stable window
   60 s, panic window 6 s, panic when the panic-window demand reaches 200 % of ready pods; no
   scale-down while panicking; max scale-up rate 1000, max scale-down rate 2.
 * tidal: `decide_scale` every 1 s with the queue depth read from the pods (≤ 1 s old), the
-  arrival rate over the last second, hot P99 from Prometheus (scraped every 5 s, 30 s window) and
-  the measured warm-up time; standby pods promoted by `choose_standby`, victims chosen by
-  `choose_scale_down_victims`.
+  arrival rate over the last second, the batch work since the last tick, the queued requests
+  that can no longer meet the client's deadline (the runtime knows it: `batching.timeoutMs`),
+  hot P99 from Prometheus (scraped every 5 s, 30 s window) and the measured warm-up time;
+  standby pods promoted by `choose_standby`, victims chosen by `choose_scale_down_victims`.
+* oracle: knows the trace's rate function and asks, at t, for the replicas the largest rate of
+  [t, t + warm-up] needs at the target utilisation (so they are warm in time, and none is
+  removed that would be needed again before a new one could warm). Its peak is the reference
+  for "peak replicas ≤ 1.5x the oracle's".
 
 Loops start at fixed, documented phases (not aligned with the surges) so that runs are
 deterministic.
@@ -43,16 +56,18 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
 
 from tidal.operator.core.autoscaler import (
+    BatchWork,
     Observation,
     ScaleDecision,
     ScalerState,
     ScalingPolicy,
+    WorkSample,
     decide_scale,
 )
 from tidal.operator.core.autoscaler_pods import (
@@ -68,19 +83,24 @@ from tidal.operator.core.autoscaler_pods import (
 @dataclass(frozen=True)
 class SimConfig:
     dt: float = 0.1
-    service_seconds: float = 0.05
-    slots: int = 5
-    warmup_seconds: float = 20.0
+    service_seconds: float = 0.01
+    slots: int = 1
+    warmup_seconds: float = 30.0
     latency_target_seconds: float = 0.5
     client_timeout_seconds: float = 10.0
-    target_queue_depth: float = 3.5
+    target_utilization: float = 0.7
     base_rate: float = 700.0
-    initial_replicas: int = 10
+    # "normal": sized for the base rate at the target; "saturated": a third of that, with
+    # `client_timeout_seconds` of the shortfall already queued.
+    start: str = "normal"
     min_replicas: int = 1
-    max_replicas: int = 150
+    max_replicas: int = 200
     # tidal's user-set knobs for the run (the rest are ScalingPolicy defaults).
-    tidal_standby: int = 2
-    tidal_scale_down_delay: float = 60.0
+    tidal_standby: int = 1
+    tidal_scale_down_delay: float = 180.0
+    # tidal's warm-up when it differs from every one else's: the labelled what-if of a
+    # host-warm standby tier (not built here), None otherwise.
+    tidal_warmup_seconds: float | None = None
     seed: int = 7
 
     @property
@@ -89,9 +109,26 @@ class SimConfig:
         return self.slots / self.service_seconds
 
     @property
+    def target_concurrency(self) -> float:
+        """In flight + queued per replica at the target utilisation (the peers' target)."""
+        return self.target_utilization * self.slots
+
+    @property
     def target_rate(self) -> float:
-        """Requests per second one replica serves at the target queue depth."""
-        return self.target_queue_depth / self.service_seconds
+        """Requests per second one replica serves at the target utilisation."""
+        return self.target_utilization * self.replica_rate
+
+    @property
+    def initial_replicas(self) -> int:
+        sized = math.ceil(self.base_rate / self.target_rate - 1e-9)
+        return max(1, sized // 3) if self.start == "saturated" else sized
+
+    @property
+    def initial_backlog(self) -> float:
+        if self.start != "saturated":
+            return 0.0
+        short = self.base_rate - self.initial_replicas * self.replica_rate
+        return max(0.0, short) * self.client_timeout_seconds
 
 
 @dataclass(frozen=True)
@@ -99,34 +136,50 @@ class Trace:
     name: str
     duration: float
     rate: Callable[[np.ndarray], np.ndarray]
-    # The surge window [onset, end) over which "time to enough warm capacity" is measured.
-    surge: tuple[float, float] | None = None
+    note: str = ""
 
 
-def make_traces(base: float) -> list[Trace]:
-    def steady(t: np.ndarray) -> np.ndarray:
-        return np.full_like(t, base)
+def _markov_bursts(base: float, duration: float, seed: int) -> Callable[[np.ndarray], np.ndarray]:
+    """A two-state Markov-modulated rate: 1x base, bursts of 3.5x; exponential dwell times
+    (mean 60 s calm, 20 s burst), seeded, piecewise constant."""
+    rng = np.random.default_rng([seed, 11])
+    edges, levels = [0.0], []
+    calm = True
+    while edges[-1] < duration:
+        levels.append(1.0 if calm else 3.5)
+        edges.append(edges[-1] + rng.exponential(60.0 if calm else 20.0))
+        calm = not calm
+    cuts, values = np.asarray(edges[1:]), np.asarray(levels)
 
-    def step5x(t: np.ndarray) -> np.ndarray:
-        return np.where((t >= 120) & (t < 420), 5 * base, base)
+    def rate(t: np.ndarray) -> np.ndarray:
+        return base * values[np.minimum(np.searchsorted(cuts, t, side="right"), len(values) - 1)]
 
-    def spike10x(t: np.ndarray) -> np.ndarray:
-        return np.where((t >= 120) & (t < 180), 10 * base, base)
+    return rate
 
-    def diurnal(t: np.ndarray) -> np.ndarray:
-        return base * (3 - 2 * np.cos(2 * np.pi * t / 1200))
 
-    def flash(t: np.ndarray) -> np.ndarray:
-        ramp = base * (1 + 7 * np.clip((t - 120) / 15, 0, 1))
-        decay = base * (1 + 7 * np.exp(-(t - 195) / 60))
-        return np.where(t < 195, ramp, decay)
+def make_traces(base: float, seed: int = 7) -> list[Trace]:
+    def herd(t: np.ndarray) -> np.ndarray:
+        return np.where((t >= 120) & (t < 300), 8 * base, base)
+
+    def sawtooth(t: np.ndarray) -> np.ndarray:
+        phase = np.mod(t - 60, 120)
+        teeth = (t >= 60) & (t < 660)
+        return np.where(teeth & (phase < 90), base * (1 + 3 * phase / 90), base)
+
+    def creep(t: np.ndarray) -> np.ndarray:
+        return base * (1 + 4 * np.clip((t - 60) / 600, 0, 1))
+
+    def double(t: np.ndarray) -> np.ndarray:
+        first = (t >= 120) & (t < 150)
+        second = (t >= 240) & (t < 270)
+        return np.where(first | second, 6 * base, base)
 
     return [
-        Trace("steady", 600, steady),
-        Trace("step5x", 720, step5x, surge=(120, 420)),
-        Trace("spike10x", 480, spike10x, surge=(120, 180)),
-        Trace("diurnal", 1200, diurnal),
-        Trace("flash", 600, flash, surge=(120, 195)),
+        Trace("herd", 600, herd, "8x step for 180 s"),
+        Trace("bursts", 900, _markov_bursts(base, 900, seed), "Markov: 1x / 3.5x"),
+        Trace("sawtooth", 780, sawtooth, "5 ramps 1x->4x in 90 s, drop"),
+        Trace("creep", 900, creep, "1x->5x over 600 s"),
+        Trace("double", 480, double, "two 6x spikes of 30 s"),
     ]
 
 
@@ -154,9 +207,16 @@ class Action:
 class Service:
     """One service: pods and a FIFO queue, stepped every dt; keeps the signal history."""
 
-    def __init__(self, cfg: SimConfig, arrivals: np.ndarray, initial_standby: int) -> None:
+    def __init__(
+        self,
+        cfg: SimConfig,
+        arrivals: np.ndarray,
+        initial_standby: int,
+        warmup_seconds: float | None = None,
+    ) -> None:
         self.cfg = cfg
         self.arrivals = arrivals
+        self.warmup_seconds = cfg.warmup_seconds if warmup_seconds is None else warmup_seconds
         self.t = 0.0
         self.i = 0
         self._names = 0
@@ -165,7 +225,15 @@ class Service:
             self.pods.append(self._new_pod(-1.0, standby=k >= cfg.initial_replicas))
         self.desired_serving: int | None = None
         self.queue: deque[list[float]] = deque()  # [arrival time, count]
+        backlog = cfg.initial_backlog
+        if backlog > 0:
+            # Queued over the last client timeout, evenly: ages as a saturated pool has them.
+            cohorts = 20
+            span = cfg.client_timeout_seconds
+            for k in range(cohorts):
+                self.queue.append([-span + (k + 0.5) * span / cohorts, backlog / cohorts])
         n = len(arrivals)
+        self.served_hist = np.zeros(n)  # requests served in each step
         self.queue_hist = np.zeros(n)  # queued + in flight at the end of each step
         self.serving_hist = np.zeros(n, dtype=np.int32)
         self.pods_hist = np.zeros(n, dtype=np.int32)
@@ -219,7 +287,7 @@ class Service:
             }
             self.pods = [p for p in self.pods if p.name not in victims]
         while len(self.pods) < total:
-            self.pods.append(self._new_pod(self.t + self.cfg.warmup_seconds))
+            self.pods.append(self._new_pod(self.t + self.warmup_seconds))
         if action.desired_serving is not None:
             serving = action.desired_serving
             standby = max(0, total - serving)
@@ -271,6 +339,7 @@ class Service:
             for p in serving_pods:
                 p.served += share
         queued = sum(c[1] for c in self.queue)
+        self.served_hist[i] = served
         self.queue_hist[i] = queued + served / cfg.dt * cfg.service_seconds
         self.serving_hist[i] = len(serving_pods)
         self.pods_hist[i] = len(self.pods)
@@ -300,6 +369,24 @@ class Service:
     def arrival_rate(self, t0: float, t1: float) -> float:
         a, b = self._index(t0), self._index(t1)
         return float(self.arrivals[a:b].sum() / max(t1 - t0, 1e-9))
+
+    def served(self, t0: float, t1: float) -> float:
+        a, b = self._index(t0), self._index(t1)
+        return float(self.served_hist[a:b].sum())
+
+    def unreachable(self) -> float:
+        """Queued requests that cannot be served before their client gives up: those whose
+        age plus the wait for the requests ahead of them (at the serving replicas' rate)
+        exceeds the timeout — what the runtime's `tidal_queue_reachable` leaves out."""
+        serving = sum(1 for p in self.pods if self.ready(p) and not p.standby)
+        rate = serving * self.cfg.replica_rate
+        ahead = dead = 0.0
+        for arrived, n in self.queue:
+            wait = ahead / rate if rate > 0 else math.inf
+            if self.t - arrived + wait > self.cfg.client_timeout_seconds:
+                dead += n
+            ahead += n
+        return dead
 
     def p99(self, t0: float, t1: float) -> float | None:
         a = bisect.bisect_left(self.done_t, t0)
@@ -350,7 +437,7 @@ class Tidal:
         self.policy = ScalingPolicy(
             min_replicas=cfg.min_replicas,
             max_replicas=cfg.max_replicas,
-            target_queue_depth=cfg.target_queue_depth,
+            target_utilization=cfg.target_utilization,
             target_p99_ms=cfg.latency_target_seconds * 1000,
             standby_replicas=cfg.tidal_standby,
             scale_down_delay_seconds=cfg.tidal_scale_down_delay,
@@ -359,9 +446,27 @@ class Tidal:
         self.state = ScalerState()
         self.p99_ms: float | None = None
         self.decisions: list[tuple[float, ScaleDecision]] = []
+        self.last_tick: float | None = None
+        if cfg.tidal_warmup_seconds is not None:
+            self.name = f"tidal@W={cfg.tidal_warmup_seconds:g}s"
 
     def initial_standby(self) -> int:
         return self.cfg.tidal_standby
+
+    def warmup_seconds(self) -> float:
+        if self.cfg.tidal_warmup_seconds is not None:
+            return self.cfg.tidal_warmup_seconds
+        return self.cfg.warmup_seconds
+
+    def work(self, svc: Service, t: float) -> WorkSample | None:
+        """The batches served since the last tick, as the runtime's counters report them:
+        single-row batches of `service_seconds` each, `slots` at a time per replica."""
+        since = self.last_tick if self.last_tick is not None else max(0.0, t - 1.0)
+        n = svc.served(since, t)
+        if n <= 0:
+            return None
+        s = self.cfg.service_seconds
+        return WorkSample(BatchWork(n, n, n, n * s, n * s, n), self.cfg.slots, 1)
 
     def on_step(self, svc: Service) -> Action | None:
         t = svc.t
@@ -379,9 +484,13 @@ class Tidal:
             queue_depth=svc.queue_now(),
             hot_p99_ms=self.p99_ms,
             arrival_rate=svc.arrival_rate(max(0.0, t - 1.0), t),
-            warmup_seconds=self.cfg.warmup_seconds,
+            warmup_seconds=self.warmup_seconds(),
             metrics_age_seconds=0.5,
+            unreachable=svc.unreachable(),
+            deadline_seconds=self.cfg.client_timeout_seconds,
+            work=self.work(svc, t),
         )
+        self.last_tick = t
         decision, self.state = decide_scale(self.policy, obs, self.state)
         self.decisions.append((t, decision))
         return Action(decision.desired_total, decision.desired_serving)
@@ -435,7 +544,7 @@ class Hpa:
 
     def calc_replicas(self, total: float, ready: int, missing: int) -> int:
         """replica_calculator.go, calcPlainMetricReplicas, for an average-value Pods metric."""
-        target = self.cfg.target_queue_depth
+        target = self.cfg.target_concurrency
         current = self.replicas
         if ready == 0:
             return current
@@ -529,7 +638,7 @@ class Kpa:
                 self.buckets.popleft()
         if not _due(t, self.tick, self.tick_phase, self.cfg.dt) or not self.buckets:
             return None
-        target = self.cfg.target_queue_depth
+        target = self.cfg.target_concurrency
         stable = [v for _, v in self.buckets]
         panic = [v for ts, v in self.buckets if ts > t - self.panic_window]
         observed_stable = sum(stable) / len(stable)
@@ -558,6 +667,29 @@ class Kpa:
         return Action(self.replicas)
 
 
+class Oracle:
+    """Knows the trace: asks at t for what the largest rate of [t, t + warm-up] needs at the
+    target utilisation, so replicas are warm when needed and none is removed that would be
+    needed again before a new one could warm. Every pod serves (no standby)."""
+
+    name = "oracle"
+    tick = 1.0
+
+    def __init__(self, cfg: SimConfig, trace: Trace) -> None:
+        self.cfg = cfg
+        self.trace = trace
+
+    def initial_standby(self) -> int:
+        return 0
+
+    def on_step(self, svc: Service) -> Action | None:
+        if not _due(svc.t, self.tick, 0.0, self.cfg.dt):
+            return None
+        ahead = np.arange(svc.t, svc.t + self.cfg.warmup_seconds + self.tick, self.cfg.dt)
+        need = math.ceil(float(self.trace.rate(ahead).max()) / self.cfg.target_rate - 1e-9)
+        return Action(max(self.cfg.min_replicas, min(self.cfg.max_replicas, need)))
+
+
 # ------------------------------------------------------------------------------------------
 # Running and reporting
 
@@ -568,11 +700,11 @@ class Result:
     policy: str
     late_share: float
     p99: float
-    time_to_capacity: float | None
     replica_seconds: float
     max_pods: int
     min_pods: int
     served: float
+    hit_max: bool
     decisions: list[tuple[float, ScaleDecision]] = field(default_factory=list)
 
 
@@ -584,7 +716,8 @@ def make_arrivals(cfg: SimConfig, trace: Trace) -> np.ndarray:
 
 
 def simulate(cfg: SimConfig, trace: Trace, scaler: Autoscaler, arrivals: np.ndarray) -> Result:
-    svc = Service(cfg, arrivals, scaler.initial_standby())
+    warmup = getattr(scaler, "warmup_seconds", None)
+    svc = Service(cfg, arrivals, scaler.initial_standby(), warmup() if warmup else None)
     for _ in range(len(arrivals)):
         svc.step()
         action = scaler.on_step(svc)
@@ -601,144 +734,201 @@ def simulate(cfg: SimConfig, trace: Trace, scaler: Autoscaler, arrivals: np.ndar
         policy=scaler.name,
         late_share=late / total if total else 0.0,
         p99=weighted_quantile(lat, cnt, 0.99),
-        time_to_capacity=_time_to_capacity(cfg, trace, svc),
         replica_seconds=float(svc.pods_hist.sum() * cfg.dt),
         max_pods=int(svc.pods_hist.max()),
         min_pods=int(svc.pods_hist.min()),
         served=total,
+        hit_max=bool(svc.pods_hist.max() >= cfg.max_replicas),
         decisions=getattr(scaler, "decisions", []),
     )
 
 
-def _time_to_capacity(cfg: SimConfig, trace: Trace, svc: Service) -> float | None:
-    """Seconds from the surge's onset until the warm serving replicas carry the nominal rate at
-    the target queue depth again, after first falling short of it; None if not within the
-    surge (or never short)."""
-    if trace.surge is None:
-        return None
-    onset, end = trace.surge
-    t = np.arange(len(svc.serving_hist)) * cfg.dt
-    inside = (t >= onset) & (t < end)
-    enough = svc.serving_hist * cfg.target_rate >= trace.rate(t) - 1e-9
-    short = np.nonzero(inside & ~enough)[0]
-    if not len(short):
-        return None
-    hits = np.nonzero(inside & enough & (np.arange(len(t)) > short[0]))[0]
-    return float(t[hits[0]] - onset) if len(hits) else None
+def make_scalers(cfg: SimConfig, trace: Trace) -> list[Autoscaler]:
+    scalers: list[Autoscaler] = [Tidal(cfg), Hpa(cfg), Keda(cfg), Kpa(cfg), Oracle(cfg, trace)]
+    return scalers
 
 
-def make_scalers(cfg: SimConfig) -> list[Autoscaler]:
-    return [Tidal(cfg), Hpa(cfg), Keda(cfg), Kpa(cfg)]
-
-
-def run_all(cfg: SimConfig, traces: Sequence[Trace]) -> list[Result]:
+def run_all(
+    cfg: SimConfig, traces: Sequence[Trace], what_if_warmup: float | None = None
+) -> list[Result]:
+    """Every policy on every trace; with `what_if_warmup`, also tidal with that warm-up (the
+    labelled host-warm what-if), everything else unchanged."""
     results = []
     for trace in traces:
         arrivals = make_arrivals(cfg, trace)
-        for scaler in make_scalers(cfg):
+        for scaler in make_scalers(cfg, trace):
             results.append(simulate(cfg, trace, scaler, arrivals))
+        if what_if_warmup is not None:
+            fast = replace(cfg, tidal_warmup_seconds=what_if_warmup)
+            results.append(simulate(fast, trace, Tidal(fast), arrivals))
     return results
 
 
-def _ratio(a: float, b: float) -> str:
+@dataclass(frozen=True)
+class Verdict:
+    trace: str
+    checks: dict[str, bool]
+    ratios: dict[str, float]
+
+    @property
+    def met(self) -> bool:
+        return all(self.checks.values())
+
+    def describe(self) -> str:
+        parts = [
+            f"{k} {'met' if v else 'NOT met'} ({self.ratios[k]:.2f})"
+            for k, v in self.checks.items()
+        ]
+        return f"{self.trace}: " + ", ".join(parts)
+
+
+def _ratio(a: float, b: float) -> float:
     if b == 0:
-        return "—" if a == 0 else "∞"
-    return f"{a / b:.2f}"
+        return 0.0 if a == 0 else math.inf
+    return a / b
+
+
+def verdicts(results: Sequence[Result], policy: str = "tidal") -> list[Verdict]:
+    """The goals of issue 11, per trace, for `policy` (tidal, or its what-if variant)."""
+    by_trace: dict[str, dict[str, Result]] = {}
+    for r in results:
+        by_trace.setdefault(r.trace, {})[r.policy] = r
+    out = []
+    for name, rows in by_trace.items():
+        if policy not in rows:
+            continue
+        t, kpa, hpa, oracle = rows[policy], rows["KPA"], rows["HPA"], rows["oracle"]
+        ratios = {
+            "late<=0.5xKPA": _ratio(t.late_share, kpa.late_share),
+            "late<=0.1xHPA": _ratio(t.late_share, hpa.late_share),
+            "cost<=1.2xKPA": _ratio(t.replica_seconds, kpa.replica_seconds),
+            "peak<=1.5xoracle": _ratio(t.max_pods, oracle.max_pods),
+        }
+        # A late share of (almost) nothing meets the late goals whatever the peers do.
+        tiny = t.late_share <= 1e-4
+        checks = {
+            "late<=0.5xKPA": tiny or ratios["late<=0.5xKPA"] <= 0.5,
+            "late<=0.1xHPA": tiny or ratios["late<=0.1xHPA"] <= 0.1,
+            "cost<=1.2xKPA": ratios["cost<=1.2xKPA"] <= 1.2,
+            "peak<=1.5xoracle": ratios["peak<=1.5xoracle"] <= 1.5,
+            "no-max": not t.hit_max,
+        }
+        ratios["no-max"] = float(t.max_pods)
+        out.append(Verdict(name, checks, ratios))
+    return out
+
+
+def describe_config(cfg: SimConfig) -> str:
+    return (
+        f"one service: replica {cfg.replica_rate:.0f} req/s saturated "
+        f"({cfg.slots} slot(s) x {cfg.service_seconds * 1000:.0f} ms); every policy targets "
+        f"utilisation {cfg.target_utilization} (= {cfg.target_concurrency:g} in flight/replica, "
+        f"{cfg.target_rate:.0f} req/s); warm-up {cfg.warmup_seconds:.0f} s; start {cfg.start} "
+        f"({cfg.initial_replicas} replicas, backlog {cfg.initial_backlog:.0f}); latency target "
+        f"{cfg.latency_target_seconds * 1000:.0f} ms, client timeout "
+        f"{cfg.client_timeout_seconds:.0f} s; base {cfg.base_rate:.0f} req/s; replicas "
+        f"{cfg.min_replicas}..{cfg.max_replicas}; tidal: standby {cfg.tidal_standby}, "
+        f"scaleDownDelaySeconds {cfg.tidal_scale_down_delay:.0f}; dt {cfg.dt} s, seed {cfg.seed}"
+    )
 
 
 def report(cfg: SimConfig, results: Sequence[Result], elapsed: float) -> bool:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=150)
-    console.print(
-        f"one service: replica {cfg.replica_rate:.0f} req/s saturated "
-        f"({cfg.slots} slots x {cfg.service_seconds * 1000:.0f} ms), target "
-        f"{cfg.target_queue_depth} in flight+queued/replica (= {cfg.target_rate:.0f} req/s), "
-        f"warm-up {cfg.warmup_seconds:.0f} s, "
-        f"latency target {cfg.latency_target_seconds * 1000:.0f} ms, "
-        f"client timeout {cfg.client_timeout_seconds:.0f} s, base {cfg.base_rate:.0f} req/s, "
-        f"replicas {cfg.min_replicas}..{cfg.max_replicas} (start {cfg.initial_replicas}); "
-        f"tidal: standby {cfg.tidal_standby}, "
-        f"scaleDownDelaySeconds {cfg.tidal_scale_down_delay:.0f}; "
-        f"dt {cfg.dt} s, seed {cfg.seed}"
-    )
-    table = Table(title="autoscaling simulation")
-    for col in (
-        "trace",
-        "policy",
-        "late %",
-        "P99 s",
-        "to capacity s",
-        "replica-s",
-        "pods min..max",
-        "tidal late ratio",
-        "tidal cost ratio",
-    ):
-        table.add_column(col, justify="left" if col in ("trace", "policy") else "right")
-    by_trace: dict[str, list[Result]] = {}
+    console = Console(width=160)
+    console.print(describe_config(cfg))
+    table = Table(title="autoscaling simulation (issue 11 traces)")
+    for col in ("trace", "policy", "late %", "P99 s", "replica-s", "pods min..max", "note"):
+        table.add_column(col, justify="left" if col in ("trace", "policy", "note") else "right")
+    traces: dict[str, list[Result]] = {}
     for r in results:
-        by_trace.setdefault(r.trace, []).append(r)
-    goals_ok = True
-    verdicts = []
-    for name, rows in by_trace.items():
-        tidal = next(r for r in rows if r.policy == "tidal")
+        traces.setdefault(r.trace, []).append(r)
+    for name, rows in traces.items():
         for r in rows:
-            ttc = "—" if r.time_to_capacity is None else f"{r.time_to_capacity:.1f}"
-            late_ratio = "" if r is tidal else _ratio(tidal.late_share, r.late_share)
-            cost_ratio = "" if r is tidal else _ratio(tidal.replica_seconds, r.replica_seconds)
             table.add_row(
                 name if r is rows[0] else "",
                 r.policy,
                 f"{r.late_share * 100:.2f}",
                 f"{r.p99:.2f}",
-                ttc,
                 f"{r.replica_seconds:,.0f}",
                 f"{r.min_pods}..{r.max_pods}",
-                late_ratio,
-                cost_ratio,
+                "scale-to-max" if r.hit_max else "",
             )
         table.add_section()
-        if name in ("step5x", "spike10x", "flash"):
-            kpa = next(r for r in rows if r.policy == "KPA")
-            hpa = next(r for r in rows if r.policy == "HPA")
-            checks = {
-                "late<=0.5xKPA": tidal.late_share <= 0.5 * kpa.late_share,
-                "late<=0.1xHPA": tidal.late_share <= 0.1 * hpa.late_share,
-                "cost<=1.2xKPA": tidal.replica_seconds <= 1.2 * kpa.replica_seconds,
-            }
-            goals_ok &= all(checks.values())
-            verdicts.append(
-                f"{name}: "
-                + ", ".join(f"{k} {'met' if v else 'NOT met'}" for k, v in checks.items())
-            )
     console.print(table)
-    for v in verdicts:
-        console.print("goal " + v)
+    ok = True
+    policies = sorted({r.policy for r in results if r.policy.startswith("tidal")})
+    for policy in policies:
+        for v in verdicts(results, policy):
+            ok &= v.met or policy != "tidal"
+            label = "goal" if policy == "tidal" else f"what-if {policy}"
+            console.print(f"{label} {v.describe()}")
     console.print(f"simulated {len(results)} runs in {elapsed:.1f} s")
-    return goals_ok
+    return ok
+
+
+def sweep(cfg: SimConfig, traces: Sequence[Trace], warmups: Sequence[float]) -> None:
+    """Goals met per trace for each warm-up and start state (compact)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=160)
+    table = Table(title="goals per trace: tidal late/KPA, late/HPA, cost/KPA, peak/oracle")
+    table.add_column("start")
+    table.add_column("W s", justify="right")
+    for trace in traces:
+        table.add_column(trace.name, justify="right")
+    for start in ("normal", "saturated"):
+        for w in warmups:
+            run = replace(cfg, warmup_seconds=w, start=start)
+            results = run_all(run, traces)
+            cells = []
+            for v in verdicts(results):
+                r = v.ratios
+                mark = "ok" if v.met else "x"
+                cells.append(
+                    f"{r['late<=0.5xKPA']:.2f} {r['late<=0.1xHPA']:.2f} "
+                    f"{r['cost<=1.2xKPA']:.2f} {r['peak<=1.5xoracle']:.2f}"
+                    f"{'' if v.checks['no-max'] else ' MAX'} {mark}"
+                )
+            table.add_row(start, f"{w:g}", *cells)
+    console.print(table)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--warmup", type=float, default=SimConfig.warmup_seconds)
+    parser.add_argument("--start", choices=["normal", "saturated"], default=SimConfig.start)
     parser.add_argument("--seed", type=int, default=SimConfig.seed)
     parser.add_argument("--standby", type=int, default=SimConfig.tidal_standby)
     parser.add_argument("--scale-down-delay", type=float, default=SimConfig.tidal_scale_down_delay)
     parser.add_argument("--traces", default="", help="comma-separated subset of trace names")
+    parser.add_argument(
+        "--what-if-warmup",
+        type=float,
+        default=None,
+        help="also run tidal with this warm-up (the host-warm tier's what-if, not built here)",
+    )
+    parser.add_argument("--sweep", action="store_true", help="warm-up 5/15/30/60 s x starts")
     args = parser.parse_args(argv)
     cfg = SimConfig(
         warmup_seconds=args.warmup,
+        start=args.start,
         seed=args.seed,
         tidal_standby=args.standby,
         tidal_scale_down_delay=args.scale_down_delay,
     )
-    traces = make_traces(cfg.base_rate)
+    traces = make_traces(cfg.base_rate, cfg.seed)
     if args.traces:
         wanted = set(args.traces.split(","))
         traces = [t for t in traces if t.name in wanted]
     started = time.perf_counter()
-    results = run_all(cfg, traces)
+    if args.sweep:
+        sweep(cfg, traces, (5.0, 15.0, 30.0, 60.0))
+        print(f"swept in {time.perf_counter() - started:.1f} s")
+        return 0
+    results = run_all(cfg, traces, args.what_if_warmup)
     report(cfg, results, time.perf_counter() - started)
     return 0
 

@@ -17,9 +17,10 @@ pool is saturated, so a pool that starts saturated knows its capacity from the f
 
 How demand is estimated (in replicas):
 
-* Flow: the arrival rate expected when a replica created now will be warm (the rate now plus
-  its trend over `trend_window_seconds`, times the measured warm-up time), divided by what one
-  replica serves at the target: `target_utilization` x capacity. When the user set
+* Flow: the arrival rate now over what one replica serves at the target, `target_utilization`
+  x capacity, or the rate expected when a replica created now will be warm (the rate now plus
+  its trend over `trend_window_seconds`, times the measured warm-up time) at
+  `projected_utilization` x capacity, whichever is more. When the user set
   `target_queue_depth`, its old meaning: concurrency per replica, with the seconds of
   concurrency one request holds learned from queue depth / arrival rate while not saturated,
   or from the measured service time until then.
@@ -30,8 +31,8 @@ How demand is estimated (in replicas):
   `backlog_drain_seconds` and bounded by `max_backlog_share` of the flow: a backlog is a
   stock, not a flow, and the clients of its oldest requests give up.
 * Bound: when capacity and the arrival rate are known, no term (backlog, P99, queue) sizes
-  beyond arrival / capacity x (1 + `max_headroom`) plus the backlog allowance, so a saturated
-  pool never runs to `max_replicas`. Without capacity (a runtime without the batch counters,
+  beyond the larger of flow + backlog allowance and arrival / capacity x (1 + `max_headroom`),
+  so a saturated pool never runs to `max_replicas`. Without capacity (a runtime without the batch counters,
   or before its first batch) the queue over the target concurrency is the demand, and each
   decision at most doubles the pool until capacity is known.
 * Hot P99 approaching its target (`p99_approach`) asks for more replicas than are ready even when
@@ -107,6 +108,10 @@ class ScalingPolicy:
     max_replicas: int = 10
     # Share of a replica's learned capacity (requests/s at saturation) to load it with.
     target_utilization: float = 0.7
+    # The rate projected for when new replicas are warm may load them up to this share (the
+    # target's headroom is for noise now; spending part of it on a forecast is not paying
+    # for the same risk twice). Utilisation mode only; below the target: the target.
+    projected_utilization: float = 0.8
     # In-flight plus queued requests per ready serving replica to aim for; None: the target is
     # `target_utilization` of the learned capacity.
     target_queue_depth: float | None = None
@@ -138,10 +143,10 @@ class ScalingPolicy:
     trend_deadband: float = 0.1
     backlog_drain_seconds: float = 10.0
     # The backlog allowance is at most this share of the flow's replicas.
-    max_backlog_share: float = 0.5
-    # With capacity known, nothing sizes beyond arrival / capacity x (1 + this) + the backlog
-    # allowance (2.0: utilisation never below a third, whatever P99 or the queue say).
-    max_headroom: float = 2.0
+    max_backlog_share: float = 0.3
+    # With capacity known, nothing sizes beyond the larger of flow + backlog allowance and
+    # arrival / capacity x (1 + this) (1.0: P99 may push utilisation down to a half, no more).
+    max_headroom: float = 1.0
     # Without a known per-request time, a decision at most multiplies the pool by this.
     learning_max_factor: float = 2.0
     # Target concurrency per replica before capacity is learned (utilisation mode).
@@ -165,8 +170,8 @@ class ScalingPolicy:
             problems.append("need 0 <= min_replicas <= max_replicas")
         if self.standby_replicas < 0:
             problems.append("standby_replicas must be >= 0")
-        if not 0 < self.target_utilization <= 1:
-            problems.append("target_utilization must be in (0, 1]")
+        if not 0 < self.target_utilization <= 1 or not 0 < self.projected_utilization <= 1:
+            problems.append("target_utilization and projected_utilization must be in (0, 1]")
         if self.target_queue_depth is not None and self.target_queue_depth <= 0:
             problems.append("target_queue_depth must be > 0")
         if self.target_p99_ms is not None and self.target_p99_ms <= 0:
@@ -763,6 +768,9 @@ def _demand_replicas(
     # Per replica at the target: requests/s (the flow's unit) and concurrency (the queue's).
     per_replica = target / spr
     flow = projected / per_replica
+    if not queue_mode and capacity is not None:
+        ahead = max(policy.projected_utilization, policy.target_utilization)
+        flow = max(rate / per_replica, projected / (ahead * capacity.per_replica_rate))
     # The backlog the capacity on the way will find: what is queued beyond what the ready
     # replicas hold at the target now, plus what they fall behind by until the replicas last
     # asked for are warm — only requests that can still meet their deadline.
@@ -785,7 +793,7 @@ def _demand_replicas(
     bound = None
     if capacity is not None:
         full = projected / capacity.per_replica_rate
-        bound = max(flow, full * (1.0 + policy.max_headroom)) + allowance
+        bound = max(flow + allowance, full * (1.0 + policy.max_headroom))
     return _Demand(flow + allowance, projected=projected, backlog=backlog, bound=bound)
 
 

@@ -240,9 +240,9 @@ def test_p99_cannot_push_past_the_capacity_bound() -> None:
     for k in range(5):
         decision, state = decide_scale(policy, util_obs(k, 20, 300.0, hot_p99_ms=900.0), state)
     assert decision is not None
-    # 300 req/s needs 3 replicas at full load; the bound is 3 x (1 + max_headroom) = 9.
+    # 300 req/s needs 3 replicas at full load; the bound is 3 x (1 + max_headroom) = 6.
     assert decision.desired_serving == 20  # never lower at once (scale-down delay) ...
-    assert decision.inputs.p99_replicas <= 9  # ... and P99 asks for no more than the bound
+    assert decision.inputs.p99_replicas <= 6  # ... and P99 asks for no more than the bound
     assert NOTE_CAPACITY_BOUND in decision.notes
 
 
@@ -391,7 +391,7 @@ def test_starting_saturated_never_exceeds_arrivals_over_capacity_plus_a_bounded_
     plant = SaturatedPlant(policy, start, mu, warmup, backlog)
     flow = rate / (policy.target_utilization * mu)
     full = rate / mu
-    bound = max(flow, full * (1 + policy.max_headroom)) + policy.max_backlog_share * flow
+    bound = max(flow * (1 + policy.max_backlog_share), full * (1 + policy.max_headroom))
     limit = max(start, policy.min_replicas, math.ceil(bound - 1e-9))
     for k in range(90):
         decision = plant.tick(float(k), rate, deadline_seconds=deadline, hot_p99_ms=p99)
