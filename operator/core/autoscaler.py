@@ -32,9 +32,9 @@ How demand is estimated (in replicas):
   stock, not a flow, and the clients of its oldest requests give up.
 * Bound: when capacity and the arrival rate are known, no term (backlog, P99, queue) sizes
   beyond the larger of flow + backlog allowance and arrival / capacity x (1 + `max_headroom`),
-  so a saturated pool never runs to `max_replicas`. Without capacity (a runtime without the batch counters,
-  or before its first batch) the queue over the target concurrency is the demand, and each
-  decision at most doubles the pool until capacity is known.
+  so a saturated pool never runs to `max_replicas`. Without capacity (a runtime without the
+  batch counters, or before its first batch) the queue over the target concurrency is the
+  demand, and each decision at most doubles the pool until capacity is known.
 * Hot P99 approaching its target (`p99_approach`) asks for more replicas than are ready even when
   queues look fine, once earlier additions have had time to show in the (lagging) percentile.
 
