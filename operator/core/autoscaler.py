@@ -139,6 +139,9 @@ class ScalingPolicy:
     trend_window_seconds: float = 10.0
     # The projection may not exceed this multiple of the current demand (noise guard).
     max_trend_factor: float = 3.0
+    # A trend is extrapolated at most this many trend windows ahead, however long the warm-up
+    # (a 10 s slope says little about the next minute).
+    max_trend_horizon_windows: float = 3.0
     # Trend growth below this fraction of the current rate is treated as noise.
     trend_deadband: float = 0.1
     backlog_drain_seconds: float = 10.0
@@ -186,6 +189,8 @@ class ScalingPolicy:
             problems.append("scale_down_delay_seconds and tolerance must be >= 0")
         if self.trend_window_seconds <= 0 or self.max_trend_factor < 1:
             problems.append("need trend_window_seconds > 0 and max_trend_factor >= 1")
+        if self.max_trend_horizon_windows <= 0:
+            problems.append("max_trend_horizon_windows must be > 0")
         if self.backlog_drain_seconds <= 0 or self.max_metrics_age_seconds <= 0:
             problems.append("backlog_drain_seconds and max_metrics_age_seconds must be > 0")
         if self.max_backlog_share < 0 or self.max_headroom < 0:
@@ -689,7 +694,8 @@ def _projected(
     first = [s for s in samples if s[0] <= middle]
     second = [s for s in samples if s[0] > middle]
     slope = min(_slope(first), _slope(second))
-    growth = max(0.0, slope * warmup - policy.trend_deadband * value)
+    horizon = min(warmup, policy.max_trend_horizon_windows * policy.trend_window_seconds)
+    growth = max(0.0, slope * horizon - policy.trend_deadband * value)
     return min(value + growth, value * policy.max_trend_factor)
 
 
