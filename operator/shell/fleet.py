@@ -342,6 +342,8 @@ class FleetController:
             demands,
             replica_slots(reports, previous),
             wall,
+            # After a restart, pins the runtimes report count as an earlier placement.
+            history=True if st.placement is not None else None,
         )
         pins = placement.pinned
         if st.placement is None or st.placement.pinned != pins:
