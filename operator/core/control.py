@@ -33,6 +33,7 @@ from tidal.operator.core.api import (
     ConditionStatus,
     Decision,
     InferenceService,
+    InferenceServiceStatus,
     PoolName,
     RolloutStatus,
     ServiceMetrics,
@@ -494,3 +495,36 @@ class ControlView:
     observed: Observed
     status: ControlStatus
     hold_primary_template: bool = False
+
+
+def provisional_view(
+    previous: InferenceServiceStatus | None, deployment_replicas: Mapping[PoolName, int]
+) -> ControlView | None:
+    """What the reconciler should hold to before the control loop's first decision.
+
+    A restarted operator reconciles before its watches have listed the Deployments: without a
+    view it would apply each pool at its minimum, and a pool mid-surge would lose the replicas
+    warming up. Until the first tick the pools keep what the Deployments ask for, or else what
+    the previous operator asked for (``status.pools[*].desired``), the routing it recorded, and
+    its rollout and autoscaler status (so the first status write does not erase the memory the
+    loop restores from). None for an object that never had a status (nothing to hold to).
+    """
+    if previous is None or not previous.pools:
+        return None
+    replicas: dict[PoolName, int] = {}
+    for name, pool in previous.pools.items():
+        try:
+            key = PoolName(name)
+        except ValueError:
+            continue
+        replicas[key] = deployment_replicas.get(key, pool.desired)
+    rollout = previous.rollout
+    observed = Observed(
+        replicas=replicas,
+        active_pool=previous.active_pool,
+        split=rollout is not None and rollout.traffic == "split",
+    )
+    status = ControlStatus(
+        last_decision=previous.last_decision, rollout=rollout, autoscaler=previous.autoscaler
+    )
+    return ControlView(observed=observed, status=status)

@@ -41,6 +41,7 @@ from tidal.operator.core.api import (
     LABEL_ROLE,
     AutoscalerStatus,
     InferenceService,
+    InferenceServiceStatus,
     PoolName,
     parse_inference_service,
 )
@@ -62,6 +63,7 @@ from tidal.operator.core.control import (
     pool_metrics,
     prewarmed_condition,
     primary_template_hash,
+    provisional_view,
     restore_rollout_state,
     restore_scaler_state,
     rolled_back_condition,
@@ -195,8 +197,21 @@ class Controller:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def view(self, key: Key) -> ControlView | None:
+        """The loop's latest view, or before its first decision `provisional_view` (hold the
+        pools where the previous operator left them)."""
         state = self.states.get(key)
-        return state.view if state is not None else None
+        if state is not None and state.view is not None:
+            return state.view
+        body = self.store.services.get(key)
+        if body is None:
+            return None
+        kids = self.store.children.get(key)
+        deployments = {
+            PoolName(p): d.spec_replicas
+            for p, d in (kids.deployments.items() if kids is not None else ())
+            if p in (PoolName.PRIMARY.value, PoolName.BASELINE.value)
+        }
+        return provisional_view(_stored_status(body), deployments)
 
     def ensure(self, key: Key) -> None:
         """Start the key's loop unless it runs."""
@@ -491,6 +506,16 @@ class Controller:
             patch = {"metadata": {"annotations": {ANNOTATION_POD_DELETION_COST: cost}}}
             patches.append(self._patch_pod(key, st, view.name, "cost", cost, patch))
         await asyncio.gather(*patches)
+
+
+def _stored_status(body: Mapping[str, Any]) -> InferenceServiceStatus | None:
+    raw = body.get("status")
+    if not isinstance(raw, dict) or not raw:
+        return None
+    try:
+        return InferenceServiceStatus.model_validate(raw)
+    except ValidationError:
+        return None
 
 
 def _stored_autoscaler(body: Mapping[str, Any]) -> AutoscalerStatus | None:

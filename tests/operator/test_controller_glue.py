@@ -254,3 +254,25 @@ def test_scaling_policy_reads_the_target_from_the_spec(
     policy = scaling_policy_of(isvc(autoscaling=autoscaling))
     assert policy.target_utilization == utilization
     assert policy.target_queue_depth == queue_depth
+
+
+def test_provisional_view_holds_the_pools_where_the_last_operator_left_them() -> None:
+    from tidal.operator.core.api import AutoscalerStatus, InferenceServiceStatus
+    from tidal.operator.core.control import provisional_view
+
+    assert provisional_view(None, {}) is None
+    assert provisional_view(InferenceServiceStatus(), {}) is None
+    previous = InferenceServiceStatus.model_validate(
+        {
+            "pools": {"primary": {"desired": 6}, "baseline": {"desired": 2}},
+            "activePool": "baseline",
+            "autoscaler": {"state": "{}"},
+        }
+    )
+    # Deployments not listed yet: the previous operator's asks; listed ones win.
+    view = provisional_view(previous, {PoolName.BASELINE: 3})
+    assert view is not None
+    assert dict(view.observed.replicas) == {PoolName.PRIMARY: 6, PoolName.BASELINE: 3}
+    assert view.observed.active_pool is PoolName.BASELINE and not view.observed.split
+    assert view.status.autoscaler == AutoscalerStatus(state="{}")
+    assert view.status.conditions == ()
