@@ -11,6 +11,11 @@ and `podmetrics`, does the I/O):
   its failure; `fold_scrapes` sums a pool's in-flight requests and derives the arrival rate by
   differencing two scrapes per pod (`RateMemory`). A pod that could not be read is *missing*,
   never zero.
+* **Capacity evidence.** `fold_scrapes` also differences each pod's batch work counters
+  (`PodScrape.work`, summed over all scraped pods into a `WorkSample`: what a replica does, not
+  the pool's load) and sums the queued requests that can no longer meet their deadline
+  (`unreachable`); the autoscaler learns capacity from the first and leaves the second out of
+  its backlog (``operator/SIGNALS.md``, "Capacity").
 * **Prometheus path.** `pool_signals_query` is the one PromQL expression that returns every
   signal of every pool (grouped ``by (namespace, isvc, pool)``) in one round trip;
   `parse_pool_signals` turns its answer into `PromPoolSignals` per pool, NaN becoming None.
