@@ -671,6 +671,8 @@ def _record_trend(
     old = state.trend_samples if state.trend_signal == signal else ()
     cutoff = obs.now - policy.trend_window_seconds
     kept = tuple(s for s in old if cutoff <= s[0] < obs.now)
+    if kept and obs.now - kept[-1][0] > policy.max_metrics_age_seconds:
+        kept = ()  # a gap in the signal (an operator restart) is no trend
     return (*kept, (obs.now, value)), signal
 
 

@@ -274,13 +274,15 @@ class Controller:
         }
         if st.first_tick_at is None:
             st.first_tick_at = self.mono()
-        if self.mono() - st.first_tick_at < self.settings.sync_grace_seconds and kids is not None:
-            # Pods without their Deployment listed yet lag the same way.
+        if self.mono() - st.first_tick_at < self.settings.sync_grace_seconds:
+            # A Deployment not listed yet lags the same way (a new service's is created by the
+            # reconciler within a reconcile; the reconciler holds to the provisional view).
+            known = kids.deployments if kids is not None else {}
             lagging = [
                 pool
                 for pool in pools
-                if ((dep := kids.deployments.get(pool.value)) is None and pods[pool])
-                or (dep is not None and dep.ready_replicas > ready_of_template(pods[pool], None))
+                if (dep := known.get(pool.value)) is None
+                or dep.ready_replicas > ready_of_template(pods[pool], None)
             ]
             if lagging:
                 log.debug("%s/%s: pod cache behind the Deployments, tick skipped", *key)
