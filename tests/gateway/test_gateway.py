@@ -1,0 +1,312 @@
+"""The gateway in front of real runtime processes, driven by real clients over loopback."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import tritonclient.http as triton
+from gatewaytest import INFER_BODY, http, wait_for
+from tritonclient.utils import InferenceServerException
+
+SLOW = {"faults": {"addedLatencyMs": 400}}  # keeps requests in flight long enough to count
+
+
+def concurrently(count: int, func: Any) -> list[Any]:
+    """Run ``func(i)`` in ``count`` threads at once; their results in order."""
+    results: list[Any] = [None] * count
+
+    def run(i: int) -> None:
+        results[i] = func(i)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return results
+
+
+def test_hot_requests_go_to_the_copy_with_the_fewest_in_flight(
+    runtimes, runtime_config, gateway
+) -> None:
+    a, b, c = runtimes(
+        ("rt-a", runtime_config(preload=("m0",), **SLOW)),
+        ("rt-b", runtime_config(preload=("m0", "m1"), **SLOW)),
+        ("rt-c", runtime_config()),
+    )
+    gw = gateway([a, b, c])
+    codes = concurrently(6, lambda i: gw.infer("m0")[0])
+    assert codes == [200] * 6
+    # Six at once over two hot copies: three each (c has m0 cold and gets none, no load).
+    assert (a.answered("m0"), b.answered("m0"), c.answered("m0")) == (3, 3, 0)
+    assert c.state("m0") == "UNAVAILABLE"
+    # A model hot on one replica only goes there, however busy it is.
+    assert concurrently(3, lambda i: gw.infer("m1")[0]) == [200] * 3
+    assert b.answered("m1") == 3
+    assert gw.metric("tidal_gateway_route_decisions_total", reason="hot:least-outstanding") == 9
+    assert gw.metric("tidal_gateway_requests_total", model="m0", code="200", cache="hot") == 6
+
+
+def test_a_cold_model_is_loaded_once_and_every_held_request_is_answered(
+    runtimes, runtime_config, gateway
+) -> None:
+    (a,) = runtimes(("rt-a", runtime_config(faults={"extraWarmupSeconds": 1.0})))
+    gw = gateway([a])
+    started = time.monotonic()
+    answers = concurrently(5, lambda i: gw.infer("m2"))
+    assert [status for status, _, _ in answers] == [200] * 5
+    assert time.monotonic() - started >= 1.0  # they were held through the load
+    assert answers[0][2]["outputs"][0]["shape"] == [1, 4]
+    assert gw.metric("tidal_gateway_loads_total", result="ok") == 1
+    assert gw.metric("tidal_gateway_requests_total", model="m2", code="200", cache="cold") == 5
+    assert gw.metric("tidal_gateway_load_wait_seconds_count") == 5
+    assert gw.metric("tidal_gateway_held_requests") == 0
+    assert a.state("m2") == "READY" and gw.hot_on("m2") == ["rt-a"]
+    status, _, _ = gw.infer("m2")
+    assert status == 200
+    assert gw.metric("tidal_gateway_requests_total", model="m2", code="200", cache="hot") == 1
+
+
+def test_a_request_held_past_its_deadline_gets_503_with_retry_after(
+    runtimes, runtime_config, gateway
+) -> None:
+    (a,) = runtimes(("rt-a", runtime_config(faults={"extraWarmupSeconds": 2.5})))
+    gw = gateway([a], holdTimeoutSeconds=0.5)
+    started = time.monotonic()
+    status, headers, body = gw.infer("m1")
+    assert 0.5 <= time.monotonic() - started < 2.0  # not the load's 2.5 s, never a hang
+    assert status == 503 and int(headers["Retry-After"]) >= 1
+    assert "'m1' is not ready" in body["error"] and "held 0.5 s" in body["error"]
+    # The request's own timeout parameter (µs, as tritonclient sends it) bounds the hold too.
+    gw2 = gateway([a], holdTimeoutSeconds=30)
+    client = triton.InferenceServerClient(gw2.address)
+    tensor = triton.InferInput("input", [1, 16], "FP32")
+    tensor.set_data_from_numpy(np.ones((1, 16), np.float32))
+    started = time.monotonic()
+    with pytest.raises(InferenceServerException, match="not ready"):
+        client.infer("m1", [tensor], timeout=200_000)
+    assert time.monotonic() - started < 1.5
+    # The load went on meanwhile: the model becomes hot and is then served.
+    wait_for(lambda: gw.hot_on("m1") == ["rt-a"], what="m1 hot after its load")
+    assert gw.infer("m1")[0] == 200
+    assert gw.metric("tidal_gateway_loads_total", result="ok") == 1
+
+
+def test_an_unknown_model_is_404_naming_it(runtimes, runtime_config, gateway) -> None:
+    (a,) = runtimes(("rt-a", runtime_config(models=("m0", "m1"))))
+    reported = gateway([a])  # no configured list: whatever the replicas serve
+    configured = gateway([a], models=["m0"])  # a configured list bounds it
+    for gw, model in ((reported, "nope"), (configured, "nope"), (configured, "m1")):
+        status, _, body = gw.infer(model)
+        assert (status, body) == (404, {"error": f"unknown model {model!r}"})
+        status, _, body = http("GET", f"{gw.url}/v2/models/{model}")
+        assert status == 404 and model in body["error"]
+    assert reported.infer("m1")[0] == 200
+    assert reported.metric("tidal_gateway_requests_total", model="(unknown)", code="404") == 1
+    assert http("GET", f"{reported.url}/v2/no/such/route")[0:3:2] == (
+        404,
+        {"error": "Not Found: GET /v2/no/such/route"},
+    )
+
+
+def test_a_replica_killed_mid_request_is_retried_elsewhere_and_nothing_fails(
+    runtimes, runtime_config, gateway
+) -> None:
+    a, b = runtimes(
+        ("rt-a", runtime_config(preload=("m0",), **SLOW)),
+        ("rt-b", runtime_config(preload=("m0",), **SLOW)),
+    )
+    gw = gateway([a, b], holdTimeoutSeconds=2)
+    results: list[Any] = []
+    thread = threading.Thread(
+        target=lambda: results.extend(concurrently(8, lambda i: gw.infer("m0")))
+    )
+    thread.start()
+    wait_for(lambda: a.fleet()["models"]["m0"]["outstanding"] == 4, what="4 in flight on rt-a")
+    a.kill()
+    thread.join(30)
+    assert [status for status, _, _ in results] == [200] * 8
+    assert gw.metric("tidal_gateway_upstream_errors_total", kind="disconnect") == 4
+    assert b.answered("m0") == 8  # its own four, and rt-a's four retried
+    replicas = gw.replicas()
+    assert not replicas["rt-a"]["healthy"] and replicas["rt-b"]["healthy"]
+    assert gw.infer("m0")[0] == 200
+    # The last replica gone too: a clear 503 after the hold, never a hang.
+    b.kill()
+    status, headers, body = gw.infer("m0")
+    assert status == 503 and "unavailable:no-replica" in body["error"] and "Retry-After" in headers
+    assert http("GET", f"{gw.url}/v2/health/ready")[0] == 503
+
+
+def test_the_replica_list_is_pushed_and_replaced(runtimes, runtime_config, gateway) -> None:
+    a, b = runtimes(("rt-a", runtime_config()), ("rt-b", runtime_config()))
+    gw = gateway([])
+    status, _, body = http("GET", f"{gw.url}/v2/health/ready")
+    assert status == 503 and "no healthy replica" in body["error"]
+    assert http("GET", f"{gw.url}/v2/health/live")[0] == 200
+    bad = {"replicas": [{"name": "x", "url": "ftp://nowhere"}]}
+    status, _, body = http("PUT", f"{gw.url}/v2/tidal/replicas", bad)
+    assert status == 400 and "replicas.0.url" in body["error"]
+    push = {
+        "replicas": [{"name": "rt-a", "url": a.url}, {"name": "rt-b", "url": b.url}],
+        "placement": {"m3": ["rt-b"]},
+    }
+    status, _, body = http("PUT", f"{gw.url}/v2/tidal/replicas", push)
+    assert (status, body) == (200, {"replicas": ["rt-a", "rt-b"], "placement": {"m3": ["rt-b"]}})
+    wait_for(lambda: http("GET", f"{gw.url}/v2/health/ready")[0] == 200, 5, "ready")
+    wait_for(lambda: all(r["healthy"] for r in gw.replicas().values()), 5, "both healthy")
+    assert gw.infer("m3")[0] == 200  # cold: loaded where the placement says
+    assert (a.state("m3"), b.state("m3")) == ("UNAVAILABLE", "READY")
+    assert gw.metric("tidal_gateway_route_decisions_total", reason="cold:load-placed") == 1
+    # Level-triggered: the next list is the whole list.
+    push = {"replicas": [{"name": "rt-a", "url": a.url}]}
+    assert http("PUT", f"{gw.url}/v2/tidal/replicas", push)[0] == 200
+    assert list(gw.replicas()) == ["rt-a"]
+    assert gw.infer("m3")[0] == 200
+    assert a.state("m3") == "READY"
+
+
+def test_a_hot_set_change_reaches_the_gateway_in_milliseconds(
+    runtimes, runtime_config, gateway
+) -> None:
+    (a,) = runtimes(("rt-a", runtime_config()))
+    gw = gateway([a])
+    assert gw.hot_on("m1") == []
+    assert (
+        http("POST", f"{a.url}/v2/repository/models/m1/load", {})[0] == 200
+    )  # not via the gateway
+    started = time.monotonic()
+    wait_for(lambda: gw.hot_on("m1") == ["rt-a"], 5, "m1 hot in the gateway")
+    assert time.monotonic() - started < 0.5
+    assert http("POST", f"{a.url}/v2/repository/models/m1/unload", {})[0] == 200
+    wait_for(lambda: gw.hot_on("m1") == [], 5, "m1 cold in the gateway")
+
+
+def test_tritonclient_unmodified_works_through_the_gateway(
+    runtimes, runtime_config, gateway, model_files
+) -> None:
+    (a,) = runtimes(("rt-a", runtime_config(preload=("m0",))))
+    gw = gateway([a])
+    client = triton.InferenceServerClient(gw.address)
+    assert client.is_server_live() and client.is_server_ready()
+    assert "binary_tensor_data" in client.get_server_metadata()["extensions"]
+    assert client.get_model_metadata("m0")["inputs"] == [
+        {"name": "input", "datatype": "FP32", "shape": [-1, 16]}
+    ]
+    assert client.get_model_config("m0")["max_batch_size"] == 8
+    assert client.is_model_ready("m0") and not client.is_model_ready("m1")
+    x = np.random.default_rng(0).standard_normal((3, 16)).astype(np.float32)
+    session = ort.InferenceSession(str(model_files["m1"].path), providers=["CPUExecutionProvider"])
+    expected = session.run(None, {"input": x})[0]
+    for binary in (True, False):
+        tensor = triton.InferInput("input", [3, 16], "FP32")
+        tensor.set_data_from_numpy(x, binary_data=binary)
+        output = triton.InferRequestedOutput("output", binary_data=binary)
+        result = client.infer("m1", [tensor], outputs=[output])  # cold the first time
+        np.testing.assert_allclose(result.as_numpy("output"), expected, rtol=1e-5)
+    assert client.is_model_ready("m1")
+    assert client.get_model_metadata("m1", model_version="1")["name"] == "m1"
+    index = {e["name"]: e["state"] for e in client.get_model_repository_index()}
+    assert index == {"m0": "READY", "m1": "READY", "m2": "UNAVAILABLE", "m3": "UNAVAILABLE"}
+
+
+def test_answers_and_errors_pass_through_byte_for_byte(runtimes, runtime_config, gateway) -> None:
+    (a,) = runtimes(("rt-a", runtime_config(preload=("m0",))))
+    gw = gateway([a])
+    x = np.ones((1, 16), np.float32)
+    header = json.dumps(
+        {
+            "inputs": [
+                {"name": "input", "datatype": "FP32", "shape": [1, 16],
+                 "parameters": {"binary_data_size": x.nbytes}},
+            ],
+            "outputs": [{"name": "output", "parameters": {"binary_data": True}}],
+        }
+    ).encode()  # fmt: skip
+    headers = {
+        "Inference-Header-Content-Length": str(len(header)),
+        "Content-Type": "application/octet-stream",
+    }
+    answers = [
+        http("POST", f"{base}/v2/models/m0/infer", header + x.tobytes(), headers)
+        for base in (a.url, gw.url)
+    ]
+    (s1, h1, b1), (s2, h2, b2) = answers
+    assert (s1, s2) == (200, 200) and b1 == b2  # the same bytes
+    for name in ("Inference-Header-Content-Length", "Content-Type"):
+        assert h1[name] == h2[name]
+    bad = json.dumps(
+        {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 15], "data": [0] * 15}]}
+    ).encode()
+    direct = http("POST", f"{a.url}/v2/models/m0/infer", bad)
+    via = http("POST", f"{gw.url}/v2/models/m0/infer", bad)
+    assert direct[0] == via[0] == 400 and direct[2] == via[2]
+    assert "expected shape" in via[2]["error"]
+    assert http("POST", f"{gw.url}/v2/models/m0/infer", INFER_BODY)[0] == 200
+
+
+def test_every_hot_copy_busy_starts_one_more_copy(runtimes, runtime_config, gateway) -> None:
+    a, b = runtimes(
+        ("rt-a", runtime_config(preload=("m0",), **SLOW)),
+        ("rt-b", runtime_config(**SLOW)),
+    )
+    gw = gateway([a, b], busyOutstanding=1)
+    assert concurrently(4, lambda i: gw.infer("m0")[0]) == [200] * 4
+    wait_for(lambda: gw.hot_on("m0") == ["rt-a", "rt-b"], 10, "a second copy on rt-b")
+    assert gw.metric("tidal_gateway_route_decisions_total", reason="busy:extra-copy") == 1
+    assert gw.metric("tidal_gateway_loads_total", result="ok") == 1
+    assert a.answered("m0") == 4  # the busy requests were forwarded, not held
+
+
+def test_loads_are_bounded_fleet_wide_and_waiting_requests_follow(
+    runtimes, runtime_config, gateway
+) -> None:
+    a, b = runtimes(
+        ("rt-a", runtime_config(faults={"extraWarmupSeconds": 0.7})),
+        ("rt-b", runtime_config(faults={"extraWarmupSeconds": 0.7})),
+    )
+    gw = gateway([a, b], maxLoadsTotal=1)
+    loading: list[int] = []
+
+    def watch() -> None:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            loading.append(sum(len(r["loading"]) for r in gw.replicas().values()))
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    codes = concurrently(2, lambda i: gw.infer(f"m{i + 1}")[0])
+    watcher.join()
+    assert codes == [200, 200]
+    assert max(loading) == 1  # never two loads at once
+    assert gw.metric("tidal_gateway_route_decisions_total", reason="unavailable:load-limit") >= 1
+    assert gw.metric("tidal_gateway_loads_total", result="ok") == 2
+
+
+def test_a_replica_without_room_refuses_and_the_load_goes_elsewhere(
+    runtimes, runtime_config, gateway, model_files
+) -> None:
+    size = model_files["m0"].size_bytes
+    small = runtime_config(memory={"engineCacheBudgetBytes": int(size * 1.5)})
+    a, b = runtimes(("rt-a", small), ("rt-b", runtime_config()))
+    assert http("PUT", f"{a.url}/v2/tidal/placement", {"pinned": ["m0"]})[0] == 200
+    wait_for(lambda: a.state("m0") == "READY", what="m0 pinned on rt-a")
+    gw = gateway([])
+    push = {
+        "replicas": [{"name": "rt-a", "url": a.url}, {"name": "rt-b", "url": b.url}],
+        "placement": {"m1": ["rt-a"]},  # stale hints: rt-a has no room next to its pin
+    }
+    assert http("PUT", f"{gw.url}/v2/tidal/replicas", push)[0] == 200
+    wait_for(lambda: all(r["healthy"] for r in gw.replicas().values()), 5, "both healthy")
+    assert gw.infer("m1")[0] == 200
+    assert gw.metric("tidal_gateway_loads_total", result="refused") == 1
+    assert gw.metric("tidal_gateway_loads_total", result="ok") == 1
+    assert (a.state("m0"), a.state("m1"), b.state("m1")) == ("READY", "UNAVAILABLE", "READY")
+    assert "m1" in gw.replicas()["rt-a"]["refused"]

@@ -1,0 +1,285 @@
+"""The gateway's routing core: tables for each reason, hypothesis properties for the invariants."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tidal.gateway.core.routing import (
+    REASONS,
+    LoadBudget,
+    ReplicaView,
+    Route,
+    choose_route,
+)
+
+ALL = frozenset({"m", "other"})
+
+
+def replica(
+    name: str,
+    hot: str = "",
+    loading: str = "",
+    outstanding: int = 0,
+    free: int = 100,
+    loads: int | None = None,
+    healthy: bool = True,
+    refused: str = "",
+    models: frozenset[str] = ALL,
+) -> ReplicaView:
+    hot_set = frozenset(hot.split()) if hot else frozenset()
+    loading_set = frozenset(loading.split()) if loading else frozenset()
+    return ReplicaView(
+        name=name,
+        healthy=healthy,
+        models=models,
+        hot=hot_set,
+        loading=loading_set,
+        outstanding=outstanding,
+        free_bytes=free,
+        budget_bytes=1000,
+        loads_in_flight=len(loading_set) if loads is None else loads,
+        refused=frozenset(refused.split()) if refused else frozenset(),
+    )
+
+
+LIMITS = LoadBudget(per_replica=1, total=2)
+
+CASES: list[tuple[str, list[ReplicaView], dict[str, tuple[str, ...]], Route]] = [
+    (
+        "least outstanding among the hot copies",
+        [replica("a", "m", outstanding=3), replica("b", "m", outstanding=1), replica("c")],
+        {},
+        Route("forward", "hot:least-outstanding", "b"),
+    ),
+    (
+        "ties: the placement's order, then the name",
+        [replica("a", "m"), replica("b", "m"), replica("c", "m")],
+        {"m": ("c", "b")},
+        Route("forward", "hot:least-outstanding", "c"),
+    ),
+    (
+        "ties without placement: by name",
+        [replica("b", "m"), replica("a", "m")],
+        {},
+        Route("forward", "hot:least-outstanding", "a"),
+    ),
+    (
+        "an unhealthy hot copy is never used",
+        [replica("a", "m", healthy=False), replica("b", "m", outstanding=50)],
+        {},
+        Route("forward", "hot:least-outstanding", "b"),
+    ),
+    (
+        "every hot copy busy, none loading: one more copy where most is free",
+        [replica("a", "m", outstanding=9), replica("b", free=10), replica("c", free=500)],
+        {},
+        Route("forward", "busy:extra-copy", "a", extra_load="c"),
+    ),
+    (
+        "busy, but a copy is already loading: no second extra copy",
+        [replica("a", "m", outstanding=9), replica("b", loading="m")],
+        {},
+        Route("forward", "hot:least-outstanding", "a"),
+    ),
+    (
+        "busy, but the fleet is at its load limit: just forward",
+        [replica("a", "m", outstanding=9), replica("b", loading="x y")],
+        {},
+        Route("forward", "hot:least-outstanding", "a"),
+    ),
+    (
+        "cold, one copy loading: wait for it",
+        [replica("a", loading="m", outstanding=2), replica("b")],
+        {},
+        Route("wait", "cold:wait-loading", "a"),
+    ),
+    (
+        "cold: load where the placement says",
+        [replica("a", free=900), replica("b", free=1)],
+        {"m": ("b",)},
+        Route("load", "cold:load-placed", "b"),
+    ),
+    (
+        "cold: the placement's replica is at its load limit, so most free",
+        [replica("a", free=900), replica("b", free=1, loading="x"), replica("c", free=50)],
+        {"m": ("b",)},
+        Route("load", "cold:load-most-free", "a"),
+    ),
+    (
+        "cold: a replica that refused it lately is skipped",
+        [replica("a", free=900, refused="m"), replica("b", free=1)],
+        {},
+        Route("load", "cold:load-most-free", "b"),
+    ),
+    (
+        "cold: every replica refused it",
+        [replica("a", refused="m"), replica("b", refused="m")],
+        {},
+        Route("reject", "unavailable:no-room", status=503),
+    ),
+    (
+        "cold: every replica at its per-replica limit",
+        [
+            replica("a", loading="x"),
+            replica("b", loading="y", healthy=False),
+            replica("c", loading="z"),
+        ],
+        {},
+        Route("reject", "unavailable:load-limit", status=503),
+    ),
+    (
+        "cold: the fleet-wide limit",
+        [replica("a", loading="x"), replica("b", loading="y"), replica("c")],
+        {},
+        Route("reject", "unavailable:load-limit", status=503),
+    ),
+    (
+        "no healthy replica",
+        [replica("a", "m", healthy=False)],
+        {},
+        Route("reject", "unavailable:no-replica", status=503),
+    ),
+    (
+        "no replica known yet: not 'unknown', unavailable",
+        [],
+        {},
+        Route("reject", "unavailable:no-replica", status=503),
+    ),
+    (
+        "a model no replica serves",
+        [replica("a", models=frozenset({"other"}))],
+        {},
+        Route("reject", "unknown:model", status=404),
+    ),
+    (
+        "served only by an unhealthy replica: unavailable, not unknown",
+        [replica("a", healthy=False), replica("b", models=frozenset({"other"}))],
+        {},
+        Route("reject", "unavailable:no-replica", status=503),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "replicas", "placement", "expected"), CASES, ids=[c[0] for c in CASES]
+)
+def test_choose_route_table(
+    case: str,
+    replicas: list[ReplicaView],
+    placement: dict[str, tuple[str, ...]],
+    expected: Route,
+) -> None:
+    assert choose_route("m", replicas, LIMITS, placement, busy_outstanding=8) == expected
+
+
+def test_configured_models_bound_what_is_known() -> None:
+    replicas = [replica("a", "m")]
+    assert choose_route("m", replicas, LIMITS, known_models=frozenset({"other"})).status == 404
+    assert choose_route("m", replicas, LIMITS, known_models=frozenset({"m"})).replica == "a"
+    # Configured but not served (yet) by any replica: unavailable, not unknown.
+    route = choose_route("x", replicas, LIMITS, known_models=frozenset({"x"}))
+    assert (route.reason, route.status) == ("unavailable:no-replica", 503)
+
+
+def test_a_new_copy_goes_first_where_it_fits_without_evictions() -> None:
+    replicas = [replica("a", free=90), replica("b", free=120)]
+    assert choose_route("m", replicas, LIMITS, model_bytes=100).replica == "b"
+    replicas = [replica("a", free=90), replica("b", free=80)]
+    assert choose_route("m", replicas, LIMITS, model_bytes=100).replica == "a"  # most free
+
+
+def test_every_reason_is_in_the_vocabulary() -> None:
+    assert {route.reason for _, _, _, route in CASES} <= set(REASONS)
+    assert len(REASONS) == len(set(REASONS))
+
+
+# -- properties -----------------------------------------------------------------------------
+
+MODELS = ["m", "x", "y"]
+model_sets = st.frozensets(st.sampled_from(MODELS))
+views = st.builds(
+    ReplicaView,
+    name=st.sampled_from("abcdef"),
+    healthy=st.booleans(),
+    models=model_sets,
+    hot=model_sets,
+    loading=model_sets,
+    outstanding=st.integers(0, 20),
+    free_bytes=st.integers(0, 1000),
+    budget_bytes=st.just(1000),
+    loads_in_flight=st.integers(0, 3),
+    refused=model_sets,
+)
+fleets = st.lists(views, max_size=6, unique_by=lambda v: v.name).map(
+    # A model is hot or loading only where the replica serves it.
+    lambda vs: [
+        dataclasses.replace(v, hot=v.hot & v.models, loading=(v.loading - v.hot) & v.models)
+        for v in vs
+    ]
+)
+limits = st.builds(LoadBudget, per_replica=st.integers(1, 3), total=st.integers(1, 6))
+placements = st.dictionaries(
+    st.sampled_from(MODELS), st.lists(st.sampled_from("abcdefz"), max_size=3).map(tuple)
+)
+
+
+@given(fleets, limits, placements, st.sampled_from(MODELS), st.integers(0, 10))
+def test_a_healthy_hot_copy_is_always_chosen_when_one_exists(
+    replicas: list[ReplicaView],
+    loads: LoadBudget,
+    placement: dict[str, tuple[str, ...]],
+    model: str,
+    busy: int,
+) -> None:
+    route = choose_route(model, replicas, loads, placement, busy_outstanding=busy)
+    hot = [r for r in replicas if r.healthy and model in r.hot]
+    if hot:
+        assert route.action == "forward"
+        chosen = next(r for r in replicas if r.name == route.replica)
+        assert chosen in hot
+        assert chosen.outstanding == min(r.outstanding for r in hot)
+    else:
+        assert route.action != "forward"
+
+
+@given(fleets, limits, placements, st.sampled_from(MODELS), st.integers(0, 10))
+def test_no_load_is_ever_started_beyond_the_limits(
+    replicas: list[ReplicaView],
+    loads: LoadBudget,
+    placement: dict[str, tuple[str, ...]],
+    model: str,
+    busy: int,
+) -> None:
+    route = choose_route(model, replicas, loads, placement, busy_outstanding=busy)
+    target = route.replica if route.action == "load" else route.extra_load
+    if target is None:
+        return
+    by_name = {r.name: r for r in replicas}
+    chosen = by_name[target]
+    assert chosen.healthy and model in chosen.models
+    assert model not in chosen.hot and model not in chosen.refused
+    assert chosen.loads_in_flight < loads.per_replica
+    assert sum(r.loads_in_flight for r in replicas) < loads.total
+    assert not any(model in r.loading for r in replicas if r.healthy)
+
+
+@given(fleets, limits, placements, st.sampled_from(MODELS), st.integers(0, 10), st.randoms())
+def test_routes_are_deterministic_whatever_the_order_of_replicas(
+    replicas: list[ReplicaView],
+    loads: LoadBudget,
+    placement: dict[str, tuple[str, ...]],
+    model: str,
+    busy: int,
+    rng: object,
+) -> None:
+    route = choose_route(model, replicas, loads, placement, busy_outstanding=busy)
+    shuffled = list(replicas)
+    rng.shuffle(shuffled)  # type: ignore[attr-defined]
+    assert choose_route(model, shuffled, loads, placement, busy_outstanding=busy) == route
+    assert route.reason in REASONS
+    if route.replica is not None:
+        assert any(r.name == route.replica and r.healthy for r in replicas)
