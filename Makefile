@@ -32,7 +32,7 @@ helm:
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy tidal/operator tidal/runtime tidal/sandbox
+	$(BIN)/mypy tidal/operator tidal/runtime tidal/gateway tidal/sandbox
 	$(BIN)/lint-imports
 
 # Regenerate crds/ from the pydantic models (a test fails when they drift).
@@ -46,7 +46,9 @@ unit: venv
 # Benchmarks: each prints ratios against a baseline measured in the same run.
 bench: venv
 	$(BIN)/python bench/autoscale_sim.py
+	$(BIN)/python bench/fleet_sim.py
 	$(BIN)/python bench/runtime_bench.py
+	$(BIN)/python bench/gateway_bench.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

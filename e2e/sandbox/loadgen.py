@@ -34,6 +34,7 @@ class Sample:
     status: int  # HTTP status, 0 for a connection error or timeout
     endpoint: str
     error: str = ""
+    model: str = ""
 
     @property
     def ok(self) -> bool:
@@ -115,14 +116,18 @@ class EndpointWatcher:
 
 
 class LoadGenerator:
-    """Sends ``rate(t)`` requests per second for ``duration`` seconds to a model."""
+    """Sends ``rate(t)`` requests per second for ``duration`` seconds to a model.
+
+    ``model`` is a name, or a function of the run's time that names the model of each request
+    (a fleet's mix: draw from a popularity distribution that may change over time).
+    """
 
     def __init__(
         self,
         api_client: Any,
         namespace: str,
         service: str,
-        model: str,
+        model: str | Callable[[float], str],
         body: dict[str, Any],
         rate: RateFn,
         *,
@@ -150,14 +155,17 @@ class LoadGenerator:
         endpoint = self._pick()
         sent = time.monotonic() - t0
         wall = time.time()
+        model = self.model(sent) if callable(self.model) else self.model
         if endpoint is None:
-            self.report.samples.append(Sample(sent, wall, 0.0, 0, "", "no ready endpoint"))
+            self.report.samples.append(
+                Sample(sent, wall, 0.0, 0, "", "no ready endpoint", model=model)
+            )
             return
         self._in_flight[endpoint] = self._in_flight.get(endpoint, 0) + 1
         start = time.perf_counter()
         status, error = 0, ""
         try:
-            url = f"http://{endpoint}/v2/models/{self.model}/infer"
+            url = f"http://{endpoint}/v2/models/{model}/infer"
             async with session.post(url, json=self.body) as resp:
                 await resp.read()
                 status = resp.status
@@ -168,7 +176,9 @@ class LoadGenerator:
         finally:
             self._in_flight[endpoint] -= 1
         latency = time.perf_counter() - start
-        self.report.samples.append(Sample(sent, wall, latency, status, endpoint, error))
+        self.report.samples.append(
+            Sample(sent, wall, latency, status, endpoint, error, model=model)
+        )
 
     async def run(self, duration: float) -> LoadReport:
         """Send load for ``duration`` seconds, then wait for the answers."""

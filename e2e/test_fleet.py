@@ -1,0 +1,363 @@
+"""End to end: a fleet of 30 models on 4 replicas behind the model gateway.
+
+One InferenceService with ``spec.fleet`` serves 30 generated ONNX models of different sizes on
+4 runtime replicas whose engine budgets hold about 10 models each. A load generator sends a
+Zipf mix (alpha 1.1) through the Service, which selects the gateway pods; after a while one model
+that nobody asked for goes viral. Asserted, from what the runtimes and the gateway report:
+
+* every request is answered (0 failed), also while one replica is SIGKILLed mid-run;
+* models are loaded on demand about once each (no churn): the gateway's cold requests are the
+  first ones of each model, and of models whose only copy a placement change or the killed
+  replica took away, not a stream of reloads;
+* the viral model is hot on a second replica within a few seconds of its surge;
+* no replica ever holds more engine bytes than its budget (sampled throughout);
+* an unknown model gets 404 naming it; status.fleet shows models hot / total.
+
+A second InferenceService declares a model larger than every replica's budget: it is reported
+Degraded with the model and the gap, with an Event, and creates no pods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from scenario import INFER_BODY, apply, events, install_crd, pods, running_operator
+
+from tidal.runtime.modelgen import mlp_hidden_for_bytes, write_mlp
+from tidal.sandbox.loadgen import LoadGenerator
+from tidal.sandbox.operatorproc import condition, get_isvc
+from tidal.sandbox.wait import wait_for
+
+pytestmark = [pytest.mark.sandbox, pytest.mark.timeout(300)]
+
+MODELS = 30
+REPLICAS = 4
+VIRAL = "m29"  # the least popular model: nobody asks for it until it goes viral
+BASE_RPS, VIRAL_RPS = 24.0, 12.0
+VIRAL_AT, KILL_AT, DURATION = 25.0, 38.0, 55.0
+LABEL_COMPONENT = "serving.tidal.dev/component"
+
+
+def _models(root: Path) -> tuple[list[dict[str, Any]], int]:
+    """30 MLPs from ~40 KB to ~400 KB; returns the spec entries and the per-replica budget."""
+    entries, sizes = [], []
+    for i in range(MODELS):
+        target = 40_000 + (i * 7919 % MODELS) * 12_500
+        path = root / f"m{i}.onnx"
+        write_mlp(path, hidden=mlp_hidden_for_bytes(target), seed=i)
+        sizes.append(path.stat().st_size)
+        entries.append(
+            {
+                "name": f"m{i}",
+                "engines": [{"uri": path.resolve().as_uri()}],
+                "maxBatchSize": 8,
+                "batching": {"maxQueueDelayMs": 1},
+                "warmup": {"batchSizes": [1], "iterations": 1},
+                "preload": False,
+            }
+        )
+    budget = int(sum(sizes) / MODELS * 10)  # about 10 models of average size
+    return entries, budget
+
+
+def _zipf_chooser(seed: int) -> Callable[[float], str]:
+    rng = random.Random(seed)
+    names = [f"m{i}" for i in range(MODELS - 1)]
+    weights = [1.0 / (k + 1) ** 1.1 for k in range(len(names))]
+    total_rate = BASE_RPS + VIRAL_RPS
+
+    def choose(t: float) -> str:
+        if t >= VIRAL_AT and rng.random() < VIRAL_RPS / total_rate:
+            return VIRAL
+        return rng.choices(names, weights)[0]
+
+    return choose
+
+
+def _rate(t: float) -> float:
+    return BASE_RPS + (VIRAL_RPS if t >= VIRAL_AT else 0.0)
+
+
+class HotSetSampler:
+    """Polls every runtime pod's ``/v2/tidal/models`` (a thread with its own loop)."""
+
+    def __init__(self, sandbox: Any, namespace: str) -> None:
+        self.sandbox, self.namespace = sandbox, namespace
+        self.samples: list[tuple[float, str, dict[str, Any]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+
+    def _targets(self) -> dict[str, str]:
+        out = {}
+        for pod in pods(self.sandbox, self.namespace):
+            labels = pod["metadata"].get("labels") or {}
+            ip = (pod.get("status") or {}).get("podIP")
+            if ip and labels.get("serving.tidal.dev/pool") == "primary":
+                out[pod["metadata"]["name"]] = f"http://{ip}:8080"
+        return out
+
+    async def _run(self) -> None:
+        timeout = aiohttp.ClientTimeout(total=1.0)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            targets: dict[str, str] = {}
+            refreshed = 0.0
+            while not self._stop.is_set():
+                if time.monotonic() - refreshed > 2.0:
+                    targets = await asyncio.to_thread(self._targets)
+                    refreshed = time.monotonic()
+                for name, url in targets.items():
+                    with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
+                        async with session.get(f"{url}/v2/tidal/models") as resp:
+                            if resp.status == 200:
+                                self.samples.append((time.time(), name, await resp.json()))
+                await asyncio.sleep(0.3)
+
+    def __enter__(self) -> HotSetSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def hot_copies(self, model: str, since: float) -> list[tuple[float, int]]:
+        """(time, replicas where ``model`` is READY) per sampling round after ``since``."""
+        rounds: dict[int, set[str]] = {}
+        for at, name, body in self.samples:
+            if at < since:
+                continue
+            state = (body.get("models") or {}).get(model, {}).get("state")
+            bucket = rounds.setdefault(int(at * 2), set())
+            if state == "READY":
+                bucket.add(name)
+        return [(k / 2, len(v)) for k, v in sorted(rounds.items())]
+
+
+def _runtime_pid(pod: str) -> int | None:
+    """The pid of the runtime process the node agent started for ``pod`` (by its env)."""
+    marker = f"POD_NAME={pod}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            cmdline = (entry / "cmdline").read_bytes()
+            if marker in environ and b"tidal-runtime" in cmdline:
+                return int(entry.name)
+    return None
+
+
+def _gateway_metrics(sandbox: Any, namespace: str) -> dict[str, float]:
+    """tidal_gateway_* samples summed over the gateway pods, by name and label set."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for pod in pods(sandbox, namespace):
+        labels = pod["metadata"].get("labels") or {}
+        ip = (pod.get("status") or {}).get("podIP")
+        if labels.get(LABEL_COMPONENT) != "gateway" or not ip:
+            continue
+        with urllib.request.urlopen(f"http://{ip}:8080/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                key = s.name + json.dumps(dict(sorted(s.labels.items())))
+                out[key] = out.get(key, 0.0) + s.value
+    return out
+
+
+def _sum(metrics: dict[str, float], name: str, **labels: str) -> float:
+    total = 0.0
+    for key, value in metrics.items():
+        if not key.startswith(name + "{"):
+            continue
+        have = json.loads(key[len(name) :])
+        if all(have.get(k) == v for k, v in labels.items()):
+            total += value
+    return total
+
+
+def test_fleet_routes_to_hot_replicas_places_a_viral_model_and_loses_nothing(
+    sandbox: Any, namespace: str, tmp_path: Path
+) -> None:
+    install_crd(sandbox)
+    entries, budget = _models(tmp_path / "models")
+    name = "fleet"
+    manifest = {
+        "apiVersion": "serving.tidal.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": name},
+        "spec": {
+            "runtime": {
+                "backend": "onnxruntime",
+                # Each request holds its replica 150 ms (a sleep: no CPU), so that a replica
+                # killed mid-run has requests in flight.
+                "env": [
+                    {"name": "OMP_NUM_THREADS", "value": "1"},
+                    {"name": "TIDAL_FAULT_ADDED_LATENCY_MS", "value": "150"},
+                ],
+            },
+            "models": entries,
+            "memory": {"engineCacheBudget": str(budget)},
+            "autoscaling": {"minReplicas": REPLICAS, "maxReplicas": REPLICAS},
+            "fleet": {
+                "gateway": {"holdTimeoutSeconds": 20},
+                "placement": {"ratePerCopy": 5, "intervalSeconds": 1, "minRate": 0.05},
+            },
+        },
+    }
+    too_big = {
+        "apiVersion": "serving.tidal.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "too-big"},
+        "spec": {
+            "runtime": {"backend": "onnxruntime"},
+            "models": [{**entries[0], "memory": "1Gi"}],
+            "memory": {"engineCacheBudget": str(budget)},
+            "fleet": {},
+        },
+    }
+    with running_operator(sandbox, namespace, tmp_path / "operator.log"):
+        apply(sandbox, namespace, manifest)
+        apply(sandbox, namespace, too_big)
+
+        def ready() -> dict[str, Any] | None:
+            body = get_isvc(sandbox, namespace, name)
+            fleet = (body.get("status") or {}).get("fleet") or {}
+            ok = (
+                condition(body, "Ready").get("status") == "True"
+                and (body.get("status") or {}).get("readyReplicas") == REPLICAS
+                and fleet.get("gatewaysReady", 0) >= 1
+            )
+            return body if ok else None
+
+        wait_for(ready, timeout=120, interval=0.5, what=f"{REPLICAS} replicas and a gateway")
+
+        # The too-large model: Degraded naming the model and the gap, an Event, no pods.
+        def degraded() -> dict[str, Any] | None:
+            cond = condition(get_isvc(sandbox, namespace, "too-big"), "Degraded")
+            return cond if cond.get("status") == "True" else None
+
+        cond = wait_for(degraded, timeout=30, interval=0.5, what="too-big Degraded")
+        assert "'m0'" in cond["message"] and "bytes short" in cond["message"], cond
+        reasons = [e.get("reason") for e in events(sandbox, namespace, "too-big")]
+        assert "InvalidSpec" in reasons, reasons
+        assert not [
+            p
+            for p in pods(sandbox, namespace)
+            if p["metadata"]["labels"].get("serving.tidal.dev/isvc") == "too-big"
+        ]
+
+        loadgen = LoadGenerator(
+            sandbox.api_client(),
+            namespace,
+            name,
+            _zipf_chooser(seed=3),
+            INFER_BODY,
+            _rate,
+            timeout=30.0,
+        )
+        killed: dict[str, Any] = {}
+
+        def kill_one(t: float, report: Any) -> None:
+            """SIGKILL a replica while it has requests in flight (tried once a second)."""
+            if t < KILL_AT or killed:
+                return
+            victims = sorted(
+                (p["metadata"]["name"], p["status"].get("podIP"))
+                for p in pods(sandbox, namespace)
+                if p["metadata"]["labels"].get("serving.tidal.dev/pool") == "primary"
+            )
+            if not victims or not victims[0][1]:
+                return
+            pod, ip = victims[0]
+            with urllib.request.urlopen(f"http://{ip}:8080/metrics", timeout=1) as r:
+                lines = r.read().decode().splitlines()
+            gauge = "tidal_inflight_requests "
+            in_flight = next(float(x.split()[1]) for x in lines if x.startswith(gauge))
+            pid = _runtime_pid(pod)
+            if in_flight and pid is not None:
+                os.kill(pid, signal.SIGKILL)
+                killed.update(pod=pod, at=time.time(), in_flight=in_flight)
+
+        loadgen.on_tick = kill_one
+        with HotSetSampler(sandbox, namespace) as sampler:
+            started = time.time()
+            report = asyncio.run(loadgen.run(DURATION))
+        gateway = _gateway_metrics(sandbox, namespace)
+        body = get_isvc(sandbox, namespace, name)
+
+        # Bad input through the gateway: an unknown model is a 404 naming it.
+        endpoint = report.samples[0].endpoint
+        unknown = asyncio.run(_post(f"http://{endpoint}/v2/models/nope/infer", INFER_BODY))
+
+    samples = report.samples
+    failed = [s for s in samples if not s.ok]
+    requested = {s.model for s in samples}
+    print(
+        f"\nfleet: {len(samples)} requests over {len(requested)} models, {len(failed)} failed; "
+        f"killed {killed.get('pod')} at +{killed.get('at', started) - started:.1f}s"
+    )
+    assert killed, "no replica with requests in flight was found to kill"
+    retried = _sum(gateway, "tidal_gateway_upstream_errors_total")
+    print(f"killed with {killed['in_flight']} in flight; the gateway retried {retried:.0f}")
+    assert retried >= 1, "the kill reached no request in flight"
+    assert len(samples) > DURATION * BASE_RPS * 0.8
+    assert not failed, failed[:5]
+
+    # Budgets: never more resident bytes than the budget, on any replica, at any sample.
+    over = [
+        (n, b["residentBytes"], b["budgetBytes"])
+        for _, n, b in sampler.samples
+        if b["residentBytes"] > b["budgetBytes"]
+    ]
+    assert sampler.samples and not over, over[:5]
+
+    # The viral model: hot on a second replica within a few seconds of its surge.
+    copies = sampler.hot_copies(VIRAL, started + VIRAL_AT)
+    two = next((t for t, n in copies if n >= 2), None)
+    assert two is not None, copies
+    print(f"viral model on 2 replicas {two - (started + VIRAL_AT):.1f}s after its surge")
+    assert two - (started + VIRAL_AT) <= 10.0, copies
+
+    # Cold requests: the first ones of each model (and those held with them), no reloads.
+    total = _sum(gateway, "tidal_gateway_requests_total")
+    cold = _sum(gateway, "tidal_gateway_requests_total", cache="cold")
+    loads = _sum(gateway, "tidal_gateway_loads_total", result="ok")
+    print(f"gateway: {total:.0f} requests, {cold:.0f} cold, {loads:.0f} on-demand loads")
+    for key, value in sorted(gateway.items()):
+        if key.startswith(("tidal_gateway_loads", "tidal_gateway_route", "tidal_gateway_up")):
+            print(f"  {key} {value:.0f}")
+    print("  fleet status:", (body.get("status") or {}).get("fleet"))
+    assert total >= len(samples)
+    # A model is loaded on demand when it is hot nowhere: its first request, and again when a
+    # placement change evicted its only copy before the pinned one was warm, or the killed
+    # replica held its only copy. Measured: 48-49 loads for 30 models (every placement change
+    # of the run included); a reloading churn would be hundreds.
+    assert loads <= 2 * len(requested), loads
+    assert cold / total < 0.06, (cold, total)
+
+    fleet = (body.get("status") or {}).get("fleet") or {}
+    assert fleet.get("modelsTotal") == MODELS and fleet.get("modelsHot", 0) >= 10, fleet
+    assert fleet.get("summary") == f"{fleet['modelsHot']}/{MODELS}", fleet
+
+    status, text = unknown
+    assert status == 404 and "nope" in text, (status, text)
+
+
+async def _post(url: str, body: dict[str, Any]) -> tuple[int, str]:
+    async with aiohttp.ClientSession() as session, session.post(url, json=body) as resp:
+        return resp.status, await resp.text()
