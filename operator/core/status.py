@@ -123,7 +123,9 @@ def count_pool(
 
 def _ready(inp: StatusInput, active: PoolStatus) -> tuple[ConditionStatus, str, str]:
     pool = inp.active_pool.value
-    fleet = inp.fleet if inp.fleet is not None else (inp.previous and inp.previous.fleet)
+    fleet = inp.fleet
+    if fleet is None and inp.previous is not None:
+        fleet = inp.previous.fleet
     if active.ready > 0 and inp.fleet_enabled and (fleet is None or fleet.gateways_ready == 0):
         return (
             ConditionStatus.FALSE,
