@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -227,59 +228,62 @@ placements = st.dictionaries(
 )
 
 
-@given(fleets, limits, placements, st.sampled_from(MODELS), st.integers(0, 10))
-def test_a_healthy_hot_copy_is_always_chosen_when_one_exists(
-    replicas: list[ReplicaView],
-    loads: LoadBudget,
-    placement: dict[str, tuple[str, ...]],
-    model: str,
-    busy: int,
-) -> None:
-    route = choose_route(model, replicas, loads, placement, busy_outstanding=busy)
-    hot = [r for r in replicas if r.healthy and model in r.hot]
+@dataclasses.dataclass(frozen=True)
+class Situation:
+    replicas: list[ReplicaView]
+    loads: LoadBudget
+    placement: dict[str, tuple[str, ...]]
+    model: str
+    busy: int
+
+    def route(self, replicas: list[ReplicaView] | None = None) -> Route:
+        return choose_route(
+            self.model,
+            self.replicas if replicas is None else replicas,
+            self.loads,
+            self.placement,
+            busy_outstanding=self.busy,
+        )
+
+
+situations = st.builds(
+    Situation, fleets, limits, placements, st.sampled_from(MODELS), st.integers(0, 10)
+)
+
+
+@given(situations)
+def test_a_healthy_hot_copy_is_always_chosen_when_one_exists(s: Situation) -> None:
+    route = s.route()
+    hot = [r for r in s.replicas if r.healthy and s.model in r.hot]
     if hot:
         assert route.action == "forward"
-        chosen = next(r for r in replicas if r.name == route.replica)
+        chosen = next(r for r in s.replicas if r.name == route.replica)
         assert chosen in hot
         assert chosen.outstanding == min(r.outstanding for r in hot)
     else:
         assert route.action != "forward"
 
 
-@given(fleets, limits, placements, st.sampled_from(MODELS), st.integers(0, 10))
-def test_no_load_is_ever_started_beyond_the_limits(
-    replicas: list[ReplicaView],
-    loads: LoadBudget,
-    placement: dict[str, tuple[str, ...]],
-    model: str,
-    busy: int,
-) -> None:
-    route = choose_route(model, replicas, loads, placement, busy_outstanding=busy)
+@given(situations)
+def test_no_load_is_ever_started_beyond_the_limits(s: Situation) -> None:
+    route = s.route()
     target = route.replica if route.action == "load" else route.extra_load
     if target is None:
         return
-    by_name = {r.name: r for r in replicas}
-    chosen = by_name[target]
-    assert chosen.healthy and model in chosen.models
-    assert model not in chosen.hot and model not in chosen.refused
-    assert chosen.loads_in_flight < loads.per_replica
-    assert sum(r.loads_in_flight for r in replicas) < loads.total
-    assert not any(model in r.loading for r in replicas if r.healthy)
+    chosen = next(r for r in s.replicas if r.name == target)
+    assert chosen.healthy and s.model in chosen.models
+    assert s.model not in chosen.hot and s.model not in chosen.refused
+    assert chosen.loads_in_flight < s.loads.per_replica
+    assert sum(r.loads_in_flight for r in s.replicas) < s.loads.total
+    assert not any(s.model in r.loading for r in s.replicas if r.healthy)
 
 
-@given(fleets, limits, placements, st.sampled_from(MODELS), st.integers(0, 10), st.randoms())
-def test_routes_are_deterministic_whatever_the_order_of_replicas(
-    replicas: list[ReplicaView],
-    loads: LoadBudget,
-    placement: dict[str, tuple[str, ...]],
-    model: str,
-    busy: int,
-    rng: object,
-) -> None:
-    route = choose_route(model, replicas, loads, placement, busy_outstanding=busy)
-    shuffled = list(replicas)
-    rng.shuffle(shuffled)  # type: ignore[attr-defined]
-    assert choose_route(model, shuffled, loads, placement, busy_outstanding=busy) == route
+@given(situations, st.randoms())
+def test_routes_are_deterministic_whatever_the_order_of_replicas(s: Situation, rng: Any) -> None:
+    route = s.route()
+    shuffled = list(s.replicas)
+    rng.shuffle(shuffled)
+    assert s.route(shuffled) == route
     assert route.reason in REASONS
     if route.replica is not None:
-        assert any(r.name == route.replica and r.healthy for r in replicas)
+        assert any(r.name == route.replica and r.healthy for r in s.replicas)
