@@ -636,7 +636,8 @@ class Belady:
 class _GatewayReplica:
     """The gateway's cached view of one replica, rebuilt only when the replica changes."""
 
-    key: tuple[int, int] = (-1, -1)
+    version: int = -1  # the replica's version this view was built from
+    refused_seen: int = -1
     hot: frozenset[str] = frozenset()
     loading: frozenset[str] = frozenset()
     refused: dict[int, float] = field(default_factory=dict)  # model -> forgiven at
@@ -693,43 +694,48 @@ class Tidal:
         sim.on_ready = self.on_ready
 
     # -- the gateway -----------------------------------------------------------------------
-    def view(self, sim: Sim, r: int, t: float) -> ReplicaView:
-        replica, gw = sim.replicas[r], self.gw[r]
-        if gw.forgive_at <= t:
-            gw.refused = {m: until for m, until in gw.refused.items() if until > t}
-            gw.forgive_at = min(gw.refused.values(), default=math.inf)
-            gw.refused_version += 1
-        key = (replica.version, gw.refused_version)
-        if gw.key != key:
-            names = self.names
-            engines = replica.engines.values()
-            gw.hot = frozenset(names[e.model] for e in engines if e.state == READY)
-            gw.loading = frozenset(names[e.model] for e in engines if e.state == LOADING)
-            gw.key = key
-            gw.views = {}
-        outstanding = replica.outstanding(t)
-        v = gw.views.get(outstanding)
-        if v is None:
-            v = gw.views[outstanding] = ReplicaView(
-                name=replica.name,
-                healthy=True,
-                models=self.all_names,
-                hot=gw.hot,
-                loading=gw.loading,
-                outstanding=outstanding,
-                free_bytes=int(replica.free),
-                budget_bytes=int(replica.budget),
-                loads_in_flight=len(gw.loading),
-                refused=frozenset(self.names[m] for m in gw.refused),
-            )
-        return v
+    def views(self, sim: Sim, t: float) -> list[ReplicaView]:
+        """The gateway's view of every replica at `t` (cached while a replica is unchanged)."""
+        out = []
+        names = self.names
+        for replica, gw in zip(sim.replicas, self.gw, strict=True):
+            if gw.forgive_at <= t:
+                gw.refused = {m: until for m, until in gw.refused.items() if until > t}
+                gw.forgive_at = min(gw.refused.values(), default=math.inf)
+                gw.refused_version += 1
+            if gw.version != replica.version or gw.refused_seen != gw.refused_version:
+                engines = replica.engines.values()
+                gw.hot = frozenset(names[e.model] for e in engines if e.state == READY)
+                gw.loading = frozenset(names[e.model] for e in engines if e.state == LOADING)
+                gw.version, gw.refused_seen = replica.version, gw.refused_version
+                gw.views = {}
+            done = replica.done
+            while done and done[0] <= t:
+                done.popleft()
+            outstanding = len(done) + replica.waiting
+            v = gw.views.get(outstanding)
+            if v is None:
+                v = gw.views[outstanding] = ReplicaView(
+                    name=replica.name,
+                    healthy=True,
+                    models=self.all_names,
+                    hot=gw.hot,
+                    loading=gw.loading,
+                    outstanding=outstanding,
+                    free_bytes=int(replica.free),
+                    budget_bytes=int(replica.budget),
+                    loads_in_flight=len(gw.loading),
+                    refused=frozenset(names[m] for m in gw.refused),
+                )
+            out.append(v)
+        return out
 
     def dispatch(self, sim: Sim, i: int, model: int, t: float) -> bool:
         """One pass of the gateway's dispatch loop; True when the request was forwarded."""
         name = self.names[model]
         size = int(self.sizes.get(model, 0))
         for _ in range(len(sim.replicas) + 1):
-            views = [self.view(sim, r, t) for r in range(len(sim.replicas))]
+            views = self.views(sim, t)
             route = choose_route(
                 name,
                 views,
@@ -817,13 +823,20 @@ class Tidal:
         self.retry_held(sim, t)
 
     # -- the operator's fleet loop -----------------------------------------------------------
-    def tick(self, sim: Sim, t: float) -> None:
-        started = time.perf_counter()
+    def measure_rates(self, sim: Sim, t: float) -> np.ndarray:
+        """Requests per second per model since the last tick, as the shell's `model_rates`
+        takes them from the runtimes' counters (none on the first tick)."""
         first = self.last_tick is None
         elapsed = t - (self.last_tick or 0.0)
         self.last_tick = t
         rates = self.counts / elapsed if not first else np.zeros(sim.cfg.models)
         self.counts = np.zeros(sim.cfg.models)
+        return np.asarray(rates)
+
+    def tick(self, sim: Sim, t: float) -> None:
+        started = time.perf_counter()
+        first = self.last_tick is None
+        rates = self.measure_rates(sim, t)
         known = list(self.sizes.values())
         fallback = float(np.median(known)) if known else DEFAULT_MODEL_BYTES
         demands = []
@@ -867,6 +880,29 @@ class Tidal:
         for i in self.held:
             sim.fail(i)
         self.held = []
+
+
+class TidalSmoothedRates(Tidal):
+    """What if (not tidal's shell): placement gets per-model rates over the last
+    `window` seconds instead of over one placement interval (`--what-if`)."""
+
+    name = "tidal, 60 s rates"
+    window = 60.0
+
+    def start(self, sim: Sim) -> None:
+        super().start(sim)
+        self.history: deque[tuple[float, np.ndarray]] = deque()
+
+    def measure_rates(self, sim: Sim, t: float) -> np.ndarray:
+        first = self.last_tick is None
+        self.last_tick = t
+        self.history.append((t, self.counts))
+        self.counts = np.zeros(sim.cfg.models)
+        while self.history[0][0] <= t - self.window:
+            self.history.popleft()
+        if first:
+            return np.zeros(sim.cfg.models)
+        return np.asarray(sum(c for _, c in self.history) / min(self.window, t))
 
 
 # ------------------------------------------------------------------------------------------
@@ -929,7 +965,7 @@ def summarise(
     for ld in loads:
         reasons[ld.reason] = reasons.get(ld.reason, 0) + 1
     notes = "loads " + ", ".join(f"{k} {v}" for k, v in sorted(reasons.items()))
-    if isinstance(policy, Tidal):
+    if isinstance(policy, Tidal):  # and its what-if
         top = sorted(policy.decisions.items(), key=lambda kv: -kv[1])
         notes += "; routes " + ", ".join(f"{k} {v}" for k, v in top)
     return Result(
@@ -955,20 +991,25 @@ def _p99(latencies: np.ndarray) -> float:
 HOT_ONLY = " hot only"
 
 
-def make_policies(cfg: FleetConfig, hot_only: bool = False) -> list[Policy]:
-    return [RandomLRU(), ModelMeshLike(cfg), Tidal(cfg, hot_only), Belady()]
+def make_policies(cfg: FleetConfig, hot_only: bool = False, what_if: bool = False) -> list[Policy]:
+    policies: list[Policy] = [RandomLRU(), ModelMeshLike(cfg), Tidal(cfg, hot_only)]
+    if what_if:
+        policies.append(TidalSmoothedRates(cfg, hot_only))
+    return [*policies, Belady()]
 
 
-def run_all(cfg: FleetConfig, alphas: Sequence[float], hot_only: bool = True) -> list[Result]:
+def run_all(
+    cfg: FleetConfig, alphas: Sequence[float], hot_only: bool = True, what_if: bool = False
+) -> list[Result]:
     fleet = make_fleet(cfg)
     results = []
     for alpha in alphas:
         trace = make_trace(cfg, alpha)
-        for policy in make_policies(cfg):
+        for policy in make_policies(cfg, what_if=what_if):
             results.append(simulate(cfg, fleet, trace, policy, trace.hot))
         if hot_only:
             hot_trace = trace.only(trace.hot, trace.name + HOT_ONLY)
-            for policy in make_policies(cfg, hot_only=True):
+            for policy in make_policies(cfg, hot_only=True, what_if=what_if):
                 results.append(simulate(cfg, fleet, hot_trace, policy, trace.hot))
     return results
 
@@ -1122,8 +1163,8 @@ def report(cfg: FleetConfig, fleet: Fleet, results: Sequence[Result], elapsed: f
     for g in verdicts:
         console.print(f"goal {g.trace}: {g.what}: {'met' if g.met else 'NOT met'} — {g.detail}")
     for r in results:
-        if r.policy == Tidal.name and not r.trace.endswith(HOT_ONLY):
-            console.print(f"tidal {r.trace}: {r.notes}")
+        if r.policy.startswith(Tidal.name) and not r.trace.endswith(HOT_ONLY):
+            console.print(f"{r.policy} {r.trace}: {r.notes}")
     console.print(f"simulated {len(results)} runs in {elapsed:.1f} s")
     return all(g.met for g in verdicts)
 
@@ -1133,13 +1174,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--alpha", default="0.8,1.1", help="comma-separated Zipf exponents")
     parser.add_argument("--seed", type=int, default=FleetConfig.seed)
     parser.add_argument("--quick", action="store_true", help="a small trace (smoke test)")
+    parser.add_argument(
+        "--what-if",
+        action="store_true",
+        help="also run tidal with per-model rates over 60 s (not what the operator does)",
+    )
     args = parser.parse_args(argv)
     cfg = FleetConfig(seed=args.seed)
     if args.quick:
         cfg = replace(cfg, **QUICK)  # type: ignore[arg-type]
     alphas = [float(a) for a in args.alpha.split(",") if a]
     started = time.perf_counter()
-    results = run_all(cfg, alphas)
+    results = run_all(cfg, alphas, what_if=args.what_if)
     report(cfg, make_fleet(cfg), results, time.perf_counter() - started)
     return 0
 
