@@ -82,7 +82,9 @@ def test_parse_the_runtimes_batch_work_and_deadlines() -> None:
         m.queue_reachable.labels(model).set(1)
     scrape = parse_pod_metrics(generate_latest(m.registry).decode(), "p", at=1.0)
     assert scrape.work is not None
-    want = BatchWork(batches=4, rows=20, requests=20, seconds=0.3, row_seconds=1.8, rows_squared=136)
+    want = BatchWork(
+        batches=4, rows=20, requests=20, seconds=0.3, row_seconds=1.8, rows_squared=136
+    )
     for name in ("batches", "rows", "requests", "seconds", "row_seconds", "rows_squared"):
         assert getattr(scrape.work, name) == pytest.approx(getattr(want, name)), name
     assert (scrape.slots, scrape.max_batch_rows) == (2, 8)
