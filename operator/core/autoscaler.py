@@ -760,6 +760,8 @@ def _demand_replicas(
     if spr is None and capacity is not None:
         spr = capacity.seconds_per_request
     rate = obs.arrival_rate
+    if spr is not None and spr <= 0:
+        spr = None  # an idle pool's sample says nothing of a request's time
     if rate is None or spr is None:
         # No flow to size for: the queue (or its trend, without a rate) over the target
         # concurrency, as KPA would. Until the per-request time and the rate are known the
