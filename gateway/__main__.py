@@ -5,6 +5,8 @@ until SIGTERM/SIGINT, draining like the runtime (not ready at once, still servin
 ``shutdownDrainSeconds``; a second signal exits at once).  Listen address from
 ``--host``/``--port`` or ``TIDAL_HOST``/``TIDAL_PORT`` (default ``0.0.0.0:8080``); static
 replicas from ``--replica URL`` (repeatable), else from ``PUT /v2/tidal/replicas``.
+``--event-loop`` / ``TIDAL_EVENT_LOOP``: ``auto`` (default) runs on uvloop when it is installed
+(a faster event loop; optional, not a dependency), ``asyncio`` never does.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 
 from pydantic import ValidationError
 
@@ -39,6 +42,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--host", default=os.environ.get("TIDAL_HOST", "0.0.0.0"))
     parser.add_argument("--port", type=int, default=None)
     parser.add_argument("--log-level", default=os.environ.get("TIDAL_LOG_LEVEL", "INFO"))
+    parser.add_argument(
+        "--event-loop",
+        choices=["auto", "asyncio", "uvloop"],
+        default=os.environ.get("TIDAL_EVENT_LOOP", "auto"),
+        help="auto: uvloop when installed",
+    )
     parser.add_argument(
         "--check-config", action="store_true", help="validate the configuration and exit"
     )
@@ -67,10 +76,19 @@ def main(argv: list[str] | None = None) -> int:
             "tidal-gateway: invalid configuration: TIDAL_PORT must be an integer", file=sys.stderr
         )
         return 2
+    try:
+        factory = loop_factory(args.event_loop)
+    except ImportError:
+        print("tidal-gateway: --event-loop uvloop: uvloop is not installed", file=sys.stderr)
+        return 2
     if args.check_config:
         print("configuration is valid")
         return 0
     from tidal.gateway.server import serve
+
+    logging.getLogger("tidal.gateway").info(
+        "event loop: %s", "uvloop" if factory is not None else "asyncio"
+    )
 
     async def run() -> None:
         loop = asyncio.get_running_loop()
@@ -88,8 +106,23 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.suppress(asyncio.CancelledError):
             await serve(config, args.host, port, replicas, stop)
 
-    asyncio.run(run())
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(run())
     return 0
+
+
+def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's loop factory for ``uvloop`` (ImportError if missing) and ``auto`` (if present)."""
+    if choice == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        if choice == "uvloop":
+            raise
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
 
 
 if __name__ == "__main__":
