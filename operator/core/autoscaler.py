@@ -22,8 +22,9 @@ How demand is estimated (in replicas):
   its trend over `trend_window_seconds`, times the measured warm-up time) at
   `projected_utilization` x capacity, whichever is more. When the user set
   `target_queue_depth`, its old meaning: concurrency per replica, with the seconds of
-  concurrency one request holds learned from queue depth / arrival rate while not saturated,
-  or from the measured service time until then.
+  concurrency one request holds learned from queue depth / arrival rate while not saturated
+  (until then the queue over the target, at most doubling the pool per decision); capacity
+  is learned and reported but does not size the pool.
 * Backlog: requests waiting beyond what the ready replicas hold in service, plus what they
   fall behind by until the replicas on the way are warm, counting only requests that can
   still be served within their deadline (the runtime reports queued requests that cannot, and
@@ -750,8 +751,12 @@ def _demand_replicas(
     live_queue = max(0.0, obs.queue_depth - (obs.unreachable or 0.0))
     queue_mode = policy.target_queue_depth is not None
     if queue_mode:
+        # A queue target keeps its old meaning: concurrency per replica, whatever the batches
+        # say (time a request spends outside the batcher holds concurrency too). The capacity
+        # is learned and reported all the same.
         assert policy.target_queue_depth is not None
         target = policy.target_queue_depth
+        capacity = None
     elif capacity is not None:
         target = policy.target_utilization * capacity.knee_concurrency
     else:
@@ -768,10 +773,7 @@ def _demand_replicas(
         # pool at most doubles per decision (the next batches and scrapes tell).
         # (With a queue target set and no rate at all, the queue is the user's own measure.)
         queue = live_queue if rate is not None else _projected(policy, samples, warmup)
-        if queue_mode:
-            learning = capacity is None and rate is not None
-        else:
-            learning = capacity is None or rate is None
+        learning = rate is not None if queue_mode else (capacity is None or rate is None)
         return _Demand(queue / target, learning=learning)
 
     projected = _projected(policy, samples, warmup)
