@@ -180,6 +180,20 @@ def build_crd() -> dict[str, Any]:
             "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
             "priority": 1,
         },
+        {
+            "name": "Decision",
+            "type": "string",
+            "jsonPath": ".status.lastDecision.reason",
+            "description": "The autoscaler's last decision, e.g. surge:rate or hold:metrics-stale.",
+            "priority": 1,
+        },
+        {
+            "name": "Rollout",
+            "type": "string",
+            "jsonPath": ".status.rollout.phase",
+            "description": "With a baseline: Stable, Preparing, Progressing, RolledBack or Pinned.",
+            "priority": 1,
+        },
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]
     return {
