@@ -8,8 +8,9 @@ request), for each model:
 * batch-1 latency, one client that alternates direct and gateway request by request (ABBA), so
   that drift in the machine's speed falls on both alike: P50/P99 of each (the overhead);
 * saturation: ``--clients`` concurrent closed loops from ``--client-processes`` processes:
-  throughput directly and through the gateway, alternating, ``--rounds`` times; the best round
-  of each is compared and every round's own ratio is printed.
+  throughput directly and through the gateway, alternating, ``--rounds`` times; the goal is
+  judged on the median of the rounds' own ratios (each gateway run follows its direct run, so
+  slow drift cancels); the best round of each is shown beside it.
 
 Goals (issue 10): overhead at batch-1 P50 <= 1 ms, saturation throughput through the gateway
 >= 90 % of direct.
@@ -29,6 +30,7 @@ import asyncio
 import multiprocessing
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -234,14 +236,20 @@ def run_model(
     errors = sum(s.errors for samples in results.values() for s in samples)
     overhead_p50 = g1.p50_ms - d1.p50_ms
     overhead_p99 = g1.p99_ms - d1.p99_ms
-    ratio = gs.rate / ds.rate
+    best_ratio = gs.rate / ds.rate
+    # Each round's gateway run follows its direct run: their ratio cancels slow drift, and the
+    # median of the rounds is the figure the goal is judged on (best vs best shown beside it).
+    pairs = zip(results["ds"], results["gs"], strict=True)
+    ratio = statistics.median(g.rate / d.rate for d, g in pairs)
     rows = [
         ("batch-1 P50 latency", f"{d1.p50_ms:.3f} ms", f"{g1.p50_ms:.3f} ms",
          f"{overhead_p50:+.3f} ms", "<= 1 ms", overhead_p50 <= 1.0),
         ("batch-1 P99 latency", f"{d1.p99_ms:.3f} ms", f"{g1.p99_ms:.3f} ms",
          f"{overhead_p99:+.3f} ms", "", None),
-        (f"saturation, {clients} clients", f"{ds.rate:.0f} req/s", f"{gs.rate:.0f} req/s",
-         f"{ratio:.1%}", ">= 90 %", ratio >= 0.9),
+        (f"saturation, {clients} clients", "", "", f"{ratio:.1%}", ">= 90 %", ratio >= 0.9),
+        ("  (median of round ratios)", "", "", "", "", None),
+        ("saturation, best rounds", f"{ds.rate:.0f} req/s", f"{gs.rate:.0f} req/s",
+         f"{best_ratio:.1%}", "", None),
         ("saturation P50 latency", f"{ds.p50_ms:.3f} ms", f"{gs.p50_ms:.3f} ms",
          f"{gs.p50_ms / ds.p50_ms:.2f}x", "", None),
         ("failed requests", "", "", str(errors), "0", errors == 0),
