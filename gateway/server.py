@@ -484,10 +484,10 @@ class Gateway:
             (r.load_seconds.get(model, 0.0) for r in self.replicas.values()), default=0.0
         )
         retry_after = min(MAX_RETRY_AFTER_S, max(1, math.ceil(estimate)))
+        waited = f"held {held:.1f} s, " if held > 0 else ""
         return error(
             503,
-            f"model {model!r} is not ready on any replica ({route.reason}); "
-            f"held {held:.1f} s, retry later",
+            f"model {model!r} is not ready on any replica ({route.reason}); {waited}retry later",
             retry_after,
         )
 
