@@ -672,8 +672,6 @@ def _record_trend(
     old = state.trend_samples if state.trend_signal == signal else ()
     cutoff = obs.now - policy.trend_window_seconds
     kept = tuple(s for s in old if cutoff <= s[0] < obs.now)
-    if kept and obs.now - kept[-1][0] > policy.max_metrics_age_seconds:
-        kept = ()  # a gap in the signal (an operator restart) is no trend
     return (*kept, (obs.now, value)), signal
 
 
@@ -767,6 +765,8 @@ def _demand_replicas(
     rate = obs.arrival_rate
     if spr is not None and spr <= 0:
         spr = None  # an idle pool's sample says nothing of a request's time
+    if not target > 0:
+        target = policy.fallback_queue_depth  # a degenerate capacity estimate
     if rate is None or spr is None:
         # No flow to size for: the queue (or its trend, without a rate) over the target
         # concurrency, as KPA would. Until the per-request time and the rate are known the
@@ -779,8 +779,10 @@ def _demand_replicas(
     projected = _projected(policy, samples, warmup)
     # Per replica at the target: requests/s (the flow's unit) and concurrency (the queue's).
     per_replica = target / spr
+    if not per_replica > 0:  # an absurd per-request time underflows: size on the queue
+        return _Demand(live_queue / target, learning=True)
     flow = projected / per_replica
-    if not queue_mode and capacity is not None:
+    if not queue_mode and capacity is not None and capacity.per_replica_rate > 0:
         ahead = max(policy.projected_utilization, policy.target_utilization)
         flow = max(rate / per_replica, projected / (ahead * capacity.per_replica_rate))
     # The backlog the capacity on the way will find: what is queued beyond what the ready

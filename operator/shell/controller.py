@@ -109,10 +109,6 @@ class ControllerSettings:
     tick_seconds: float = 1.0
     # Status changes that are only new metric values are written at most this often.
     status_interval: float = 1.0
-    # For this long after a loop starts, a tick whose pod cache shows fewer ready pods than
-    # the Deployments report is skipped: the watch has not listed the pods yet, and deciding
-    # on an empty pool would feed the autoscaler a false idle sample (after a restart, mid-surge).
-    sync_grace_seconds: float = 15.0
     # A label patch the watch has not confirmed yet is not sent again within this time.
     patch_grace_seconds: float = 3.0
 
@@ -127,7 +123,6 @@ class ServiceState:
     # replicas are manual so the memory is not lost).
     scaler_loaded: bool = False
     stored_autoscaler: AutoscalerStatus | None = None
-    first_tick_at: float | None = None
     last_total: dict[tuple[PoolName, ...], int] = field(default_factory=dict)
     rollout: RolloutState | None = None
     rollout_loaded: bool = False
@@ -272,21 +267,6 @@ class Controller:
         pods = {
             pool: [b for b in bodies if _labels(b).get(LABEL_POOL) == pool.value] for pool in pools
         }
-        if st.first_tick_at is None:
-            st.first_tick_at = self.mono()
-        if self.mono() - st.first_tick_at < self.settings.sync_grace_seconds:
-            # A Deployment not listed yet lags the same way (a new service's is created by the
-            # reconciler within a reconcile; the reconciler holds to the provisional view).
-            known = kids.deployments if kids is not None else {}
-            lagging = [
-                pool
-                for pool in pools
-                if (dep := known.get(pool.value)) is None
-                or dep.ready_replicas > ready_of_template(pods[pool], None)
-            ]
-            if lagging:
-                log.debug("%s/%s: pod cache behind the Deployments, tick skipped", *key)
-                return
         readings_list = await asyncio.gather(
             *(
                 self.collector.observe_pool(PoolKey(key[0], key[1], pool.value), pods[pool])
