@@ -968,7 +968,10 @@ def dump_state(state: ScalerState, clock_offset: float) -> dict[str, Any]:
         "lastAt": at(state.last_decision_at),
         "agreedSince": at(state.agreed_since),
         "window": [[at(t), r] for t, r in compact_window(state.down_window)],
-        "trend": [[at(t), _sig(v)] for t, v in state.trend_samples],
+        # Only the last sample: a trend does not survive the gap of a restart (its halves
+        # straddle the gap and read a surge's step as a ramp: 3 -> 6 replicas on the sandbox);
+        # the last rate stands in for the first tick's missing one.
+        "trend": [[at(t), _sig(v)] for t, v in state.trend_samples[-1:]],
         "trendSignal": state.trend_signal,
         "spr": None if state.seconds_per_request is None else _sig(state.seconds_per_request),
     }

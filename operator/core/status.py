@@ -294,6 +294,9 @@ def compute_status(inp: StatusInput) -> StatusResult:
             else prev.last_decision
         ),
         rollout=control.rollout if control is not None else prev.rollout,
+        autoscaler=(control.autoscaler or prev.autoscaler)
+        if control is not None
+        else prev.autoscaler,
         fleet=(inp.fleet or prev.fleet) if inp.fleet_enabled else None,
     )
     return StatusResult(status=status, events=events)

@@ -93,6 +93,7 @@ from tidal.operator.core.rollout import (
 )
 from tidal.operator.core.signals import PoolKey, pod_views
 from tidal.operator.core.status import EventSpec
+from tidal.operator.shell import metrics
 from tidal.operator.shell.kube import Kube, KubeError
 from tidal.operator.shell.reconciler import Key, Store
 from tidal.operator.shell.signals import PoolReading, SignalCollector
@@ -111,6 +112,9 @@ class ControllerSettings:
     status_interval: float = 1.0
     # A label patch the watch has not confirmed yet is not sent again within this time.
     patch_grace_seconds: float = 3.0
+    # A loop's first decision waits at most this long for the pod cache to show the ready
+    # pods the Deployments report (see Controller.tick).
+    sync_timeout_seconds: float = 10.0
 
 
 @dataclass
@@ -123,6 +127,10 @@ class ServiceState:
     # replicas are manual so the memory is not lost).
     scaler_loaded: bool = False
     stored_autoscaler: AutoscalerStatus | None = None
+    # The pod cache has once shown the ready pods the Deployments report (or the wait for it
+    # timed out): from then on every tick decides.
+    synced: bool = False
+    first_tick_at: float | None = None
     last_total: dict[tuple[PoolName, ...], int] = field(default_factory=dict)
     rollout: RolloutState | None = None
     rollout_loaded: bool = False
@@ -267,6 +275,8 @@ class Controller:
         pods = {
             pool: [b for b in bodies if _labels(b).get(LABEL_POOL) == pool.value] for pool in pools
         }
+        if not st.synced and not self._cache_synced(st, kids, pods):
+            return
         readings_list = await asyncio.gather(
             *(
                 self.collector.observe_pool(PoolKey(key[0], key[1], pool.value), pods[pool])
@@ -334,6 +344,9 @@ class Controller:
             )
             rollout, st.rollout = plan_rollout(spec, obs, st.rollout, wall)
             events += [EventSpec(e.type.value, e.reason, e.message) for e in rollout.events]
+            metrics.count_rollout_events(
+                isvc.namespace, isvc.name, (e.reason for e in rollout.events)
+            )
 
         observed = plan_children(isvc, decision, rollout, current)
         if decision is not None:
@@ -358,6 +371,32 @@ class Controller:
         for e in events:
             log.info("%s/%s %s: %s", key[0], key[1], e.reason, e.message)
         await asyncio.gather(*(self.kube.post_event(body, e, now) for e in events))
+
+    def _cache_synced(
+        self,
+        st: ServiceState,
+        kids: Any,
+        pods: Mapping[PoolName, Sequence[Mapping[str, Any]]],
+    ) -> bool:
+        """Whether the loop may decide yet (once true, stays true).
+
+        A restarted operator's first ticks can come before its watch has listed the pods: a
+        pool would look empty, and the autoscaler would take a false idle sample mid-surge.
+        So the first decision waits, once, until the pod cache shows as many ready pods as the
+        Deployments report, or `sync_timeout_seconds`; the reconciler holds to the provisional
+        view meanwhile. Later ticks never wait (a per-tick check flaps as pods turn ready, and
+        the gaps it leaves between scrapes average the arrival rate over seconds).
+        """
+        now = self.mono()
+        if st.first_tick_at is None:
+            st.first_tick_at = now
+        deployments = kids.deployments if kids is not None else {}
+        st.synced = now - st.first_tick_at >= self.settings.sync_timeout_seconds or all(
+            d.ready_replicas <= ready_of_template(pods[PoolName(p)], None)
+            for p, d in deployments.items()
+            if p in (PoolName.PRIMARY.value, PoolName.BASELINE.value) and PoolName(p) in pods
+        )
+        return st.synced
 
     def _status(
         self,
@@ -385,6 +424,12 @@ class Controller:
             if marker != st.last_decision_key or last is None:
                 last = status_decision(decision, serving[0], now)
                 st.last_decision_key = marker
+                metrics.SCALE_DECISIONS.labels(
+                    namespace=isvc.namespace,
+                    isvc=isvc.name,
+                    pool=serving[0].value,
+                    reason=decision.reason,
+                ).inc()
         return ControlStatus(
             conditions=tuple(conditions),
             pool_metrics={

@@ -77,6 +77,7 @@ from tidal.operator.core.resources import (
     placement_headroom,
     resolve_active_pool,
 )
+from tidal.operator.shell import metrics
 from tidal.operator.shell.kube import Kube, KubeError
 from tidal.operator.shell.reconciler import Key, Store
 
@@ -348,6 +349,7 @@ class FleetController:
         pins = placement.pinned
         if st.placement is None or st.placement.pinned != pins:
             st.placed_wall = datetime.fromtimestamp(wall, UTC)
+            metrics.PLACEMENT_CHANGES.labels(namespace=isvc.namespace, isvc=isvc.name).inc()
             sizes = {d.name: d.size_bytes for d in demands}
             resident = {r.name: r.resident for r in reports}
             st.loaded_bytes += sum(

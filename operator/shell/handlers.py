@@ -115,6 +115,7 @@ async def on_startup_configure(settings: kopf.OperatorSettings, **_: Any) -> Non
         on_depth=metrics.QUEUE_DEPTH.set,
     )
     RUNTIME.queue.start()
+    metrics.publish_inference_services(RUNTIME.store)
     RUNTIME.resync_task = asyncio.create_task(_resync_forever())
     log.info(
         "tidal-operator started with %d workers, control tick %.2fs, %s",

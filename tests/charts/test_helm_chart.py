@@ -206,7 +206,10 @@ def test_monitors_select_the_operator_and_runtime_pods(helm: Helm) -> None:
         "port": "metrics",
         "path": "/metrics",
         "interval": "15s",
+        "honorLabels": True,
     }
+    # tidal_inferenceservice_* name the InferenceService's namespace, not the operator's.
+    assert operator_monitor["spec"]["podMetricsEndpoints"][0]["honorLabels"] is True
 
     runtime = monitors["t-tidal-runtime"]["spec"]
     assert runtime["selector"]["matchExpressions"] == [{"key": LABEL_ISVC, "operator": "Exists"}]

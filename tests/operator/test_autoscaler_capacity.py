@@ -438,7 +438,10 @@ def states(draw: st.DrawFn) -> ScalerState:
 @given(states())
 def test_state_json_round_trip(state: ScalerState) -> None:
     text = json.dumps(dump_state(state, clock_offset=0.0))
-    assert load_state(json.loads(text), clock_offset=0.0) == state
+    # Everything but the trend comes back; of the trend, the last sample (the last rate).
+    assert load_state(json.loads(text), clock_offset=0.0) == replace(
+        state, trend_samples=state.trend_samples[-1:]
+    )
 
 
 def test_state_times_move_to_the_new_process_clock() -> None:
