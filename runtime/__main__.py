@@ -1,7 +1,8 @@
 """Entry point: ``python -m tidal.runtime`` / ``tidal-runtime``.
 
 Reads the configuration (exit code 2 at once, naming the field, when it is invalid), then serves
-until SIGTERM/SIGINT.  Listen address from ``--host``/``--port`` or ``TIDAL_HOST``/``TIDAL_PORT``.
+until SIGTERM/SIGINT.  Listen address from ``--host``/``--port`` or ``TIDAL_HOST``/``TIDAL_PORT``
+(HTTP, default 8080) and ``--grpc-port``/``TIDAL_GRPC_PORT`` (gRPC, default 8081; 0: HTTP only).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import sys
 from tidal.runtime.config import ConfigError, load_config
 
 SWITCH_INTERVAL_S = 0.0002
+DEFAULT_GRPC_PORT = 8081
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -26,6 +28,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--config", help="YAML or JSON file (else TIDAL_RUNTIME_CONFIG[_JSON])")
     parser.add_argument("--host", default=os.environ.get("TIDAL_HOST", "0.0.0.0"))
     parser.add_argument("--port", type=int, default=None)
+    parser.add_argument(
+        "--grpc-port",
+        type=int,
+        default=None,
+        help=f"OIP v2 gRPC port (else TIDAL_GRPC_PORT, else {DEFAULT_GRPC_PORT}); 0: no gRPC",
+    )
     parser.add_argument("--log-level", default=os.environ.get("TIDAL_LOG_LEVEL", "INFO"))
     parser.add_argument(
         "--check-config", action="store_true", help="validate the configuration and exit"
@@ -51,6 +59,22 @@ def main(argv: list[str] | None = None) -> int:
             "tidal-runtime: invalid configuration: TIDAL_PORT must be an integer", file=sys.stderr
         )
         return 2
+    # The default gRPC port is taken when free; one asked for (flag or variable) must be bound.
+    grpc_text = os.environ.get("TIDAL_GRPC_PORT", "")
+    grpc_asked = args.grpc_port is not None or bool(grpc_text)
+    try:
+        grpc_port = (
+            args.grpc_port if args.grpc_port is not None else int(grpc_text or DEFAULT_GRPC_PORT)
+        )
+    except ValueError:
+        grpc_port = -1
+    if not 0 <= grpc_port <= 65535:
+        print(
+            "tidal-runtime: invalid configuration: the gRPC port (--grpc-port, "
+            "TIDAL_GRPC_PORT) must be an integer in 0..65535",
+            file=sys.stderr,
+        )
+        return 2
     if args.check_config:
         print("configuration is valid")
         return 0
@@ -61,8 +85,6 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         print(f"tidal-runtime: backend {config.backend!r} cannot start: {exc}", file=sys.stderr)
         return 2
-    from tidal.runtime.server import serve
-
     # The event loop hands batches to worker threads; with CPython's default 5 ms switch
     # interval a thread waiting for the GIL can stall a request by milliseconds.
     sys.setswitchinterval(SWITCH_INTERVAL_S)
@@ -81,9 +103,22 @@ def main(argv: list[str] | None = None) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_signal)
         with contextlib.suppress(asyncio.CancelledError):
-            await serve(config, args.host, port, backend, stop)
+            if grpc_port:
+                from tidal.runtime import grpc_server
 
-    asyncio.run(run())
+                await grpc_server.serve(
+                    config, args.host, port, grpc_port, backend, stop, grpc_optional=not grpc_asked
+                )
+            else:
+                from tidal.runtime.server import serve
+
+                await serve(config, args.host, port, backend, stop)
+
+    try:
+        asyncio.run(run())
+    except OSError as exc:  # a port that cannot be bound
+        print(f"tidal-runtime: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
