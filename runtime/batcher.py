@@ -110,6 +110,7 @@ class ModelBatcher:
         self._busy = metrics.backend_seconds.labels(name)
         self._row_seconds = metrics.backend_row_seconds.labels(name)
         self._rows_squared = metrics.backend_rows_squared.labels(name)
+        self.stats = metrics.stats_for(name)
         metrics.backend_slots.labels(name).set(self.slots)
         metrics.max_batch_rows.labels(name).set(spec.max_batch_size)
         timeout = spec.batching.timeout_ms
@@ -294,6 +295,10 @@ class ModelBatcher:
             for pending in batch:
                 pending.future.set_exception(BackendError("engine vanished while queued"))
             return
+        merging = self.clock.now()
+        queue = self.stats.queue
+        for pending in batch:
+            queue.add(merging - pending.item.arrival)
         if len(batch) == 1:
             merged = batch[0].inputs
         else:
@@ -347,3 +352,6 @@ class ModelBatcher:
                         {name: out[offset : offset + n] for name, out in outputs.items()}
                     )
             offset += n
+        self.stats.record_batch(
+            rows, len(batch), started - merging, elapsed, self.clock.now() - started - elapsed
+        )

@@ -2,9 +2,16 @@
 
 Every metric is documented in runtime/README.md ("Metrics reference").  Each server owns its
 own registry so that several servers can live in one test process.
+
+:class:`ModelStats` holds the per-model figures of the statistics extension
+(``GET /v2/models/{m}/stats``, Triton's JSON shape): plain counters updated on the event loop,
+a few integer additions per request and per batch.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
@@ -166,3 +173,100 @@ class RuntimeMetrics:
             "Seconds from process start until /v2/health/ready turned true.",
             registry=r,
         )
+        self.stats: dict[str, ModelStats] = {}  # the statistics extension, by model
+
+    def stats_for(self, model: str) -> ModelStats:
+        stats = self.stats.get(model)
+        if stats is None:
+            stats = self.stats[model] = ModelStats()
+        return stats
+
+
+@dataclass
+class DurationStat:
+    """A count and a cumulative duration, Triton's ``$duration_stat``."""
+
+    count: int = 0
+    ns: int = 0
+
+    def add(self, seconds: float, count: int = 1) -> None:
+        self.count += count
+        self.ns += int(seconds * 1e9) * count
+
+    def as_json(self) -> dict[str, int]:
+        return {"count": self.count, "ns": self.ns}
+
+
+@dataclass
+class BatchStat:
+    compute_input: DurationStat = field(default_factory=DurationStat)
+    compute_infer: DurationStat = field(default_factory=DurationStat)
+    compute_output: DurationStat = field(default_factory=DurationStat)
+
+
+@dataclass
+class ModelStats:
+    """One model's statistics since start, in the terms of Triton's statistics extension.
+
+    Per request: ``success``/``fail`` (arrival to answer), ``queue`` (arrival to its batch
+    starting), ``compute_*`` (its batch's merge, execution and split). Per batch:
+    ``execution_count``, ``inference_count`` (rows) and ``batch_stats`` by batch size.
+    ``last_inference`` is wall time (ms since the epoch) of the last answered request.
+    """
+
+    last_inference_ms: int = 0
+    inference_count: int = 0
+    execution_count: int = 0
+    success: DurationStat = field(default_factory=DurationStat)
+    fail: DurationStat = field(default_factory=DurationStat)
+    queue: DurationStat = field(default_factory=DurationStat)
+    compute_input: DurationStat = field(default_factory=DurationStat)
+    compute_infer: DurationStat = field(default_factory=DurationStat)
+    compute_output: DurationStat = field(default_factory=DurationStat)
+    batches: dict[int, BatchStat] = field(default_factory=dict)
+
+    def record_batch(
+        self, rows: int, requests: int, merge_s: float, infer_s: float, split_s: float
+    ) -> None:
+        self.execution_count += 1
+        self.inference_count += rows
+        self.compute_input.add(merge_s, requests)
+        self.compute_infer.add(infer_s, requests)
+        self.compute_output.add(split_s, requests)
+        batch = self.batches.get(rows)
+        if batch is None:
+            batch = self.batches[rows] = BatchStat()
+        batch.compute_input.add(merge_s)
+        batch.compute_infer.add(infer_s)
+        batch.compute_output.add(split_s)
+
+    def as_json(self, name: str, version: str) -> dict[str, Any]:
+        zero = {"count": 0, "ns": 0}
+        return {
+            "name": name,
+            "version": version,
+            "last_inference": self.last_inference_ms,
+            "inference_count": self.inference_count,
+            "execution_count": self.execution_count,
+            "inference_stats": {
+                "success": self.success.as_json(),
+                "fail": self.fail.as_json(),
+                "queue": self.queue.as_json(),
+                "compute_input": self.compute_input.as_json(),
+                "compute_infer": self.compute_infer.as_json(),
+                "compute_output": self.compute_output.as_json(),
+                "cache_hit": dict(zero),  # no response cache
+                "cache_miss": dict(zero),
+            },
+            "response_stats": {},
+            "batch_stats": [
+                {
+                    "batch_size": size,
+                    "compute_input": batch.compute_input.as_json(),
+                    "compute_infer": batch.compute_infer.as_json(),
+                    "compute_output": batch.compute_output.as_json(),
+                }
+                for size, batch in sorted(self.batches.items())
+            ],
+            "memory_usage": [],
+        }

@@ -4,12 +4,27 @@ Decoding turns a request body into named numpy arrays plus the list of requested
 encoding turns output arrays into a JSON or binary response body.  No I/O here: the server
 hands bodies in and gets bytes out.  Every malformed input raises :class:`InvalidRequest` or
 :class:`InvalidInput` with a message saying what was expected.
+
+As strict as Triton's HTTP front end: JSON ``data`` must hold values of the tensor's datatype
+(no ``null``, no strings for numbers, no floats for integers, nothing out of the datatype's
+range such as ``1e39`` for FP32) laid out either flat or nested exactly as ``shape``;
+``binary_data_output`` and ``binary_data`` are booleans, ``id`` a string, ``timeout`` an
+unsigned integer (microseconds).  Like Triton, JSON numbers may be ``NaN``/``Infinity``/
+``-Infinity`` on the way in, and non-finite outputs are written with those tokens (rapidjson's
+``kWriteNanAndInfFlag``, what Triton writes); a client whose JSON parser refuses them asks for
+binary outputs.
+
+BYTES tensors are lists of strings in JSON and, in the binary extension, each element is a
+4-byte little-endian length followed by that many bytes (Triton's layout); numpy holds them as
+an object array of ``bytes``.  BF16 needs ``ml_dtypes`` (numpy has no bfloat16); without it a
+BF16 tensor is refused naming the datatype.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import struct
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +32,15 @@ import numpy as np
 
 from tidal.runtime.errors import InvalidInput, InvalidRequest
 
+try:  # bfloat16 for numpy; a dependency of onnx, optional here
+    import ml_dtypes
+
+    _BF16: np.dtype[Any] | None = np.dtype(ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover - depends on the environment
+    _BF16 = None
+
 HEADER_LENGTH = "Inference-Header-Content-Length"
+MAX_DIMS = 64  # numpy's limit, and Triton's: more is a client error, not a crash
 
 DATATYPES: dict[str, np.dtype[Any]] = {
     "BOOL": np.dtype(np.bool_),
@@ -32,8 +55,12 @@ DATATYPES: dict[str, np.dtype[Any]] = {
     "FP16": np.dtype(np.float16),
     "FP32": np.dtype(np.float32),
     "FP64": np.dtype(np.float64),
+    "BYTES": np.dtype(object),
 }
+if _BF16 is not None:
+    DATATYPES["BF16"] = _BF16
 _BY_DTYPE = {dtype: name for name, dtype in DATATYPES.items()}
+_LENGTH = struct.Struct("<I")  # the length prefix of each BYTES element
 
 
 def datatype_of(dtype: np.dtype[Any]) -> str:
@@ -56,12 +83,181 @@ class InferRequest:
     binary_default: bool
     id: str | None = None
     parameters: dict[str, Any] = field(default_factory=dict)
+    timeout_us: int | None = None  # parameters.timeout (Triton: microseconds; 0 = none)
+
+
+def parse_json(raw: bytes, what: str) -> Any:
+    """``json.loads`` whose every failure is a client error (400), nesting depth included."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise InvalidRequest(f"{what} is nested too deeply") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(f"{what} is not valid JSON: {exc}") from None
 
 
 def _as_dict(value: Any, what: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise InvalidRequest(f"{what} must be a JSON object")
     return value
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _bool_param(params: dict[str, Any], key: str, default: bool, where: str) -> bool:
+    value = params.get(key, default)
+    if not isinstance(value, bool):
+        raise InvalidRequest(f"{where}: {key!r} must be true or false, got {value!r:.40}")
+    return value
+
+
+def _structure_error(name: str, shape: list[int]) -> InvalidInput:
+    return InvalidInput(
+        f"input {name!r}: 'data' must be a flat list of the shape's element count or lists "
+        f"nested exactly as shape {shape}"
+    )
+
+
+def _json_array(
+    name: str, data: Any, datatype: str, dtype: np.dtype[Any], shape: list[int], count: int
+) -> np.ndarray[Any, Any]:
+    """The tensor ``data`` holds, refusing anything Triton would not take for ``datatype``."""
+    if not isinstance(data, list):
+        raise InvalidInput(f"input {name!r}: 'data' must be a list")
+    if datatype == "BYTES":
+        return _json_bytes(name, data, shape, count)
+    try:
+        array = np.asarray(data)  # numpy infers the JSON values' kind: checked below
+    except (ValueError, TypeError, OverflowError, RecursionError):
+        raise _structure_error(name, shape) from None
+    if array.shape != (count,) and list(array.shape) != shape:
+        if array.size != count:
+            raise InvalidInput(
+                f"input {name!r}: shape {shape} needs {count} elements, data has {array.size}"
+            )
+        raise _structure_error(name, shape)
+    if count == 0:
+        return np.zeros(shape, dtype=dtype)
+    kind = array.dtype.kind
+    if datatype == "BOOL":
+        if kind != "b":
+            raise InvalidInput(f"input {name!r}: BOOL data must be true/false values")
+    elif dtype.kind in "iu":
+        if kind not in "iu":
+            raise InvalidInput(f"input {name!r}: {datatype} data must be integers")
+        info = np.iinfo(dtype)
+        if int(array.min()) < info.min or int(array.max()) > info.max:
+            raise InvalidInput(
+                f"input {name!r}: a value is outside {datatype}'s range {info.min}..{info.max}"
+            )
+    elif kind not in "iuf":
+        raise InvalidInput(f"input {name!r}: {datatype} data must be numbers")
+    with np.errstate(over="ignore", invalid="ignore"):
+        converted = array.astype(dtype)
+    if dtype.kind not in "iub" and dtype != array.dtype:  # floats, BF16: overflow to inf
+        overflow = np.isinf(converted.astype(np.float64)) & np.isfinite(array)
+        if overflow.any():
+            raise InvalidInput(f"input {name!r}: a value is outside {datatype}'s range")
+    return converted.reshape(shape)
+
+
+def _json_bytes(name: str, data: list[Any], shape: list[int], count: int) -> np.ndarray[Any, Any]:
+    flat: list[Any] = data
+    if not all(isinstance(item, str) for item in data):
+        try:  # nested lists: numpy finds the layout (at most MAX_DIMS deep)
+            layout = np.asarray(data, dtype=object)
+        except (ValueError, TypeError):
+            raise _structure_error(name, shape) from None
+        if list(layout.shape) != shape:
+            raise _structure_error(name, shape)
+        flat = layout.ravel().tolist()
+        if not all(isinstance(item, str) for item in flat):
+            raise InvalidInput(f"input {name!r}: BYTES data must be strings")
+    if len(flat) != count:
+        raise InvalidInput(
+            f"input {name!r}: shape {shape} needs {count} elements, data has {len(flat)}"
+        )
+    array = np.empty(count, dtype=object)
+    array[:] = [item.encode() for item in flat]
+    return array.reshape(shape)
+
+
+def _binary_bytes(name: str, raw: memoryview, shape: list[int], count: int) -> np.ndarray[Any, Any]:
+    if count * _LENGTH.size > len(raw):
+        raise InvalidInput(
+            f"input {name!r}: {count} BYTES elements need at least {count * 4} bytes, got "
+            f"{len(raw)}"
+        )
+    items: list[bytes] = []
+    offset = 0
+    for _ in range(count):
+        if offset + _LENGTH.size > len(raw):
+            raise InvalidInput(f"input {name!r}: BYTES element {len(items)} has no length")
+        (length,) = _LENGTH.unpack_from(raw, offset)
+        offset += _LENGTH.size
+        if offset + length > len(raw):
+            raise InvalidInput(
+                f"input {name!r}: BYTES element {len(items)} of {length} bytes runs past "
+                "binary_data_size"
+            )
+        items.append(bytes(raw[offset : offset + length]))
+        offset += length
+    if offset != len(raw):
+        raise InvalidInput(
+            f"input {name!r}: {len(raw) - offset} bytes after the last of {count} BYTES elements"
+        )
+    array = np.empty(count, dtype=object)
+    array[:] = items
+    return array.reshape(shape)
+
+
+def _decode_tensor(
+    tensor: dict[str, Any], binary: memoryview, offset: int
+) -> tuple[str, np.ndarray[Any, Any], int]:
+    name = tensor.get("name")
+    if not isinstance(name, str):
+        raise InvalidRequest("each input needs a string 'name'")
+    datatype = tensor.get("datatype")
+    if datatype == "BF16" and _BF16 is None:
+        raise InvalidInput(f"input {name!r}: BF16 is not supported by this runtime (no ml_dtypes)")
+    if not isinstance(datatype, str) or datatype not in DATATYPES:
+        raise InvalidInput(
+            f"input {name!r}: datatype {datatype!r:.40} is not supported; "
+            f"expected one of {sorted(DATATYPES)}"
+        )
+    dtype = DATATYPES[datatype]
+    shape = tensor.get("shape")
+    if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+        raise InvalidInput(f"input {name!r}: 'shape' must be a list of non-negative integers")
+    if len(shape) > MAX_DIMS:
+        raise InvalidInput(f"input {name!r}: {len(shape)} dimensions; at most {MAX_DIMS}")
+    count = math.prod(shape)  # Python ints: a huge shape cannot overflow to a small count
+    params = _as_dict(tensor.get("parameters") or {}, f"input {name!r} parameters")
+    size = params.get("binary_data_size")
+    if size is None:
+        if "data" not in tensor:
+            raise InvalidInput(f"input {name!r} has neither 'data' nor binary_data_size")
+        return name, _json_array(name, tensor["data"], datatype, dtype, shape, count), offset
+    if not _is_int(size) or size < 0:
+        raise InvalidInput(f"input {name!r}: binary_data_size must be a non-negative integer")
+    if "data" in tensor:
+        raise InvalidInput(f"input {name!r} has both 'data' and binary_data_size")
+    if offset + size > len(binary):
+        raise InvalidRequest(
+            f"input {name!r}: binary_data_size {size} runs past the end of the body"
+        )
+    raw = binary[offset : offset + size]
+    if datatype == "BYTES":
+        return name, _binary_bytes(name, raw, shape, count), offset + size
+    if size != count * dtype.itemsize:
+        raise InvalidInput(
+            f"input {name!r}: shape {shape} of {datatype} needs "
+            f"{count * dtype.itemsize} bytes, got {size}"
+        )
+    array = np.frombuffer(raw, dtype=dtype.newbyteorder("<"))
+    return name, array.astype(dtype, copy=False).reshape(shape), offset + size
 
 
 def decode_request(body: bytes, header_length: int | None) -> InferRequest:
@@ -74,73 +270,29 @@ def decode_request(body: bytes, header_length: int | None) -> InferRequest:
         header_bytes, binary = body[:header_length], memoryview(body)[header_length:]
     else:
         header_bytes, binary = body, memoryview(b"")
-    try:
-        header = json.loads(header_bytes)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidRequest(f"request header is not valid JSON: {exc}") from None
-    header = _as_dict(header, "the request")
+    header = _as_dict(parse_json(header_bytes, "the request header"), "the request")
     raw_inputs = header.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise InvalidRequest("'inputs' must be a non-empty list of tensors")
     inputs: dict[str, np.ndarray[Any, Any]] = {}
     offset = 0
     for raw in raw_inputs:
-        tensor = _as_dict(raw, "each input")
-        name = tensor.get("name")
-        if not isinstance(name, str):
-            raise InvalidRequest("each input needs a string 'name'")
+        name, array, offset = _decode_tensor(_as_dict(raw, "each input"), binary, offset)
         if name in inputs:
             raise InvalidInput(f"input {name!r} given twice")
-        datatype = tensor.get("datatype")
-        if datatype not in DATATYPES:
-            raise InvalidInput(
-                f"input {name!r}: datatype {datatype!r} is not supported; "
-                f"expected one of {sorted(DATATYPES)}"
-            )
-        dtype = DATATYPES[datatype]
-        shape = tensor.get("shape")
-        if not isinstance(shape, list) or not all(
-            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
-        ):
-            raise InvalidInput(f"input {name!r}: 'shape' must be a list of non-negative integers")
-        count = math.prod(shape)  # Python ints: a huge shape cannot overflow to a small count
-        params = tensor.get("parameters") or {}
-        params = _as_dict(params, f"input {name!r} parameters")
-        size = params.get("binary_data_size")
-        if size is not None:
-            if not isinstance(size, int) or size < 0:
-                raise InvalidInput(f"input {name!r}: binary_data_size must be a non-negative int")
-            if offset + size > len(binary):
-                raise InvalidRequest(
-                    f"input {name!r}: binary_data_size {size} runs past the end of the body"
-                )
-            if size != count * dtype.itemsize:
-                raise InvalidInput(
-                    f"input {name!r}: shape {shape} of {datatype} needs "
-                    f"{count * dtype.itemsize} bytes, got {size}"
-                )
-            array = np.frombuffer(binary[offset : offset + size], dtype=dtype.newbyteorder("<"))
-            offset += size
-            inputs[name] = array.astype(dtype, copy=False).reshape(shape)
-            continue
-        data = tensor.get("data")
-        if data is None:
-            raise InvalidInput(f"input {name!r} has neither 'data' nor binary_data_size")
-        try:
-            array = np.asarray(data, dtype=dtype)
-        except (ValueError, TypeError, OverflowError) as exc:
-            raise InvalidInput(f"input {name!r}: data is not {datatype}: {exc}") from None
-        if array.size != count:
-            raise InvalidInput(
-                f"input {name!r}: shape {shape} needs {count} elements, data has {array.size}"
-            )
-        inputs[name] = array.reshape(shape)
+        inputs[name] = array
     if offset != len(binary):
         raise InvalidRequest(
             f"{len(binary) - offset} bytes of binary data are not claimed by any input"
         )
     parameters = _as_dict(header.get("parameters") or {}, "'parameters'")
-    binary_default = bool(parameters.get("binary_data_output", False))
+    binary_default = _bool_param(parameters, "binary_data_output", False, "parameters")
+    timeout_us = parameters.get("timeout")
+    if timeout_us is not None and (not _is_int(timeout_us) or timeout_us < 0):
+        raise InvalidRequest(
+            "parameters: 'timeout' must be a non-negative integer (microseconds), "
+            f"got {timeout_us!r:.40}"
+        )
     outputs: list[RequestedOutput] | None = None
     raw_outputs = header.get("outputs")
     if raw_outputs is not None:
@@ -149,20 +301,47 @@ def decode_request(body: bytes, header_length: int | None) -> InferRequest:
         outputs = []
         for raw in raw_outputs:
             out = _as_dict(raw, "each output")
-            name = out.get("name")
-            if not isinstance(name, str):
+            out_name = out.get("name")
+            if not isinstance(out_name, str):
                 raise InvalidRequest("each requested output needs a string 'name'")
-            out_params = _as_dict(out.get("parameters") or {}, f"output {name!r} parameters")
-            binary_out = bool(out_params.get("binary_data", binary_default))
-            outputs.append(RequestedOutput(name, binary_out))
+            out_params = _as_dict(out.get("parameters") or {}, f"output {out_name!r} parameters")
+            if "classification" in out_params:
+                raise InvalidRequest(
+                    f"output {out_name!r}: the classification extension is not supported"
+                )
+            where = f"output {out_name!r}"
+            binary_out = _bool_param(out_params, "binary_data", binary_default, where)
+            outputs.append(RequestedOutput(out_name, binary_out))
     request_id = header.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise InvalidRequest(f"'id' must be a string, got {request_id!r:.40}")
     return InferRequest(
         inputs=inputs,
         outputs=outputs,
         binary_default=binary_default,
-        id=str(request_id) if request_id is not None else None,
+        id=request_id,
         parameters=parameters,
+        timeout_us=timeout_us or None,
     )
+
+
+def _bytes_payload(array: np.ndarray[Any, Any]) -> bytes:
+    parts: list[bytes] = []
+    for item in array.ravel():
+        data = item if isinstance(item, bytes) else str(item).encode()
+        parts.append(_LENGTH.pack(len(data)))
+        parts.append(data)
+    return b"".join(parts)
+
+
+def _bytes_json(name: str, array: np.ndarray[Any, Any]) -> list[str]:
+    try:
+        return [item.decode() if isinstance(item, bytes) else str(item) for item in array.ravel()]
+    except UnicodeDecodeError:
+        raise InvalidRequest(
+            f"output {name!r} holds bytes that are not UTF-8: ask for it in binary "
+            "(binary_data: true)"
+        ) from None
 
 
 def encode_response(
@@ -171,6 +350,7 @@ def encode_response(
     requested: list[RequestedOutput] | None,
     binary_default: bool,
     request_id: str | None = None,
+    model_version: str = "1",
 ) -> tuple[bytes, int | None]:
     """Encode outputs; returns the body and the JSON header length when binary data follows."""
     wanted = (
@@ -182,19 +362,31 @@ def encode_response(
     chunks: list[bytes] = []
     for item in wanted:
         array = outputs[item.name]
+        datatype = datatype_of(array.dtype)
         entry: dict[str, Any] = {
             "name": item.name,
-            "datatype": datatype_of(array.dtype),
+            "datatype": datatype,
             "shape": list(array.shape),
         }
         if item.binary:
-            raw = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
+            if datatype == "BYTES":
+                raw = _bytes_payload(array)
+            else:
+                raw = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
             entry["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)
+        elif datatype == "BYTES":
+            entry["data"] = _bytes_json(item.name, array)
+        elif datatype == "BF16":
+            entry["data"] = array.astype(np.float32).ravel().tolist()
         else:
             entry["data"] = array.ravel().tolist()
         tensors.append(entry)
-    response: dict[str, Any] = {"model_name": model_name, "model_version": "1", "outputs": tensors}
+    response: dict[str, Any] = {
+        "model_name": model_name,
+        "model_version": model_version,
+        "outputs": tensors,
+    }
     if request_id is not None:
         response["id"] = request_id
     header = json.dumps(response, separators=(",", ":")).encode()

@@ -1,25 +1,31 @@
 """HTTP transport: Open Inference Protocol v2 routes over aiohttp, errors mapped once.
 
 Routes: health (live/ready), server and model metadata, model ready, model config (Triton
-extension, used by tritonclient), infer (JSON and binary tensors), the model-repository
-extension (index, load, unload), the fleet endpoints the gateway and the operator use
-(``GET /v2/tidal/models``, a long-poll of the hot set; ``PUT /v2/tidal/placement``, the pinned
-models), and ``/metrics``.  Every :class:`ServingError` becomes
-``{"error": message}`` with its status in :func:`error_middleware`; anything else a handler
-raises becomes a 500 without taking the process down.
+extension, used by tritonclient), infer (JSON and binary tensors), the statistics extension,
+the model-repository extension (index, load, unload), the fleet endpoints the gateway and the
+operator use (``GET /v2/tidal/models``, a long-poll of the hot set; ``PUT /v2/tidal/placement``,
+the pinned models), and ``/metrics``; model routes also under ``/versions/{v}`` (version 1).
+
+Every error becomes ``{"error": message}`` in :func:`error_middleware`, with the status of
+:mod:`tidal.runtime.errors` — unknown routes and methods included; anything unexpected becomes a
+500 without taking the process down.  Bodies are read by :func:`read_body` only: a declared
+``Content-Length`` over ``maxRequestBytes`` is refused before reading, a body that does not
+arrive within the read timeout is a 408, and a client that goes away mid-upload is a quiet 499.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import random
+import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tidal.runtime import __version__
@@ -29,45 +35,113 @@ from tidal.runtime.clock import CLOCK, Clock
 from tidal.runtime.config import RuntimeConfig
 from tidal.runtime.enginecache import READY, EngineCache
 from tidal.runtime.errors import (
+    ClientDisconnected,
     InjectedFault,
+    InternalError,
     InvalidInput,
     InvalidRequest,
+    MethodNotAllowed,
+    ModelNotFound,
     PayloadTooLarge,
+    RequestTimeout,
+    RouteNotFound,
     ServingError,
     Unavailable,
+    as_serving_error,
 )
 from tidal.runtime.metrics import RuntimeMetrics
-from tidal.runtime.protocol import DATATYPES, HEADER_LENGTH, decode_request, encode_response
+from tidal.runtime.protocol import (
+    DATATYPES,
+    HEADER_LENGTH,
+    decode_request,
+    encode_response,
+    parse_json,
+)
 from tidal.runtime.storage import EngineStore
 
 log = logging.getLogger("tidal.runtime.server")
 
 MAX_LONG_POLL_S = 30.0  # longest a GET /v2/tidal/models?since=… waits for a change
+# Longest a request body may take to arrive once its headers are in (slow or stalled uploads
+# would otherwise hold a connection and its buffer forever). A config field would be better:
+# `requestReadTimeoutSeconds` is read when RuntimeConfig has it.
+BODY_READ_TIMEOUT_S = 30.0
+VERSIONS = ("1",)  # every model has one version
+MAX_REQUEST_BYTES = web.AppKey("max_request_bytes", int)  # for the middleware's early check
 
 
 def _error_response(error: ServingError) -> web.Response:
     headers = {}
     if error.retry_after is not None:
         headers["Retry-After"] = str(error.retry_after)
-    return web.json_response({"error": error.message}, status=error.status, headers=headers)
+    response = web.json_response({"error": error.message}, status=error.status, headers=headers)
+    if isinstance(error, ClientDisconnected | RequestTimeout | PayloadTooLarge):
+        response.force_close()  # what is left of the body is not worth reading
+    return response
+
+
+def _from_http_exception(request: web.Request, exc: web.HTTPException) -> ServingError:
+    if isinstance(exc, web.HTTPNotFound):
+        return RouteNotFound(f"no endpoint {request.method} {request.path}")
+    if isinstance(exc, web.HTTPMethodNotAllowed):
+        allowed = ", ".join(sorted(exc.allowed_methods))
+        return MethodNotAllowed(f"{request.method} is not allowed on {request.path}: {allowed}")
+    if isinstance(exc, web.HTTPRequestEntityTooLarge):
+        return PayloadTooLarge("request body is larger than maxRequestBytes")
+    error = ServingError(exc.reason or "error")
+    error.status = exc.status
+    return error
 
 
 @web.middleware
 async def error_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+    limit = request.app.get(MAX_REQUEST_BYTES)
+    length = request.content_length
+    if limit is not None and length is not None and length > limit:
+        return _error_response(
+            PayloadTooLarge(f"request body of {length} bytes exceeds maxRequestBytes {limit}")
+        )
     try:
         response: web.StreamResponse = await handler(request)
         return response
     except ServingError as error:
+        if isinstance(error, ClientDisconnected):
+            log.debug("%s %s: %s", request.method, request.path, error.message)
         return _error_response(error)
-    except web.HTTPRequestEntityTooLarge:
-        return _error_response(PayloadTooLarge("request body is larger than maxRequestBytes"))
-    except web.HTTPException:
-        raise
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        response = _error_response(_from_http_exception(request, exc))
+        if isinstance(exc, web.HTTPMethodNotAllowed):
+            response.headers["Allow"] = ",".join(sorted(exc.allowed_methods))
+        return response
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # the process must survive anything a client sends
-        log.exception("unhandled error on %s %s", request.method, request.path)
-        return web.json_response({"error": f"internal error: {exc}"}, status=500)
+        mapped = as_serving_error(exc)
+        if isinstance(mapped, InternalError):
+            log.exception("unhandled error on %s %s", request.method, request.path)
+        return _error_response(mapped)
+
+
+async def read_body(request: web.Request, limit: int, within_s: float) -> bytes:
+    """The whole body, or the error saying why not (413, 408, 499, 400)."""
+    length = request.content_length
+    if length is not None and length > limit:
+        raise PayloadTooLarge(f"request body of {length} bytes exceeds maxRequestBytes {limit}")
+    try:
+        if request.content.is_eof():  # already received: no timer needed
+            return await request.read()
+        async with asyncio.timeout(within_s):
+            return await request.read()
+    except TimeoutError:
+        raise RequestTimeout(f"the request body did not arrive within {within_s:g} s") from None
+    except ConnectionResetError:  # aiohttp's ClientConnectionResetError too
+        raise ClientDisconnected("the client closed the connection mid-upload") from None
+    except web.HTTPRequestEntityTooLarge:
+        raise PayloadTooLarge(f"request body exceeds maxRequestBytes {limit}") from None
+    except HttpProcessingError as exc:  # broken chunked encoding, short body, bad compression
+        raise InvalidRequest(f"malformed request body: {exc.message}") from None
 
 
 def _validate(
@@ -120,9 +194,14 @@ class RuntimeServer:
         config: RuntimeConfig,
         backend: Backend | None = None,
         clock: Clock = CLOCK,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.config = config
         self.clock = clock
+        self.wall = wall  # wall-clock seconds, only for the statistics' last_inference
+        self.body_read_timeout_s = float(
+            getattr(config, "request_read_timeout_seconds", None) or BODY_READ_TIMEOUT_S
+        )
         self.started_at = clock.now()
         self.metrics = RuntimeMetrics()
         self.backend = backend if backend is not None else make_backend(config)
@@ -142,6 +221,7 @@ class RuntimeServer:
         app = web.Application(
             client_max_size=self.config.max_request_bytes, middlewares=[error_middleware]
         )
+        app[MAX_REQUEST_BYTES] = self.config.max_request_bytes
         app.on_startup.append(self._on_startup)
         app.on_shutdown.append(self._on_shutdown)
         app.on_cleanup.append(self._on_cleanup)
@@ -155,10 +235,12 @@ class RuntimeServer:
         r.add_post("/v2/repository/models/{model}/unload", self.repository_unload)
         r.add_get("/v2/tidal/models", self.fleet_models)
         r.add_put("/v2/tidal/placement", self.fleet_placement)
+        r.add_get("/v2/models/stats", self.model_stats)
         for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
             r.add_get(prefix, self.model_metadata)
             r.add_get(prefix + "/ready", self.model_ready)
             r.add_get(prefix + "/config", self.model_config)
+            r.add_get(prefix + "/stats", self.model_stats)
             r.add_post(prefix + "/infer", self.infer)
         return app
 
@@ -229,7 +311,7 @@ class RuntimeServer:
             {
                 "name": "tidal-runtime",
                 "version": __version__,
-                "extensions": ["binary_tensor_data", "model_repository"],
+                "extensions": ["binary_tensor_data", "model_repository", "statistics"],
             }
         )
 
@@ -240,6 +322,21 @@ class RuntimeServer:
             headers={"Content-Type": CONTENT_TYPE_LATEST},
         )
 
+    def _version(self, request: web.Request) -> str:
+        """The model's version the path names: checked like Triton (404 for unknown ones)."""
+        name = request.match_info["model"]
+        self.cache.slot(name)  # unknown model: 404 first
+        version = request.match_info.get("version")
+        if version is None or version == "":
+            return VERSIONS[-1]
+        if not version.isdigit() or not version.isascii():
+            raise InvalidRequest(f"model version {version!r:.40} is not a number")
+        if version not in VERSIONS:
+            raise ModelNotFound(
+                f"model {name!r} has no version {version!r}; versions: {list(VERSIONS)}"
+            )
+        return version
+
     async def _known_metadata(self, name: str) -> Any:
         slot = self.cache.slot(name)
         if not slot.inputs:
@@ -249,6 +346,7 @@ class RuntimeServer:
 
     async def model_metadata(self, request: web.Request) -> web.Response:
         name = request.match_info["model"]
+        self._version(request)
         slot = await self._known_metadata(name)
 
         def tensors(specs: tuple[TensorSpec, ...]) -> list[dict[str, Any]]:
@@ -257,7 +355,7 @@ class RuntimeServer:
         return web.json_response(
             {
                 "name": name,
-                "versions": ["1"],
+                "versions": list(VERSIONS),
                 "platform": slot.platform,
                 "inputs": tensors(slot.inputs),
                 "outputs": tensors(slot.outputs),
@@ -266,6 +364,7 @@ class RuntimeServer:
 
     async def model_config(self, request: web.Request) -> web.Response:
         name = request.match_info["model"]
+        self._version(request)
         slot = await self._known_metadata(name)
         spec = slot.spec
 
@@ -293,15 +392,30 @@ class RuntimeServer:
         )
 
     async def model_ready(self, request: web.Request) -> web.Response:
+        self._version(request)
         slot = self.cache.slot(request.match_info["model"])
         ready = slot.state == READY
         return web.json_response({"ready": ready}, status=200 if ready else 400)
 
+    async def model_stats(self, request: web.Request) -> web.Response:
+        """The statistics extension: Triton's ``model_stats`` list (all models without a name)."""
+        if "model" in request.match_info:
+            names = [request.match_info["model"]]
+            version = self._version(request)
+        else:
+            names, version = list(self.cache.slots), VERSIONS[-1]
+        stats = self.metrics.stats_for
+        return web.json_response(
+            {"model_stats": [stats(name).as_json(name, version) for name in names]}
+        )
+
     # -- repository extension -----------------------------------------------------------------
 
     async def repository_index(self, request: web.Request) -> web.Response:
-        body = await self._json_body(request)
-        only_ready = bool(body.get("ready", False))
+        body = await self._json_body(request, {"ready"})
+        only_ready = body.get("ready", False)
+        if not isinstance(only_ready, bool):
+            raise InvalidRequest("'ready' must be true or false")
         index = []
         for name, slot in self.cache.slots.items():
             if only_ready and slot.state != READY:
@@ -313,25 +427,40 @@ class RuntimeServer:
         return web.json_response(index)
 
     async def repository_load(self, request: web.Request) -> web.Response:
-        await self._json_body(request)
+        body = await self._json_body(request, {"parameters"})
+        parameters = body.get("parameters") or {}
+        if not isinstance(parameters, dict):
+            raise InvalidRequest("'parameters' must be a JSON object")
+        if parameters:
+            raise InvalidRequest(
+                f"load parameters {sorted(parameters)} are not supported: the model's "
+                "configuration comes from the runtime configuration"
+            )
         await self.cache.ensure_loaded(request.match_info["model"], on_demand=False)
         return web.json_response({})
 
     async def repository_unload(self, request: web.Request) -> web.Response:
-        await self._json_body(request)
+        body = await self._json_body(request, {"parameters"})
+        parameters = body.get("parameters") or {}
+        if not isinstance(parameters, dict) or set(parameters) - {"unload_dependents"}:
+            raise InvalidRequest("'parameters' may only hold 'unload_dependents'")
+        if not isinstance(parameters.get("unload_dependents", False), bool):
+            raise InvalidRequest("'unload_dependents' must be true or false")
         await self.cache.unload(request.match_info["model"])
         return web.json_response({})
 
-    async def _json_body(self, request: web.Request) -> dict[str, Any]:
-        raw = await request.read()
+    async def _json_body(
+        self, request: web.Request, allowed: set[str] | None = None
+    ) -> dict[str, Any]:
+        raw = await read_body(request, self.config.max_request_bytes, self.body_read_timeout_s)
         if not raw:
             return {}
-        try:
-            body = json.loads(raw)
-        except ValueError as exc:
-            raise InvalidRequest(f"body is not valid JSON: {exc}") from None
+        body = parse_json(raw, "the body")
         if not isinstance(body, dict):
-            raise InvalidRequest("body must be a JSON object")
+            raise InvalidRequest("the body must be a JSON object")
+        unknown = sorted(set(body) - allowed) if allowed is not None else []
+        if unknown:
+            raise InvalidRequest(f"unknown fields {unknown}; expected {sorted(allowed or ())}")
         return body
 
     # -- fleet endpoints (gateway, operator placement) -----------------------------------------
@@ -409,6 +538,9 @@ class RuntimeServer:
         except ServingError as error:
             code = error.status
             raise
+        except ConnectionResetError:
+            code = ClientDisconnected.status
+            raise
         finally:
             self.metrics.inflight.dec()
             if slot is not None:
@@ -420,18 +552,19 @@ class RuntimeServer:
                 self.metrics.requests.labels(name, str(code)).inc()
                 if cold and code == 200 and self.cache.take_first_request(name):
                     self.metrics.cold_start.labels(name).observe(elapsed)
+                stats = self.metrics.stats_for(name)
+                if code == 200:
+                    stats.success.add(elapsed)
+                    stats.last_inference_ms = int(self.wall() * 1000)
+                elif code != ClientDisconnected.status:
+                    stats.fail.add(elapsed)
 
     async def _infer(self, name: str, request: web.Request) -> tuple[web.Response, bool]:
+        version = self._version(request)
         spec = self.cache.slot(name).spec
         if not self.ready and spec.preload:
             raise Unavailable("server is warming up; not ready", retry_after=1)
-        length = request.content_length
-        if length is not None and length > self.config.max_request_bytes:
-            raise PayloadTooLarge(
-                f"request body of {length} bytes exceeds maxRequestBytes "
-                f"{self.config.max_request_bytes}"
-            )
-        body = await request.read()
+        body = await read_body(request, self.config.max_request_bytes, self.body_read_timeout_s)
         header = request.headers.get(HEADER_LENGTH)
         try:
             header_length = int(header) if header is not None else None
@@ -451,12 +584,13 @@ class RuntimeServer:
                         raise InvalidInput(
                             f"unknown output {wanted.name!r}; outputs are {sorted(known)}"
                         )
-            future = self.batchers[name].submit(decoded.inputs, rows, key)
+            timeout_ms = decoded.timeout_us / 1000.0 if decoded.timeout_us else None
+            future = self.batchers[name].submit(decoded.inputs, rows, key, timeout_ms)
             outputs = await future
         finally:
             self.cache.release(name)
         payload, header_len = encode_response(
-            name, outputs, decoded.outputs, decoded.binary_default, decoded.id
+            name, outputs, decoded.outputs, decoded.binary_default, decoded.id, version
         )
         if faults.added_latency_ms:
             await asyncio.sleep(faults.added_latency_ms / 1000.0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import struct
 
 import numpy as np
 import pytest
@@ -10,7 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tidal.runtime.errors import InvalidInput, InvalidRequest, ServingError
-from tidal.runtime.protocol import DATATYPES, RequestedOutput, decode_request, encode_response
+from tidal.runtime.protocol import (
+    DATATYPES,
+    MAX_DIMS,
+    RequestedOutput,
+    decode_request,
+    encode_response,
+)
 
 
 def binary_body(header: dict[str, object], *chunks: bytes) -> tuple[bytes, int]:
@@ -76,7 +83,7 @@ def test_json_and_binary_inputs_decode_to_the_same_arrays() -> None:
             b'{"inputs": [{"name": "x", "datatype": "INT32", "shape": [1], "data": ["a"]}]}',
             None,
             InvalidInput,
-            "not INT32",
+            "INT32 data must be integers",
         ),
         (b"{}", 99, InvalidRequest, "Inference-Header-Content-Length"),
         (
@@ -93,6 +100,138 @@ def test_malformed_requests_say_what_was_expected(
 ) -> None:
     with pytest.raises(error, match=message):
         decode_request(body, length)
+
+
+def tensor_body(datatype: str, shape: list[int], data: object, **header: object) -> bytes:
+    tensor = {"name": "x", "datatype": datatype, "shape": shape, "data": data}
+    return json.dumps({"inputs": [tensor], **header}).encode()
+
+
+def output(name: str, **parameters: object) -> dict[str, object]:
+    return {"name": name, "parameters": parameters}
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (tensor_body("FP32", [2], [1.0, None]), "FP32 data must be numbers"),
+        (tensor_body("FP32", [1], ["1.5"]), "FP32 data must be numbers"),
+        (tensor_body("FP32", [1], [True]), "FP32 data must be numbers"),
+        (tensor_body("FP32", [1], [1e39]), "outside FP32's range"),
+        (tensor_body("FP16", [1], [70000]), "outside FP16's range"),
+        (tensor_body("INT32", [1], [1.5]), "INT32 data must be integers"),
+        (tensor_body("UINT8", [1], [300]), r"outside UINT8's range 0\.\.255"),
+        (tensor_body("INT8", [1], [-129]), "outside INT8's range"),
+        (tensor_body("BOOL", [1], [1]), "BOOL data must be true/false"),
+        (tensor_body("FP32", [2, 3], [[1, 2], [3, 4], [5, 6]]), "nested exactly as shape"),
+        (tensor_body("FP32", [2, 2], [[1, 2], [3]]), "nested exactly as shape"),
+        (tensor_body("FP32", [1], 5), "'data' must be a list"),
+        (tensor_body("FP32", [1] * (MAX_DIMS + 1), [1]), "at most 64"),
+        (b'{"inputs": ' + b"[" * 5000 + b"]" * 5000 + b"}", "nested too deeply"),
+        (tensor_body("FP32", [1], [1], parameters={"binary_data_output": "yes"}), "true or false"),
+        (
+            tensor_body(
+                "FP32", [1], [1], outputs=[{"name": "y", "parameters": {"binary_data": 1}}]
+            ),
+            "true or false",
+        ),
+        (tensor_body("FP32", [1], [1], id=5), "'id' must be a string"),
+        (tensor_body("FP32", [1], [1], parameters={"timeout": -1}), "timeout"),
+        (tensor_body("FP32", [1], [1], parameters={"timeout": "10"}), "timeout"),
+        (tensor_body("BYTES", [2], ["a", 1]), "BYTES data must be strings"),
+        (tensor_body("BYTES", [2, 1], [["a", "b"]]), "nested exactly as shape"),
+        (
+            tensor_body(
+                "FP32", [1], [1], outputs=[{"name": "y", "parameters": {"classification": 2}}]
+            ),
+            "classification",
+        ),
+    ],
+)
+def test_data_is_as_strict_as_triton(body: bytes, message: str) -> None:
+    with pytest.raises(InvalidRequest, match=message):
+        decode_request(body, None)
+
+
+def test_binary_data_size_must_be_an_integer_and_exclusive_with_data() -> None:
+    tensor = {"name": "x", "datatype": "FP32", "shape": [1], "parameters": {}}
+    for params, extra, message in [
+        ({"binary_data_size": True}, {}, "non-negative integer"),
+        ({"binary_data_size": 4}, {"data": [1.0]}, "both 'data' and binary_data_size"),
+    ]:
+        body, length = binary_body(
+            {"inputs": [{**tensor, "parameters": params, **extra}]}, bytes(4)
+        )
+        with pytest.raises(InvalidInput, match=message):
+            decode_request(body, length)
+
+
+def test_nested_data_in_the_shape_and_request_fields_are_taken() -> None:
+    request = decode_request(
+        tensor_body(
+            "FP32",
+            [2, 3],
+            [[1, 2, 3], [4, 5, float("nan")]],
+            id="req-7",
+            parameters={"timeout": 2500, "binary_data_output": True},
+        ),
+        None,
+    )
+    assert request.inputs["x"].dtype == np.float32 and request.inputs["x"].shape == (2, 3)
+    assert np.isnan(request.inputs["x"][1, 2])  # NaN tokens are accepted, as Triton does
+    assert (request.id, request.timeout_us, request.binary_default) == ("req-7", 2500, True)
+    assert decode_request(tensor_body("UINT8", [0], []), None).inputs["x"].shape == (0,)
+
+
+def test_bytes_tensors_in_json_and_in_the_binary_extension() -> None:
+    as_json = decode_request(tensor_body("BYTES", [2, 1], [["héllo"], [""]]), None).inputs["x"]
+    assert as_json.dtype == object and as_json.shape == (2, 1)
+    assert as_json.ravel().tolist() == ["héllo".encode(), b""]
+    raw = struct.pack("<I", 3) + b"abc" + struct.pack("<I", 0)
+    tensor = {"name": "x", "datatype": "BYTES", "shape": [2], "parameters": {}}
+    body, length = binary_body(
+        {"inputs": [{**tensor, "parameters": {"binary_data_size": len(raw)}}]}, raw
+    )
+    assert decode_request(body, length).inputs["x"].tolist() == [b"abc", b""]
+    for bad, message in [(raw[:-1], "has no length"), (raw + b"x", "after the last")]:
+        body, length = binary_body(
+            {"inputs": [{**tensor, "parameters": {"binary_data_size": len(bad)}}]}, bad
+        )
+        with pytest.raises(InvalidInput, match=message):
+            decode_request(body, length)
+    out = np.array([b"abc", b""], dtype=object)
+    body, length = encode_response("m", {"y": out}, [RequestedOutput("y", True)], False)
+    assert length is not None and body[length:] == raw
+    body, length = encode_response("m", {"y": out}, None, False)
+    assert json.loads(body)["outputs"][0]["data"] == ["abc", ""]
+    with pytest.raises(InvalidRequest, match="not UTF-8"):
+        encode_response("m", {"y": np.array([b"\xff"], dtype=object)}, None, False)
+
+
+@pytest.mark.skipif("BF16" not in DATATYPES, reason="ml_dtypes is not installed")
+def test_bf16_tensors_decode_and_encode() -> None:
+    bf16 = DATATYPES["BF16"]
+    x = np.array([1.5, -2.0], dtype=bf16)
+    tensor = {"name": "x", "datatype": "BF16", "shape": [2], "parameters": {"binary_data_size": 4}}
+    body, length = binary_body({"inputs": [tensor]}, x.tobytes())
+    decoded = decode_request(body, length).inputs["x"]
+    assert decoded.dtype == bf16 and decoded.astype(np.float32).tolist() == [1.5, -2.0]
+    assert decode_request(tensor_body("BF16", [1], [0.25]), None).inputs["x"].dtype == bf16
+    body, _ = encode_response("m", {"y": x}, None, False)
+    assert json.loads(body)["outputs"][0] == {
+        "name": "y",
+        "datatype": "BF16",
+        "shape": [2],
+        "data": [1.5, -2.0],
+    }
+
+
+def test_non_finite_outputs_are_written_as_triton_writes_them() -> None:
+    out = np.array([np.nan, np.inf, -np.inf, 1.0], dtype=np.float32)
+    body, _ = encode_response("m", {"y": out}, None, False, None, "1")
+    assert b"[NaN,Infinity,-Infinity,1.0]" in body  # rapidjson's kWriteNanAndInfFlag spelling
+    data = json.loads(body)["outputs"][0]["data"]
+    assert np.isnan(data[0]) and data[1:] == [np.inf, -np.inf, 1.0]
 
 
 def test_binary_outputs_follow_the_json_header() -> None:
