@@ -36,38 +36,9 @@ from tidal.sandbox.loadgen import LoadGenerator, step_rate
 from tidal.sandbox.operatorproc import condition, get_isvc
 from tidal.sandbox.wait import wait_for
 
-
-def _status_keeps_the_autoscaler_memory() -> bool:
-    """Whether `compute_status` writes what the control loop hands it in `autoscaler` (the
-    persisted memory this test is about; the status owner's one-line pass-through)."""
-    from datetime import UTC, datetime
-
-    from tidal.operator.core.api import AutoscalerStatus, PoolName
-    from tidal.operator.core.control import ControlStatus
-    from tidal.operator.core.status import StatusInput, compute_status
-
-    memory = AutoscalerStatus(state="{}")
-    result = compute_status(
-        StatusInput(
-            generation=1,
-            now=datetime.now(UTC),
-            isvc_name="probe",
-            active_pool=PoolName.PRIMARY,
-            desired={PoolName.PRIMARY: 1},
-            control=ControlStatus(autoscaler=memory),
-        )
-    )
-    return getattr(result.status, "autoscaler", None) == memory
-
-
 pytestmark = [
     pytest.mark.sandbox,
     pytest.mark.timeout(240),
-    pytest.mark.skipif(
-        not _status_keeps_the_autoscaler_memory(),
-        reason="compute_status does not write status.autoscaler yet (issue 11: the status "
-        "owner's pass-through of ControlStatus.autoscaler); nothing would be restored",
-    ),
 ]
 
 BASE_RPS, SURGE_RPS = 6.0, 30.0

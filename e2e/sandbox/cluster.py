@@ -121,6 +121,34 @@ class Sandbox:
             "kubernetesVersion": K8S_VERSION,
         }
 
+    # -- faults ----------------------------------------------------------------------------
+    RESTARTABLE = ("etcd", "kube-apiserver", "prometheus")
+
+    def crash(self, name: str) -> float:
+        """SIGKILL one control-plane component (``RESTARTABLE``); the wall time it died."""
+        self._component(name).kill()
+        return time.time()
+
+    def restart(self, name: str, timeout: float = 90.0) -> float:
+        """Start a crashed or stopped component again, on its old ports and data; wait until it
+        answers its health check; the wall time it did."""
+        proc = self._component(name)
+        if proc.alive():
+            proc.kill()
+        self.processes[self.processes.index(proc)] = proc.respawn()
+        health = {
+            "etcd": lambda: _http_ok(f"{self.etcd_url}/health"),
+            "kube-apiserver": self._apiserver_ready,
+            "prometheus": lambda: _http_ok(f"{self.prometheus_url}/-/ready"),
+        }[name]
+        self._wait(health, f"{name} healthy after a restart", timeout)
+        return time.time()
+
+    def _component(self, name: str) -> ManagedProcess:
+        if name not in self.RESTARTABLE:
+            raise ValueError(f"{name} cannot be restarted; one of {', '.join(self.RESTARTABLE)}")
+        return next(p for p in self.processes if p.name == name)
+
     # -- access ----------------------------------------------------------------------------
     @property
     def api_url(self) -> str:

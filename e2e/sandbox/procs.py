@@ -26,6 +26,8 @@ class ManagedProcess:
     ) -> None:
         self.name = name
         self.argv = list(argv)
+        self.env = dict(env) if env is not None else None
+        self.cwd = cwd
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
@@ -34,7 +36,7 @@ class ManagedProcess:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=dict(env) if env is not None else None,
+            env=self.env,
             cwd=cwd,
             start_new_session=True,
         )
@@ -69,6 +71,19 @@ class ManagedProcess:
             os.killpg(self.popen.pid, signal.SIGKILL)
         self._log.close()
         return self.popen.returncode
+
+    def kill(self) -> int | None:
+        """SIGKILL the process group at once (a crash, no cleanup); return the exit code."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        self.popen.wait(timeout=10)
+        self._log.close()
+        return self.popen.returncode
+
+    def respawn(self) -> ManagedProcess:
+        """The same command line, environment and log, started anew (after stop or kill)."""
+        assert not self.alive(), f"{self.name} is still running"
+        return ManagedProcess(self.name, self.argv, self.log_path, env=self.env, cwd=self.cwd)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -68,6 +68,7 @@ REASON_CAPPED_MAX = "capped:max"
 REASON_FLOOR_MIN = "floor:min"
 REASON_RATE_LIMITED = "rate-limited"
 REASON_UNSCHEDULABLE = "unschedulable"
+NOTE_PROMETHEUS_UNAVAILABLE = "prometheus unavailable: scale-down held"
 
 # Notes (free text beside the reason) for the two bounds added with capacity learning.
 NOTE_CAPACITY_BOUND = "capacity-bound"
@@ -373,6 +374,9 @@ class Observation:
     unreachable: float | None = None
     deadline_seconds: float | None = None
     work: WorkSample | None = None
+    # Prometheus does not answer: its signals (hot P99, the SLO's) are unknown, so nothing may
+    # be removed on the pods' signals alone; scale-up still follows them.
+    prometheus_unavailable: bool = False
 
     def __post_init__(self) -> None:
         counts = (self.ready_serving, self.warming, self.ready_standby, self.pending_unschedulable)
@@ -516,7 +520,8 @@ def decide_scale(
     rec = _clamp(max(by_demand, p99_replicas), policy.min_replicas, policy.max_replicas)
     p99_agrees = _p99_agrees_to_scale_down(policy, obs)
     agreed_since: float | None = state.agreed_since if state.agreed_since is not None else obs.now
-    if not p99_agrees:
+    if not p99_agrees or obs.prometheus_unavailable:
+        # The delay starts over once Prometheus answers again.
         agreed_since = None
     window = _push_window(state.down_window, obs.now, rec, policy.scale_down_delay_seconds)
     window_max = window[0][1]
@@ -528,7 +533,9 @@ def decide_scale(
         reason = _up_reason(obs, demand, p99_replicas)
     elif rec < current:
         reason = REASON_WAIT_DOWN
-        if agreed_since is None:
+        if obs.prometheus_unavailable:
+            notes.append(NOTE_PROMETHEUS_UNAVAILABLE)
+        elif agreed_since is None:
             notes.append("p99 does not agree to scale down")
         elif window_max < current and obs.now - agreed_since >= policy.scale_down_delay_seconds:
             desired = window_max

@@ -62,6 +62,7 @@ from tidal.operator.core.rollout import (
     RolloutState,
     Traffic,
 )
+from tidal.operator.core.signals import NOTE_PROMETHEUS_UNAVAILABLE
 from tidal.operator.core.slo import BreachAction, PoolSignals, SloPolicy
 
 SCALING = "Scaling"
@@ -374,6 +375,14 @@ def metrics_condition(decision: ScaleDecision | None, notes: Sequence[str]) -> C
     if decision is not None and decision.reason in (REASON_HOLD_MISSING, REASON_HOLD_STALE):
         reason = "MetricsMissing" if decision.reason == REASON_HOLD_MISSING else "MetricsStale"
         return (METRICS_STALE, ConditionStatus.TRUE, reason, f"holding the pool size: {detail}")
+    if any(n.startswith(NOTE_PROMETHEUS_UNAVAILABLE) for n in notes):
+        return (
+            METRICS_STALE,
+            ConditionStatus.TRUE,
+            "PrometheusUnavailable",
+            "scaling up on the pods' own signals; no scale-down and no SLO verdict until "
+            f"Prometheus answers: {detail}",
+        )
     return (METRICS_STALE, ConditionStatus.FALSE, "Fresh", detail)
 
 

@@ -697,6 +697,10 @@ def parse_pool_signals(
 # -- merging ---------------------------------------------------------------------------------------
 
 
+# The note that starts a pool's notes while Prometheus does not answer (``MetricsStale``).
+NOTE_PROMETHEUS_UNAVAILABLE = "prometheus:unavailable"
+
+
 @dataclass(frozen=True, slots=True)
 class ObservedPool:
     """The autoscaler's `Observation` plus where each signal came from and what was dropped.
@@ -718,6 +722,7 @@ def observation_from_signals(
     *,
     warmup_seconds: float | None = None,
     max_age_seconds: float = 5.0,
+    prometheus_error: str | None = None,
 ) -> ObservedPool:
     """Merge the two paths into the autoscaler's `Observation` at monotonic `now`.
 
@@ -728,8 +733,12 @@ def observation_from_signals(
     autoscaler still refuses to scale down without P99 while the pool is busy). Warm-up time:
     `warmup_seconds` (e.g. `measured_warmup_seconds`) first, then the runtime's startup time,
     then its mean engine-load time. `metrics_age_seconds` is the age of the oldest signal kept.
+    `prometheus_error`: why the last Prometheus round failed (Prometheus unreachable or
+    erroring): noted, and the observation says so (the autoscaler then removes nothing).
     """
     notes: list[str] = list(fast.notes) if fast else []
+    if prometheus_error is not None:
+        notes.append(f"{NOTE_PROMETHEUS_UNAVAILABLE} ({prometheus_error[:120]})")
     ages: list[float] = []
     prom_age = None
     if prom is not None and prom.age_seconds is not None:
@@ -794,6 +803,7 @@ def observation_from_signals(
         unreachable=fast.unreachable if from_pods and fast is not None else None,
         deadline_seconds=fast.deadline_seconds if fast is not None else None,
         work=fast.work if fast is not None else None,
+        prometheus_unavailable=prometheus_error is not None,
     )
     return ObservedPool(observation, source, tuple(notes))
 

@@ -261,6 +261,7 @@ class SignalCollector:
             prom,
             warmup_seconds=measured_warmup_seconds(pods),
             max_age_seconds=self.max_age_seconds,
+            prometheus_error=prom_round.error if prom_round is not None else None,
         )
         return PoolReading(
             key=key,

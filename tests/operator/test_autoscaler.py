@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tidal.operator.core.autoscaler import (
+    NOTE_PROMETHEUS_UNAVAILABLE,
     REASON_CAPPED_MAX,
     REASON_DOWN_IDLE,
     REASON_DOWN_LOW,
@@ -499,3 +500,23 @@ def test_stale_metrics_never_scale_down(
     if before is not None:
         assert decision.desired_serving == before
     assert after.desired_serving == decision.desired_serving
+
+
+def test_prometheus_unavailable_holds_scale_down_but_not_scale_up() -> None:
+    """Prometheus down (issue 14): the pods' own queue still drives scale-up; nothing is
+    removed, however long the quiet lasts, and the delay starts over once Prometheus answers."""
+    policy = replace(POLICY, target_p99_ms=None)
+    _, state = settle(policy, ready=20, rate=20 * PER_REPLICA)
+    down = {"prometheus_unavailable": True, "hot_p99_ms": None}
+    for k in range(200):
+        decision, state = decide_scale(policy, obs(30 + k, 20, 0.0, queue_depth=0.0, **down), state)
+        assert decision.desired_serving == 20
+    assert NOTE_PROMETHEUS_UNAVAILABLE in decision.notes
+    surge, _ = decide_scale(policy, obs(230, 20, 60 * PER_REPLICA, **down), state)
+    assert surge.desired_serving > 20
+    # Back: a whole scale-down delay of agreeing signals first.
+    for k in range(60):
+        decision, state = decide_scale(policy, obs(231 + k, 20, 0.0, queue_depth=0.0), state)
+        assert decision.desired_serving == 20
+    decision, state = decide_scale(policy, obs(291, 20, 0.0, queue_depth=0.0), state)
+    assert decision.desired_serving < 20

@@ -224,6 +224,14 @@ def test_metrics_condition_says_when_the_pool_is_held(
     assert verdict[1:3] == (status, reason)
 
 
+def test_metrics_condition_says_prometheus_is_unavailable_while_pods_drive_scale_up() -> None:
+    obs = Observation(now=0, ready_serving=1, queue_depth=1.0, prometheus_unavailable=True)
+    notes = ["prometheus:unavailable (ConnectionError: refused)", "p99:missing prometheus"]
+    verdict = metrics_condition(decision_for(obs), notes)
+    assert verdict[1:3] == (ConditionStatus.TRUE, "PrometheusUnavailable")
+    assert "no scale-down" in verdict[3] and "refused" in verdict[3]
+
+
 def test_scale_event_only_on_change() -> None:
     obs = Observation(now=0, ready_serving=1, queue_depth=30)
     decision = decision_for(obs)

@@ -471,6 +471,17 @@ def test_observation_from_signals(
         assert any(n.startswith(note) for n in observed.notes), observed.notes
 
 
+def test_an_unavailable_prometheus_is_noted_and_flagged_while_the_pods_still_count() -> None:
+    observed = observation_from_signals(
+        100.0, COUNTS, fast_at(99.8), None, prometheus_error="ConnectionError: refused"
+    )
+    obs = observed.observation
+    assert obs.prometheus_unavailable and obs.queue_depth is not None
+    assert observed.notes[0] == "prometheus:unavailable (ConnectionError: refused)"
+    fine = observation_from_signals(100.0, COUNTS, fast_at(99.8), prom_at(99.5))
+    assert not fine.observation.prometheus_unavailable
+
+
 def test_an_empty_pool_is_known_to_be_idle_without_any_metrics() -> None:
     observed = observation_from_signals(
         5.0, PodCounts(warming=2, pending_unschedulable=1), None, None
