@@ -19,6 +19,7 @@ from tritonclient.utils import InferenceServerException
 from tidal.runtime.backends import DeviceMemory, TensorSpec
 from tidal.runtime.core.engines import EngineTarget
 from tidal.runtime.modelgen import write_mlp
+from tidal.runtime.protocol import DATATYPES
 
 
 def direct(info: Any, x: np.ndarray) -> np.ndarray:
@@ -40,13 +41,18 @@ def infer(
 
 
 def post(
-    url: str, body: bytes, headers: dict[str, str] | None = None
+    url: str,
+    body: bytes | None,
+    headers: dict[str, str] | None = None,
+    *,
+    timeout: float = 10.0,
+    method: str = "POST",
 ) -> tuple[int, dict[str, Any], Any]:
     request = urllib.request.Request(
-        f"http://{url}", data=body, headers=headers or {}, method="POST"
+        f"http://{url}", data=body, headers=headers or {}, method=method
     )
     try:
-        with urllib.request.urlopen(request, timeout=10) as response:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, dict(response.headers), json.loads(response.read() or b"{}")
     except urllib.error.HTTPError as error:
         return error.code, dict(error.headers), json.loads(error.read() or b"{}")
@@ -111,7 +117,7 @@ class GateEngine:
         self.batches: list[int] = []
 
     def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        self.gate.wait(20)
+        self.gate.wait(60)
         self.batches.append(len(inputs["x"]))
         return {"y": inputs["x"] * 2}
 
@@ -160,7 +166,12 @@ def test_queue_depth_is_exact_and_a_full_queue_answers_503(serve, models, model_
     results: list[tuple[int, Any]] = []
 
     def send(i: int) -> None:
-        status, _, body = post(f"{rt.url}/v2/models/gate/infer", gate_request(i))
+        # Held at the gate while the test polls /metrics: on a loaded machine that can take
+        # longer than post()'s usual 10 s socket timeout, which made this test flaky.
+        try:
+            status, _, body = post(f"{rt.url}/v2/models/gate/infer", gate_request(i), timeout=120)
+        except OSError as exc:
+            status, body = -1, repr(exc)
         results.append((status, body))
 
     threads = [threading.Thread(target=send, args=(i,)) for i in range(6)]
@@ -175,7 +186,7 @@ def test_queue_depth_is_exact_and_a_full_queue_answers_503(serve, models, model_
     backend.engine.gate.set()
     for thread in threads:
         thread.join(10)
-    assert sorted(status for status, _ in results) == [200] * 6
+    assert sorted(status for status, _ in results) == [200] * 6, results
     assert rt.metric("tidal_queue_depth", model="gate") == 0
     assert rt.metric("tidal_inflight_requests") == 0
     assert rt.metric("tidal_requests_total", model="gate", code="503") == 1
@@ -188,7 +199,9 @@ def test_requests_that_wait_past_their_timeout_get_503(serve, models, model_entr
     backend.engine.gate.clear()
     first: list[int] = []
     blocker = threading.Thread(
-        target=lambda: first.append(post(f"{rt.url}/v2/models/gate/infer", gate_request(1))[0])
+        target=lambda: first.append(
+            post(f"{rt.url}/v2/models/gate/infer", gate_request(1), timeout=120)[0]
+        )
     )
     blocker.start()
     wait_for(lambda: rt.metric("tidal_inflight_requests") == 1)
@@ -405,3 +418,231 @@ def test_every_contract_metric_is_exposed(serve, models, model_entry) -> None:
     ]:
         assert name in text, name
     assert 'le="0.001"' in text and 'le="10.0"' in text
+
+
+def raw_http(port: int, data: bytes, *, close_after: float | None = None) -> bytes:
+    """Send raw bytes; return what the server answers (or b"" when we hang up first)."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(data)
+        if close_after is not None:
+            time.sleep(close_after)
+            return b""
+        answer = b""
+        while not complete(answer):  # aiohttp may keep reading (lingering) before it closes
+            try:
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                break
+            if not chunk:
+                break
+            answer += chunk
+        return answer
+
+
+def complete(answer: bytes) -> bool:
+    head, sep, body = answer.partition(b"\r\n\r\n")
+    if not sep:
+        return False
+    for line in head.split(b"\r\n")[1:]:
+        key, _, value = line.partition(b":")
+        if key.strip().lower() == b"content-length":
+            return len(body) >= int(value)
+    return False
+
+
+def status_and_json(answer: bytes) -> tuple[int, Any]:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)
+
+
+def test_statistics_extension_answers_tritonclient(serve, models, model_entry) -> None:
+    rt = serve({"models": [model_entry(models["mlp"], "mlp"), model_entry(models["conv"], "c")]})
+    client = triton.InferenceServerClient(rt.url)
+    for rows in (1, 2, 2):
+        infer(client, "mlp", np.ones((rows, 16), np.float32))
+    post(f"{rt.url}/v2/models/mlp/infer", b"{}")  # a failure
+    assert "statistics" in client.get_server_metadata()["extensions"]
+    (stats,) = client.get_inference_statistics("mlp")["model_stats"]
+    assert (stats["name"], stats["version"]) == ("mlp", "1")
+    assert (stats["inference_count"], stats["execution_count"]) == (5, 3)
+    inference = stats["inference_stats"]
+    assert inference["success"]["count"] == 3 and inference["success"]["ns"] > 0
+    assert inference["fail"]["count"] == 1
+    assert inference["queue"]["count"] == 3 and inference["compute_infer"]["count"] == 3
+    assert [(b["batch_size"], b["compute_infer"]["count"]) for b in stats["batch_stats"]] == [
+        (1, 1),
+        (2, 2),
+    ]
+    assert stats["last_inference"] > 1.7e12  # ms since the epoch
+    assert client.get_inference_statistics("mlp", "1")["model_stats"][0]["inference_count"] == 5
+    every = client.get_inference_statistics()["model_stats"]
+    assert sorted(s["name"] for s in every) == ["c", "mlp"]
+    with pytest.raises(InferenceServerException, match="no version '2'"):
+        client.get_inference_statistics("mlp", "2")
+
+
+def test_model_versions_in_paths_are_checked(serve, models, model_entry) -> None:
+    rt = serve({"models": [model_entry(models["mlp"], "mlp")]})
+    client = triton.InferenceServerClient(rt.url)
+    x = triton.InferInput("input", [1, 16], "FP32")
+    x.set_data_from_numpy(np.ones((1, 16), np.float32))
+    result = client.infer("mlp", [x], model_version="1", request_id="abc")
+    assert result.get_response()["model_version"] == "1"
+    assert result.get_response()["id"] == "abc"
+    assert client.is_model_ready("mlp", "1")
+    assert client.get_model_metadata("mlp", "1")["versions"] == ["1"]
+    for version, status, message in [("2", 404, "no version '2'"), ("x1", 400, "not a number")]:
+        for path in ("", "/ready", "/config", "/infer"):
+            method = "POST" if path == "/infer" else "GET"
+            got, _, body = post(
+                f"{rt.url}/v2/models/mlp/versions/{version}{path}", b"{}", method=method
+            )
+            assert (got, message in body["error"]) == (status, True), (path, got, body)
+    got, _, body = post(f"{rt.url}/v2/models/nope/versions/1/infer", b"{}")
+    assert got == 404 and "unknown model" in body["error"]
+
+
+def test_a_request_timeout_parameter_gives_503_when_it_waits_too_long(
+    serve, models, model_entry
+) -> None:
+    backend = GateBackend()
+    rt = serve(
+        {"models": [model_entry(models["mlp"], "gate", batching={"enabled": False})]}, backend
+    )
+    backend.engine.gate.clear()
+    first: list[int] = []
+    blocker = threading.Thread(
+        target=lambda: first.append(
+            post(f"{rt.url}/v2/models/gate/infer", gate_request(1), timeout=120)[0]
+        )
+    )
+    blocker.start()
+    wait_for(lambda: rt.metric("tidal_inflight_requests") == 1)
+    client = triton.InferenceServerClient(rt.url)
+    tensor = triton.InferInput("x", [1, 2], "FP32")
+    tensor.set_data_from_numpy(np.ones((1, 2), np.float32))
+    started = time.monotonic()
+    with pytest.raises(InferenceServerException, match="timed out after 100 ms") as raised:
+        client.infer("gate", [tensor], timeout=100_000)  # microseconds, as in Triton
+    assert raised.value.status() == "503"
+    assert time.monotonic() - started < 5
+    backend.engine.gate.set()
+    blocker.join(10)
+    assert first == [200]
+    bad = {**json.loads(gate_request(1)), "parameters": {"timeout": "soon"}}
+    status, _, body = post(f"{rt.url}/v2/models/gate/infer", json.dumps(bad).encode())
+    assert status == 400 and "'timeout' must be a non-negative integer" in body["error"]
+
+
+def test_a_client_gone_mid_upload_counts_499_and_logs_no_error(
+    serve, models, model_entry, caplog
+) -> None:
+    rt = serve({"models": [model_entry(models["mlp"], "mlp")]})
+    head = b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n"
+    with caplog.at_level("DEBUG", logger="tidal.runtime"):
+        raw_http(rt.port, head + b'{"inputs": [', close_after=0.1)
+        wait_for(lambda: rt.metric("tidal_requests_total", model="mlp", code="499") == 1)
+    assert rt.metric("tidal_requests_total", model="mlp", code="500") == 0
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
+    assert any("mid-upload" in r.getMessage() for r in caplog.records)
+    stats = triton.InferenceServerClient(rt.url).get_inference_statistics("mlp")
+    assert stats["model_stats"][0]["inference_stats"]["fail"]["count"] == 0
+
+
+def test_a_stalled_body_times_out_and_an_oversized_one_is_refused_before_reading(
+    serve, models, model_entry
+) -> None:
+    rt = serve({"models": [model_entry(models["mlp"], "mlp")], "maxRequestBytes": 4096})
+
+    def set_timeout() -> None:
+        rt.server.body_read_timeout_s = 0.3
+
+    rt.call(set_timeout)
+    for path in ("/v2/models/mlp/infer", "/v2/repository/index", "/v2/repository/models/mlp/load"):
+        started = time.monotonic()
+        answer = raw_http(
+            rt.port, f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{{".encode()
+        )
+        status, body = status_and_json(answer)
+        assert status == 408 and "did not arrive within 0.3 s" in body["error"], path
+        assert time.monotonic() - started < 5
+        # headers only: the declared length alone is refused, nothing is waited for
+        answer = raw_http(
+            rt.port,
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 999999999\r\n\r\n".encode(),
+        )
+        status, body = status_and_json(answer)
+        assert status == 413 and "exceeds maxRequestBytes 4096" in body["error"], path
+    assert rt.metric("tidal_requests_total", model="mlp", code="408") == 1
+
+
+def test_unknown_routes_and_methods_answer_json(serve, models, model_entry) -> None:
+    rt = serve({"models": [model_entry(models["mlp"], "mlp")]})
+    status, _, body = post(f"{rt.url}/v2/trace/setting", None, method="GET")
+    assert status == 404 and body["error"] == "no endpoint GET /v2/trace/setting"
+    status, headers, body = post(f"{rt.url}/v2/health/live", b"", method="PUT")
+    assert status == 405 and "PUT is not allowed" in body["error"] and "GET" in headers["Allow"]
+    with pytest.raises(InferenceServerException, match="no endpoint"):
+        triton.InferenceServerClient(rt.url).get_trace_settings()
+
+
+def test_repository_bodies_are_checked(serve, models, model_entry) -> None:
+    rt = serve({"models": [model_entry(models["mlp"], "mlp", preload=False)]})
+    index = f"{rt.url}/v2/repository/index"
+    load = f"{rt.url}/v2/repository/models/mlp/load"
+    unload = f"{rt.url}/v2/repository/models/mlp/unload"
+    deep = b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    cases = [
+        (index, b"\xff\xfe\x00", "not valid JSON"),
+        (index, deep, "nested too deeply"),
+        (index, b'{"ready": "yes"}', "'ready' must be true or false"),
+        (index, b'{"readyy": true}', "unknown fields ['readyy']"),
+        (load, b'{"parameters": {"config": "{}"}}', "not supported"),
+        (load, b"[1]", "must be a JSON object"),
+        (unload, b'{"parameters": {"unload_dependents": "no"}}', "true or false"),
+    ]
+    for url, payload, message in cases:
+        status, _, answer = post(url, payload)
+        assert (status, message in answer["error"]) == (400, True), (url, payload[:20], answer)
+    assert post(index, b'{"ready": true}')[2] == []
+    assert post(load, b"")[0] == 200 and post(unload, b"{}")[0] == 200
+
+
+def test_infer_refuses_deep_json_many_dimensions_and_unsupported_datatypes(
+    serve, models, model_entry
+) -> None:
+    rt = serve({"models": [model_entry(models["mlp"], "mlp")]})
+    url = f"{rt.url}/v2/models/mlp/infer"
+
+    def tensor(datatype: str, shape: list[int], data: Any) -> bytes:
+        return json.dumps(
+            {"inputs": [{"name": "input", "datatype": datatype, "shape": shape, "data": data}]}
+        ).encode()
+
+    cases = [
+        (b'{"inputs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply"),
+        (tensor("FP32", [1] * 65, [1.0]), "at most 64"),
+        (tensor("BYTES", [1, 16], ["a"] * 16), "expected datatype FP32, got BYTES"),
+        (tensor("FP32", [1, 16], [1e39] * 16), "outside FP32's range"),
+    ]
+    if "BF16" in DATATYPES:
+        cases.append((tensor("BF16", [1, 16], [1.0] * 16), "expected datatype FP32, got BF16"))
+    for payload, message in cases:
+        status, _, answer = post(url, payload)
+        assert (status, message in answer["error"]) == (400, True), (payload[:30], answer)
+    assert rt.metric("tidal_requests_total", model="mlp", code="500") == 0
+
+
+def test_non_finite_outputs_reach_tritonclient_as_in_triton(serve, models, model_entry) -> None:
+    backend = GateBackend()
+    rt = serve({"models": [model_entry(models["mlp"], "gate")]}, backend)
+    client = triton.InferenceServerClient(rt.url)
+    x = np.array([[np.nan, np.inf]], np.float32)
+    for binary in (False, True):
+        tensor = triton.InferInput("x", [1, 2], "FP32")
+        tensor.set_data_from_numpy(x, binary_data=binary)
+        wanted = triton.InferRequestedOutput("y", binary_data=binary)
+        y = client.infer("gate", [tensor], outputs=[wanted]).as_numpy("y")
+        assert np.isnan(y[0, 0]) and y[0, 1] == np.inf
