@@ -128,7 +128,7 @@ def build_crd() -> dict[str, Any]:
         "properties": {
             "apiVersion": {"type": "string", "description": "serving.tidal.dev/v1alpha1"},
             "kind": {"type": "string", "description": "InferenceService"},
-            "metadata": {"type": "object"},
+            "metadata": api.METADATA_SCHEMA,
             "spec": spec_schema,
             "status": status_schema,
         },

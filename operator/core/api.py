@@ -19,10 +19,12 @@ schema cannot know.
 from __future__ import annotations
 
 import re
+from decimal import Decimal, InvalidOperation
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -52,6 +54,13 @@ ANNOTATION_CONFIG_HASH = f"{GROUP}/config-hash"
 # Kubernetes quantities ("20Gi", "512Mi", "1.5G") and percentages ("60%"). Bounds on the
 # percentage are checked by CEL (below) because a regex bound on a number reads badly.
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
+# Byte counts: no milli suffix, and a fraction only before a unit (CEL's isInteger() then
+# rejects the fractions of a byte that remain, such as 1.0001k).
+BYTES_PATTERN = r"^([0-9]+|[0-9]+(\.[0-9]+)?(k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei))$"
+BYTES_MESSAGE = (
+    "must be a whole number of bytes, such as 20Gi, 1500Mi or 1.5G (no m suffix, no fraction "
+    "of a byte)"
+)
 PERCENT_PATTERN = r"^[0-9]+(\.[0-9]+)?%$"
 WEIGHT_STREAMING_PATTERN = r"^(auto|[0-9]+(\.[0-9]+)?((Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?|%))$"
 # Go durations as CEL's duration() parses them, restricted to the units that make sense here.
@@ -59,10 +68,22 @@ DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
 MAX_MODELS = 512
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 MODEL_NAME_PATTERN = r"^[a-zA-Z0-9]([-a-zA-Z0-9_.]*[a-zA-Z0-9])?$"
-ENGINE_URI_PATTERN = r"^(file|s3|gs|https?)://.+$"
+ENGINE_URI_PATTERN = r"^(file://.+|(s3|gs|https?)://[^/\s].*)$"
 SHA256_PATTERN = r"^[a-f0-9]{64}$"
 GPU_ARCH_PATTERN = r"^sm[0-9]{2,3}$"
 ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+# Label keys and resource names (Kubernetes "qualified names": an optional DNS prefix and '/').
+QUALIFIED_NAME_PATTERN = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+QUALIFIED_NAME_MAX = 317  # a 253-character prefix, '/', a 63-character name
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+IMAGE_PATTERN = r"^[^\s]+$"
+FILE_URI_MESSAGE = (
+    "engines[].uri: a file:// URI needs an absolute path, i.e. three slashes "
+    "(file:///models/m.onnx); in file://models/m.onnx, models is a host name"
+)
 
 _UNITS: dict[str, float] = {
     "": 1,
@@ -82,12 +103,36 @@ _UNITS: dict[str, float] = {
 }
 
 
-def quantity_bytes(value: str) -> int:
-    """Bytes of a Kubernetes quantity such as ``20Gi`` (no percentages)."""
+def _quantity_value(value: str) -> Decimal:
     match = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([A-Za-z]*)", value)
     if match is None or match.group(2) not in _UNITS:
         raise ValueError(f"not a quantity: {value!r}")
-    return int(float(match.group(1)) * _UNITS[match.group(2)])
+    try:
+        number = Decimal(match.group(1))
+    except InvalidOperation:
+        raise ValueError(f"not a quantity: {value!r}") from None
+    unit = match.group(2)
+    return number * (Decimal("0.001") if unit == "m" else Decimal(int(_UNITS[unit])))
+
+
+def quantity_bytes(value: str) -> int:
+    """Bytes of a Kubernetes quantity such as ``20Gi`` (no percentages; rounded down)."""
+    return int(_quantity_value(value))
+
+
+def is_whole_bytes(value: str) -> bool:
+    """Whether a quantity is a whole number of bytes that fits in an int64 (CEL's isInteger)."""
+    try:
+        exact = _quantity_value(value)
+    except ValueError:
+        return False
+    return exact == exact.to_integral_value() and exact < 2**63
+
+
+def quantity_cmp(left: str, right: str) -> int:
+    """-1, 0 or 1 as quantity ``left`` is below, equal to or above ``right`` (exact)."""
+    a, b = _quantity_value(left), _quantity_value(right)
+    return (a > b) - (a < b)
 
 
 def percent_value(value: str) -> float | None:
@@ -114,6 +159,19 @@ def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str
 
 def _rules(*entries: dict[str, str]) -> dict[str, Any]:
     return {"x-kubernetes-validations": list(entries)}
+
+
+def _matches(expr: str, pattern: str) -> str:
+    """CEL: ``expr`` matches ``pattern``. Rules guard on it, so that a value its field's own
+    pattern already rejects yields that one error, not a second, misleading one (or a raw
+    conversion error from quantity() or duration())."""
+    return f"{expr}.matches(r'{pattern}')"
+
+
+def _whole_bytes(value: str) -> str:
+    if not is_whole_bytes(value):
+        raise ValueError(BYTES_MESSAGE)
+    return value
 
 
 class ApiModel(BaseModel):
@@ -196,21 +254,83 @@ WeightStreamingBudget = Annotated[
     str, StringConstraints(pattern=WEIGHT_STREAMING_PATTERN, max_length=32)
 ]
 Duration = Annotated[str, StringConstraints(pattern=DURATION_PATTERN, max_length=32)]
+ByteQuantity = Annotated[
+    str,
+    StringConstraints(pattern=BYTES_PATTERN, max_length=32),
+    AfterValidator(_whole_bytes),
+    Field(
+        json_schema_extra=_rules(
+            cel(f"!{_matches('self', BYTES_PATTERN)} || quantity(self).isInteger()", BYTES_MESSAGE)
+        )
+    ),
+]
+LabelValue = Annotated[str, StringConstraints(pattern=LABEL_VALUE_PATTERN, max_length=63)]
+
+
+def _qualified_keys_rule(what: str) -> dict[str, str]:
+    return cel(
+        f"self.all(k, k.size() <= {QUALIFIED_NAME_MAX} && {_matches('k', QUALIFIED_NAME_PATTERN)})",
+        f"{what} must be qualified names such as cpu, memory or example.com/name (at most "
+        f"{QUALIFIED_NAME_MAX} characters)",
+    )
+
+
+def _bad_qualified_keys(keys: Any) -> list[str]:
+    return [
+        k
+        for k in keys
+        if len(k) > QUALIFIED_NAME_MAX or re.fullmatch(QUALIFIED_NAME_PATTERN, k) is None
+    ]
 
 
 class ResourceRequirements(ApiModel):
     """CPU and memory for the runtime container, as in a Pod's ``resources``."""
 
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            cel(
+                "!has(self.requests) || !has(self.limits) || self.requests.all(k, "
+                "!(k in self.limits) || !isQuantity(self.requests[k]) || "
+                "!isQuantity(self.limits[k]) || "
+                "quantity(self.requests[k]).compareTo(quantity(self.limits[k])) <= 0)",
+                "resources.limits must be at least resources.requests for each resource (a "
+                "container cannot be created with a limit below its request)",
+            ),
+        )
+    )
+
     requests: dict[str, Quantity] = Field(
         default_factory=dict,
         max_length=16,
         description="Minimum resources the scheduler reserves, e.g. {cpu: '2', memory: 8Gi}.",
+        json_schema_extra=_rules(_qualified_keys_rule("resources.requests keys")),
     )
     limits: dict[str, Quantity] = Field(
         default_factory=dict,
         max_length=16,
         description="Maximum resources the container may use, e.g. {memory: 16Gi}.",
+        json_schema_extra=_rules(_qualified_keys_rule("resources.limits keys")),
     )
+
+    @model_validator(mode="after")
+    def _limits_cover_requests(self) -> ResourceRequirements:
+        for what, entries in (("requests", self.requests), ("limits", self.limits)):
+            if _bad_qualified_keys(entries):
+                raise ValueError(
+                    f"resources.{what} keys must be qualified names such as cpu, memory or "
+                    f"example.com/name (at most {QUALIFIED_NAME_MAX} characters)"
+                )
+        below = sorted(
+            k
+            for k, request in self.requests.items()
+            if k in self.limits and quantity_cmp(request, self.limits[k]) > 0
+        )
+        if below:
+            raise ValueError(
+                "resources.limits must be at least resources.requests for each resource (a "
+                f"container cannot be created with a limit below its request): {', '.join(below)}"
+            )
+        return self
 
 
 class EnvVar(ApiModel):
@@ -225,17 +345,63 @@ class EnvVar(ApiModel):
 class Toleration(ApiModel):
     """A Pod toleration, so pools can run on tainted (e.g. GPU-only) nodes."""
 
-    key: str | None = Field(default=None, max_length=253, description="Taint key to tolerate.")
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            cel(
+                "self.operator == 'Exists' || (has(self.key) && self.key != '')",
+                "tolerations[].operator must be Exists when tolerations[].key is empty",
+                ".operator",
+            ),
+            cel(
+                "self.operator != 'Exists' || !has(self.value) || self.value == ''",
+                "tolerations[].value must be empty when tolerations[].operator is Exists",
+                ".value",
+            ),
+            cel(
+                "!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+                "tolerations[].tolerationSeconds needs tolerations[].effect: NoExecute",
+                ".tolerationSeconds",
+            ),
+        )
+    )
+
+    key: str | None = Field(
+        default=None,
+        max_length=QUALIFIED_NAME_MAX,
+        pattern=QUALIFIED_NAME_PATTERN,
+        description="Taint key to tolerate; empty (with operator Exists) tolerates every taint.",
+    )
     operator: Literal["Exists", "Equal"] = Field(
         default="Equal", description="Exists matches any value; Equal matches `value`."
     )
-    value: str | None = Field(default=None, max_length=253, description="Taint value.")
+    value: str | None = Field(
+        default=None, max_length=63, pattern=LABEL_VALUE_PATTERN, description="Taint value."
+    )
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
         default=None, description="Taint effect to tolerate; empty tolerates all effects."
     )
     toleration_seconds: int | None = Field(
-        default=None, ge=0, description="For NoExecute: seconds the pod stays after the taint."
+        default=None,
+        ge=0,
+        le=31536000,
+        description="For NoExecute: seconds the pod stays after the taint (at most a year).",
     )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Toleration:
+        if self.operator == "Equal" and not self.key:
+            raise ValueError(
+                "tolerations[].operator must be Exists when tolerations[].key is empty"
+            )
+        if self.operator == "Exists" and self.value:
+            raise ValueError(
+                "tolerations[].value must be empty when tolerations[].operator is Exists"
+            )
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError(
+                "tolerations[].tolerationSeconds needs tolerations[].effect: NoExecute"
+            )
+        return self
 
 
 class Runtime(ApiModel):
@@ -260,6 +426,7 @@ class Runtime(ApiModel):
         default="ghcr.io/tidal-serving/runtime:0.1.0",
         min_length=1,
         max_length=512,
+        pattern=IMAGE_PATTERN,
         description="Container image with the tidal runtime (`tidal-runtime` on its PATH).",
     )
     backend: Backend = Field(
@@ -279,12 +446,21 @@ class Runtime(ApiModel):
     env: list[EnvVar] = Field(
         default_factory=list,
         max_length=64,
-        description="Extra environment variables for the runtime container.",
+        description="Extra environment variables for the runtime container; names must be unique.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
-    node_selector: dict[str, str] = Field(
+    node_selector: dict[str, LabelValue] = Field(
         default_factory=dict,
         max_length=32,
         description="Node labels the pods must run on, e.g. a GPU product label.",
+        json_schema_extra=_rules(
+            cel(
+                f"self.all(k, k.size() <= {QUALIFIED_NAME_MAX} && "
+                f"{_matches('k', QUALIFIED_NAME_PATTERN)})",
+                "runtime.nodeSelector keys must be label keys such as "
+                "nvidia.com/gpu.product (at most 317 characters)",
+            )
+        ),
     )
     tolerations: list[Toleration] = Field(
         default_factory=list, max_length=32, description="Taints the pods tolerate."
@@ -300,6 +476,15 @@ class Runtime(ApiModel):
 
     @model_validator(mode="after")
     def _gpus_match_backend(self) -> Runtime:
+        names = [e.name for e in self.env]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"runtime.env names must be unique: {', '.join(repeated)} repeated")
+        if _bad_qualified_keys(self.node_selector):
+            raise ValueError(
+                "runtime.nodeSelector keys must be label keys such as "
+                "nvidia.com/gpu.product (at most 317 characters)"
+            )
         if self.gpus is None:
             return self
         if self.backend is Backend.ONNXRUNTIME and self.gpus != 0:
@@ -335,6 +520,11 @@ class Engine(ApiModel):
                 "(!has(self.gpuArch) && !has(self.tensorrtVersion))",
                 "engines[].gpuArch and engines[].tensorrtVersion apply to tensorrt engines only",
             ),
+            cel(
+                "!self.uri.startsWith('file://') || self.uri.startsWith('file:///')",
+                FILE_URI_MESSAGE,
+                ".uri",
+            ),
         )
     )
 
@@ -342,8 +532,9 @@ class Engine(ApiModel):
         min_length=1,
         max_length=2048,
         pattern=ENGINE_URI_PATTERN,
-        description="Where the engine lives: file:// or http(s)://; s3:// and gs:// are "
-        "reserved (the runtime cannot fetch them yet: the service reports Degraded).",
+        description="Where the engine lives: file:///absolute/path or http(s)://; s3:// and "
+        "gs:// are reserved (the runtime cannot fetch them yet: the service reports Degraded). "
+        "Unique within a model.",
     )
     backend: Backend | None = Field(
         default=None,
@@ -387,6 +578,8 @@ class Engine(ApiModel):
 
     @model_validator(mode="after")
     def _backend_known(self) -> Engine:
+        if self.uri.startswith("file://") and not self.uri.startswith("file:///"):
+            raise ValueError(FILE_URI_MESSAGE)
         if self.effective_backend is None:
             raise ValueError(
                 "engines[].backend is required when engines[].uri does not end in .onnx, "
@@ -410,12 +603,26 @@ class Batching(ApiModel):
         le=1000,
         description="Longest a request waits in the queue to fill a batch, in milliseconds.",
     )
+    timeout_ms: float | None = Field(
+        default=None,
+        gt=0,
+        le=600000,
+        description="Deadline of each request from its arrival, in milliseconds: a request "
+        "still queued then is answered with a timeout (a request's own timeout parameter "
+        "shortens it); unset: no deadline.",
+    )
     preferred_batch_sizes: list[Annotated[int, Field(ge=1, le=4096)]] = Field(
         default_factory=list,
         max_length=16,
         description="Batch sizes the batcher aims for (each <= maxBatchSize).",
         json_schema_extra={"x-kubernetes-list-type": "set", "default": []},
     )
+
+    @model_validator(mode="after")
+    def _sizes_unique(self) -> Batching:
+        if len(set(self.preferred_batch_sizes)) != len(self.preferred_batch_sizes):
+            raise ValueError("batching.preferredBatchSizes must not repeat a size")
+        return self
 
 
 class Warmup(ApiModel):
@@ -431,6 +638,12 @@ class Warmup(ApiModel):
         default=1, ge=0, le=100, description="Runs per batch size; 0 disables warm-up."
     )
 
+    @model_validator(mode="after")
+    def _sizes_unique(self) -> Warmup:
+        if len(set(self.batch_sizes)) != len(self.batch_sizes):
+            raise ValueError("warmup.batchSizes must not repeat a size")
+        return self
+
 
 class Model(ApiModel):
     """A model served by the InferenceService, with one engine per backend/arch/precision."""
@@ -438,12 +651,13 @@ class Model(ApiModel):
     model_config = ConfigDict(
         json_schema_extra=_rules(
             cel(
+                "self.maxBatchSize < 1 || "
                 "self.batching.preferredBatchSizes.all(b, b <= self.maxBatchSize)",
                 "models[].batching.preferredBatchSizes must each be <= models[].maxBatchSize",
                 ".batching.preferredBatchSizes",
             ),
             cel(
-                "self.warmup.batchSizes.all(b, b <= self.maxBatchSize)",
+                "self.maxBatchSize < 1 || self.warmup.batchSizes.all(b, b <= self.maxBatchSize)",
                 "models[].warmup.batchSizes must each be <= models[].maxBatchSize",
                 ".warmup.batchSizes",
             ),
@@ -459,7 +673,9 @@ class Model(ApiModel):
     engines: list[Engine] = Field(
         min_length=1,
         max_length=32,
-        description="Engines of this model; the runtime picks the one for its backend and GPU.",
+        description="Engines of this model; the runtime picks the one for its backend and GPU. "
+        "Each uri at most once.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["uri"]},
     )
     max_batch_size: int = Field(
         default=8, ge=1, le=4096, description="Largest batch the runtime forms for this model."
@@ -480,7 +696,7 @@ class Model(ApiModel):
         "its first request (cold) and lets the engine cache evict it when memory is short. "
         "Not used with spec.fleet: placement decides which models are hot where.",
     )
-    memory: Quantity | None = Field(
+    memory: ByteQuantity | None = Field(
         default=None,
         description="Device memory of the loaded engine, e.g. 1500Mi. Optional: the runtime "
         "measures it on the first load; declared, it lets fleet placement plan before that and "
@@ -489,6 +705,12 @@ class Model(ApiModel):
 
     @model_validator(mode="after")
     def _batch_sizes_fit(self) -> Model:
+        uris = [e.uri for e in self.engines]
+        repeated = sorted({u for u in uris if uris.count(u) > 1})
+        if repeated:
+            raise ValueError(
+                f"models[].engines[].uri must be unique within a model: {', '.join(repeated)}"
+            )
         if any(b > self.max_batch_size for b in self.batching.preferred_batch_sizes):
             raise ValueError(
                 "models[].batching.preferredBatchSizes must each be <= models[].maxBatchSize"
@@ -504,19 +726,33 @@ class Memory(ApiModel):
     model_config = ConfigDict(
         json_schema_extra=_rules(
             cel(
-                "!has(self.weightStreamingBudget) || self.weightStreamingBudget == 'auto' || "
+                "!has(self.weightStreamingBudget) || "
+                f"!{_matches('self.weightStreamingBudget', WEIGHT_STREAMING_PATTERN)} || "
+                "self.weightStreamingBudget == 'auto' || "
                 "(self.weightStreamingBudget.endsWith('%') ? "
                 "(double(self.weightStreamingBudget.substring(0, "
                 "self.weightStreamingBudget.size() - 1)) > 0.0 && "
                 "double(self.weightStreamingBudget.substring(0, "
                 "self.weightStreamingBudget.size() - 1)) <= 100.0) : "
-                "isQuantity(self.weightStreamingBudget))",
+                "quantity(self.weightStreamingBudget).isInteger())",
                 "memory.weightStreamingBudget must be auto, a quantity such as 8Gi, or a "
                 "percentage above 0% and at most 100%",
                 ".weightStreamingBudget",
             ),
             cel(
                 "!has(self.engineCacheBudget) || "
+                f"!{_matches('self.engineCacheBudget', BYTES_PATTERN)} || "
+                "quantity(self.engineCacheBudget).isGreaterThan(quantity('0'))",
+                "memory.engineCacheBudget must be above 0",
+                ".engineCacheBudget",
+            ),
+            cel(
+                "!has(self.engineCacheBudget) || "
+                f"!{_matches('self.engineCacheBudget', BYTES_PATTERN)} || "
+                f"!{_matches('self.reserve', BYTES_PATTERN)} || "
+                "!quantity(self.engineCacheBudget).isInteger() || "
+                "!quantity(self.reserve).isInteger() || "
+                "!quantity(self.engineCacheBudget).isGreaterThan(quantity('0')) || "
                 "quantity(self.reserve).isLessThan(quantity(self.engineCacheBudget))",
                 "memory.reserve must be smaller than memory.engineCacheBudget",
                 ".reserve",
@@ -524,7 +760,7 @@ class Memory(ApiModel):
         )
     )
 
-    engine_cache_budget: Quantity | None = Field(
+    engine_cache_budget: ByteQuantity | None = Field(
         default=None,
         description="GPU memory for loaded engines (the hot set), e.g. 20Gi; unset: the "
         "runtime's default.",
@@ -534,7 +770,7 @@ class Memory(ApiModel):
         description="TensorRT weight streaming: GPU memory for weights as bytes (8Gi), a "
         "percentage of the streamable weights (60%) or auto; unset: weights stay resident.",
     )
-    reserve: Quantity = Field(
+    reserve: ByteQuantity = Field(
         default="0",
         description="GPU memory never given to engines (activations, other processes).",
     )
@@ -548,9 +784,15 @@ class Memory(ApiModel):
                 "memory.weightStreamingBudget must be auto, a quantity such as 8Gi, or a "
                 "percentage above 0% and at most 100%"
             )
-        if self.engine_cache_budget is not None and quantity_bytes(self.reserve) >= quantity_bytes(
-            self.engine_cache_budget
-        ):
+        if budget is not None and pct is None and budget != "auto" and not is_whole_bytes(budget):
+            raise ValueError(
+                "memory.weightStreamingBudget must be auto, a quantity such as 8Gi, or a "
+                f"percentage above 0% and at most 100%: {BYTES_MESSAGE}"
+            )
+        cache = self.engine_cache_budget
+        if cache is not None and quantity_bytes(cache) == 0:
+            raise ValueError("memory.engineCacheBudget must be above 0")
+        if cache is not None and quantity_bytes(self.reserve) >= quantity_bytes(cache):
             raise ValueError("memory.reserve must be smaller than memory.engineCacheBudget")
         return self
 
@@ -565,12 +807,12 @@ class Autoscaling(ApiModel):
     model_config = ConfigDict(
         json_schema_extra=_rules(
             cel(
-                "self.minReplicas <= self.maxReplicas",
+                "self.maxReplicas < 1 || self.minReplicas <= self.maxReplicas",
                 "spec.autoscaling.minReplicas must be <= spec.autoscaling.maxReplicas",
                 ".minReplicas",
             ),
             cel(
-                "self.standbyReplicas <= self.maxReplicas",
+                "self.maxReplicas < 1 || self.standbyReplicas <= self.maxReplicas",
                 "spec.autoscaling.standbyReplicas must be <= spec.autoscaling.maxReplicas",
                 ".standbyReplicas",
             ),
@@ -665,13 +907,16 @@ class Slo(ApiModel):
                 "or gpuMemoryHeadroom)",
             ),
             cel(
-                "duration(self.__for__) >= duration('1s') && "
-                "duration(self.__for__) <= duration('24h')",
+                f"!{_matches('self.__for__', DURATION_PATTERN)} || "
+                "(duration(self.__for__) >= duration('1s') && "
+                "duration(self.__for__) <= duration('24h'))",
                 "spec.rollout.slo.for must be a duration between 1s and 24h",
                 ".for",
             ),
             cel(
-                "!has(self.gpuMemoryHeadroom) || double(self.gpuMemoryHeadroom.substring(0, "
+                "!has(self.gpuMemoryHeadroom) || "
+                f"!{_matches('self.gpuMemoryHeadroom', PERCENT_PATTERN)} || "
+                "double(self.gpuMemoryHeadroom.substring(0, "
                 "self.gpuMemoryHeadroom.size() - 1)) <= 100.0",
                 "spec.rollout.slo.gpuMemoryHeadroom must be a percentage between 0% and 100%",
                 ".gpuMemoryHeadroom",
@@ -744,7 +989,8 @@ class Rollout(ApiModel):
                 ".onBreach",
             ),
             cel(
-                "self.steps.isSorted() && self.steps[size(self.steps) - 1] == 100",
+                "size(self.steps) == 0 || "
+                "(self.steps.isSorted() && self.steps[size(self.steps) - 1] == 100)",
                 "spec.rollout.steps must increase and end with 100",
                 ".steps",
             ),
@@ -842,6 +1088,17 @@ class FleetGateway(ApiModel):
 class FleetPlacement(ApiModel):
     """How the operator spreads models over the runtime pods' engine budgets."""
 
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            cel(
+                f"!{_matches('self.headroom', PERCENT_PATTERN)} || "
+                "double(self.headroom.substring(0, self.headroom.size() - 1)) < 100.0",
+                "spec.fleet.placement.headroom must be a percentage from 0% to below 100%",
+                ".headroom",
+            ),
+        )
+    )
+
     rate_per_copy: float = Field(
         default=50.0,
         gt=0,
@@ -868,6 +1125,14 @@ class FleetPlacement(ApiModel):
         default=2.0, ge=0.5, le=300, description="How often placement is recomputed, seconds."
     )
 
+    @model_validator(mode="after")
+    def _headroom_below_all(self) -> FleetPlacement:
+        if (percent_value(self.headroom) or 0.0) >= 100:
+            raise ValueError(
+                "spec.fleet.placement.headroom must be a percentage from 0% to below 100%"
+            )
+        return self
+
 
 class FleetForecast(ApiModel):
     """Per-model demand forecast used to load models before their predicted rise."""
@@ -875,8 +1140,9 @@ class FleetForecast(ApiModel):
     model_config = ConfigDict(
         json_schema_extra=_rules(
             cel(
-                "duration(self.period) >= duration('1m') && duration(self.period) <= "
-                "duration('168h')",
+                f"!{_matches('self.period', DURATION_PATTERN)} || "
+                "(duration(self.period) >= duration('1m') && duration(self.period) <= "
+                "duration('168h'))",
                 "spec.fleet.forecast.period must be a duration between 1m and 168h",
                 ".period",
             ),
@@ -937,7 +1203,8 @@ class InferenceServiceSpec(ApiModel):
     model_config = ConfigDict(
         json_schema_extra=_rules(
             cel(
-                "!has(self.replicas) || self.replicas <= self.autoscaling.maxReplicas",
+                "!has(self.replicas) || self.autoscaling.maxReplicas < 1 || "
+                "self.replicas <= self.autoscaling.maxReplicas",
                 "spec.replicas must be <= spec.autoscaling.maxReplicas",
                 ".replicas",
             ),
@@ -1193,19 +1460,32 @@ class InferenceServiceStatus(ApiModel):
     )
 
 
+NAME_MESSAGE = (
+    "metadata.name must be a DNS-1035 label (lower-case letters, digits, '-', starting with a "
+    "letter, at most 63 characters): it names the Service"
+)
+# The CRD's schema of metadata: structural schemas allow rules on metadata.name only. The rule
+# sits on the name itself, so that the API server reports the path metadata.name.
+METADATA_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "name": {
+            "type": "string",
+            "description": "Name of the InferenceService, and of its Service: a DNS-1035 label.",
+            "maxLength": 63,
+            **_rules(
+                cel(
+                    "self.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$') && self.size() <= 63",
+                    NAME_MESSAGE,
+                )
+            ),
+        }
+    },
+}
+
+
 class InferenceService(ApiModel):
     """Serves one or more models on an elastic pool of runtime pods."""
-
-    model_config = ConfigDict(
-        json_schema_extra=_rules(
-            cel(
-                "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$') && "
-                "self.metadata.name.size() <= 63",
-                "metadata.name must be a DNS-1035 label (lower-case letters, digits, '-', "
-                "starting with a letter, at most 63 characters): it names the Service",
-            ),
-        )
-    )
 
     api_version: Literal["serving.tidal.dev/v1alpha1"] = Field(
         default="serving.tidal.dev/v1alpha1", description="serving.tidal.dev/v1alpha1"
@@ -1223,10 +1503,7 @@ class InferenceService(ApiModel):
         if name is not None and not (
             re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", str(name)) and len(str(name)) <= 63
         ):
-            raise ValueError(
-                "metadata.name must be a DNS-1035 label (lower-case letters, digits, '-', "
-                "starting with a letter, at most 63 characters): it names the Service"
-            )
+            raise ValueError(NAME_MESSAGE)
         return self
 
     @property

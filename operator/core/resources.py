@@ -33,6 +33,7 @@ from tidal.operator.core.api import (
     ActivePool,
     Backend,
     Engine,
+    Fleet,
     InferenceService,
     Memory,
     Model,
@@ -107,51 +108,96 @@ def pools_of(isvc: InferenceService) -> tuple[Pool, ...]:
     )
 
 
+@dataclass(frozen=True)
+class _Paths:
+    """Where a pool's settings were written: the baseline's unset fields are the primary's."""
+
+    runtime: str
+    models: str
+    memory: str
+
+
+def _paths_of(isvc: InferenceService, pool: PoolName) -> _Paths:
+    baseline = isvc.spec.rollout.baseline
+    if pool is PoolName.PRIMARY or baseline is None:
+        return _Paths("spec.runtime", "spec.models", "spec.memory")
+    at = "spec.rollout.baseline"
+    return _Paths(
+        f"{at}.runtime" if baseline.runtime is not None else "spec.runtime",
+        f"{at}.models" if baseline.models is not None else "spec.models",
+        f"{at}.memory" if baseline.memory is not None else "spec.memory",
+    )
+
+
 def find_spec_problems(isvc: InferenceService) -> list[str]:
-    """Reasons a schema-valid spec cannot work, each saying what to change (empty: fine)."""
+    """Reasons a schema-valid spec cannot work, each naming the field to change (empty: fine)."""
     problems: list[str] = []
     for pool in pools_of(isvc):
-        where = "spec" if pool.name is PoolName.PRIMARY else "spec.rollout.baseline"
-        backend = pool.runtime.backend
-        for model in pool.models:
-            if not any(e.effective_backend is backend for e in model.engines):
-                have = sorted({str(e.effective_backend) for e in model.engines})
-                problems.append(
-                    f"{pool.name.value} pool: model {model.name!r} has no engine for backend "
-                    f"{backend.value} (it has {', '.join(have)}); add an engine with "
-                    f"backend: {backend.value} to {where}.models[{model.name}].engines or set "
-                    f"{where}.runtime.backend to one of {', '.join(have)}"
-                )
-            for engine in model.engines:
-                scheme = engine.uri.split("://", 1)[0]
-                if scheme not in RUNTIME_FETCH_SCHEMES:
-                    problems.append(
-                        f"{pool.name.value} pool: model {model.name!r}: engine {engine.uri}: the "
-                        f"runtime cannot fetch {scheme}:// yet; serve the file over https:// "
-                        "(for example a presigned object-store URL) or from file://"
-                    )
-                if engine.effective_backend is Backend.TENSORRT and not _plan_described(engine):
-                    problems.append(
-                        f"{pool.name.value} pool: model {model.name!r}: engine {engine.uri} "
-                        "does not follow <gpuArch>-trt<major>.<minor>[-vc]-<precision>.engine; "
-                        "rename it or set gpuArch, tensorrtVersion and precision"
-                    )
-        if isvc.spec.fleet is not None:
-            budget = engine_budget_bytes(pool.memory)
-            for model in pool.models:
-                if model.memory is not None and quantity_bytes(model.memory) > budget:
-                    gap = quantity_bytes(model.memory) - budget
-                    problems.append(
-                        f"{pool.name.value} pool: model {model.name!r} needs {model.memory} "
-                        f"but a replica's engine budget is {budget} bytes ({gap} bytes short): "
-                        f"raise {where}.memory.engineCacheBudget or lower its reserve, or serve "
-                        "the model from a service with larger replicas"
-                    )
-        if pool.memory.weight_streaming_budget is not None and backend is not Backend.TENSORRT:
+        paths = _paths_of(isvc, pool.name)
+        prefix = f"{pool.name.value} pool"
+        problems += [f"{prefix}: {p}" for p in _model_problems(pool, paths)]
+        problems += [f"{prefix}: {p}" for p in _memory_problems(pool, paths, isvc.spec.fleet)]
+    return problems
+
+
+def _model_problems(pool: Pool, paths: _Paths) -> list[str]:
+    problems: list[str] = []
+    backend = pool.runtime.backend
+    for model in pool.models:
+        at = f"{paths.models}[{model.name}]"
+        if not any(e.effective_backend is backend for e in model.engines):
+            have = sorted({str(e.effective_backend) for e in model.engines})
             problems.append(
-                f"{pool.name.value} pool: memory.weightStreamingBudget needs backend tensorrt; "
-                f"remove it from {where}.memory or set {where}.runtime.backend: tensorrt"
+                f"model {model.name!r} has no engine for backend {backend.value} (it has "
+                f"{', '.join(have)}); add an engine with backend: {backend.value} to "
+                f"{at}.engines or set {paths.runtime}.backend to one of {', '.join(have)}"
             )
+        for index, engine in enumerate(model.engines):
+            uri_path = f"{at}.engines[{index}].uri"
+            scheme = engine.uri.split("://", 1)[0]
+            if scheme not in RUNTIME_FETCH_SCHEMES:
+                problems.append(
+                    f"model {model.name!r}: {uri_path}: the runtime cannot fetch {scheme}:// "
+                    f"yet ({engine.uri}); serve the file over https:// (for example a presigned "
+                    "object-store URL) or from file://"
+                )
+            if engine.effective_backend is Backend.TENSORRT and not _plan_described(engine):
+                problems.append(
+                    f"model {model.name!r}: {uri_path}: {engine.uri} does not follow "
+                    "<gpuArch>-trt<major>.<minor>[-vc]-<precision>.engine; rename it or set "
+                    f"{at}.engines[{index}].gpuArch, tensorrtVersion and precision"
+                )
+    return problems
+
+
+def _memory_problems(pool: Pool, paths: _Paths, fleet: Fleet | None) -> list[str]:
+    problems: list[str] = []
+    memory = pool.memory
+    budget = engine_budget_bytes(memory)
+    if memory.engine_cache_budget is None and budget == 0:
+        problems.append(
+            f"{paths.memory}.reserve {memory.reserve} leaves no engine budget: the runtime's "
+            f"default engine cache budget is {RUNTIME_DEFAULT_ENGINE_BUDGET} bytes; lower "
+            f"{paths.memory}.reserve or set {paths.memory}.engineCacheBudget above it"
+        )
+    if fleet is not None:
+        reserve = quantity_bytes(memory.reserve)
+        lower = f" or lower {paths.memory}.reserve" if reserve else ""
+        for model in pool.models:
+            if model.memory is not None and quantity_bytes(model.memory) > budget > 0:
+                gap = quantity_bytes(model.memory) - budget
+                problems.append(
+                    f"model {model.name!r} needs {model.memory} "
+                    f"({paths.models}[{model.name}].memory) but a replica's engine budget is "
+                    f"{budget} bytes ({gap} bytes short): raise "
+                    f"{paths.memory}.engineCacheBudget{lower}, or serve the model from a "
+                    "service with larger replicas"
+                )
+    if memory.weight_streaming_budget is not None and pool.runtime.backend is not Backend.TENSORRT:
+        problems.append(
+            f"{paths.memory}.weightStreamingBudget needs backend tensorrt; remove it or set "
+            f"{paths.runtime}.backend: tensorrt"
+        )
     return problems
 
 
@@ -245,10 +291,7 @@ def render_runtime_config(pool: Pool, fleet: bool = False) -> dict[str, Any]:
                 "name": model.name,
                 "engines": engines,
                 "maxBatchSize": model.max_batch_size,
-                "batching": {
-                    "maxQueueDelayMs": model.batching.max_queue_delay_ms,
-                    "preferredBatchSizes": list(model.batching.preferred_batch_sizes),
-                },
+                "batching": _batching(model),
                 "warmup": {
                     "batchSizes": list(model.warmup.batch_sizes),
                     "iterations": model.warmup.iterations,
@@ -265,6 +308,17 @@ def render_runtime_config(pool: Pool, fleet: bool = False) -> dict[str, Any]:
             budget if budget == "auto" or budget.endswith("%") else quantity_bytes(budget)
         )
     return {"backend": backend.value, "models": models, "memory": memory}
+
+
+def _batching(model: Model) -> dict[str, Any]:
+    batching: dict[str, Any] = {
+        "maxQueueDelayMs": model.batching.max_queue_delay_ms,
+        "preferredBatchSizes": list(model.batching.preferred_batch_sizes),
+    }
+    # Only when set, so that existing pools keep their config hash (and are not rolled).
+    if model.batching.timeout_ms is not None:
+        batching["timeoutMs"] = model.batching.timeout_ms
+    return batching
 
 
 def content_hash(data: Any) -> str:

@@ -10,6 +10,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 INVALID = Path(__file__).resolve().parent / "invalid"
+DEGRADED = INVALID / "degraded"
 EXAMPLE_MODEL_PREFIX = "file:///var/lib/tidal/models/"
 
 
@@ -24,10 +25,17 @@ def load(path: Path) -> dict[str, Any]:
     return dict(yaml.safe_load(path.read_text()))
 
 
-def invalid_cases() -> list[tuple[Path, dict[str, str], dict[str, Any]]]:
-    """(path, header {field, expect, rule}, manifest) for each invalid manifest."""
+def invalid_cases(
+    directory: Path = INVALID,
+) -> list[tuple[Path, dict[str, str], dict[str, Any]]]:
+    """(path, header {field, expect, rule[, errors]}, manifest) for each invalid manifest.
+
+    ``invalid/*.yaml`` must be rejected by the API server (and the models);
+    ``invalid/degraded/*.yaml`` (``degraded_cases``) pass the schema but cannot work, and must
+    turn the service Degraded with a message naming the field.
+    """
     cases = []
-    for path in sorted(INVALID.glob("*.yaml")):
+    for path in sorted(directory.glob("*.yaml")):
         text = path.read_text()
         header = {}
         for line in text.splitlines():
@@ -37,6 +45,11 @@ def invalid_cases() -> list[tuple[Path, dict[str, str], dict[str, Any]]]:
             header[key] = value
         cases.append((path, header, dict(yaml.safe_load(text))))
     return cases
+
+
+def degraded_cases() -> list[tuple[Path, dict[str, str], dict[str, Any]]]:
+    """Manifests the API server accepts and the operator reports Degraded (see above)."""
+    return invalid_cases(DEGRADED)
 
 
 def minimal(name: str = "svc", namespace: str = "ns", **spec: Any) -> dict[str, Any]:

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 from isvc_fixtures import REPO, example_paths, invalid_cases, load, minimal
 from pydantic import ValidationError
 
@@ -154,3 +156,63 @@ def test_wire_round_trip_keeps_camel_case() -> None:
     wire = isvc.spec.to_wire()
     assert wire["autoscaling"]["minReplicas"] == 2
     assert api.InferenceServiceSpec.model_validate(wire) == isvc.spec
+
+
+def _unbounded(node: dict, path: str) -> list[str]:
+    """Paths of strings without a length bound, numbers without a range, lists and maps
+    without a size bound."""
+    found: list[str] = []
+    kind = node.get("type")
+    if kind == "string" and "maxLength" not in node and "enum" not in node:
+        found.append(path)
+    if kind in ("integer", "number") and not ("minimum" in node and "maximum" in node):
+        found.append(path)
+    if kind == "array" and "maxItems" not in node:
+        found.append(path)
+    if kind == "object" and isinstance(node.get("additionalProperties"), dict):
+        if "maxProperties" not in node:
+            found.append(path)
+        found += _unbounded(node["additionalProperties"], path + "{}")
+    for name, prop in node.get("properties", {}).items():
+        found += _unbounded(prop, f"{path}.{name}")
+    if "items" in node:
+        found += _unbounded(node["items"], path + "[]")
+    return found
+
+
+def test_every_user_facing_value_of_the_spec_is_bounded() -> None:
+    root = _schema()
+    assert _unbounded(root["properties"]["spec"], "spec") == []
+    assert _unbounded(root["properties"]["metadata"], "metadata") == []
+
+
+@pytest.mark.parametrize(
+    ("value", "whole"),
+    [
+        ("20Gi", True),
+        ("1.5G", True),
+        ("1.5Ki", True),
+        ("0", True),
+        ("500m", False),
+        ("1000m", True),
+        ("0.5", False),
+        ("1.0001k", False),
+        ("9Ei", False),
+        ("7Ei", True),
+        ("x", False),
+    ],
+)
+def test_whole_bytes_follows_cel_is_integer(value: str, whole: bool) -> None:
+    assert api.is_whole_bytes(value) is whole
+
+
+@given(
+    st.integers(min_value=0, max_value=10**6),
+    st.sampled_from(["", "k", "M", "G", "Ki", "Mi", "Gi"]),
+)
+def test_quantities_compare_by_their_exact_value(number: int, unit: str) -> None:
+    value = f"{number}{unit}"
+    assert api.quantity_cmp(value, value) == 0
+    assert api.quantity_cmp(value, f"{number + 1}{unit}") == -1
+    assert api.quantity_bytes(value) == number * int(api._UNITS[unit])
+    assert api.is_whole_bytes(value)

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from isvc_fixtures import example_paths, load, minimal
+from isvc_fixtures import degraded_cases, example_paths, load, minimal
 
 from tidal.operator.core import api
 from tidal.operator.core.resources import (
@@ -305,3 +305,70 @@ def test_an_engine_the_runtime_cannot_fetch_is_a_problem_that_says_what_to_do() 
     isvc = _isvc(models=[{"name": "m", "engines": [{"uri": "s3://bucket/m.onnx"}]}])
     (problem,) = find_spec_problems(isvc)
     assert "cannot fetch s3://" in problem and "https://" in problem
+
+
+# -- batching.timeoutMs reaches the runtime ---------------------------------------------------
+
+
+def test_batching_timeout_is_rendered_into_the_runtime_config() -> None:
+    model = {
+        "name": "m",
+        "engines": [{"uri": "file:///models/m.onnx"}],
+        "batching": {"maxQueueDelayMs": 3, "timeoutMs": 250},
+    }
+    rendered = render_runtime_config(pools_of(_isvc(models=[model]))[0])
+    assert rendered["models"][0]["batching"]["timeoutMs"] == 250
+    config = RuntimeConfig.model_validate(rendered)
+    assert config.models[0].batching.timeout_ms == 250
+    assert config.models[0].batching.max_queue_delay_ms == 3
+
+
+def test_unset_batching_timeout_leaves_the_config_and_its_hash_as_before() -> None:
+    rendered = render_runtime_config(pools_of(_isvc())[0])
+    assert "timeoutMs" not in rendered["models"][0]["batching"]
+    assert RuntimeConfig.model_validate(rendered).models[0].batching.timeout_ms is None
+
+
+# -- Degraded: the spec passes the schema but cannot work --------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "header", "manifest"), degraded_cases(), ids=lambda v: getattr(v, "stem", "")
+)
+def test_degraded_manifest_names_the_field_to_change(
+    path: Any, header: dict[str, str], manifest: dict[str, Any]
+) -> None:
+    problems = find_spec_problems(api.parse_inference_service(manifest))
+    assert len(problems) == 1, problems
+    assert header["field"] in problems[0], problems
+    assert header["expect"] in problems[0], problems
+
+
+def test_degraded_corpus_is_not_empty() -> None:
+    assert len(degraded_cases()) >= 10
+
+
+def test_baseline_problem_names_the_primary_field_the_baseline_copies() -> None:
+    isvc = _isvc(
+        memory={"weightStreamingBudget": "auto"},
+        rollout={"baseline": {"runtime": {"backend": "onnxruntime"}}},
+    )
+    problems = find_spec_problems(isvc)
+    # Both pools read spec.memory (the baseline sets none of its own): both name it.
+    assert len(problems) == 2
+    assert all("spec.memory.weightStreamingBudget" in p for p in problems)
+    assert all("spec.rollout.baseline.memory" not in p for p in problems)
+    assert "spec.rollout.baseline.runtime.backend" in problems[1]
+
+
+def test_model_larger_than_the_budget_names_the_reserve_only_when_set() -> None:
+    model = {"name": "m", "engines": [{"uri": "file:///models/m.onnx"}], "memory": "2Gi"}
+    without = find_spec_problems(
+        _isvc(fleet={}, memory={"engineCacheBudget": "1Gi"}, models=[model])
+    )
+    with_reserve = find_spec_problems(
+        _isvc(fleet={}, memory={"engineCacheBudget": "3Gi", "reserve": "2Gi"}, models=[model])
+    )
+    assert "spec.memory.reserve" not in without[0]
+    assert "spec.memory.engineCacheBudget" in without[0]
+    assert "lower spec.memory.reserve" in with_reserve[0]
