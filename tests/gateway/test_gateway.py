@@ -261,7 +261,10 @@ def test_every_hot_copy_busy_starts_one_more_copy(runtimes, runtime_config, gate
     wait_for(lambda: gw.hot_on("m0") == ["rt-a", "rt-b"], 10, "a second copy on rt-b")
     assert gw.metric("tidal_gateway_route_decisions_total", reason="busy:extra-copy") == 1
     assert gw.metric("tidal_gateway_loads_total", result="ok") == 1
-    assert a.answered("m0") == 4  # the busy requests were forwarded, not held
+    # The busy requests were forwarded at once, none held for the new copy (one that comes late
+    # on a loaded machine may already find the second copy hot).
+    assert gw.metric("tidal_gateway_requests_total", model="m0", code="200", cache="hot") == 4
+    assert a.answered("m0") + b.answered("m0") == 4 and a.answered("m0") >= 2
 
 
 def test_loads_are_bounded_fleet_wide_and_waiting_requests_follow(
