@@ -1,17 +1,18 @@
 """gRPC transport: the Open Inference Protocol v2 service (``inference.GRPCInferenceService``).
 
 The calls KServe and Triton serve over gRPC — ServerLive, ServerReady, ModelReady,
-ServerMetadata, ModelMetadata, ModelConfig, ModelInfer and the repository calls — answered by
-the same :class:`~tidal.runtime.server.RuntimeServer` as HTTP: one event loop (``grpc.aio``),
-one engine cache, one batcher per model (a gRPC and an HTTP request can share a batch), one set
-of Prometheus metrics.  Infer requests are counted under the HTTP status their outcome maps to
-(``code="200"``, ``"400"``, ``"503"``, …) whatever the transport, so error rates read the same.
+ServerMetadata, ModelMetadata, ModelConfig, ModelInfer, ModelStatistics and the repository
+calls — answered by the same :class:`~tidal.runtime.server.RuntimeServer` as HTTP: one event
+loop (``grpc.aio``), one engine cache, one batcher per model (a gRPC and an HTTP request can
+share a batch), one set of Prometheus metrics and statistics.  Infer requests are counted under
+the HTTP status their outcome maps to (``code="200"``, ``"400"``, ``"503"``, ``"499"`` for a
+client that went away, …) whatever the transport, so error rates read the same.
 
 Every :class:`~tidal.runtime.errors.ServingError` becomes the gRPC status of
 :func:`grpc_status` with its message (and ``retry-after`` in the trailing metadata when it has
 one); requests are parsed here, not by gRPC, so that an undecodable message is an
 INVALID_ARGUMENT rather than gRPC's INTERNAL.  Calls the runtime does not serve
-(streaming, statistics, shared memory, trace, logs) are UNIMPLEMENTED.
+(streaming, shared memory, trace, logs) are UNIMPLEMENTED.
 
 Tensors come as ``raw_input_contents`` (one little-endian buffer per input, read as a numpy
 view without a copy) or as typed ``contents``; outputs always go back as
@@ -29,6 +30,7 @@ from typing import Any
 
 import grpc
 import numpy as np
+from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from google.protobuf.message import Message as ProtoMessage
 
@@ -46,7 +48,7 @@ from tidal.runtime.errors import (
 )
 from tidal.runtime.grpc import oip_v2_pb2 as pb
 from tidal.runtime.protocol import DATATYPES, datatype_of
-from tidal.runtime.server import RuntimeServer, _validate
+from tidal.runtime.server import VERSIONS, RuntimeServer, _validate
 
 log = logging.getLogger("tidal.runtime.grpc")
 
@@ -136,9 +138,29 @@ def grpc_status(error: ServingError) -> grpc.StatusCode:
     return grpc.StatusCode.INVALID_ARGUMENT if error.status < 500 else grpc.StatusCode.INTERNAL
 
 
-def _check_version(version: str) -> None:
-    if version not in ("", "1"):
-        raise ModelNotFound(f"unknown model version {version!r}: every model has version '1'")
+def _check_version(runtime: RuntimeServer, name: str, version: str) -> None:
+    """Like the HTTP paths: unknown model first (NOT_FOUND), then the version (every model has
+    version 1; empty means the latest)."""
+    runtime.cache.slot(name)
+    if version == "" or version in VERSIONS:
+        return
+    if not version.isdigit() or not version.isascii():
+        raise InvalidRequest(f"model version {version!r:.40} is not a number")
+    raise ModelNotFound(f"model {name!r} has no version {version!r}; versions: {list(VERSIONS)}")
+
+
+def _timeout_ms(request: Any, deadline_ms: float | None) -> float | None:
+    """The shorter of the call's deadline and Triton's ``timeout`` parameter (microseconds)."""
+    parameter = request.parameters.get("timeout")
+    if parameter is None:
+        return deadline_ms
+    kind = parameter.WhichOneof("parameter_choice")
+    if kind not in ("int64_param", "uint64_param") or getattr(parameter, kind) < 0:
+        raise InvalidRequest("parameter 'timeout' must be a non-negative integer (microseconds)")
+    microseconds = int(getattr(parameter, kind))
+    if microseconds == 0:
+        return deadline_ms
+    return min(microseconds / 1000.0, deadline_ms) if deadline_ms else microseconds / 1000.0
 
 
 def _shape(name: str, dims: Any) -> list[int]:
@@ -266,15 +288,15 @@ class GrpcInference:
         return pb.ServerMetadataResponse(
             name="tidal-runtime",
             version=__version__,
-            extensions=["binary_tensor_data", "model_repository"],
+            extensions=["binary_tensor_data", "model_repository", "statistics"],
         )
 
     async def model_ready(self, request: Any) -> Any:
-        _check_version(request.version)
+        _check_version(self.runtime, request.name, request.version)
         return pb.ModelReadyResponse(ready=self.runtime.cache.slot(request.name).state == READY)
 
     async def model_metadata(self, request: Any) -> Any:
-        _check_version(request.version)
+        _check_version(self.runtime, request.name, request.version)
         slot = await self.runtime._known_metadata(request.name)
         meta = pb.ModelMetadataResponse
         return meta(
@@ -292,7 +314,7 @@ class GrpcInference:
         )
 
     async def model_config(self, request: Any) -> Any:
-        _check_version(request.version)
+        _check_version(self.runtime, request.name, request.version)
         slot = await self.runtime._known_metadata(request.name)
         spec = slot.spec
         config = pb.ModelConfig(
@@ -315,6 +337,19 @@ class GrpcInference:
                 spec.batching.max_queue_delay_ms * 1000
             )
         return pb.ModelConfigResponse(config=config)
+
+    async def model_statistics(self, request: Any) -> Any:
+        """The statistics extension (every model when no name is given), shared with HTTP."""
+        if request.name:
+            _check_version(self.runtime, request.name, request.version)
+            names = [request.name]
+        else:
+            names = list(self.runtime.cache.slots)
+        response = pb.ModelStatisticsResponse()
+        for name in names:
+            stats = self.runtime.metrics.stats_for(name).as_json(name, VERSIONS[-1])
+            json_format.ParseDict(stats, response.model_stats.add(), ignore_unknown_fields=True)
+        return response
 
     # -- repository extension -----------------------------------------------------------------
 
@@ -369,12 +404,18 @@ class GrpcInference:
                 runtime.metrics.requests.labels(name, str(code)).inc()
                 if cold and code == 200 and runtime.cache.take_first_request(name):
                     runtime.metrics.cold_start.labels(name).observe(elapsed)
+                stats = runtime.metrics.stats_for(name)
+                if code == 200:
+                    stats.success.add(elapsed)
+                    stats.last_inference_ms = int(runtime.wall() * 1000)
+                elif code != 499:
+                    stats.fail.add(elapsed)
 
     async def _infer(self, request: Any, deadline_ms: float | None) -> tuple[Any, bool]:
         runtime = self.runtime
         name = request.model_name
         spec = runtime.cache.slot(name).spec
-        _check_version(request.model_version)
+        _check_version(runtime, name, request.model_version)
         if not runtime.ready and spec.preload:
             raise Unavailable("server is warming up; not ready", retry_after=1)
         inputs = decode_inputs(request)
@@ -394,11 +435,12 @@ class GrpcInference:
                         )
                 if len(set(wanted)) != len(wanted):
                     raise InvalidInput(f"an output is requested twice: {wanted}")
-            future = runtime.batchers[name].submit(inputs, rows, key, timeout_ms=deadline_ms)
+            timeout_ms = _timeout_ms(request, deadline_ms)
+            future = runtime.batchers[name].submit(inputs, rows, key, timeout_ms)
             outputs = await future
         finally:
             runtime.cache.release(name)
-        response = pb.ModelInferResponse(model_name=name, model_version="1", id=request.id)
+        response = pb.ModelInferResponse(model_name=name, model_version=VERSIONS[-1], id=request.id)
         encode_outputs(response, outputs, wanted)
         if faults.added_latency_ms:
             await asyncio.sleep(faults.added_latency_ms / 1000.0)
@@ -454,6 +496,7 @@ def service_handler(service: GrpcInference) -> grpc.GenericRpcHandler:
             "ModelReady": _unary(service.model_ready, pb.ModelReadyRequest),
             "ModelMetadata": _unary(service.model_metadata, pb.ModelMetadataRequest),
             "ModelConfig": _unary(service.model_config, pb.ModelConfigRequest),
+            "ModelStatistics": _unary(service.model_statistics, pb.ModelStatisticsRequest),
             "ModelInfer": _unary(service.model_infer, pb.ModelInferRequest, deadline=True),
             "RepositoryIndex": _unary(service.repository_index, pb.RepositoryIndexRequest),
             "RepositoryModelLoad": _unary(service.repository_load, pb.RepositoryModelLoadRequest),

@@ -83,7 +83,8 @@ def test_health_and_metadata_through_tritonclient(serve_grpc, models, model_entr
     assert client.is_server_live() and client.is_server_ready()
     assert client.is_model_ready("mlp") and client.is_model_ready("mlp", "1")
     meta = client.get_server_metadata(as_json=True)
-    assert meta["name"] == "tidal-runtime" and "binary_tensor_data" in meta["extensions"]
+    assert meta["name"] == "tidal-runtime"
+    assert {"binary_tensor_data", "model_repository", "statistics"} <= set(meta["extensions"])
     model = client.get_model_metadata("mlp", as_json=True)
     assert model["inputs"] == [{"name": "input", "datatype": "FP32", "shape": ["-1", "16"]}]
     assert model["versions"] == ["1"] and model["platform"] == "onnxruntime_onnx"
@@ -180,6 +181,8 @@ def test_bad_requests_are_invalid_argument_with_a_message(serve_grpc, models, mo
     assert code == "StatusCode.INVALID_ARGUMENT" and "unknown output 'nope'" in message
     code, message = status(good, model_version="7")
     assert code == "StatusCode.NOT_FOUND" and "version" in message
+    code, message = status(good, model_version="one")
+    assert code == "StatusCode.INVALID_ARGUMENT" and "not a number" in message
     with pytest.raises(InferenceServerException) as raised:
         client.infer("no-such-model", good)
     assert raised.value.status() == "StatusCode.NOT_FOUND"
@@ -219,6 +222,49 @@ def test_not_ready_is_unavailable_with_retry_after(serve_grpc, models, model_ent
             assert error.code() == grpc.StatusCode.UNAVAILABLE
             assert "warming up" in error.details()
             assert ("retry-after", "1") in tuple(error.trailing_metadata())
+
+
+def test_statistics_count_requests_of_both_transports(serve_grpc, models, model_entry) -> None:
+    runtime, url = serve_grpc({"models": [model_entry(models["mlp"], "mlp")]})
+    client = tgrpc.InferenceServerClient(url)
+    for _ in range(2):
+        infer(client, "mlp", np.ones((3, 16), np.float32))
+    with pytest.raises(InferenceServerException):
+        infer(client, "mlp", np.ones((3, 15), np.float32))
+    tensor = thttp.InferInput("input", [1, 16], "FP32")
+    tensor.set_data_from_numpy(np.ones((1, 16), np.float32))
+    thttp.InferenceServerClient(runtime.url).infer("mlp", [tensor])
+    stats = client.get_inference_statistics("mlp", as_json=True)["model_stats"]
+    assert [s["name"] for s in stats] == ["mlp"] and stats[0]["version"] == "1"
+    assert stats[0]["inference_count"] == "7"  # rows: 3 + 3 + 1
+    assert stats[0]["inference_stats"]["success"]["count"] == "3"
+    assert stats[0]["inference_stats"]["fail"]["count"] == "1"
+    everything = client.get_inference_statistics(as_json=True)["model_stats"]
+    assert [s["name"] for s in everything] == ["mlp"]
+    with pytest.raises(InferenceServerException) as raised:
+        client.get_inference_statistics("no-such-model")
+    assert raised.value.status() == "StatusCode.NOT_FOUND"
+
+
+def test_timeout_parameter_expires_a_queued_request(serve_grpc, models, model_entry) -> None:
+    config = {"models": [model_entry(models["mlp"], "mlp")], "faults": {"serviceTimeMs": 300}}
+    _, url = serve_grpc(config)
+    x = np.ones((1, 16), np.float32)
+    first = threading.Thread(target=lambda: infer(tgrpc.InferenceServerClient(url), "mlp", x))
+    first.start()
+    time.sleep(0.05)  # the first request holds the model's only execution slot for 300 ms
+    tensor = tgrpc.InferInput("input", [1, 16], "FP32")
+    tensor.set_data_from_numpy(x)
+    with pytest.raises(InferenceServerException) as raised:
+        tgrpc.InferenceServerClient(url).infer("mlp", [tensor], timeout=50_000)  # µs
+    first.join(10)
+    assert raised.value.status() == "StatusCode.UNAVAILABLE"
+    request = typed_request("mlp", x)
+    request.parameters["timeout"].string_param = "soon"
+    with grpc.insecure_channel(url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        code, message = code_of(lambda: stub.ModelInfer(request))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "timeout" in message
 
 
 def _malformed(rng: random.Random, valid: bytes) -> bytes:
