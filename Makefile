@@ -43,6 +43,13 @@ crds: venv
 unit: venv
 	$(BIN)/pytest -m "not sandbox"
 
+# GPU tests (tests/gpu, marked gpu): only on a machine where torch sees a CUDA device, such as
+# the device machine (`make gpu-test PYTEST="python3 -m pytest"`); CI reports them as skipped.
+.PHONY: gpu-test
+PYTEST ?= $(BIN)/pytest
+gpu-test:
+	$(PYTEST) -p no:cacheprovider -m gpu tests/gpu
+
 # Benchmarks: each prints ratios against a baseline measured in the same run.
 bench: venv
 	$(BIN)/python bench/autoscale_sim.py

@@ -2,7 +2,11 @@
 
 Owns one :class:`Slot` per configured model and the budget.  Loads run at most
 ``maxConcurrentLoads`` at a time, in phases (fetch, deserialize, warmup) that are timed into
-``tidal_engine_load_seconds``.  Which engines to evict comes from the pure
+``tidal_engine_load_seconds``; a backend whose engines report finer phases (``load_phases``,
+e.g. the torch backend's deserialize, stage, h2d and profile) has those observed instead of
+one ``deserialize``.  The budget is the configured one less ``reserveBytes``, capped by the
+device's free memory at start when the backend has a device
+(:func:`~tidal.runtime.core.engines.plan_cache_budget`).  Which engines to evict comes from the pure
 :func:`~tidal.runtime.core.cache.plan_admission`; budget planning and reservation happen without
 an ``await`` in between, so concurrent loads cannot overcommit.  Engines with requests queued or
 running (``refs > 0``) are never evicted.  A failed load (missing file, checksum mismatch,
@@ -30,7 +34,7 @@ from tidal.runtime.backends import Backend, Engine, TensorSpec, warmup_inputs
 from tidal.runtime.clock import Clock
 from tidal.runtime.config import ModelSpec, RuntimeConfig
 from tidal.runtime.core.cache import CacheEntry, make_policy, plan_admission
-from tidal.runtime.core.engines import select_engine
+from tidal.runtime.core.engines import plan_cache_budget, select_engine
 from tidal.runtime.errors import EngineLoadError, ModelNotFound, Overloaded, ServingError
 from tidal.runtime.metrics import RuntimeMetrics
 from tidal.runtime.storage import EngineStore
@@ -130,7 +134,15 @@ class EngineCache:
         self.metrics = metrics
         self.clock = clock
         self.policy = make_policy(config.memory.eviction_policy)
-        self.budget = config.memory.engine_cache_budget_bytes - config.memory.reserve_bytes
+        memory = backend.device_memory()
+        self.budget_plan = plan_cache_budget(
+            config.memory.engine_cache_budget_bytes,
+            config.memory.reserve_bytes,
+            None if memory is None else memory.total_bytes - memory.used_bytes,
+        )
+        self.budget = self.budget_plan.bytes
+        if self.budget_plan.reason != "configured":
+            log.warning("engine cache budget %dB: %s", self.budget, self.budget_plan.reason)
         self.slots = {m.name: Slot(m) for m in config.models}
         self._loads = asyncio.Semaphore(config.max_concurrent_loads)
         self._load_pool = ThreadPoolExecutor(
@@ -140,7 +152,7 @@ class EngineCache:
         self._pin_loads = asyncio.Semaphore(max(1, config.max_concurrent_loads - 1))
         self._pin_tasks: dict[str, asyncio.Task[None]] = {}
         self._pin_retry: dict[str, asyncio.TimerHandle] = {}
-        metrics.gpu_memory.labels("budget").set(config.memory.engine_cache_budget_bytes)
+        metrics.gpu_memory.labels("budget").set(self.budget)
         for name in self.slots:
             metrics.model_ready.labels(name).set(0)
         self._publish()
@@ -192,7 +204,9 @@ class EngineCache:
             self.changes.bump()
         await asyncio.shield(slot.loading)
 
-    async def _phase(self, slot: Slot, phase: str, func: Any, *args: Any) -> Any:
+    async def _phase(
+        self, slot: Slot, phase: str | None, func: Any, *args: Any, observe: bool = True
+    ) -> Any:
         started = self.clock.now()
         loop = asyncio.get_running_loop()
         try:
@@ -200,7 +214,27 @@ class EngineCache:
         finally:
             elapsed = self.clock.now() - started
             slot.load_seconds += elapsed
-            self.metrics.engine_load.labels(slot.spec.name, phase).observe(elapsed)
+            if observe:
+                self.metrics.engine_load.labels(slot.spec.name, phase).observe(elapsed)
+
+    async def _deserialize(self, slot: Slot, *args: Any) -> Engine:
+        """backend.load, observed as its own phases when the engine reports them."""
+        started = self.clock.now()
+        try:
+            engine: Engine = await self._phase(
+                slot, "deserialize", self.backend.load, *args, observe=False
+            )
+        except BaseException:
+            self.metrics.engine_load.labels(slot.spec.name, "deserialize").observe(
+                self.clock.now() - started
+            )
+            raise
+        phases = getattr(engine, "load_phases", None)
+        if not phases:
+            phases = {"deserialize": self.clock.now() - started}
+        for phase, seconds in phases.items():
+            self.metrics.engine_load.labels(slot.spec.name, phase).observe(seconds)
+        return engine
 
     def _entries(self, exclude: str) -> list[CacheEntry]:
         return [
@@ -256,9 +290,7 @@ class EngineCache:
                 slot.state = LOADING
                 self.changes.bump()
                 available = self.budget - sum(e.size_bytes for e in self._entries(spec.name))
-                engine = await self._phase(
-                    slot, "deserialize", self.backend.load, path, chosen, spec, available
-                )
+                engine = await self._deserialize(slot, path, chosen, spec, available)
                 if engine.size_bytes > estimate:
                     self._reserve(slot, engine.size_bytes)
                 slot.size_bytes = engine.size_bytes

@@ -3,7 +3,8 @@
 A :class:`Backend` loads (deserializes) engine files into :class:`Engine` objects; both are
 blocking and are called from worker threads by the engine cache.  ``onnxruntime`` runs ONNX
 models on CPU (or CUDA when its provider is present); ``tensorrt`` runs TensorRT plans with
-cuda-python and is imported only when configured.
+cuda-python and is imported only when configured; ``torch`` runs PyTorch AOTInductor packages
+(``.pt2``) on a CUDA GPU (the optional ``torch`` extra; see ``backends/torch_aoti.py``).
 """
 
 from __future__ import annotations
@@ -77,7 +78,12 @@ def warmup_inputs(engine: Engine, batch_size: int) -> dict[str, np.ndarray[Any, 
 
 
 def make_backend(config: RuntimeConfig) -> Backend:
-    if config.backend == "onnxruntime":
+    backend: str = config.backend
+    if backend == "torch":
+        from tidal.runtime.backends.torch_aoti import TorchAOTIBackend
+
+        return TorchAOTIBackend(config.tensorrt.device)
+    if backend == "onnxruntime":
         from tidal.runtime.backends.onnx import OnnxRuntimeBackend
 
         return OnnxRuntimeBackend(config.onnxruntime)

@@ -1,0 +1,406 @@
+"""The runtime's torch (AOTInductor) backend on a real GPU: throughput, cold loads, cache churn.
+
+Run on the device machine (see runtime/README.md); every figure is measured in the same run:
+
+  python bench/gpu_bench.py build --model mlp DIR    # compile a small MLP package (batch <= 64)
+  python bench/gpu_bench.py build --model big DIR    # compile a ~1 GiB (fp16) weight-heavy one
+  python bench/gpu_bench.py run DIR [--seconds S]    # every section below, time-boxed
+
+Sections of ``run``: (1) the pinned host->device copy limit of this machine; (2) throughput and
+P50/P99 at batch 1/8/64 of the runtime backend (numpy in, numpy out, through pinned buffers on
+the engine's stream) against a direct in-process call of the same compiled package, with host
+tensors (the same work: ceiling) and with device-resident tensors (compute only); (3) cold load
+of the big package through the engine cache, per phase, and H2D bandwidth against (1); hot vs
+cold request latency; (4) cache churn under a Zipf load over more models than fit the budget,
+with ``cudaMemGetInfo`` read after every eviction; (5) eviction gives the memory back.
+``build`` also writes ``<model>.ref.npz`` (an input and the eager model's output) for
+tests/gpu/.  Figures only; nothing here asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tidal.runtime.backends.torch_aoti import (  # noqa: E402
+    TorchAOTIBackend,
+    build_package,
+    read_tidal_section,
+)
+
+MODELS = {
+    # name: (input width, hidden widths, output width, max batch)
+    "mlp": (512, [1024, 1024], 128, 64),
+    "big": (8192, [8192] * 7, 8192, 8),  # 8 layers of 8192x8192 fp16: ~1 GiB of weights
+}
+
+
+def make_module(torch: Any, name: str) -> Any:
+    width_in, hidden, width_out, _ = MODELS[name]
+    layers: list[Any] = []
+    widths = [width_in, *hidden, width_out]
+    for a, b in itertools.pairwise(widths):
+        layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers[:-1])
+
+
+def cmd_build(name: str, out_dir: Path) -> None:
+    import torch
+
+    torch.manual_seed(0)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    precision = "fp16" if device.type == "cuda" else "fp32"
+    dtype = torch.float16 if device.type == "cuda" else torch.float32
+    with torch.device(device):  # initialise the weights where they live (1 GiB on a CPU is slow)
+        module = make_module(torch, name).to(dtype=dtype).eval()
+    width_in, _, _, max_batch = MODELS[name]
+    x = torch.randn(min(4, max_batch), width_in, device=device, dtype=dtype)
+    started = time.perf_counter()
+    path = build_package(
+        torch,
+        module,
+        (x,),
+        ["x"],
+        ["y"],
+        out_dir,
+        precision=precision,
+        max_batch_size=max_batch,
+        name_prefix=f"{name}-",
+    )
+    took = time.perf_counter() - started
+    with torch.no_grad():
+        y = module(x)
+    np.savez(out_dir / f"{name}.ref.npz", x=x.cpu().numpy(), y=y.cpu().numpy())
+    (out_dir / f"{name}.path").write_text(path.name)
+    size = path.stat().st_size
+    print(f"build {name}: {path.name} {size / 2**20:.1f} MiB, compile+package {took:.1f} s")
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def timed_calls(call: Any, seconds: float, sync: Any) -> list[float]:
+    for _ in range(5):
+        call()
+    sync()
+    latencies: list[float] = []
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline or len(latencies) < 20:
+        started = time.perf_counter()
+        call()
+        sync()
+        latencies.append(time.perf_counter() - started)
+    return latencies
+
+
+def pinned_copy_limit(torch: Any) -> float:
+    nbytes = 1 << 30
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    rates = []
+    for _ in range(5):
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        dev.copy_(host, non_blocking=True)
+        torch.cuda.synchronize()
+        rates.append(nbytes / (time.perf_counter() - started) / 1e9)
+    del host, dev
+    torch.cuda.empty_cache()
+    rate = statistics.median(rates)
+    print(f"[1] pinned H2D copy 1 GiB: median {rate:.1f} GB/s (max {max(rates):.1f}) of 5")
+    return rate
+
+
+def make_config(
+    models: dict[str, Path], budget: int, max_batch: dict[str, int], *, sha256: bool = False
+) -> Any:
+    """Models that load on demand; ``sha256``: the store verifies each file on every fetch."""
+    from tidal.runtime.config import parse_config
+    from tidal.runtime.storage import sha256_file
+
+    digests = {p: sha256_file(p) for p in set(models.values())} if sha256 else {}
+
+    return parse_config(
+        {
+            "models": [
+                {
+                    "name": name,
+                    "engines": [{"uri": str(path), "sha256": digests.get(path)}],
+                    "maxBatchSize": max_batch[name],
+                    "preload": False,
+                    "warmup": {"batchSizes": [1], "iterations": 1},
+                }
+                for name, path in models.items()
+            ],
+            "memory": {"engineCacheBudgetBytes": budget},
+            "maxConcurrentLoads": 1,
+        }
+    )
+
+
+def make_cache(config: Any, backend: Any) -> Any:
+    from tidal.runtime.clock import CLOCK
+    from tidal.runtime.enginecache import EngineCache
+    from tidal.runtime.metrics import RuntimeMetrics
+    from tidal.runtime.storage import EngineStore
+
+    return EngineCache(config, backend, EngineStore(None), RuntimeMetrics(), CLOCK)
+
+
+def section_throughput(torch: Any, backend: Any, path: Path, seconds: float) -> None:
+    width_in, _, _, max_batch = MODELS["mlp"]
+    config = make_config({"mlp": path}, 8 << 30, {"mlp": max_batch})
+    cache = make_cache(config, backend)
+
+    async def load() -> Any:
+        engine, _ = await cache.acquire("mlp")
+        cache.release("mlp")
+        return engine
+
+    engine = asyncio.run(load())
+    # The direct call: the same package, loaded by torch alone, weights from the same file.
+    section = read_tidal_section(path)
+    direct = torch._inductor.aoti_load_package(str(path))
+    blob = torch.from_numpy(np.fromfile(path, dtype=np.uint8)).cuda()
+    base = section.weights_offset
+    constants = {
+        c.fqn: blob[base + c.offset : base + c.offset + c.nbytes]
+        .clone()  # the blob's offset in the zip need not be aligned for the dtype
+        .view(torch.float16 if c.dtype == "float16" else torch.float32)
+        .view(c.shape)
+        for c in section.manifest.constants
+    }
+    direct.load_constants(constants, check_full_update=True, user_managed=True)
+    sync = torch.cuda.synchronize
+    print(f"[2] {path.name}: first load's phases {json.dumps(engine.load_phases)}")
+    x64 = np.zeros((64, width_in), dtype=np.float16)
+    timed_calls(lambda: engine.infer({"x": x64}), 0.3, sync)  # clocks up before measuring
+    timed_calls(lambda: direct(torch.from_numpy(x64).cuda()), 0.3, sync)
+    print(
+        "    batch | runtime rows/s  P50 ms  P99 ms | direct(host I/O) rows/s  P50  P99 | "
+        "runtime/direct | direct(device-resident) rows/s"
+    )
+    for batch in (1, 8, 64):
+        x = np.random.default_rng(batch).standard_normal((batch, width_in)).astype(np.float16)
+        ours = timed_calls(lambda x=x: engine.infer({"x": x}), seconds, sync)
+
+        def host_call(x: np.ndarray[Any, Any] = x) -> None:
+            out = direct(torch.from_numpy(x).cuda(non_blocking=True))
+            out = out[0] if isinstance(out, list | tuple) else out
+            out.cpu().numpy()
+
+        theirs = timed_calls(host_call, seconds, sync)
+        xd = torch.from_numpy(x).cuda()
+        resident = timed_calls(lambda xd=xd: direct(xd), seconds, sync)
+        ours_rate = batch / statistics.mean(ours)
+        theirs_rate = batch / statistics.mean(theirs)
+        print(
+            f"    {batch:5d} | {ours_rate:14.0f} {percentile(ours, 0.5) * 1e3:7.3f} "
+            f"{percentile(ours, 0.99) * 1e3:7.3f} | {theirs_rate:23.0f} "
+            f"{percentile(theirs, 0.5) * 1e3:5.3f} {percentile(theirs, 0.99) * 1e3:5.3f} | "
+            f"{ours_rate / theirs_rate:14.1%} | {batch / statistics.mean(resident):.0f}"
+        )
+    cache.close()
+    constants.clear()
+    torch.cuda.empty_cache()
+
+
+def phase_sums(metrics: Any, model: str) -> dict[str, float]:
+    sums: dict[str, float] = {}
+    for family in metrics.registry.collect():
+        if family.name != "tidal_engine_load_seconds":
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_sum") and sample.labels.get("model") == model:
+                sums[sample.labels["phase"]] = sample.value
+    return sums
+
+
+def section_cold_load(torch: Any, backend: Any, path: Path, limit: float) -> None:
+    width_in, _, _, max_batch = MODELS["big"]
+    config = make_config({"big": path}, 8 << 30, {"big": max_batch}, sha256=True)
+    cache = make_cache(config, backend)
+    x = np.random.default_rng(0).standard_normal((1, width_in)).astype(np.float16)
+
+    async def request() -> tuple[float, bool]:
+        started = time.perf_counter()
+        engine, cold = await cache.acquire("big")
+        try:
+            engine.infer({"x": x})
+        finally:
+            cache.release("big")
+        return time.perf_counter() - started, cold
+
+    async def requests() -> tuple[float, bool, list[float], int, int]:
+        free_before = torch.cuda.mem_get_info()[0]
+        cold_s, cold = await request()
+        free_loaded = torch.cuda.mem_get_info()[0]
+        hot = [(await request())[0] for _ in range(50)]
+        return cold_s, cold, hot, free_before, free_loaded
+
+    cold_s, cold, hot, free_before, free_loaded = asyncio.run(requests())
+    engine = cache.slot("big").engine
+    phases = engine.load_phases
+    weights = engine.weights_bytes
+    h2d_rate = weights / phases["h2d"] / 1e9
+    total = sum(phase_sums(cache.metrics, "big").values())
+    print(f"[3] cold load of {path.name}: {weights / 2**30:.2f} GiB of weights")
+    print(
+        "    tidal_engine_load_seconds by phase: "
+        + json.dumps({k: round(v, 4) for k, v in phase_sums(cache.metrics, "big").items()})
+    )
+    print(
+        f"    H2D (pinned blob -> device, engine stream): {h2d_rate:.1f} GB/s = "
+        f"{h2d_rate / limit:.0%} of the pinned copy limit {limit:.1f} GB/s"
+    )
+    print(
+        f"    stage (file -> pinned, parallel preadv): {weights / phases['stage'] / 1e9:.1f} GB/s;"
+        f" whole load (every phase, sha256 included): {weights / total / 1e9:.2f} GB/s"
+    )
+    print(
+        f"    engine size {engine.size_bytes / 2**20:.1f} MiB (weights "
+        f"{weights / 2**20:.1f}, I/O {engine.io_bytes / 2**20:.2f}, workspace measured at "
+        f"batch {max_batch} {engine.workspace_bytes / 2**20:.2f}); cudaMemGetInfo free fell by "
+        f"{(free_before - free_loaded) / 2**20:.1f} MiB"
+    )
+    print(
+        f"    request latency: cold {cold_s * 1e3:.1f} ms (cold={cold}); hot P50 "
+        f"{percentile(hot, 0.5) * 1e3:.3f} ms, P99 {percentile(hot, 0.99) * 1e3:.3f} ms"
+    )
+    asyncio.run(cache.unload("big"))
+    free_after = torch.cuda.mem_get_info()[0]
+    print(
+        f"[5] unload: cudaMemGetInfo free {free_loaded / 2**30:.3f} -> {free_after / 2**30:.3f} "
+        f"GiB (before load {free_before / 2**30:.3f}); {(free_after - free_loaded) / 2**20:.1f}"
+        " MiB given back"
+    )
+    cache.close()
+
+
+def section_churn(torch: Any, backend: Any, path: Path, requests: int, seconds: float) -> None:
+    names = [f"m{i}" for i in range(6)]
+    section = read_tidal_section(path)
+    budget = int(section.manifest.weights_bytes * 3.3)
+    # No sha256 here (section 3 times it): the churn measures the cache, not the hash.
+    config = make_config(dict.fromkeys(names, path), budget, dict.fromkeys(names, 8))
+    cache = make_cache(config, backend)
+    rng = np.random.default_rng(7)
+    weights = np.array([1 / (i + 1) ** 1.1 for i in range(len(names))])
+    picks = rng.choice(len(names), size=requests, p=weights / weights.sum())
+    x = np.zeros((1, MODELS["big"][0]), dtype=np.float16)
+    base_used = torch.cuda.mem_get_info()
+    latencies: dict[bool, list[float]] = {True: [], False: []}
+    max_used = 0
+
+    async def run() -> int:
+        nonlocal max_used
+        done = 0
+        deadline = time.perf_counter() + seconds
+        for pick in picks:
+            if time.perf_counter() > deadline:
+                break
+            name = names[pick]
+            started = time.perf_counter()
+            engine, cold = await cache.acquire(name)
+            try:
+                engine.infer({"x": x})
+            finally:
+                cache.release(name)
+            latencies[cold].append(time.perf_counter() - started)
+            free = torch.cuda.mem_get_info()[0]
+            max_used = max(max_used, (base_used[0] - free))
+            done += 1
+        return done
+
+    done = asyncio.run(run())
+    evictions = sum(
+        s.value
+        for f in cache.metrics.registry.collect()
+        if f.name == "tidal_cache_evictions"
+        for s in f.samples
+        if s.name.endswith("_total")
+    )
+    hot, cold = latencies[False], latencies[True]
+    print(
+        f"[4] churn: {done} requests, Zipf(1.1) over {len(names)} models of "
+        f"{section.manifest.weights_bytes / 2**30:.2f} GiB, budget {budget / 2**30:.2f} GiB "
+        f"(cache.budget {cache.budget / 2**30:.2f}): hit ratio {len(hot) / max(1, done):.0%}, "
+        f"{len(cold)} cold loads, {evictions:.0f} evictions"
+    )
+    print(
+        f"    cold P50 {percentile(cold, 0.5) * 1e3:.1f} ms P99 {percentile(cold, 0.99) * 1e3:.1f}"
+        f" ms; hot P50 {percentile(hot, 0.5) * 1e3:.3f} ms P99 {percentile(hot, 0.99) * 1e3:.3f}"
+        f" ms; peak device memory above the start {max_used / 2**30:.2f} GiB (budget "
+        f"{budget / 2**30:.2f}); resident at the end {cache.resident_bytes() / 2**30:.2f} GiB"
+        if cold and hot
+        else "    (too few requests for percentiles)"
+    )
+    cache.close()
+
+
+def cmd_run(pkg_dir: Path, seconds: float, sections: str) -> None:
+    import torch
+
+    print(
+        f"torch {torch.__version__}, {torch.cuda.get_device_name()}, "
+        f"free/total {[round(v / 2**30, 2) for v in torch.cuda.mem_get_info()]} GiB"
+    )
+    backend = TorchAOTIBackend(0)
+    print(f"backend target: {backend.target(type('M', (), {'precisions': []})())}")
+    limit = pinned_copy_limit(torch)
+    built = {
+        m: pkg_dir / (pkg_dir / f"{m}.path").read_text().strip()
+        for m in MODELS
+        if (pkg_dir / f"{m}.path").is_file()
+    }
+    mlp, big = built.get("mlp"), built.get("big")
+    for name in sections.split(","):
+        started = time.perf_counter()
+        needs = mlp if name == "throughput" else big
+        try:
+            if needs is None:
+                print(f"section {name} SKIPPED: its package was not built")
+            elif name == "throughput":
+                section_throughput(torch, backend, needs, seconds)
+            elif name == "cold":
+                section_cold_load(torch, backend, needs, limit)
+            elif name == "churn":
+                section_churn(torch, backend, needs, 120, 6 * seconds + 10)
+        except Exception as exc:  # report and go on to the next section
+            print(f"section {name} FAILED: {type(exc).__name__}: {exc}")
+        print(f"    ({name}: {time.perf_counter() - started:.1f} s)", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    build = sub.add_parser("build")
+    build.add_argument("--model", choices=sorted(MODELS), required=True)
+    build.add_argument("dir", type=Path)
+    run = sub.add_parser("run")
+    run.add_argument("dir", type=Path)
+    run.add_argument("--seconds", type=float, default=1.5, help="timed seconds per measurement")
+    run.add_argument("--sections", default="throughput,cold,churn")
+    args = parser.parse_args()
+    if args.command == "build":
+        cmd_build(args.model, args.dir)
+    else:
+        cmd_run(args.dir, args.seconds, args.sections)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""GPU tests: they run only where torch sees a CUDA device (``make gpu-test`` on the device).
+
+Every test module here carries ``pytestmark = [gpu, skipif(<no torch or no CUDA>)]``: without
+torch or without a CUDA device each test is reported as skipped with that reason, never as
+passed (CI has neither).  The packages come from
+``$TIDAL_GPU_PACKAGES`` (a folder that ``bench/gpu_bench.py build`` filled; the device call
+builds them once for the tests and the benchmark) or are compiled here on first use.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def pytest_configure(config: Any) -> None:
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU and torch (make gpu-test)")
+
+
+def gpu_bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gpu_bench", ROOT / "bench" / "gpu_bench.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def packages(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder with mlp.path, big.path, the packages they name and <model>.ref.npz."""
+    given = os.environ.get("TIDAL_GPU_PACKAGES")
+    if given:
+        return Path(given)
+    folder = tmp_path_factory.mktemp("pt2")
+    bench = gpu_bench()
+    for model in ("mlp", "big"):
+        bench.cmd_build(model, folder)
+    return folder
