@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tidal.runtime import __version__
@@ -68,6 +69,23 @@ MAX_LONG_POLL_S = 30.0  # longest a GET /v2/tidal/models?since=… waits for a c
 BODY_READ_TIMEOUT_S = 30.0
 VERSIONS = ("1",)  # every model has one version
 MAX_REQUEST_BYTES = web.AppKey("max_request_bytes", int)  # for the middleware's early check
+
+
+class _QuietClientFaults(logging.Filter):
+    """aiohttp logs a client's malformed HTTP (answered 400) or a reset connection as an ERROR
+    with a traceback; neither is the server's fault, so they become one DEBUG line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError | RequestPayloadError | ConnectionResetError):
+            record.msg, record.args = f"{record.getMessage()}: {exc!r:.200}", None
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            record.exc_info = record.exc_text = None
+        return True
+
+
+http_log = logging.getLogger("tidal.runtime.http")  # aiohttp's protocol-level errors
+http_log.addFilter(_QuietClientFaults())
 
 
 def _error_response(error: ServingError) -> web.Response:
@@ -140,8 +158,10 @@ async def read_body(request: web.Request, limit: int, within_s: float) -> bytes:
         raise ClientDisconnected("the client closed the connection mid-upload") from None
     except web.HTTPRequestEntityTooLarge:
         raise PayloadTooLarge(f"request body exceeds maxRequestBytes {limit}") from None
-    except HttpProcessingError as exc:  # broken chunked encoding, short body, bad compression
-        raise InvalidRequest(f"malformed request body: {exc.message}") from None
+    except (HttpProcessingError, RequestPayloadError) as exc:  # chunking, compression
+        cause = exc.__cause__ if isinstance(exc, RequestPayloadError) else exc
+        detail = getattr(cause, "message", None) or str(exc)
+        raise InvalidRequest(f"malformed request body: {detail}".strip()) from None
 
 
 def _validate(
@@ -219,7 +239,9 @@ class RuntimeServer:
 
     def build_app(self) -> web.Application:
         app = web.Application(
-            client_max_size=self.config.max_request_bytes, middlewares=[error_middleware]
+            client_max_size=self.config.max_request_bytes,
+            middlewares=[error_middleware],
+            handler_args={"logger": http_log},
         )
         app[MAX_REQUEST_BYTES] = self.config.max_request_bytes
         app.on_startup.append(self._on_startup)

@@ -1,0 +1,318 @@
+"""A bounded, loopback-only fuzz of the runtime's HTTP API (issue 14, "bad input").
+
+A seeded generator sends a few hundred malformed requests over raw sockets — mutated OIP
+bodies (JSON and the binary extension), wrong Inference-Header-Content-Length and
+binary_data_size values, BYTES length prefixes, random bytes, deep nesting, odd paths, methods
+and headers, bodies shorter or longer than declared, broken chunked and gzip encodings, a
+decompression bomb, clients that hang up mid-upload — and checks that nothing is answered 5xx,
+that the process's memory stays bounded, and that the server still answers correctly after.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import random
+import socket
+import struct
+import time
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import tritonclient.http as triton
+
+SEED = int(os.environ.get("TIDAL_FUZZ_SEED", "20261203"))  # another seed explores further
+CASES = int(os.environ.get("TIDAL_FUZZ_CASES", "420"))
+MAX_BODY = 64 * 1024
+STALL_S = 0.3  # the read timeout the fuzzed server runs with
+ROUTES = [
+    ("POST", "/v2/models/mlp/infer"),
+    ("POST", "/v2/models/mlp/versions/1/infer"),
+    ("POST", "/v2/models/words/infer"),
+    ("POST", "/v2/repository/index"),
+    ("POST", "/v2/repository/models/mlp/load"),
+    ("POST", "/v2/repository/models/words/unload"),
+    ("PUT", "/v2/tidal/placement"),
+    ("GET", "/v2/models/mlp"),
+    ("GET", "/v2/models/mlp/stats"),
+    ("GET", "/v2/tidal/models"),
+]
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * 4096
+
+
+def exchange(port: int, data: bytes, *, hang_up: bool = False) -> int | None:
+    """Send raw bytes; the answer's status, or None when there is none (or we hang up)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=3) as sock:
+        try:
+            sock.sendall(data)
+        except OSError:
+            pass  # the server may refuse early and close while we still send
+        if hang_up:
+            return None
+        answer = b""
+        while True:
+            head, sep, body = answer.partition(b"\r\n\r\n")
+            if sep:
+                lengths = [
+                    int(line.split(b":", 1)[1])
+                    for line in head.split(b"\r\n")[1:]
+                    if line.lower().startswith(b"content-length:")
+                ]
+                if lengths and len(body) >= lengths[0]:
+                    break
+            try:
+                chunk = sock.recv(65536)
+            except (TimeoutError, ConnectionResetError):
+                break
+            if not chunk:
+                break
+            answer += chunk
+    if not answer.startswith(b"HTTP/1."):
+        return None
+    return int(answer.split(b" ", 2)[1])
+
+
+class Generator:
+    """Malformed requests from one seed: each call returns (raw bytes, hang up?)."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+
+    def json_value(self, depth: int = 0) -> Any:
+        r = self.rng
+        choice = r.randrange(9 if depth < 3 else 6)
+        if choice == 0:
+            return None
+        if choice == 1:
+            return r.choice([True, False])
+        if choice == 2:
+            return r.choice([0, -1, 1, 2**31, 2**64, -(2**70), 255, 256])
+        if choice == 3:
+            return r.choice([0.5, 1e39, -1e308, float("nan"), float("inf"), 1e-45])
+        if choice == 4:
+            return r.choice(["", "x", "1.5", "FP32", "\u00e9\u0000", "true"])
+        if choice == 5:
+            return []
+        if choice == 6:
+            return [self.json_value(depth + 1) for _ in range(r.randrange(4))]
+        if choice == 7:
+            return {r.choice(["name", "data", "shape", "x"]): self.json_value(depth + 1)}
+        return [[1.0] * 16]
+
+    def tensor(self) -> dict[str, Any]:
+        r = self.rng
+        tensor: dict[str, Any] = {
+            "name": "input",
+            "datatype": "FP32",
+            "shape": [1, 16],
+            "data": [0.5] * 16,
+        }
+        for _ in range(r.randrange(1, 4)):
+            key = r.choice(["name", "datatype", "shape", "data", "parameters", "drop"])
+            if key == "drop":
+                tensor.pop(r.choice(list(tensor) or ["name"]), None)
+            elif key == "datatype":
+                tensor[key] = r.choice(["FP16", "INT8", "UINT64", "BOOL", "BYTES", "BF16", "FP8"])
+            elif key == "shape":
+                tensor[key] = r.choice(
+                    [[1] * 65, [2**40, 2**40], [-1, 16], [16], [1, 16, 1], [0, 16], "x"]
+                )
+            elif key == "data":
+                tensor[key] = r.choice(
+                    [
+                        [[0.5] * 8, [0.5] * 8],
+                        [[0.5] * 4] * 4,
+                        [None] * 16,
+                        ["1"] * 16,
+                        [1e39] * 16,
+                        [True] * 16,
+                        self.json_value(),
+                    ]
+                )
+            else:
+                tensor[key] = self.json_value()
+        return tensor
+
+    def infer_header(self) -> dict[str, Any]:
+        r = self.rng
+        header: dict[str, Any] = {"inputs": [self.tensor() for _ in range(r.randrange(1, 3))]}
+        if r.random() < 0.4:
+            header["parameters"] = r.choice(
+                [
+                    {"binary_data_output": r.choice(["yes", 1, None, True])},
+                    {"timeout": r.choice([-1, "10", 1.5, 2**70, 10])},
+                    self.json_value(),
+                ]
+            )
+        if r.random() < 0.3:
+            header["outputs"] = r.choice(
+                [
+                    [{"name": "output", "parameters": {"binary_data": "no"}}],
+                    [{"name": "nope"}],
+                    [{"name": "output", "parameters": {"classification": 3}}],
+                    self.json_value(),
+                ]
+            )
+        if r.random() < 0.2:
+            header["id"] = self.json_value()
+        return header
+
+    def binary_infer(self) -> tuple[bytes, dict[str, str]]:
+        r = self.rng
+        datatype = r.choice(["FP32", "FP32", "BYTES", "INT64"])
+        count = r.choice([16, 15, 17, 0])
+        if datatype == "BYTES":
+            raw = b"".join(
+                struct.pack("<I", r.choice([1, 3, 2**31, 0])) + b"abc" for _ in range(count)
+            )
+        else:
+            raw = r.randbytes(max(0, count * 4 + r.choice([0, 0, 1, -1])))
+        size: Any = r.choice([len(raw), len(raw) + 1, len(raw) - 1, -4, True, "4", 2**62])
+        tensor = {
+            "name": "input",
+            "datatype": datatype,
+            "shape": [1, count],
+            "parameters": {"binary_data_size": size},
+        }
+        header = json.dumps({"inputs": [tensor]}).encode()
+        length: Any = r.choice(
+            [len(header), len(header), len(header) + 3, -1, 2**63, "x", " 1", len(header) * 10]
+        )
+        return header + raw, {"Inference-Header-Content-Length": str(length)}
+
+    def body(self, path: str) -> tuple[bytes, dict[str, str]]:
+        r = self.rng
+        kind = r.randrange(6)
+        if kind == 0 and path.endswith("/infer"):
+            return self.binary_infer()
+        if kind <= 2 and path.endswith("/infer"):
+            return json.dumps(self.infer_header()).encode(), {}
+        if kind == 3:
+            depth = r.choice([64, 65, 1000, 20000])
+            return b"[" * depth + b"]" * depth, {}
+        if kind == 4:
+            return r.randbytes(r.randrange(0, 200)), {}
+        return json.dumps(self.json_value()).encode(), {}
+
+    def request(self) -> tuple[bytes, bool]:
+        r = self.rng
+        method, path = r.choice(ROUTES)
+        body, headers = self.body(path)
+        mutation = r.randrange(14)
+        hang_up = False
+        if mutation == 0:
+            method = r.choice(["DELETE", "PATCH", "OPTIONS", "GET", "PUT", "FOO"])
+        elif mutation == 1:
+            path = r.choice(
+                [
+                    "/v2/models/mlp/versions/2/infer",
+                    "/v2/models/mlp/versions/-1/ready",
+                    "/v2/models/mlp/versions/%FF/infer",
+                    "/v2/models/../../etc/passwd",
+                    "/v2/models/" + "a" * 6000,
+                    "/v2/trace/setting",
+                    "/v2/logging",
+                    "/v2/models/%00/infer",
+                    "//v2//models",
+                    "/v2/models/mlp/infer?x=%zz",
+                ]
+            )
+        elif mutation == 2:
+            headers["Content-Length"] = str(len(body) + r.choice([1, 100, 10**12]))
+        elif mutation == 3:
+            headers["Content-Length"] = r.choice(["-1", "abc", "1e3", "0x10", "", " 5 "])
+        elif mutation == 4:  # declares less than it sends: the rest reads as the next request
+            headers["Content-Length"] = str(max(0, len(body) - r.randrange(1, 8)))
+        elif mutation == 5:
+            return self.chunked(method, path, body), False
+        elif mutation == 6:
+            headers["Content-Encoding"] = r.choice(["gzip", "deflate", "br", "zz"])
+            if r.random() < 0.5:
+                body = gzip.compress(body)[: r.randrange(1, 40)]  # truncated stream
+        elif mutation == 7:  # a decompression bomb: small on the wire, far over maxRequestBytes
+            headers["Content-Encoding"] = "gzip"
+            body = gzip.compress(b"[" + b"0," * (4 * MAX_BODY) + b"0]")
+        elif mutation == 8:
+            headers[r.choice(["X-Big", "Content-Type", "Host"])] = "v" * r.choice([100, 9000])
+        elif mutation == 9:
+            hang_up = True
+            headers["Content-Length"] = str(len(body) + 50)
+        elif mutation == 10:
+            headers["Content-Length"] = str(MAX_BODY * 4)  # refused before reading
+            body = b""
+        if "Content-Length" not in headers:
+            headers["Content-Length"] = str(len(body))
+        head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        head += "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        return head.encode("latin-1") + b"\r\n" + body, hang_up
+
+    def chunked(self, method: str, path: str, body: bytes) -> bytes:
+        r = self.rng
+        head = f"{method} {path} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        size = r.choice([f"{len(body):x}", "zz", f"{len(body) + 5:x}", "-1", "1" * 20])
+        tail = r.choice([b"\r\n0\r\n\r\n", b"", b"\r\n", b"\r\n5\r\nab"])
+        return head.encode() + size.encode() + b"\r\n" + body + tail
+
+
+def test_fuzzed_requests_get_no_5xx_and_leave_a_live_bounded_server(
+    serve, models, model_entry, caplog
+) -> None:
+    caplog.set_level("INFO")
+    rt = serve(
+        {
+            "models": [model_entry(models["mlp"], "mlp"), model_entry(models["mlp_b"], "words")],
+            "maxRequestBytes": MAX_BODY,
+        }
+    )
+
+    def short_timeout() -> None:
+        rt.server.body_read_timeout_s = STALL_S
+
+    rt.call(short_timeout)
+    generator = Generator(SEED)
+    statuses: Counter[int | None] = Counter()
+    started = time.monotonic()
+    baseline = 0
+    for index in range(CASES):
+        if index == 40:  # after warm-up: allocator pools, first-use imports, caches
+            baseline = rss_bytes()
+        data, hang_up = generator.request()
+        status = exchange(rt.port, data, hang_up=hang_up)
+        statuses[status] += 1
+        assert status is None or status < 500, (index, status, data[:300])
+    elapsed = time.monotonic() - started
+    growth = rss_bytes() - baseline
+
+    client = triton.InferenceServerClient(rt.url)
+    assert client.is_server_live() and client.is_server_ready()
+    x = np.ones((2, 16), np.float32)
+    tensor = triton.InferInput("input", [2, 16], "FP32")
+    tensor.set_data_from_numpy(x)
+    expected = triton.InferenceServerClient(rt.url).infer("mlp", [tensor]).as_numpy("output")
+    assert expected is not None and expected.shape == (2, 4) and np.isfinite(expected).all()
+
+    def settled() -> bool:
+        return rt.metric("tidal_inflight_requests") == 0
+
+    deadline = time.monotonic() + 10
+    while not settled() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert settled()  # nothing leaked in flight
+    text = rt.metrics_text()
+    server_errors = [line for line in text.splitlines() if 'code="5' in line and "_total" in line]
+    assert not server_errors, server_errors
+    answered = sum(n for s, n in statuses.items() if s is not None)
+    assert answered > CASES // 2, statuses  # most cases were answered, not dropped
+    assert {400, 404, 413} <= set(statuses), statuses  # the generator reached each refusal
+    errors = [r for r in caplog.records if r.levelno >= 40]  # client faults are not logged loud
+    assert not errors, [r.getMessage() for r in errors[:3]]
+    assert rt.metric("tidal_requests_total", model="mlp", code="499") > 0  # hang-ups counted
+    assert growth < 64 * 2**20, f"RSS grew {growth / 2**20:.1f} MiB over {CASES} cases"
+    assert elapsed < 60, f"{elapsed:.1f} s"
+    print(f"fuzz: {CASES} cases in {elapsed:.1f} s, RSS +{growth / 2**20:.1f} MiB, {statuses}")
