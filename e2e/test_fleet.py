@@ -276,20 +276,25 @@ def test_fleet_routes_to_hot_replicas_places_a_viral_model_and_loses_nothing(
             """SIGKILL a replica while it has requests in flight (tried once a second)."""
             if t < KILL_AT or killed:
                 return
-            victims = sorted(
-                (p["metadata"]["name"], p["status"].get("podIP"))
-                for p in pods(sandbox, namespace)
-                if p["metadata"]["labels"].get("serving.tidal.dev/pool") == "primary"
-            )
-            if not victims or not victims[0][1]:
+            busiest: tuple[float, str] | None = None
+            for p in pods(sandbox, namespace):
+                ip = (p.get("status") or {}).get("podIP")
+                if p["metadata"]["labels"].get("serving.tidal.dev/pool") != "primary" or not ip:
+                    continue
+                try:
+                    with urllib.request.urlopen(f"http://{ip}:8080/metrics", timeout=1) as r:
+                        lines = r.read().decode().splitlines()
+                except OSError:
+                    continue
+                gauge = "tidal_inflight_requests "
+                in_flight = next((float(x.split()[1]) for x in lines if x.startswith(gauge)), 0.0)
+                if in_flight and (busiest is None or in_flight > busiest[0]):
+                    busiest = (in_flight, p["metadata"]["name"])
+            if busiest is None:
                 return
-            pod, ip = victims[0]
-            with urllib.request.urlopen(f"http://{ip}:8080/metrics", timeout=1) as r:
-                lines = r.read().decode().splitlines()
-            gauge = "tidal_inflight_requests "
-            in_flight = next(float(x.split()[1]) for x in lines if x.startswith(gauge))
+            in_flight, pod = busiest
             pid = _runtime_pid(pod)
-            if in_flight and pid is not None:
+            if pid is not None:
                 os.kill(pid, signal.SIGKILL)
                 killed.update(pod=pod, at=time.time(), in_flight=in_flight)
 

@@ -230,6 +230,7 @@ class Controller:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self.states.pop(key, None)
+        metrics.forget_service(*key)
         for pool in PoolName:
             self.collector.forget(PoolKey(key[0], key[1], pool.value))
 
@@ -268,7 +269,10 @@ class Controller:
             return  # the reconciler reports it as Degraded
         if find_spec_problems(isvc):
             return
-        st = self.states.setdefault(key, ServiceState())
+        st = self.states.get(key)
+        if st is None:
+            st = self.states[key] = ServiceState()
+            metrics.start_service(*key)
         kids = self.store.children.get(key)
         bodies = list(kids.pod_bodies.values()) if kids is not None else []
         pools = tuple(p.name for p in pools_of(isvc))

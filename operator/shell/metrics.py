@@ -126,6 +126,23 @@ def count_rollout_events(namespace: str, isvc: str, reasons: Iterable[str]) -> N
             ROLLBACKS.labels(namespace=namespace, isvc=isvc, reason=reason).inc()
 
 
+def start_service(namespace: str, isvc: str) -> None:
+    """Expose the service's rollback and placement counters at 0 from its first tick, so the
+    first event is an increase Prometheus can see (a series born at 1 has no increase)."""
+    for reason in sorted(ROLLBACK_EVENT_REASONS):
+        ROLLBACKS.labels(namespace=namespace, isvc=isvc, reason=reason)
+    PLACEMENT_CHANGES.labels(namespace=namespace, isvc=isvc)
+
+
+def forget_service(namespace: str, isvc: str) -> None:
+    """Drop a deleted service's series from the operator's own counters."""
+    for counter in (SCALE_DECISIONS, ROLLBACKS, PLACEMENT_CHANGES):
+        # prometheus_client has no lookup of a metric's label sets: its own dict it is.
+        for labels in list(counter._metrics):
+            if labels[:2] == (namespace, isvc):
+                counter.remove(*labels)
+
+
 # -- kube-state-style series from the watch cache ---------------------------------------------
 
 POOLS = ("primary", "baseline")

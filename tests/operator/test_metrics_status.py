@@ -162,3 +162,26 @@ def test_rollbacks_are_counted_from_the_rollout_events() -> None:
     after = metrics.ROLLBACKS.labels(namespace="ns", isvc="c", reason="RollingBack")._value.get()
     assert after - before == 1
     assert {"RollingBack", "RolloutAborted"} == metrics.ROLLBACK_EVENT_REASONS
+
+
+def test_a_services_counters_start_at_zero_and_go_with_it() -> None:
+    """A rollback must be an increase Prometheus can see: the counter exists at 0 first."""
+    from prometheus_client import generate_latest
+
+    from tidal.operator.shell import metrics
+
+    def lines() -> list[str]:
+        text = generate_latest(metrics.REGISTRY).decode()
+        return [x for x in text.splitlines() if 'isvc="zeroed"' in x and "_total" in x]
+
+    metrics.start_service("ns-z", "zeroed")
+    rollbacks = 'tidal_operator_rollbacks_total{isvc="zeroed",namespace="ns-z",reason="%s"} 0.0'
+    assert sorted(lines()) == [
+        'tidal_operator_placement_changes_total{isvc="zeroed",namespace="ns-z"} 0.0',
+        rollbacks % "RollingBack",
+        rollbacks % "RolloutAborted",
+    ]
+    metrics.count_rollout_events("ns-z", "zeroed", ["RollingBack", "Promoted"])
+    assert any(x.endswith('reason="RollingBack"} 1.0') for x in lines())
+    metrics.forget_service("ns-z", "zeroed")
+    assert lines() == []
