@@ -156,10 +156,14 @@ def _json_array(
         raise InvalidInput(f"input {name!r}: {datatype} data must be numbers")
     with np.errstate(over="ignore", invalid="ignore"):
         converted = array.astype(dtype)
-    if dtype.kind not in "iub" and dtype != array.dtype:  # floats, BF16: overflow to inf
-        overflow = np.isinf(converted.astype(np.float64)) & np.isfinite(array)
-        if overflow.any():
-            raise InvalidInput(f"input {name!r}: a value is outside {datatype}'s range")
+    # floats and BF16 narrower than the parsed values overflow to inf: one pass when all finite
+    narrowed = dtype.kind not in "iub" and dtype != array.dtype
+    if (
+        narrowed
+        and not np.isfinite(converted).all()
+        and np.isfinite(array[np.isinf(converted)]).any()
+    ):
+        raise InvalidInput(f"input {name!r}: a value is outside {datatype}'s range")
     return converted.reshape(shape)
 
 
