@@ -54,7 +54,7 @@ ANNOTATION_CONFIG_HASH = f"{GROUP}/config-hash"
 # Kubernetes quantities ("20Gi", "512Mi", "1.5G") and percentages ("60%"). Bounds on the
 # percentage are checked by CEL (below) because a regex bound on a number reads badly.
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
-# Byte counts: no milli suffix, and a fraction only before a unit (CEL's isInteger() then
+# Byte counts: no milli suffix, and a fraction only before a unit (_whole_bytes_cel then
 # rejects the fractions of a byte that remain, such as 1.0001k).
 BYTES_PATTERN = r"^([0-9]+|[0-9]+(\.[0-9]+)?(k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei))$"
 BYTES_MESSAGE = (
@@ -121,7 +121,7 @@ def quantity_bytes(value: str) -> int:
 
 
 def is_whole_bytes(value: str) -> bool:
-    """Whether a quantity is a whole number of bytes that fits in an int64 (CEL's isInteger)."""
+    """Whether a quantity is a whole number of bytes below 2^63 (the CRD's CEL rule)."""
     try:
         exact = _quantity_value(value)
     except ValueError:
@@ -166,6 +166,13 @@ def _matches(expr: str, pattern: str) -> str:
     pattern already rejects yields that one error, not a second, misleading one (or a raw
     conversion error from quantity() or duration())."""
     return f"{expr}.matches(r'{pattern}')"
+
+
+def _whole_bytes_cel(expr: str) -> str:
+    """CEL: the quantity ``expr`` is a whole number of bytes below 2^63. Not isInteger(): it
+    is false for exact binary fractions such as 1.5Gi (stored as a decimal internally)."""
+    value = f"quantity({expr}).asApproximateFloat()"
+    return f"({value} < 9.2e18 && {value} == double(int({value})))"
 
 
 def _whole_bytes(value: str) -> str:
@@ -260,19 +267,11 @@ ByteQuantity = Annotated[
     AfterValidator(_whole_bytes),
     Field(
         json_schema_extra=_rules(
-            cel(f"!{_matches('self', BYTES_PATTERN)} || quantity(self).isInteger()", BYTES_MESSAGE)
+            cel(f"!{_matches('self', BYTES_PATTERN)} || {_whole_bytes_cel('self')}", BYTES_MESSAGE)
         )
     ),
 ]
 LabelValue = Annotated[str, StringConstraints(pattern=LABEL_VALUE_PATTERN, max_length=63)]
-
-
-def _qualified_keys_rule(what: str) -> dict[str, str]:
-    return cel(
-        f"self.all(k, k.size() <= {QUALIFIED_NAME_MAX} && {_matches('k', QUALIFIED_NAME_PATTERN)})",
-        f"{what} must be qualified names such as cpu, memory or example.com/name (at most "
-        f"{QUALIFIED_NAME_MAX} characters)",
-    )
 
 
 def _bad_qualified_keys(keys: Any) -> list[str]:
@@ -283,11 +282,73 @@ def _bad_qualified_keys(keys: Any) -> list[str]:
     ]
 
 
+RESOURCE_NAMES_MESSAGE = (
+    "keys must be cpu, memory, ephemeral-storage, hugepages-<size> or a fully qualified "
+    "extended resource such as example.com/device"
+)
+EXTENDED_MESSAGE = (
+    "resources: an extended resource (a name with a '/') or hugepages needs a limit equal to "
+    "its request (they cannot be overcommitted)"
+)
+WHOLE_BYTES_RESOURCES_MESSAGE = (
+    "resources: memory and ephemeral-storage must be whole numbers of bytes (no m suffix)"
+)
+GPU_RESOURCE_MESSAGE = "resources must not set nvidia.com/gpu: runtime.gpus sets it"
+_STANDARD_RESOURCES = ("cpu", "memory", "ephemeral-storage")
+_BYTE_RESOURCES = ("memory", "ephemeral-storage")
+
+
+def _resource_names_rule(what: str) -> dict[str, str]:
+    return cel(
+        f"self.all(k, k in {list(_STANDARD_RESOURCES)} || "
+        f"({_matches('k', '^hugepages-[0-9]+(Ki|Mi|Gi|k|M|G)$')}) || "
+        f"(k.contains('/') && k.size() <= {QUALIFIED_NAME_MAX} && "
+        f"{_matches('k', QUALIFIED_NAME_PATTERN)}))",
+        f"{what} {RESOURCE_NAMES_MESSAGE}",
+    )
+
+
+def _bad_resource_names(keys: Any) -> list[str]:
+    return [
+        k
+        for k in keys
+        if k not in _STANDARD_RESOURCES
+        and re.fullmatch(r"hugepages-[0-9]+(Ki|Mi|Gi|k|M|G)", k) is None
+        and ("/" not in k or k in _bad_qualified_keys([k]))
+    ]
+
+
+def _not_overcommittable(name: str) -> bool:
+    return "/" in name or name.startswith("hugepages-")
+
+
 class ResourceRequirements(ApiModel):
     """CPU and memory for the runtime container, as in a Pod's ``resources``."""
 
     model_config = ConfigDict(
         json_schema_extra=_rules(
+            cel(
+                "!has(self.requests) || self.requests.all(k, "
+                "!(k.contains('/') || k.startsWith('hugepages-')) || "
+                "(has(self.limits) && k in self.limits && isQuantity(self.requests[k]) && "
+                "isQuantity(self.limits[k]) && "
+                "quantity(self.requests[k]).compareTo(quantity(self.limits[k])) == 0))",
+                EXTENDED_MESSAGE,
+            ),
+            cel(
+                "(!has(self.requests) || self.requests.all(k, "
+                f"!(k in {list(_BYTE_RESOURCES)}) || !isQuantity(self.requests[k]) || "
+                f"{_whole_bytes_cel('self.requests[k]')})) && "
+                "(!has(self.limits) || self.limits.all(k, "
+                f"!(k in {list(_BYTE_RESOURCES)}) || !isQuantity(self.limits[k]) || "
+                f"{_whole_bytes_cel('self.limits[k]')}))",
+                WHOLE_BYTES_RESOURCES_MESSAGE,
+            ),
+            cel(
+                "(!has(self.requests) || !('nvidia.com/gpu' in self.requests)) && "
+                "(!has(self.limits) || !('nvidia.com/gpu' in self.limits))",
+                GPU_RESOURCE_MESSAGE,
+            ),
             cel(
                 "!has(self.requests) || !has(self.limits) || self.requests.all(k, "
                 "!(k in self.limits) || !isQuantity(self.requests[k]) || "
@@ -303,23 +364,30 @@ class ResourceRequirements(ApiModel):
         default_factory=dict,
         max_length=16,
         description="Minimum resources the scheduler reserves, e.g. {cpu: '2', memory: 8Gi}.",
-        json_schema_extra=_rules(_qualified_keys_rule("resources.requests keys")),
+        json_schema_extra=_rules(_resource_names_rule("resources.requests")),
     )
     limits: dict[str, Quantity] = Field(
         default_factory=dict,
         max_length=16,
         description="Maximum resources the container may use, e.g. {memory: 16Gi}.",
-        json_schema_extra=_rules(_qualified_keys_rule("resources.limits keys")),
+        json_schema_extra=_rules(_resource_names_rule("resources.limits")),
     )
 
     @model_validator(mode="after")
     def _limits_cover_requests(self) -> ResourceRequirements:
         for what, entries in (("requests", self.requests), ("limits", self.limits)):
-            if _bad_qualified_keys(entries):
-                raise ValueError(
-                    f"resources.{what} keys must be qualified names such as cpu, memory or "
-                    f"example.com/name (at most {QUALIFIED_NAME_MAX} characters)"
-                )
+            if _bad_resource_names(entries):
+                raise ValueError(f"resources.{what} {RESOURCE_NAMES_MESSAGE}")
+            if "nvidia.com/gpu" in entries:
+                raise ValueError(GPU_RESOURCE_MESSAGE)
+            if any(k in _BYTE_RESOURCES and not is_whole_bytes(v) for k, v in entries.items()):
+                raise ValueError(WHOLE_BYTES_RESOURCES_MESSAGE)
+        if any(
+            _not_overcommittable(k)
+            and (k not in self.limits or quantity_cmp(v, self.limits[k]) != 0)
+            for k, v in self.requests.items()
+        ):
+            raise ValueError(EXTENDED_MESSAGE)
         below = sorted(
             k
             for k, request in self.requests.items()
@@ -734,7 +802,7 @@ class Memory(ApiModel):
                 "self.weightStreamingBudget.size() - 1)) > 0.0 && "
                 "double(self.weightStreamingBudget.substring(0, "
                 "self.weightStreamingBudget.size() - 1)) <= 100.0) : "
-                "quantity(self.weightStreamingBudget).isInteger())",
+                f"{_whole_bytes_cel('self.weightStreamingBudget')})",
                 "memory.weightStreamingBudget must be auto, a quantity such as 8Gi, or a "
                 "percentage above 0% and at most 100%",
                 ".weightStreamingBudget",
@@ -750,8 +818,8 @@ class Memory(ApiModel):
                 "!has(self.engineCacheBudget) || "
                 f"!{_matches('self.engineCacheBudget', BYTES_PATTERN)} || "
                 f"!{_matches('self.reserve', BYTES_PATTERN)} || "
-                "!quantity(self.engineCacheBudget).isInteger() || "
-                "!quantity(self.reserve).isInteger() || "
+                f"!{_whole_bytes_cel('self.engineCacheBudget')} || "
+                f"!{_whole_bytes_cel('self.reserve')} || "
                 "!quantity(self.engineCacheBudget).isGreaterThan(quantity('0')) || "
                 "quantity(self.reserve).isLessThan(quantity(self.engineCacheBudget))",
                 "memory.reserve must be smaller than memory.engineCacheBudget",

@@ -11,6 +11,7 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 INVALID = Path(__file__).resolve().parent / "invalid"
 DEGRADED = INVALID / "degraded"
+ACCEPTED = INVALID / "accepted"
 EXAMPLE_MODEL_PREFIX = "file:///var/lib/tidal/models/"
 
 
@@ -50,6 +51,11 @@ def invalid_cases(
 def degraded_cases() -> list[tuple[Path, dict[str, str], dict[str, Any]]]:
     """Manifests the API server accepts and the operator reports Degraded (see above)."""
     return invalid_cases(DEGRADED)
+
+
+def accepted_paths() -> list[Path]:
+    """Valid manifests at the edges of the rules (whole-byte fractions like 1.5Gi, ...)."""
+    return sorted(ACCEPTED.glob("*.yaml"))
 
 
 def minimal(name: str = "svc", namespace: str = "ns", **spec: Any) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import pytest
 import yaml
 from hypothesis import given
 from hypothesis import strategies as st
-from isvc_fixtures import REPO, example_paths, invalid_cases, load, minimal
+from isvc_fixtures import REPO, accepted_paths, example_paths, invalid_cases, load, minimal
 from pydantic import ValidationError
 
 from tidal.operator import crdgen
@@ -91,6 +91,12 @@ def test_defaults_match_between_models_and_schema() -> None:
 def test_examples_parse(path: Path) -> None:
     isvc = api.parse_inference_service(load(path))
     assert isvc.spec.models
+
+
+@pytest.mark.parametrize("path", accepted_paths(), ids=lambda p: p.stem)
+def test_edge_values_are_accepted_by_the_models(path: Path) -> None:
+    isvc = api.parse_inference_service(load(path))
+    assert isvc.spec.models[0].memory == "1.5Gi"
 
 
 @pytest.mark.parametrize(
@@ -202,7 +208,7 @@ def test_every_user_facing_value_of_the_spec_is_bounded() -> None:
         ("x", False),
     ],
 )
-def test_whole_bytes_follows_cel_is_integer(value: str, whole: bool) -> None:
+def test_whole_bytes_agrees_with_the_cel_rule(value: str, whole: bool) -> None:
     assert api.is_whole_bytes(value) is whole
 
 

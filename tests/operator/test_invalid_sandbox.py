@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
-from isvc_fixtures import degraded_cases, invalid_cases
+from isvc_fixtures import accepted_paths, degraded_cases, invalid_cases
 
 from tidal.operator.core import api
 from tidal.sandbox.operatorproc import OperatorProcess, condition, get_isvc
@@ -57,6 +57,12 @@ def test_api_server_reports_only_the_true_error(
     errors = _errors(result.stderr)
     assert len(errors) == int(header["errors"]), result.stderr
     assert header["field"] in errors[0] and header["expect"] in errors[0], result.stderr
+
+
+def test_api_server_accepts_the_edge_values(sandbox: Any, namespace: str, isvc_crd: None) -> None:
+    assert accepted_paths()
+    for path in accepted_paths():
+        sandbox.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", str(path))
 
 
 def test_schema_valid_spec_that_cannot_work_is_degraded_naming_the_field(
