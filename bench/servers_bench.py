@@ -525,78 +525,111 @@ async def run_server(
     return points
 
 
-def summarize(points: list[Point], plan: Plan) -> list[str]:
-    """The goal lines: saturation ratios, P99 at saturation, batch-1 overhead."""
-    lines = []
-
-    def best(server: str, transport: str, model: str) -> Point | None:
-        closed = [
+def _find(points: list[Point], server: str, transport: str, model: str, load: str) -> Point | None:
+    return next(
+        (
             p for p in points
-            if (p.server, p.transport, p.model) == (server, transport, model)
-            and p.load.startswith("closed") and not p.errors
-        ]  # fmt: skip
-        return max(closed, key=lambda p: p.throughput) if closed else None
+            if (p.server, p.transport, p.model, p.load) == (server, transport, model, load)
+        ),
+        None,
+    )  # fmt: skip
 
-    def at(server: str, transport: str, model: str, load: str) -> Point | None:
-        return next(
-            (
-                p for p in points
-                if (p.server, p.transport, p.model, p.load) == (server, transport, model, load)
-            ),
-            None,
-        )  # fmt: skip
 
+def _row_key(point: Point) -> str:
+    fraction = point.extra.get("fraction_of_tidal")
+    return point.load if fraction is None else f"Poisson {fraction:.0%} of tidal's max"
+
+
+def table(points: list[Point], plan: Plan) -> list[str]:
+    """A markdown table per model: each server's throughput, P50/P99 and its throughput as a
+    multiple of tidal's on the same transport family and load (Poisson rates are fractions of
+    tidal's closed-loop maximum on that family: the same offered rate for every server)."""
+    lines = []
+    columns = [("tidal", "http-json"), ("tidal", "http-binary"), ("kserve", "http-json")]
+    columns += [("mlserver", "http-json"), ("tidal", "grpc"), ("kserve", "grpc")]
+    columns += [("mlserver", "grpc")]
+    present = [c for c in columns if any((p.server, p.transport) == c for p in points)]
     for model in plan.models:
-        lines.append(f"{model}:")
-        for family, tidal_transport in (("http", "http-json"), ("grpc", "grpc")):
-            ours = best("tidal", tidal_transport, model)
+        mine = [p for p in points if p.model == model]
+        rows = list(dict.fromkeys(_row_key(p) for p in mine if p.server == "tidal"))
+        cell = {(p.server, p.transport, _row_key(p)): p for p in mine}
+        lines.append(f"\n{model}: requests/s (P50 / P99 ms, x tidal on the same transport)")
+        lines.append("| load | " + " | ".join(f"{s} {t}" for s, t in present) + " |")
+        lines.append("|---" * (len(present) + 1) + "|")
+        for row in rows:
+            cells = []
+            for server, transport in present:
+                point = cell.get((server, transport, row))
+                if point is None:
+                    cells.append("")
+                    continue
+                base = cell.get(("tidal", "grpc" if transport == "grpc" else "http-json", row))
+                notes = [f"{point.p50_ms:.1f} / {point.p99_ms:.1f}"]
+                if base is not None and server != "tidal" and base.throughput:
+                    notes.append(f"{point.throughput / base.throughput:.2f}x")
+                if point.dropped:
+                    notes.append(f"{point.dropped} dropped")
+                if point.errors:
+                    notes.append(f"{point.errors} errors")
+                cells.append(f"{point.throughput:.0f} ({', '.join(notes)})")
+            lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def summarize(points: list[Point], plan: Plan) -> list[str]:
+    """The goal lines: saturation ratios at equal concurrency, P99 there, batch-1 overhead."""
+    lines = []
+    top = f"closed {max(plan.concurrencies)}"
+    for model in plan.models:
+        lines.append(f"{model} (saturation = {top} clients):")
+        for family, transport in (("http", "http-json"), ("grpc", "grpc")):
+            ours = _find(points, "tidal", transport, model, top)
             if ours is None:
                 continue
             others = [
                 (s, b)
                 for s in ("kserve", "mlserver")
-                if (b := best(s, tidal_transport, model)) is not None
+                if (b := _find(points, s, transport, model, top)) is not None
             ]
-            parts = [f"tidal {ours.throughput:.0f}/s P99 {ours.p99_ms:.2f} ms ({ours.load})"]
-            parts += [
-                f"{s} {b.throughput:.0f}/s P99 {b.p99_ms:.2f} ms ({b.load})" for s, b in others
-            ]
-            lines.append(f"  {family} saturation: " + "; ".join(parts))
+            parts = [f"tidal {ours.throughput:.0f}/s P99 {ours.p99_ms:.1f} ms"]
+            parts += [f"{s} {b.throughput:.0f}/s P99 {b.p99_ms:.1f} ms" for s, b in others]
+            lines.append(f"  {family}: " + "; ".join(parts))
             if others:
-                rival, top = max(others, key=lambda sb: sb[1].throughput)
-                ratio = ours.throughput / top.throughput
-                p99_ok = ours.p99_ms <= top.p99_ms
+                rival, best = max(others, key=lambda sb: sb[1].throughput)
+                ratio = ours.throughput / best.throughput
+                p99_ok = ours.p99_ms <= best.p99_ms
                 met = ratio >= 1.5 and p99_ok
                 lines.append(
-                    f"    tidal / best other ({rival}): {ratio:.2f}x, P99 "
-                    f"{'<=' if p99_ok else '>'} theirs -> goal >= 1.5x at <= P99: "
+                    f"    tidal / best other ({rival}): {ratio:.2f}x at P99 "
+                    f"{'<=' if p99_ok else '>'} theirs; goal >= 1.5x at <= P99: "
                     f"{'met' if met else 'NOT met'}"
                 )
-        direct = at("direct", "in-process", model, f"batch {MAX_BATCH}")
-        direct1 = at("direct", "in-process", model, "batch 1")
-        ours = best("tidal", "http-json", model)
+        direct = _find(points, "direct", "in-process", model, f"batch {MAX_BATCH}")
+        direct1 = _find(points, "direct", "in-process", model, "batch 1")
         fastest = max(
-            (p for t in ("http-json", "http-binary", "grpc") if (p := best("tidal", t, model))),
+            (
+                p for t in ("http-json", "http-binary", "grpc")
+                if (p := _find(points, "tidal", t, model, top)) is not None
+            ),
             key=lambda p: p.throughput,
             default=None,
-        )
+        )  # fmt: skip
         if direct and fastest:
             lines.append(
-                f"  tidal best ({fastest.transport}) / direct batch {MAX_BATCH}: "
+                f"  tidal at saturation ({fastest.transport}) / direct batch {MAX_BATCH}: "
                 f"{fastest.throughput / direct.throughput:.1%}"
-                + ("  (goal >= 90 % on heavy)" if model == "heavy" else "")
+                + ("  (goal >= 90 %)" if model == "heavy" else "")
             )
         if direct1:
             for transport, goal in (("http-json", 1.0), ("http-binary", 1.0), ("grpc", 0.5)):
-                one = at("tidal", transport, model, "closed 1")
+                one = _find(points, "tidal", transport, model, "closed 1")
                 if one is not None:
                     overhead = one.p50_ms - direct1.p50_ms
                     lines.append(
                         f"  batch-1 P50 overhead over direct, {transport}: {overhead:.3f} ms "
                         f"(goal <= {goal} ms: {'met' if overhead <= goal else 'NOT met'})"
                     )
-        del ours
-    return lines
+    return lines + table(points, plan)
 
 
 def setup_venvs(args: argparse.Namespace) -> None:
