@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -158,6 +160,26 @@ def wait_for(predicate: Any, timeout: float = 10.0) -> None:
         time.sleep(0.01)
 
 
+@contextlib.contextmanager
+def one_request_at_the_gate(rt: Any, backend: GateBackend) -> Iterator[None]:
+    """One request executing (held at the closed gate) while the body runs; it then gets 200."""
+    backend.engine.gate.clear()
+    first: list[int] = []
+    blocker = threading.Thread(
+        target=lambda: first.append(
+            post(f"{rt.url}/v2/models/gate/infer", gate_request(1), timeout=120)[0]
+        )
+    )
+    blocker.start()
+    wait_for(lambda: rt.metric("tidal_inflight_requests") == 1)
+    try:
+        yield
+    finally:
+        backend.engine.gate.set()
+        blocker.join(10)
+    assert first == [200]
+
+
 def test_queue_depth_is_exact_and_a_full_queue_answers_503(serve, models, model_entry) -> None:
     backend = GateBackend()
     entry = model_entry(models["mlp"], "gate", batching={"enabled": False, "maxQueueSize": 5})
@@ -196,20 +218,9 @@ def test_requests_that_wait_past_their_timeout_get_503(serve, models, model_entr
     backend = GateBackend()
     entry = model_entry(models["mlp"], "gate", batching={"enabled": False, "timeoutMs": 100})
     rt = serve({"models": [entry]}, backend)
-    backend.engine.gate.clear()
-    first: list[int] = []
-    blocker = threading.Thread(
-        target=lambda: first.append(
-            post(f"{rt.url}/v2/models/gate/infer", gate_request(1), timeout=120)[0]
-        )
-    )
-    blocker.start()
-    wait_for(lambda: rt.metric("tidal_inflight_requests") == 1)
-    status, _, body = post(f"{rt.url}/v2/models/gate/infer", gate_request(2))
-    assert status == 503 and "timed out" in body["error"]
-    backend.engine.gate.set()
-    blocker.join(10)
-    assert first == [200]
+    with one_request_at_the_gate(rt, backend):
+        status, _, body = post(f"{rt.url}/v2/models/gate/infer", gate_request(2))
+        assert status == 503 and "timed out" in body["error"]
 
 
 def test_bad_requests_are_refused_cleanly_and_the_server_lives_on(
@@ -511,26 +522,15 @@ def test_a_request_timeout_parameter_gives_503_when_it_waits_too_long(
     rt = serve(
         {"models": [model_entry(models["mlp"], "gate", batching={"enabled": False})]}, backend
     )
-    backend.engine.gate.clear()
-    first: list[int] = []
-    blocker = threading.Thread(
-        target=lambda: first.append(
-            post(f"{rt.url}/v2/models/gate/infer", gate_request(1), timeout=120)[0]
-        )
-    )
-    blocker.start()
-    wait_for(lambda: rt.metric("tidal_inflight_requests") == 1)
     client = triton.InferenceServerClient(rt.url)
     tensor = triton.InferInput("x", [1, 2], "FP32")
     tensor.set_data_from_numpy(np.ones((1, 2), np.float32))
-    started = time.monotonic()
-    with pytest.raises(InferenceServerException, match="timed out after 100 ms") as raised:
-        client.infer("gate", [tensor], timeout=100_000)  # microseconds, as in Triton
-    assert raised.value.status() == "503"
-    assert time.monotonic() - started < 5
-    backend.engine.gate.set()
-    blocker.join(10)
-    assert first == [200]
+    with one_request_at_the_gate(rt, backend):
+        started = time.monotonic()
+        with pytest.raises(InferenceServerException, match="timed out after 100 ms") as raised:
+            client.infer("gate", [tensor], timeout=100_000)  # microseconds, as in Triton
+        assert raised.value.status() == "503"
+        assert time.monotonic() - started < 5
     bad = {**json.loads(gate_request(1)), "parameters": {"timeout": "soon"}}
     status, _, body = post(f"{rt.url}/v2/models/gate/infer", json.dumps(bad).encode())
     assert status == 400 and "'timeout' must be a non-negative integer" in body["error"]
