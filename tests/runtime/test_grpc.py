@@ -390,6 +390,14 @@ def test_cli_serves_grpc_beside_http_and_refuses_a_taken_grpc_port(models) -> No
             timeout=60,
         )
         assert taken.returncode == 2 and "gRPC" in taken.stderr
+        invalid = subprocess.run(
+            [sys.executable, "-m", "tidal.runtime"],
+            env={**env, "TIDAL_GRPC_PORT": "eighty"},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert invalid.returncode == 2 and "TIDAL_GRPC_PORT" in invalid.stderr
     finally:
         process.send_signal(signal.SIGTERM)
         assert process.wait(30) == 0
