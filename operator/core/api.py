@@ -401,13 +401,41 @@ class ResourceRequirements(ApiModel):
         return self
 
 
+# Variables the operator sets in the runtime container (its contract with the runtime).
+RESERVED_ENV_NAMES = (
+    "TIDAL_HOST",
+    "POD_IP",
+    "TIDAL_PORT",
+    "POD_NAME",
+    "POD_NAMESPACE",
+    "TIDAL_LOG_LEVEL",
+    "TIDAL_RUNTIME_CONFIG_JSON",
+)
+RESERVED_ENV_MESSAGE = (
+    f"runtime.env[].name must not be one the operator sets ({', '.join(RESERVED_ENV_NAMES)}); "
+    "runtime.logLevel sets TIDAL_LOG_LEVEL"
+)
+
+
 class EnvVar(ApiModel):
     """An extra environment variable for the runtime container."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            cel(f"!(self.name in {list(RESERVED_ENV_NAMES)})", RESERVED_ENV_MESSAGE, ".name")
+        )
+    )
 
     name: str = Field(
         min_length=1, max_length=253, pattern=ENV_NAME_PATTERN, description="Variable name."
     )
     value: str = Field(default="", max_length=4096, description="Literal value.")
+
+    @model_validator(mode="after")
+    def _not_reserved(self) -> EnvVar:
+        if self.name in RESERVED_ENV_NAMES:
+            raise ValueError(RESERVED_ENV_MESSAGE)
+        return self
 
 
 class Toleration(ApiModel):

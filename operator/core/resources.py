@@ -397,8 +397,8 @@ def _env(isvc: InferenceService, pool: Pool) -> list[dict[str, Any]]:
             },
         },
     ]
+    # The API rejects user variables named like ours (RESERVED_ENV_NAMES); ours win regardless.
     taken = {e["name"] for e in fixed}
-    # User variables come after ours, so they cannot shadow the contract with the runtime.
     extra = [{"name": e.name, "value": e.value} for e in pool.runtime.env if e.name not in taken]
     return fixed + extra
 

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from isvc_fixtures import degraded_cases, example_paths, load, minimal
+from pydantic import ValidationError
 
 from tidal.operator.core import api
 from tidal.operator.core.resources import (
@@ -143,17 +144,13 @@ def test_tensorrt_asks_for_gpus() -> None:
 
 
 def test_user_env_cannot_shadow_the_runtime_contract() -> None:
-    isvc = _isvc(
-        runtime={
-            "backend": "onnxruntime",
-            "env": [{"name": "TIDAL_PORT", "value": "9999"}, {"name": "EXTRA", "value": "1"}],
-        }
-    )
+    with pytest.raises(ValidationError, match="must not be one the operator sets"):
+        _isvc(runtime={"backend": "onnxruntime", "env": [{"name": "TIDAL_PORT", "value": "9"}]})
+    isvc = _isvc(runtime={"backend": "onnxruntime", "env": [{"name": "EXTRA", "value": "1"}]})
     dep = _by_key(desired_objects(isvc, Observed()))[("Deployment", "svc-primary")]
     env = [(e["name"], e.get("value")) for e in _container(dep)["env"]]
     assert ("TIDAL_PORT", "8080") in env
-    assert ("TIDAL_PORT", "9999") not in env
-    assert ("EXTRA", "1") in env
+    assert env[-1] == ("EXTRA", "1")
 
 
 def test_config_change_changes_the_template_hash_but_scale_does_not() -> None:
@@ -372,3 +369,9 @@ def test_model_larger_than_the_budget_names_the_reserve_only_when_set() -> None:
     assert "spec.memory.reserve" not in without[0]
     assert "spec.memory.engineCacheBudget" in without[0]
     assert "lower spec.memory.reserve" in with_reserve[0]
+
+
+def test_reserved_env_names_are_the_variables_the_operator_sets() -> None:
+    (deployment,) = [o for o in desired_objects(_isvc(), Observed()) if o["kind"] == "Deployment"]
+    names = {e["name"] for e in _container(deployment)["env"]}
+    assert names == set(api.RESERVED_ENV_NAMES)
