@@ -14,7 +14,10 @@ from typing import Any
 
 import pytest
 import yaml
-from isvc_fixtures import accepted_paths, degraded_cases, invalid_cases
+from isvc_fixtures import accepted_paths, degraded_cases, invalid_cases, minimal
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from pydantic import ValidationError
 
 from tidal.operator.core import api
 from tidal.sandbox.operatorproc import OperatorProcess, condition, get_isvc
@@ -100,3 +103,70 @@ def test_schema_valid_spec_that_cannot_work_is_degraded_naming_the_field(
         "get", "deployments", "-n", namespace, "-l", api.LABEL_ISVC, "-o", "name"
     ).stdout
     assert deployments.strip() == ""
+
+
+# Quantities at the edges of the byte rules: both layers must give the same verdict.
+QUANTITIES = [
+    "0",
+    "1",
+    "1k",
+    "1.5Gi",
+    "1.1Gi",
+    "1.5G",
+    "0.5",
+    "500m",
+    "1000m",
+    "1.0001k",
+    "1.25Ki",
+    "2.5Mi",
+    "7Ei",
+    "9Ei",
+    "1e3",
+    "-1Gi",
+    "1 Gi",
+    "1gi",
+    "01Gi",
+    "1.Gi",
+    ".5Gi",
+    "20Gi",
+]
+
+
+def _server_accepts(api_client: Any, namespace: str, body: dict[str, Any]) -> bool:
+    objects = client.CustomObjectsApi(api_client)
+    try:
+        objects.create_namespaced_custom_object(
+            api.GROUP, api.VERSION, namespace, api.PLURAL, body, dry_run="All"
+        )
+    except ApiException as exc:
+        assert exc.status == 422, exc.body
+        return False
+    return True
+
+
+def _models_accept(body: dict[str, Any]) -> bool:
+    try:
+        api.parse_inference_service(body)
+    except ValidationError:
+        return False
+    return True
+
+
+def test_api_server_and_models_agree_on_byte_quantities(
+    sandbox: Any, namespace: str, isvc_crd: None
+) -> None:
+    api_client = sandbox.api_client()
+    disagree = []
+    for value in QUANTITIES:
+        for spec in (
+            {"memory": {"engineCacheBudget": value}},
+            {"memory": {"engineCacheBudget": "64Gi", "reserve": value}},
+            {"models": [{"name": "m", "memory": value, "engines": [{"uri": "file:///m.onnx"}]}]},
+            {"runtime": {"backend": "onnxruntime", "resources": {"limits": {"memory": value}}}},
+        ):
+            body = minimal(name="q", namespace=namespace, **spec)
+            body["metadata"] = {"name": "q"}
+            server, models = _server_accepts(api_client, namespace, body), _models_accept(body)
+            if server != models:
+                disagree.append((spec, "server" if server else "models"))
+    assert disagree == [], disagree
