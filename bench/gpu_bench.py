@@ -47,8 +47,10 @@ MODELS = {
 }
 
 
-def make_module(torch: Any, name: str) -> Any:
+def make_module(torch: Any, name: str, width: int | None = None) -> Any:
     width_in, hidden, width_out, _ = MODELS[name]
+    if width is not None:  # a narrower copy, to try the bench on a CPU
+        width_in, hidden, width_out = width, [width] * len(hidden), width
     layers: list[Any] = []
     widths = [width_in, *hidden, width_out]
     for a, b in itertools.pairwise(widths):
@@ -56,7 +58,34 @@ def make_module(torch: Any, name: str) -> Any:
     return torch.nn.Sequential(*layers[:-1])
 
 
-def cmd_build(name: str, out_dir: Path) -> None:
+class Device:
+    """CUDA when torch sees it, else the CPU (to try this script on a machine without a GPU)."""
+
+    def __init__(self, torch: Any) -> None:
+        self.torch = torch
+        self.cuda = bool(torch.cuda.is_available())
+        self.np_dtype = np.float16 if self.cuda else np.float32
+
+    def sync(self) -> None:
+        if self.cuda:
+            self.torch.cuda.synchronize()
+
+    def free(self) -> int:
+        return int(self.torch.cuda.mem_get_info()[0]) if self.cuda else 0
+
+    def put(self, tensor: Any) -> Any:
+        return tensor.cuda(non_blocking=True) if self.cuda else tensor
+
+    def empty_cache(self) -> None:
+        if self.cuda:
+            self.torch.cuda.empty_cache()
+
+
+def input_width(path: Path) -> int:
+    return read_tidal_section(path).manifest.inputs[0].shape[1]
+
+
+def cmd_build(name: str, out_dir: Path, width: int | None = None) -> None:
     import torch
 
     torch.manual_seed(0)
@@ -64,8 +93,9 @@ def cmd_build(name: str, out_dir: Path) -> None:
     precision = "fp16" if device.type == "cuda" else "fp32"
     dtype = torch.float16 if device.type == "cuda" else torch.float32
     with torch.device(device):  # initialise the weights where they live (1 GiB on a CPU is slow)
-        module = make_module(torch, name).to(dtype=dtype).eval()
+        module = make_module(torch, name, width).to(dtype=dtype).eval()
     width_in, _, _, max_batch = MODELS[name]
+    width_in = width or width_in
     x = torch.randn(min(4, max_batch), width_in, device=device, dtype=dtype)
     started = time.perf_counter()
     path = build_package(
@@ -74,16 +104,16 @@ def cmd_build(name: str, out_dir: Path) -> None:
         (x,),
         ["x"],
         ["y"],
-        out_dir,
+        out_dir / name,
         precision=precision,
         max_batch_size=max_batch,
-        name_prefix=f"{name}-",
+        progress=lambda text: print(f"build {name}: {text}", flush=True),
     )
     took = time.perf_counter() - started
     with torch.no_grad():
         y = module(x)
     np.savez(out_dir / f"{name}.ref.npz", x=x.cpu().numpy(), y=y.cpu().numpy())
-    (out_dir / f"{name}.path").write_text(path.name)
+    (out_dir / f"{name}.path").write_text(str(path.relative_to(out_dir)))
     size = path.stat().st_size
     print(f"build {name}: {path.name} {size / 2**20:.1f} MiB, compile+package {took:.1f} s")
 
@@ -161,8 +191,9 @@ def make_cache(config: Any, backend: Any) -> Any:
     return EngineCache(config, backend, EngineStore(None), RuntimeMetrics(), CLOCK)
 
 
-def section_throughput(torch: Any, backend: Any, path: Path, seconds: float) -> None:
-    width_in, _, _, max_batch = MODELS["mlp"]
+def section_throughput(dev: Device, backend: Any, path: Path, seconds: float) -> None:
+    torch = dev.torch
+    width_in, max_batch = input_width(path), MODELS["mlp"][3]
     config = make_config({"mlp": path}, 8 << 30, {"mlp": max_batch})
     cache = make_cache(config, backend)
 
@@ -175,7 +206,7 @@ def section_throughput(torch: Any, backend: Any, path: Path, seconds: float) -> 
     # The direct call: the same package, loaded by torch alone, weights from the same file.
     section = read_tidal_section(path)
     direct = torch._inductor.aoti_load_package(str(path))
-    blob = torch.from_numpy(np.fromfile(path, dtype=np.uint8)).cuda()
+    blob = dev.put(torch.from_numpy(np.fromfile(path, dtype=np.uint8)))
     base = section.weights_offset
     constants = {
         c.fqn: blob[base + c.offset : base + c.offset + c.nbytes]
@@ -185,26 +216,26 @@ def section_throughput(torch: Any, backend: Any, path: Path, seconds: float) -> 
         for c in section.manifest.constants
     }
     direct.load_constants(constants, check_full_update=True, user_managed=True)
-    sync = torch.cuda.synchronize
+    sync = dev.sync
     print(f"[2] {path.name}: first load's phases {json.dumps(engine.load_phases)}")
-    x64 = np.zeros((64, width_in), dtype=np.float16)
+    x64 = np.zeros((64, width_in), dtype=dev.np_dtype)
     timed_calls(lambda: engine.infer({"x": x64}), 0.3, sync)  # clocks up before measuring
-    timed_calls(lambda: direct(torch.from_numpy(x64).cuda()), 0.3, sync)
+    timed_calls(lambda: direct(dev.put(torch.from_numpy(x64))), 0.3, sync)
     print(
         "    batch | runtime rows/s  P50 ms  P99 ms | direct(host I/O) rows/s  P50  P99 | "
         "runtime/direct | direct(device-resident) rows/s"
     )
     for batch in (1, 8, 64):
-        x = np.random.default_rng(batch).standard_normal((batch, width_in)).astype(np.float16)
+        x = np.random.default_rng(batch).standard_normal((batch, width_in)).astype(dev.np_dtype)
         ours = timed_calls(lambda x=x: engine.infer({"x": x}), seconds, sync)
 
         def host_call(x: np.ndarray[Any, Any] = x) -> None:
-            out = direct(torch.from_numpy(x).cuda(non_blocking=True))
+            out = direct(dev.put(torch.from_numpy(x)))
             out = out[0] if isinstance(out, list | tuple) else out
             out.cpu().numpy()
 
         theirs = timed_calls(host_call, seconds, sync)
-        xd = torch.from_numpy(x).cuda()
+        xd = dev.put(torch.from_numpy(x))
         resident = timed_calls(lambda xd=xd: direct(xd), seconds, sync)
         ours_rate = batch / statistics.mean(ours)
         theirs_rate = batch / statistics.mean(theirs)
@@ -216,7 +247,7 @@ def section_throughput(torch: Any, backend: Any, path: Path, seconds: float) -> 
         )
     cache.close()
     constants.clear()
-    torch.cuda.empty_cache()
+    dev.empty_cache()
 
 
 def phase_sums(metrics: Any, model: str) -> dict[str, float]:
@@ -230,11 +261,11 @@ def phase_sums(metrics: Any, model: str) -> dict[str, float]:
     return sums
 
 
-def section_cold_load(torch: Any, backend: Any, path: Path, limit: float) -> None:
-    width_in, _, _, max_batch = MODELS["big"]
+def section_cold_load(dev: Device, backend: Any, path: Path, limit: float) -> None:
+    width_in, max_batch = input_width(path), MODELS["big"][3]
     config = make_config({"big": path}, 8 << 30, {"big": max_batch}, sha256=True)
     cache = make_cache(config, backend)
-    x = np.random.default_rng(0).standard_normal((1, width_in)).astype(np.float16)
+    x = np.random.default_rng(0).standard_normal((1, width_in)).astype(dev.np_dtype)
 
     async def request() -> tuple[float, bool]:
         started = time.perf_counter()
@@ -246,9 +277,9 @@ def section_cold_load(torch: Any, backend: Any, path: Path, limit: float) -> Non
         return time.perf_counter() - started, cold
 
     async def requests() -> tuple[float, bool, list[float], int, int]:
-        free_before = torch.cuda.mem_get_info()[0]
+        free_before = dev.free()
         cold_s, cold = await request()
-        free_loaded = torch.cuda.mem_get_info()[0]
+        free_loaded = dev.free()
         hot = [(await request())[0] for _ in range(50)]
         return cold_s, cold, hot, free_before, free_loaded
 
@@ -282,7 +313,7 @@ def section_cold_load(torch: Any, backend: Any, path: Path, limit: float) -> Non
         f"{percentile(hot, 0.5) * 1e3:.3f} ms, P99 {percentile(hot, 0.99) * 1e3:.3f} ms"
     )
     asyncio.run(cache.unload("big"))
-    free_after = torch.cuda.mem_get_info()[0]
+    free_after = dev.free()
     print(
         f"[5] unload: cudaMemGetInfo free {free_loaded / 2**30:.3f} -> {free_after / 2**30:.3f} "
         f"GiB (before load {free_before / 2**30:.3f}); {(free_after - free_loaded) / 2**20:.1f}"
@@ -291,7 +322,7 @@ def section_cold_load(torch: Any, backend: Any, path: Path, limit: float) -> Non
     cache.close()
 
 
-def section_churn(torch: Any, backend: Any, path: Path, requests: int, seconds: float) -> None:
+def section_churn(dev: Device, backend: Any, path: Path, requests: int, seconds: float) -> None:
     names = [f"m{i}" for i in range(6)]
     section = read_tidal_section(path)
     budget = int(section.manifest.weights_bytes * 3.3)
@@ -301,8 +332,8 @@ def section_churn(torch: Any, backend: Any, path: Path, requests: int, seconds: 
     rng = np.random.default_rng(7)
     weights = np.array([1 / (i + 1) ** 1.1 for i in range(len(names))])
     picks = rng.choice(len(names), size=requests, p=weights / weights.sum())
-    x = np.zeros((1, MODELS["big"][0]), dtype=np.float16)
-    base_used = torch.cuda.mem_get_info()
+    x = np.zeros((1, input_width(path)), dtype=dev.np_dtype)
+    base_free = dev.free()
     latencies: dict[bool, list[float]] = {True: [], False: []}
     max_used = 0
 
@@ -321,8 +352,7 @@ def section_churn(torch: Any, backend: Any, path: Path, requests: int, seconds: 
             finally:
                 cache.release(name)
             latencies[cold].append(time.perf_counter() - started)
-            free = torch.cuda.mem_get_info()[0]
-            max_used = max(max_used, (base_used[0] - free))
+            max_used = max(max_used, base_free - dev.free())
             done += 1
         return done
 
@@ -330,7 +360,7 @@ def section_churn(torch: Any, backend: Any, path: Path, requests: int, seconds: 
     evictions = sum(
         s.value
         for f in cache.metrics.registry.collect()
-        if f.name == "tidal_cache_evictions"
+        if f.name == "tidal_engine_cache_evictions"
         for s in f.samples
         if s.name.endswith("_total")
     )
@@ -353,15 +383,22 @@ def section_churn(torch: Any, backend: Any, path: Path, requests: int, seconds: 
 
 
 def cmd_run(pkg_dir: Path, seconds: float, sections: str) -> None:
+    began = time.perf_counter()
     import torch
 
-    print(
-        f"torch {torch.__version__}, {torch.cuda.get_device_name()}, "
-        f"free/total {[round(v / 2**30, 2) for v in torch.cuda.mem_get_info()]} GiB"
-    )
-    backend = TorchAOTIBackend(0)
+    print(f"(torch imported in {time.perf_counter() - began:.1f} s)", flush=True)
+    dev = Device(torch)
+    if dev.cuda:
+        print(
+            f"torch {torch.__version__}, {torch.cuda.get_device_name()}, "
+            f"free/total {[round(v / 2**30, 2) for v in torch.cuda.mem_get_info()]} GiB"
+        )
+    else:
+        print(f"torch {torch.__version__}, no CUDA device: CPU trial run, figures mean nothing")
+    backend = TorchAOTIBackend(0 if dev.cuda else "cpu")
+    print(f"(backend ready at {time.perf_counter() - began:.1f} s)", flush=True)
     print(f"backend target: {backend.target(type('M', (), {'precisions': []})())}")
-    limit = pinned_copy_limit(torch)
+    limit = pinned_copy_limit(torch) if dev.cuda else float("nan")
     built = {
         m: pkg_dir / (pkg_dir / f"{m}.path").read_text().strip()
         for m in MODELS
@@ -375,14 +412,15 @@ def cmd_run(pkg_dir: Path, seconds: float, sections: str) -> None:
             if needs is None:
                 print(f"section {name} SKIPPED: its package was not built")
             elif name == "throughput":
-                section_throughput(torch, backend, needs, seconds)
+                section_throughput(dev, backend, needs, seconds)
             elif name == "cold":
-                section_cold_load(torch, backend, needs, limit)
+                section_cold_load(dev, backend, needs, limit)
             elif name == "churn":
-                section_churn(torch, backend, needs, 120, 6 * seconds + 10)
+                section_churn(dev, backend, needs, 120, 6 * seconds + 10)
         except Exception as exc:  # report and go on to the next section
             print(f"section {name} FAILED: {type(exc).__name__}: {exc}")
         print(f"    ({name}: {time.perf_counter() - started:.1f} s)", flush=True)
+    print(f"(all sections done at {time.perf_counter() - began:.1f} s)", flush=True)
 
 
 def main() -> None:
@@ -390,6 +428,7 @@ def main() -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     build = sub.add_parser("build")
     build.add_argument("--model", choices=sorted(MODELS), required=True)
+    build.add_argument("--width", type=int, help="every layer this wide (a CPU trial)")
     build.add_argument("dir", type=Path)
     run = sub.add_parser("run")
     run.add_argument("dir", type=Path)
@@ -397,7 +436,7 @@ def main() -> None:
     run.add_argument("--sections", default="throughput,cold,churn")
     args = parser.parse_args()
     if args.command == "build":
-        cmd_build(args.model, args.dir)
+        cmd_build(args.model, args.dir, args.width)
     else:
         cmd_run(args.dir, args.seconds, args.sections)
 

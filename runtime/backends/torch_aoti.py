@@ -527,13 +527,24 @@ def build_package(
     *,
     precision: str,
     max_batch_size: int,
-    name_prefix: str = "",
+    progress: Any = None,
 ) -> Path:
     """Export, compile and package ``module`` as ``<arch>-torch<ver>-<precision>.pt2``.
 
     The batch dimension of every input is dynamic up to ``max_batch_size``; the weights go into
-    the tidal section, not the compiled library.  Returns the package's path.
+    the tidal section, not the compiled library.  The constants' names come from the exported
+    program (parameters, then buffers), not from loading the fresh package: on the H200 the
+    build died with SIGSEGV after the package was written and before this section was added
+    (bench/results/gpu_bench-h200-2026-12-03.txt); loading one is the load path's job, which
+    checks the names (``load_constants(check_full_update=True)``).  ``progress(str)`` is told
+    each step's duration as it ends.  Returns the package's path.
     """
+    started = time.perf_counter()
+
+    def step(what: str) -> None:
+        if progress is not None:
+            progress(f"{what} at {time.perf_counter() - started:.1f} s")
+
     from tidal.runtime.core.engines import pt2_file_name
     from tidal.runtime.protocol import datatype_of
 
@@ -552,15 +563,16 @@ def build_package(
         example_inputs,
         dynamic_shapes=tuple({0: batch} for _ in example_inputs),
     )
+    step("exported")
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / (
-        name_prefix + pt2_file_name(arch, parse_torch_version(torch.__version__), precision)
-    )
+    # The file name is the binding (one folder per model, as for TensorRT plans).
+    path = out_dir / pt2_file_name(arch, parse_torch_version(torch.__version__), precision)
     torch._inductor.aoti_compile_and_package(
         exported,
         package_path=str(path),
         inductor_configs={"aot_inductor.package_constants_in_so": False},
     )
+    step(f"compiled and packaged ({path.stat().st_size} B, no weights)")
     with torch.no_grad():
         results = module(*example_inputs)
     outs = results if isinstance(results, list | tuple) else [results]
@@ -569,11 +581,11 @@ def build_package(
         dtype = np.dtype(_NUMPY_NAMES[tensor.dtype])
         return TensorSpec(name, datatype_of(dtype), (-1, *tensor.shape[1:]))
 
-    state = {**dict(module.named_parameters()), **dict(module.named_buffers())}
-    compiled = torch._inductor.aoti_load_package(str(path))
-    fqns = list(compiled.get_constant_fqns())
-    del compiled
+    signature = exported.graph_signature
+    state = {**exported.state_dict, **exported.constants}
+    fqns = [*signature.parameters, *signature.buffers]
     tensors = [state[f].detach().contiguous().cpu() for f in fqns]
+    step(f"{len(fqns)} constants copied to the host")
     layout, total = layout_constants(
         [
             (f, str(np.dtype(_NUMPY_NAMES[t.dtype])), tuple(t.shape), t.numel() * t.element_size())
@@ -589,4 +601,5 @@ def build_package(
         torch_version=torch.__version__,
     )
     add_tidal_section(path, manifest, [t.view(torch.uint8).numpy().tobytes() for t in tensors])
+    step(f"weights appended ({total} B)")
     return path
