@@ -61,6 +61,10 @@ ANNOTATION_APPLIED_HASH = "serving.tidal.dev/applied-hash"
 ENGINE_FORMAT = {Backend.ONNXRUNTIME: "onnx", Backend.TENSORRT: "plan"}
 # What tidal.runtime's storage can read today (the API also admits s3:// and gs://).
 RUNTIME_FETCH_SCHEMES = frozenset({"file", "http", "https"})
+RUNTIME_CONFIG_ENV = "TIDAL_RUNTIME_CONFIG_JSON"
+# Linux refuses to exec a process with one environment string (NAME=value and its NUL) longer
+# than MAX_ARG_STRLEN (32 pages): the runtime's config travels in one variable.
+MAX_ENV_STRING_BYTES = 32 * 4096
 
 
 @dataclass(frozen=True)
@@ -137,7 +141,20 @@ def find_spec_problems(isvc: InferenceService) -> list[str]:
         prefix = f"{pool.name.value} pool"
         problems += [f"{prefix}: {p}" for p in _model_problems(pool, paths)]
         problems += [f"{prefix}: {p}" for p in _memory_problems(pool, paths, isvc.spec.fleet)]
+        size = _config_env_bytes(pool, isvc.spec.fleet is not None)
+        if size > MAX_ENV_STRING_BYTES:
+            problems.append(
+                f"{prefix}: {paths.models}: the runtime configuration is {size} bytes, more than "
+                f"the {MAX_ENV_STRING_BYTES} bytes of one environment variable "
+                f"({RUNTIME_CONFIG_ENV}); the pods could not start: shorten the engine URIs or "
+                "split the models over several InferenceServices"
+            )
     return problems
+
+
+def _config_env_bytes(pool: Pool, fleet: bool) -> int:
+    text = _canonical_json(render_runtime_config(pool, fleet))
+    return len(f"{RUNTIME_CONFIG_ENV}={text}".encode()) + 1
 
 
 def _model_problems(pool: Pool, paths: _Paths) -> list[str]:
@@ -321,9 +338,13 @@ def _batching(model: Model) -> dict[str, Any]:
     return batching
 
 
+def _canonical_json(data: Any) -> str:
+    return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+
 def content_hash(data: Any) -> str:
     """A short, stable hash of JSON-able data (canonical key order)."""
-    text = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    text = _canonical_json(data)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -388,7 +409,7 @@ def _env(isvc: InferenceService, pool: Pool) -> list[dict[str, Any]]:
         {"name": "POD_NAMESPACE", "valueFrom": field_ref("metadata.namespace")},
         {"name": "TIDAL_LOG_LEVEL", "value": pool.runtime.log_level.value},
         {
-            "name": "TIDAL_RUNTIME_CONFIG_JSON",
+            "name": RUNTIME_CONFIG_ENV,
             "valueFrom": {
                 "configMapKeyRef": {
                     "name": config_map_name(isvc.name, pool.name),
@@ -626,7 +647,7 @@ def desired_objects(isvc: InferenceService, observed: Observed) -> list[dict[str
     fleet = isvc.spec.fleet is not None
     for pool in pools_of(isvc):
         config = render_runtime_config(pool, fleet)
-        config_json = json.dumps(config, sort_keys=True, separators=(",", ":"))
+        config_json = _canonical_json(config)
         replicas = desired_replicas(isvc, pool.name, observed)
         objects.append(_config_map(isvc, pool, config_json))
         objects.append(_deployment(isvc, pool, replicas, content_hash(config)))

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from tidal.operator.core import api
 from tidal.operator.core.resources import (
     ANNOTATION_APPLIED_HASH,
+    MAX_ENV_STRING_BYTES,
     Observed,
     desired_objects,
     desired_replicas,
@@ -375,3 +376,17 @@ def test_reserved_env_names_are_the_variables_the_operator_sets() -> None:
     (deployment,) = [o for o in desired_objects(_isvc(), Observed()) if o["kind"] == "Deployment"]
     names = {e["name"] for e in _container(deployment)["env"]}
     assert names == set(api.RESERVED_ENV_NAMES)
+
+
+def test_a_runtime_config_too_large_for_its_environment_variable_is_a_problem() -> None:
+    def models(count: int) -> list[dict[str, Any]]:
+        uri = "https://store.example/" + "x" * 400 + ".onnx?sig="
+        engine = {"backend": "onnxruntime"}
+        return [
+            {"name": f"m{i}", "engines": [{**engine, "uri": f"{uri}{i}"}]} for i in range(count)
+        ]
+
+    assert find_spec_problems(_isvc(models=models(100))) == []
+    (problem,) = find_spec_problems(_isvc(models=models(400)))
+    assert "spec.models" in problem and "TIDAL_RUNTIME_CONFIG_JSON" in problem
+    assert str(MAX_ENV_STRING_BYTES) in problem
