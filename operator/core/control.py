@@ -260,6 +260,8 @@ class ControlStatus:
     last_decision: Decision | None = None
     rollout: RolloutStatus | None = None
     autoscaler: AutoscalerStatus | None = None
+    # Pods that run but cannot turn Ready, with the runtime's reason (core.podfaults).
+    pod_problems: tuple[str, ...] = ()
 
 
 def rfc3339_ms(now: datetime) -> str:

@@ -192,6 +192,8 @@ def _degraded(inp: StatusInput) -> tuple[ConditionStatus, str, str]:
     ]
     if failures:
         return ConditionStatus.TRUE, "DeploymentFailed", "; ".join(failures)
+    if inp.control is not None and inp.control.pod_problems:
+        return ConditionStatus.TRUE, "EngineLoadFailed", "; ".join(inp.control.pod_problems)
     if inp.fleet_problems:
         return ConditionStatus.TRUE, "ModelTooLarge", "; ".join(inp.fleet_problems)
     return ConditionStatus.FALSE, "AsExpected", "no problems found"

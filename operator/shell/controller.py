@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import aiohttp
 from pydantic import ValidationError
 
 from tidal.operator.core.api import (
@@ -75,6 +76,7 @@ from tidal.operator.core.control import (
     status_decision,
     to_wall_signals,
 )
+from tidal.operator.core.podfaults import PodFaults, due, not_ready_pods
 from tidal.operator.core.resources import (
     ROLE_SERVING,
     ROLE_STANDBY,
@@ -95,6 +97,7 @@ from tidal.operator.core.signals import PoolKey, pod_views
 from tidal.operator.core.status import EventSpec
 from tidal.operator.shell import metrics
 from tidal.operator.shell.kube import Kube, KubeError
+from tidal.operator.shell.podmetrics import new_scrape_session, probe_ready
 from tidal.operator.shell.reconciler import Key, Store
 from tidal.operator.shell.signals import PoolReading, SignalCollector
 
@@ -138,6 +141,7 @@ class ServiceState:
     view: ControlView | None = None
     enqueued_at: float = -1e9
     patched: dict[tuple[str, str], tuple[str, float]] = field(default_factory=dict)
+    pod_faults: PodFaults = field(default_factory=PodFaults)
 
 
 def _labels(pod: Mapping[str, Any]) -> Mapping[str, str]:
@@ -196,6 +200,7 @@ class Controller:
         self.mono, self.wall = mono, wall
         self.states: dict[Key, ServiceState] = {}
         self.tasks: dict[Key, asyncio.Task[None]] = {}
+        self._probe_session: aiohttp.ClientSession | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -238,6 +243,23 @@ class Controller:
         for key in list(self.tasks):
             await self.stop(key)
         await self.collector.close()
+        if self._probe_session is not None:
+            await self._probe_session.close()
+            self._probe_session = None
+
+    async def _probe_not_ready(self, st: ServiceState, pods: Sequence[Mapping[str, Any]]) -> None:
+        """Ask the pods that run but stay not Ready why (``core.podfaults``)."""
+        targets = not_ready_pods(pods, self.wall())
+        st.pod_faults.keep_only(t.pod for t in targets)
+        asked = due(targets, st.pod_faults, self.mono())
+        if not asked:
+            return
+        if self._probe_session is None:
+            self._probe_session = new_scrape_session(connections=16)
+        answers = await asyncio.gather(*(probe_ready(self._probe_session, t.url) for t in asked))
+        now = self.mono()
+        for target, message in zip(asked, answers, strict=True):
+            st.pod_faults.record(target, message, now)
 
     async def _run(self, key: Key) -> None:
         period = self.settings.tick_seconds
@@ -281,6 +303,7 @@ class Controller:
         }
         if not st.synced and not self._cache_synced(st, kids, pods):
             return
+        await self._probe_not_ready(st, [b for pool in pools for b in pods[pool]])
         readings_list = await asyncio.gather(
             *(
                 self.collector.observe_pool(PoolKey(key[0], key[1], pool.value), pods[pool])
@@ -443,6 +466,7 @@ class Controller:
             last_decision=last,
             rollout=rollout_status(rollout, st.rollout) if rollout and st.rollout else None,
             autoscaler=autoscaler,
+            pod_problems=st.pod_faults.problems(),
         )
 
     async def _publish(self, key: Key, st: ServiceState, view: ControlView, mono: float) -> None:

@@ -198,6 +198,22 @@ async def scrape_pods(
     )
 
 
+async def probe_ready(
+    session: aiohttp.ClientSession, url: str, *, limit_seconds: float = DEFAULT_SCRAPE_TIMEOUT
+) -> str | None:
+    """Why a runtime is not ready: the ``error`` of its readiness answer (``url`` is its
+    ``/v2/health/ready``). None when it is ready, gives no reason, or does not answer."""
+    try:
+        async with asyncio.timeout(limit_seconds), session.get(url) as response:
+            if response.status == 200:
+                return None
+            body = await response.json(content_type=None)
+    except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
+        return None
+    error = body.get("error") if isinstance(body, dict) else None
+    return str(error) if error else None
+
+
 def new_scrape_session(connections: int = 64) -> aiohttp.ClientSession:
     """A session suited to scraping: bounded connections, keep-alive, no cookies, no proxy
     from the environment (pod addresses are cluster-internal)."""

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from tidal.operator.core.api import ConditionStatus, InferenceServiceStatus, PoolName
+from tidal.operator.core.control import ControlStatus
 from tidal.operator.core.status import (
     DEGRADED,
     PROGRESSING,
@@ -144,6 +145,17 @@ def _cond(status: InferenceServiceStatus, kind: str) -> tuple[str, str]:
             ("False", "NoReadyReplicas"),
             ("True", "ScalingUp"),
             ("False", "AsExpected"),
+        ),
+        (
+            {
+                "pods": _pods(0, 1),
+                "control": ControlStatus(
+                    pod_problems=("pool primary: pod p-1 not ready: m: sha256 mismatch",)
+                ),
+            },
+            ("False", "Warming"),
+            ("True", "ScalingUp"),
+            ("True", "EngineLoadFailed"),
         ),
     ],
 )

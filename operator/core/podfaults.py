@@ -1,0 +1,108 @@
+"""Why runtime pods are not Ready, for the InferenceService's status.
+
+A runtime whose engines cannot load (a corrupt file, a sha256 mismatch, an engine built for
+another GPU or TensorRT version, a store that times out) stays up and not Ready, and says why
+in its readiness answer (``GET /v2/health/ready`` -> 503 ``{"ready": false, "error": ...}``).
+The control loop asks the pods that have been running but not Ready for a while
+(:func:`pods_to_probe`), remembers the answers (:class:`PodFaults`) and reports them as the
+``Degraded`` condition (reason ``EngineLoadFailed``; its change posts an Event) naming the
+pool, the pod and the runtime's own message. Pure: pods arrive as plain dicts, time as an
+argument.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tidal.operator.core.api import LABEL_POOL
+
+# A pod gets this long after its container started before a not-Ready answer counts (the
+# runtime is still loading), and is asked again at most this often.
+PROBE_GRACE_SECONDS = 5.0
+PROBE_EVERY_SECONDS = 3.0
+MAX_MESSAGE = 300
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeTarget:
+    pod: str
+    pool: str
+    url: str
+
+
+@dataclass
+class PodFaults:
+    """The last readiness answer of each not-Ready pod (pod name -> (pool, message))."""
+
+    probed_at: dict[str, float] = field(default_factory=dict)
+    faults: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+    def record(self, target: ProbeTarget, message: str | None, now: float) -> None:
+        self.probed_at[target.pod] = now
+        if message:
+            self.faults[target.pod] = (target.pool, message[:MAX_MESSAGE])
+        else:
+            self.faults.pop(target.pod, None)
+
+    def keep_only(self, pods: Iterable[str]) -> None:
+        """Forget pods that are Ready, gone or no longer probed."""
+        keep = set(pods)
+        for table in (self.probed_at, self.faults):
+            for name in [n for n in table if n not in keep]:
+                del table[name]
+
+    def problems(self) -> tuple[str, ...]:
+        """``pool P: pod X not ready: <message>``, sorted, for the Degraded condition."""
+        return tuple(
+            f"pool {pool}: pod {pod} not ready: {message}"
+            for pod, (pool, message) in sorted(self.faults.items())
+        )
+
+
+def _started_at(pod: Mapping[str, Any]) -> float | None:
+    status = pod.get("status") or {}
+    times = [
+        ((c.get("state") or {}).get("running") or {}).get("startedAt")
+        for c in status.get("containerStatuses") or []
+    ]
+    text = next((t for t in times if t), None) or status.get("startTime")
+    if not isinstance(text, str):
+        return None
+    try:
+        return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _ready(pod: Mapping[str, Any]) -> bool:
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
+
+
+def not_ready_pods(pods: Sequence[Mapping[str, Any]], wall_now: float) -> list[ProbeTarget]:
+    """Running, not terminating, not Ready pods with an address whose container started
+    ``PROBE_GRACE_SECONDS`` ago or more: the ones whose reason is worth asking for."""
+    out = []
+    for pod in pods:
+        meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+        ip = status.get("podIP")
+        if meta.get("deletionTimestamp") or status.get("phase") != "Running" or not ip:
+            continue
+        started = _started_at(pod)
+        if _ready(pod) or started is None or wall_now - started < PROBE_GRACE_SECONDS:
+            continue
+        port = (meta.get("annotations") or {}).get("prometheus.io/port") or "8080"
+        host = f"[{ip}]" if ":" in ip else ip
+        pool = (meta.get("labels") or {}).get(LABEL_POOL, "")
+        out.append(ProbeTarget(meta.get("name", ""), pool, f"http://{host}:{port}/v2/health/ready"))
+    return sorted(out, key=lambda t: t.pod)
+
+
+def due(targets: Sequence[ProbeTarget], faults: PodFaults, now: float) -> list[ProbeTarget]:
+    """The targets not asked within ``PROBE_EVERY_SECONDS``."""
+    return [t for t in targets if now - faults.probed_at.get(t.pod, -1e9) >= PROBE_EVERY_SECONDS]
