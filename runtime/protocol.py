@@ -60,6 +60,12 @@ DATATYPES: dict[str, np.dtype[Any]] = {
 if _BF16 is not None:
     DATATYPES["BF16"] = _BF16
 _BY_DTYPE = {dtype: name for name, dtype in DATATYPES.items()}
+_FLOAT_MAX: dict[str, float] = {
+    "FP16": float(np.finfo(np.float16).max),
+    "FP32": float(np.finfo(np.float32).max),
+}
+if _BF16 is not None:
+    _FLOAT_MAX["BF16"] = float(ml_dtypes.finfo(_BF16).max)  # type: ignore[no-untyped-call]
 _LENGTH = struct.Struct("<I")  # the length prefix of each BYTES element
 
 
@@ -148,23 +154,32 @@ def _json_array(
         if kind not in "iu":
             raise InvalidInput(f"input {name!r}: {datatype} data must be integers")
         info = np.iinfo(dtype)
-        if int(array.min()) < info.min or int(array.max()) > info.max:
+        lo, hi = _extremes(data, array)
+        if lo < info.min or hi > info.max:
             raise InvalidInput(
                 f"input {name!r}: a value is outside {datatype}'s range {info.min}..{info.max}"
             )
     elif kind not in "iuf":
         raise InvalidInput(f"input {name!r}: {datatype} data must be numbers")
-    with np.errstate(over="ignore", invalid="ignore"):
-        converted = array.astype(dtype)
-    # floats and BF16 narrower than the parsed values overflow to inf: one pass when all finite
-    narrowed = dtype.kind not in "iub" and dtype != array.dtype
-    if (
-        narrowed
-        and not np.isfinite(converted).all()
-        and np.isfinite(array[np.isinf(converted)]).any()
-    ):
-        raise InvalidInput(f"input {name!r}: a value is outside {datatype}'s range")
-    return converted.reshape(shape)
+    elif datatype in _FLOAT_MAX and array.dtype != dtype:
+        # Narrower floats overflow to inf. Below the datatype's max nothing can, and that is
+        # checked cheaply; only other values (or NaN, which hides extremes) take the exact test.
+        lo, hi = _extremes(data, array)
+        if not -_FLOAT_MAX[datatype] < lo <= hi < _FLOAT_MAX[datatype]:
+            with np.errstate(over="ignore", invalid="ignore"):
+                converted = array.astype(dtype)
+            if np.isfinite(array[np.isinf(converted)]).any():
+                raise InvalidInput(f"input {name!r}: a value is outside {datatype}'s range")
+            return converted.reshape(shape)
+    return array.astype(dtype, copy=False).reshape(shape)
+
+
+def _extremes(data: list[Any], array: np.ndarray[Any, Any]) -> tuple[Any, Any]:
+    """(min, max) of numeric data; NaN when a NaN hides them (Python's min/max keep a leading
+    NaN, numpy's propagate it), so that callers comparing with them take their exact path."""
+    if array.ndim == 1 and len(data) <= 64:  # Python's min/max: cheaper than numpy on few values
+        return min(data), max(data)
+    return array.min(), array.max()
 
 
 def _json_bytes(name: str, data: list[Any], shape: list[int], count: int) -> np.ndarray[Any, Any]:

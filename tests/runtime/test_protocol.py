@@ -306,3 +306,38 @@ def test_nothing_a_client_sends_raises_anything_but_a_serving_error(
         decode_request(body + tail, len(body) if length is None else length)
     except ServingError:
         pass
+
+
+FP_MAX = {name: float(np.finfo(DATATYPES[name]).max) for name in ("FP16", "FP32")}
+
+
+def rounding_edges(datatype: str) -> list[float]:
+    """The max, and the values around the point where a float64 rounds to inf in ``datatype``."""
+    dtype = DATATYPES[datatype].type
+    limit = FP_MAX[datatype]
+    ulp = limit - float(np.nextafter(dtype(limit), dtype(0)))
+    edge = limit + ulp / 2  # ties round to even: the edge itself becomes inf
+    return [limit, np.nextafter(edge, 0.0), edge, np.nextafter(edge, np.inf), limit * 2]
+
+
+near_limits = st.sampled_from(
+    [sign * value for name in FP_MAX for value in rounding_edges(name) for sign in (1.0, -1.0)]
+)
+numbers = st.floats(allow_nan=True, allow_infinity=True) | near_limits | st.integers(-70000, 70000)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(sorted(FP_MAX)), st.lists(numbers, min_size=1, max_size=8), st.booleans())
+def test_narrow_floats_are_refused_exactly_when_a_finite_value_would_become_infinite(
+    datatype: str, values: list[float], long: bool
+) -> None:
+    data = values * (70 // len(values) + 1) if long else values  # > 64 values: the numpy path
+    with np.errstate(over="ignore", invalid="ignore"):
+        reference = np.asarray(data, dtype=np.float64).astype(DATATYPES[datatype])
+    overflows = bool(np.isfinite(np.asarray(data, dtype=np.float64)[np.isinf(reference)]).any())
+    body = tensor_body(datatype, [len(data)], data)
+    if overflows:
+        with pytest.raises(InvalidInput, match=f"outside {datatype}'s range"):
+            decode_request(body, None)
+    else:
+        np.testing.assert_array_equal(decode_request(body, None).inputs["x"], reference)
