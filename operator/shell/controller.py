@@ -265,12 +265,15 @@ class Controller:
         period = self.settings.tick_seconds
         next_at = self.mono()
         while key in self.store.services:
+            started = self.mono()
+            metrics.TICK_LAG.observe(max(started - next_at, 0.0))
             try:
                 await self.tick(key)
             except asyncio.CancelledError:
                 raise
             except Exception:  # one bad tick must not end the loop; the next one retries
                 log.exception("control tick of %s/%s failed", *key)
+            metrics.TICK_DURATION.observe(self.mono() - started)
             next_at += period
             now = self.mono()
             if next_at < now:  # a slow tick: skip the missed ticks rather than bunching up

@@ -83,6 +83,16 @@ RECONCILE_DURATION = Histogram(
         10.0,
     ),
 )
+TICK_LAG = Histogram(
+    "tidal_operator_tick_lag_seconds",
+    "How late a control-loop tick started after it was due (the loop's own scheduling delay).",
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0),
+)
+TICK_DURATION = Histogram(
+    "tidal_operator_tick_duration_seconds",
+    "Duration of one control-loop tick of one InferenceService (observe, decide, publish).",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0),
+)
 RECONCILES = Counter("tidal_operator_reconciles_total", "Reconciles by result.", ["result"])
 RECONCILE_ERRORS = Counter(
     "tidal_operator_reconcile_errors_total", "Failed reconciles by error kind.", ["kind"]
