@@ -341,3 +341,23 @@ def test_narrow_floats_are_refused_exactly_when_a_finite_value_would_become_infi
             decode_request(body, None)
     else:
         np.testing.assert_array_equal(decode_request(body, None).inputs["x"], reference)
+
+
+def test_every_error_maps_to_an_http_status_and_a_grpc_code() -> None:
+    import grpc
+
+    from tidal.runtime import errors
+
+    classes = [
+        value
+        for value in vars(errors).values()
+        if isinstance(value, type) and issubclass(value, ServingError)
+    ]
+    assert len(classes) >= 15
+    for cls in classes:
+        assert 400 <= cls.status <= 599 and cls.grpc_code in grpc.StatusCode.__members__, cls
+    assert isinstance(errors.as_serving_error(ConnectionResetError()), errors.ClientDisconnected)
+    assert errors.as_serving_error(RecursionError()).status == 400
+    unexpected = errors.as_serving_error(KeyError("x"))
+    assert (unexpected.status, unexpected.grpc_code) == (500, "INTERNAL")
+    assert "internal error" in unexpected.message
