@@ -349,6 +349,13 @@ def scaling_condition(
     if decision.notes:
         message += "; " + "; ".join(decision.notes)
     status = ConditionStatus.TRUE if moving else ConditionStatus.FALSE
+    pending = observation.pending_unschedulable
+    if pending and f"{pending} pod(s) pending unschedulable" not in message:
+        message += f"; {pending} pod(s) pending unschedulable"
+    if pending:
+        # Whatever the last decision's reason, the pool is short for lack of room: say so for
+        # as long as it lasts (the decision itself stops asking for more, see decide_scale).
+        return (SCALING, ConditionStatus.TRUE, "Unschedulable", message)
     return (SCALING, status, camel_reason(decision.reason), message)
 
 

@@ -284,3 +284,10 @@ def test_provisional_view_holds_the_pools_where_the_last_operator_left_them() ->
     assert view.observed.active_pool is PoolName.BASELINE and not view.observed.split
     assert view.status.autoscaler == AutoscalerStatus(state="{}")
     assert view.status.conditions == ()
+
+
+def test_scaling_condition_names_pending_pods_whatever_the_decision() -> None:
+    obs = Observation(now=0, ready_serving=2, pending_unschedulable=1, queue_depth=0.0)
+    verdict = scaling_condition(decision_for(obs), obs, False)
+    assert verdict[1:3] == (ConditionStatus.TRUE, "Unschedulable")
+    assert "1 pod(s) pending unschedulable" in verdict[3]
