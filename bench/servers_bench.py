@@ -23,7 +23,9 @@ Load, from this process: closed loops (C clients each sending one row, waiting f
 sending again) at a few concurrencies, then an open-loop Poisson sweep at fixed fractions of
 tidal's closed-loop saturation on that model and transport (the same absolute rates for every
 server; latency counted from the scheduled send time, so a server that falls behind is charged
-for the queue it builds; at most 512 requests outstanding, the rest counted as dropped).
+for the queue it builds; at most 512 requests outstanding, the rest counted as dropped; HTTP
+over a pool of as many keep-alive connections as the largest closed loop, gRPC over one
+channel).
 HTTP requests are OIP v2 JSON (every server speaks it; tidal's binary extension is measured as
 an extra row); gRPC requests carry ``raw_input_contents``, serialised once.
 
@@ -498,8 +500,11 @@ async def run_server(
     for model in plan.models:
         for transport, opener in transports(server, model, models[model]):
             saturation = 0.0
-            # One client session (connections, channel) per transport, kept across its loads.
-            async with opener(MAX_OUTSTANDING) as send:
+            # One client session per transport, kept across its loads: at most as many HTTP
+            # connections as the largest closed loop uses (an open loop that opened one per
+            # outstanding request would measure connection set-up, not serving); requests
+            # waiting for a connection are charged that wait. gRPC multiplexes one channel.
+            async with opener(max(plan.concurrencies)) as send:
                 for clients in plan.concurrencies:
                     rate, latencies, errors = await closed_loop(send, clients, plan.seconds)
                     point = Point(
