@@ -1,49 +1,74 @@
-"""How the operator copes with many InferenceServices: time to Ready, reconcile cost, memory.
+"""How the operator copes with many InferenceServices and pods: Ready time, reconcile and
+control-loop cost, API calls, memory and CPU.
 
-Starts a sandbox with one fake node (pods are reported Running/Ready without running anything),
-installs the CRD, starts ``tidal-operator`` for one namespace, creates N InferenceServices at
-once and measures
+Starts a sandbox with fake nodes (pods are reported Running/Ready without running anything, like
+kwok), installs the CRD, starts ``tidal-operator`` for one namespace (no Prometheus: pod scrapes
+only), creates N InferenceServices of R replicas each at once and measures
 
-* the time from the first create until every InferenceService reports Ready (and the time
-  until the operator had written every child, which does not wait for the pods), and per
-  service the time from its creation to its Ready condition (P50/P99, one-second resolution:
-  the API server's timestamps);
-* reconcile duration P50/P99 (from the operator's histogram, interpolated within buckets);
-* Kubernetes API requests per reconcile (the operator's own requests; watches excluded), both
-  while converging and in a quiet period afterwards (a level-triggered operator that re-applies
-  everything on every event would show up here);
-* the operator's resident memory (current and peak) from /proc.
+* the time from the first create until every InferenceService reports Ready and until every one
+  has all R replicas ready; per service the time from its creation to its Ready condition
+  (P50/P99, one-second resolution: the API server's timestamps); when the control plane created
+  the last pod and the node agent reported the last pod Ready (where the time went);
+* reconcile duration P50/P99 and Kubernetes API requests per reconcile (the operator's own
+  requests; watches excluded) while converging, and API calls and reconciles in a quiet period
+  afterwards (nothing changes, so a level-triggered operator should make none);
+* control-loop tick lag (how late a tick started) and tick duration P50/P99, while converging and
+  in the quiet period, when all N loops are active;
+* the operator's resident memory (current and peak) and CPU seconds (utime + stime from
+  /proc/<pid>/stat) per phase, and the CPU of each sandbox component while converging;
 
-    .venv/bin/python bench/operator_scale.py [--services 200] [--workers 4] [--quiet-seconds 10]
+then prints each issue-14 goal as met or not. The figures come from the operator's own
+histograms and counters (its ``--metrics-port``), scraped only at phase boundaries so the bench
+does not load the operator's metrics thread in between.
+
+Fake nodes: the sandbox node agent's fake mode, run by the bench as its own child process
+(``--fake-agent``) so that fake pods can take addresses from as many sandbox pod subnets as they
+need (the sandbox's own agent gives them its one /20: 4,093 addresses, fewer than 10,000 pods).
+Nothing listens on those addresses, so every direct scrape of a pod by the operator times out,
+as on kwok's nodes.
+
+    .venv/bin/python bench/operator_scale.py [--services 200] [--replicas 1] [--quiet-seconds 30]
+        [--profile SECONDS]   # py-spy (PATH or TIDAL_PY_SPY) samples the operator afterwards
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
+import shutil
+import signal
+import subprocess
 import sys
 import time
 import urllib.request
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from tidal.sandbox import Sandbox, SandboxConfig
 from tidal.sandbox.operatorproc import OperatorProcess
 from tidal.sandbox.procs import free_port
-from tidal.sandbox.wait import wait_for
+from tidal.sandbox.wait import WaitTimeout, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 NAMESPACE = "bench"
+GROUP, VERSION, PLURAL = "serving.tidal.dev", "v1alpha1", "inferenceservices"
+PODS_PER_FAKE_NODE = 5000
+SUBNET_ADDRESSES = 4093  # hosts of one sandbox pod subnet (/20) less its gateway
+
+Metrics = dict[str, list[tuple[dict[str, str], float]]]
 
 
-def service(name: str) -> dict[str, Any]:
+def service(name: str, replicas: int) -> dict[str, Any]:
+    """An InferenceService whose pods land on fake nodes; the autoscaler runs, pinned at R."""
     return {
-        "apiVersion": "serving.tidal.dev/v1alpha1",
+        "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "InferenceService",
         "metadata": {"name": name, "namespace": NAMESPACE},
         "spec": {
@@ -60,14 +85,14 @@ def service(name: str) -> dict[str, Any]:
                 ],
             },
             "models": [{"name": "m", "engines": [{"uri": f"file:///models/{name}.onnx"}]}],
-            "autoscaling": {"minReplicas": 1, "maxReplicas": 4},
+            "autoscaling": {"minReplicas": replicas, "maxReplicas": replicas},
         },
     }
 
 
-def scrape(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+# -- the operator's metrics ----------------------------------------------------------------------
+def parse_exposition(text: str) -> Metrics:
+    out: Metrics = {}
     for line in text.splitlines():
         if line.startswith("#") or not line.strip():
             continue
@@ -79,7 +104,9 @@ def scrape(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:
     return out
 
 
-Metrics = dict[str, list[tuple[dict[str, str], float]]]
+def scrape(port: int) -> Metrics:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=60) as resp:
+        return parse_exposition(resp.read().decode())
 
 
 def minus(after: Metrics, before: Metrics) -> Metrics:
@@ -91,64 +118,342 @@ def minus(after: Metrics, before: Metrics) -> Metrics:
     }
 
 
-def total(metrics: dict[str, list[tuple[dict[str, str], float]]], name: str) -> float:
+def total(metrics: Metrics, name: str) -> float:
     return sum(v for _, v in metrics.get(name, []))
 
 
-def quantile(metrics: dict[str, list[tuple[dict[str, str], float]]], name: str, q: float) -> float:
-    """Quantile from a Prometheus histogram (linear within the bucket, like histogram_quantile)."""
+def quantile(metrics: Metrics, name: str, q: float) -> float | None:
+    """Quantile from a Prometheus histogram (linear within the bucket, like histogram_quantile);
+    None without observations, ``inf`` when it lies beyond the last finite bucket."""
     buckets = sorted(
         (float("inf") if lab["le"] == "+Inf" else float(lab["le"]), v)
         for lab, v in metrics.get(f"{name}_bucket", [])
     )
-    count = buckets[-1][1]
-    rank = q * count
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    rank = q * buckets[-1][1]
     prev_le, prev_count = 0.0, 0.0
     for le, cum in buckets:
         if cum >= rank:
             if le == float("inf"):
-                return prev_le
+                return float("inf")
             width = cum - prev_count
             return prev_le + (le - prev_le) * ((rank - prev_count) / width if width else 0.0)
         prev_le, prev_count = le, cum
-    return prev_le
+    return float("inf")
 
 
-def _seconds_to_ready(item: dict[str, Any]) -> float | None:
-    """creationTimestamp -> Ready's lastTransitionTime (both with one-second resolution)."""
-    created = datetime.fromisoformat(item["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
-    for cond in (item.get("status") or {}).get("conditions", []):
-        if cond["type"] == "Ready" and cond["status"] == "True":
-            ready = datetime.fromisoformat(cond["lastTransitionTime"].replace("Z", "+00:00"))
-            return (ready - created).total_seconds()
-    return None
+def by_call(metrics: Metrics) -> dict[str, int]:
+    calls: Counter[str] = Counter()
+    for labels, value in metrics.get("tidal_operator_api_requests_total", []):
+        if value:
+            calls[f"{labels['verb']} {labels['resource']}"] += int(value)
+    return dict(sorted(calls.items()))
 
 
-def rss_kib(pid: int) -> tuple[int, int]:
+# -- processes -----------------------------------------------------------------------------------
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process, in seconds (fields 14 and 15 of /proc/<pid>/stat)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mib(pid: int) -> tuple[float, float]:
+    """(current, peak) resident set size in MiB (VmRSS, VmHWM)."""
     fields = dict(
         line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
     )
-    return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
+    return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+
+
+# -- objects -------------------------------------------------------------------------------------
+def _time(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def _condition(item: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    for cond in (item.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == kind and cond.get("status") == "True":
+            return dict(cond)
+    return None
+
+
+def seconds_to_ready(item: dict[str, Any]) -> float | None:
+    """creationTimestamp -> Ready's lastTransitionTime (both with one-second resolution)."""
+    ready = _condition(item, "Ready")
+    if ready is None:
+        return None
+    return _time(ready["lastTransitionTime"]) - _time(item["metadata"]["creationTimestamp"])
+
+
+def nearest_rank(values: list[float], q: float) -> float | None:
+    ordered = sorted(values)
+    if not ordered:
+        return None
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def list_json(api_client: Any, kind: str) -> list[dict[str, Any]]:
+    """The bench namespace's InferenceServices ("isvc") or pods ("pods") as plain JSON."""
+    from kubernetes import client
+
+    resp: Any
+    if kind == "pods":
+        resp = client.CoreV1Api(api_client).list_namespaced_pod(NAMESPACE, _preload_content=False)
+    else:
+        resp = client.CustomObjectsApi(api_client).list_namespaced_custom_object(
+            GROUP, VERSION, NAMESPACE, PLURAL, _preload_content=False
+        )
+    return list(json.loads(resp.data)["items"])
+
+
+# -- fake nodes ----------------------------------------------------------------------------------
+class SubnetChain:
+    """Addresses for fake pods from as many sandbox pod subnets as needed.
+
+    One `PodNetwork` holds a /20 (4,093 addresses), fewer than 10,000 pods need; each link of
+    the chain claims the next free /20 the way the node agent claims its own (lock file,
+    bridge; removed at teardown). Nothing listens on these addresses, as on kwok's nodes."""
+
+    def __init__(self, subnets: int) -> None:
+        from tidal.sandbox.podnet import PodNetwork
+
+        self.links = [PodNetwork() for _ in range(subnets)]
+        self.subnet = "(none yet)"
+        self.index = -1
+
+    def setup(self) -> None:
+        for link in self.links:
+            link.setup()
+        self.subnet = ", ".join(str(link.subnet) for link in self.links)
+        self.index = self.links[0].index
+
+    def address_only(self) -> str:
+        from tidal.sandbox.podnet import PodNetworkError
+
+        for link in self.links:
+            try:
+                return link.address_only()
+            except PodNetworkError:
+                continue
+        raise PodNetworkError(f"all {len(self.links)} fake-pod subnets are exhausted")
+
+    def release_address(self, ip: str) -> None:
+        import ipaddress
+
+        for link in self.links:
+            if link.subnet is not None and ipaddress.ip_address(ip) in link.subnet:
+                link.release_address(ip)
+
+    def teardown(self) -> None:
+        for link in self.links:
+            link.teardown()
+
+
+def run_fake_agent(kubeconfig: str, nodes: int, pods_per_node: int, state_dir: Path) -> int:
+    """The sandbox node agent for `nodes` fake nodes only, addresses from enough subnets."""
+    import logging
+
+    from kubernetes import client, config
+
+    from tidal.sandbox.nodeagent import NodeAgent, NodeSpec
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    configuration = client.Configuration()
+    config.load_kube_config(  # type: ignore[no-untyped-call]
+        config_file=kubeconfig, client_configuration=configuration
+    )
+    configuration.connection_pool_maxsize = 64
+    capacity = {
+        "cpu": "64",
+        "memory": "1Ti",
+        "pods": str(pods_per_node),
+        "nvidia.com/gpu": "0",
+        "ephemeral-storage": "1Ti",
+    }
+    specs = [NodeSpec(f"bench-fake-node-{i + 1}", capacity, fake=True) for i in range(nodes)]
+    agent = NodeAgent(client.ApiClient(configuration), specs, state_dir, "")
+    agent.network = SubnetChain(math.ceil(nodes * pods_per_node / SUBNET_ADDRESSES))  # type: ignore[assignment]
+    signal.signal(signal.SIGTERM, lambda *_: agent.stopping.set())
+    signal.signal(signal.SIGINT, lambda *_: agent.stopping.set())
+    agent.run()
+    return 0
+
+
+def start_fake_nodes(sb: Sandbox, pods: int) -> int:
+    """Register enough fake nodes for `pods` (an agent process the sandbox stops); their count."""
+    from tidal.sandbox.procs import ManagedProcess
+
+    nodes = max(1, math.ceil(pods / PODS_PER_FAKE_NODE))
+    argv = [sys.executable, str(Path(__file__).resolve()), "--fake-agent", str(sb.kubeconfig)]
+    argv += ["--fake-nodes", str(nodes), "--state-dir", str(sb.state_dir)]
+    proc = ManagedProcess(
+        "bench-fake-agent", argv, sb.log_dir / "bench-fake-agent.log", env=sb.env, cwd=REPO
+    )
+    sb.processes.append(proc)  # stopped (SIGTERM, grace) with the sandbox
+
+    def ready() -> bool:
+        out = sb.kubectl("get", "nodes", "-l", "tidal.dev/sandbox-fake=true", "-o", "json")
+        return sum(1 for n in json.loads(out.stdout)["items"] if _condition(n, "Ready")) == nodes
+
+    wait_for(ready, timeout=60, what=f"{nodes} fake nodes Ready")
+    return nodes
+
+
+# -- goals ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Goal:
+    name: str
+    target: str
+    measured: str
+    met: bool | None  # None: not measured
+
+
+def _ms(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    return "> 10 s" if math.isinf(seconds) else f"{1000 * seconds:,.0f} ms"
+
+
+def goals(figures: dict[str, Any]) -> list[Goal]:
+    """Issue 14's scale goals against the figures of one run."""
+    rec = figures["converge"]["reconcile_p99_s"]
+    lag = figures["quiet"]["tick_lag_p99_s"]
+    peak = figures["operator_rss_peak_mib"]
+    quiet_calls = figures["quiet"]["api_calls"]
+    quiet = figures.get("converged", True)  # still converging: the window is not quiet
+    loops = figures["quiet"]["active_loops"]
+    return [
+        Goal("reconcile P99 (converging)", "≤ 1 s", _ms(rec), None if rec is None else rec <= 1),
+        Goal(
+            f"tick lag P99 ({loops:,} active loops)",
+            "≤ 1 s",
+            _ms(lag),
+            None if lag is None else lag <= 1,
+        ),
+        Goal(
+            "operator RSS peak",
+            "≤ 300 MB",
+            f"{peak * 1.048576:,.0f} MB",
+            peak * 1024 * 1024 <= 300e6,
+        ),
+        Goal(
+            f"API calls in {figures['quiet']['seconds']:g} s quiet",
+            "0",
+            f"{quiet_calls:,}" if quiet else "not quiet",
+            quiet_calls == 0 if quiet else None,
+        ),
+    ]
+
+
+def goal_table(rows: list[Goal]) -> str:
+    verdict = {True: "met", False: "NOT MET", None: "not measured"}
+    width = max(len(g.name) for g in rows)
+    lines = [f"  {'goal':<{width}}  {'target':<9}  {'measured':>10}  verdict"]
+    lines += [
+        f"  {g.name:<{width}}  {g.target:<9}  {g.measured:>10}  {verdict[g.met]}" for g in rows
+    ]
+    return "\n".join(lines)
+
+
+# -- the run -------------------------------------------------------------------------------------
+def phase(delta: Metrics, seconds: float, cpu: float) -> dict[str, Any]:
+    reconciles = total(delta, "tidal_operator_reconciles_total")
+    calls = total(delta, "tidal_operator_api_requests_total")
+
+    def q(name: str, p: float) -> float | None:
+        v = quantile(delta, name, p)
+        return None if v is None else (v if math.isinf(v) else round(v, 4))
+
+    return {
+        "seconds": round(seconds, 1),
+        "reconciles": int(reconciles),
+        "reconcile_p50_s": q("tidal_operator_reconcile_duration_seconds", 0.5),
+        "reconcile_p99_s": q("tidal_operator_reconcile_duration_seconds", 0.99),
+        "api_calls": int(calls),
+        "api_calls_per_reconcile": round(calls / reconciles, 2) if reconciles else None,
+        "api_calls_by_kind": by_call(delta),
+        "ticks": int(total(delta, "tidal_operator_tick_lag_seconds_count")),
+        "tick_lag_p50_s": q("tidal_operator_tick_lag_seconds", 0.5),
+        "tick_lag_p99_s": q("tidal_operator_tick_lag_seconds", 0.99),
+        "tick_duration_p50_s": q("tidal_operator_tick_duration_seconds", 0.5),
+        "tick_duration_p99_s": q("tidal_operator_tick_duration_seconds", 0.99),
+        "errors": int(total(delta, "tidal_operator_reconcile_errors_total")),
+        "operator_cpu_s": round(cpu, 1),
+        "operator_cpu_cores": round(cpu / seconds, 2) if seconds else None,
+    }
+
+
+def profile(pid: int, seconds: float, out: Path) -> str:
+    """The operator's hottest frames over ``seconds`` (py-spy, own time and total time)."""
+    spy = os.environ.get("TIDAL_PY_SPY") or shutil.which("py-spy")
+    if spy is None:
+        return "py-spy not found (PATH or TIDAL_PY_SPY)"
+    raw = out.with_suffix(".folded")
+    argv = [spy, "record", "-p", str(pid), "-d", str(int(seconds)), "-r", "50", "-f", "raw"]
+    subprocess.run(
+        [*argv, "-o", str(raw), "--nonblocking"],
+        capture_output=True,
+        check=False,
+        timeout=seconds + 60,
+    )
+    own: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
+    samples = 0
+    for line in raw.read_text().splitlines() if raw.exists() else []:
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        n = int(count)
+        samples += n
+        own[frames[-1]] += n
+        for frame in set(frames):
+            inclusive[frame] += n
+    if not samples:
+        return "py-spy recorded nothing"
+    lines = [f"py-spy: {samples} samples over {seconds:g} s (raw stacks: {raw})", "  own time:"]
+    lines += [f"    {100 * n / samples:5.1f}%  {f}" for f, n in own.most_common(15)]
+    lines.append("  total time (frame on the stack):")
+    lines += [f"    {100 * n / samples:5.1f}%  {f}" for f, n in inclusive.most_common(25)]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--services", type=int, default=200)
+    p.add_argument("--replicas", type=int, default=1, help="pods per InferenceService")
     p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--quiet-seconds", type=float, default=10.0)
+    p.add_argument("--create-threads", type=int, default=16)
+    p.add_argument("--settle-seconds", type=float, default=10.0)
+    p.add_argument("--quiet-seconds", type=float, default=30.0)
+    p.add_argument("--timeout", type=float, default=900.0, help="give up converging after this")
+    p.add_argument("--profile", type=float, default=0.0, help="py-spy seconds after the quiet")
+    p.add_argument("--profile-out", type=Path, default=Path("/tmp/operator_scale-profile"))
     p.add_argument("--json", action="store_true", help="print the figures as JSON too")
+    p.add_argument("--fake-agent", metavar="KUBECONFIG", help=argparse.SUPPRESS)
+    p.add_argument("--fake-nodes", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--state-dir", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.fake_agent:  # the bench's own child process
+        return run_fake_agent(args.fake_agent, args.fake_nodes, PODS_PER_FAKE_NODE, args.state_dir)
 
-    config = SandboxConfig(
-        nodes=0, fake_nodes=1, fake_node_pods=max(1000, 2 * args.services), prometheus=False
-    )
+    pods = (args.services + 1) * args.replicas  # and the warm-up service
+    # SIGTERM (a timeout, a kill) unwinds through the finally blocks: operator and sandbox stop.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    # No nodes of the sandbox's own: the bench registers its fake nodes (more addresses).
+    config = SandboxConfig(nodes=0, fake_nodes=0, prometheus=False)
     with Sandbox(config) as sb:
+        fake_nodes = start_fake_nodes(sb, pods)
         sb.apply_crds(REPO / "crds")
         sb.kubectl("create", "namespace", NAMESPACE)
+        api = sb.api_client()
+        from kubernetes import client
+
+        custom = client.CustomObjectsApi(api)
         metrics_port = free_port()
-        operator = OperatorProcess(
-            {**os.environ, **sb.env}, NAMESPACE, sb.state_dir / "operator.log"
-        ).start(
+        env = {**os.environ, **sb.env}
+        env.pop("TIDAL_PROMETHEUS_URL", None)  # no Prometheus here: pod scrapes only
+        operator = OperatorProcess(env, NAMESPACE, sb.state_dir / "operator.log").start(
             "--workers",
             str(args.workers),
             "--metrics-port",
@@ -160,126 +465,143 @@ def main(argv: list[str] | None = None) -> int:
             wait_for(lambda: scrape(metrics_port), timeout=30, what="operator metrics")
             # Warm-up: one service through to Ready, so the measurement starts with the
             # operator's watches running (kopf needs a few seconds to start them).
-            sb.kubectl("apply", "-f", "-", input=yaml.safe_dump(service("warmup")))
+            custom.create_namespaced_custom_object(
+                GROUP, VERSION, NAMESPACE, PLURAL, service("warmup", args.replicas)
+            )
             wait_for(
-                lambda: (
-                    "True"
-                    in sb.kubectl(
-                        "get",
-                        "inferenceservice",
-                        "warmup",
-                        "-n",
-                        NAMESPACE,
-                        "-o",
-                        'jsonpath={.status.conditions[?(@.type=="Ready")].status}',
-                    ).stdout
-                ),
+                lambda: any(_condition(i, "Ready") for i in list_json(api, "isvc")),
                 timeout=120,
                 what="warm-up service Ready",
             )
             time.sleep(1.0)
+            components = {proc.name: proc.pid for proc in sb.processes}
+            cpu_before = {n: cpu_seconds(pid) for n, pid in components.items()}
             baseline = scrape(metrics_port)
-            idle_rss, _ = rss_kib(operator.pid)
+            op_cpu0 = cpu_seconds(operator.pid)
+            idle_rss, _ = rss_mib(operator.pid)
+
             names = [f"svc-{i:04d}" for i in range(args.services)]
-            manifest = yaml.safe_dump_all([service(n) for n in names])
-            started = time.monotonic()
-            sb.kubectl("apply", "-f", "-", input=manifest, timeout=300)
+            started_wall, started = time.time(), time.monotonic()
+
+            def create(name: str) -> None:
+                custom.create_namespaced_custom_object(
+                    GROUP, VERSION, NAMESPACE, PLURAL, service(name, args.replicas)
+                )
+
+            with ThreadPoolExecutor(args.create_threads) as pool:
+                list(pool.map(create, names))
             created = time.monotonic() - started
+            first_ready: float | None = None
+            timeline: list[tuple[float, int, int]] = []
 
-            children_done = None
-            expected_children = 3 * args.services
+            def converged() -> bool:
+                nonlocal first_ready
+                items = [i for i in list_json(api, "isvc") if i["metadata"]["name"] != "warmup"]
+                ready = [i for i in items if _condition(i, "Ready")]
+                want = args.replicas
+                full = [i for i in ready if (i.get("status") or {}).get("readyReplicas") == want]
+                timeline.append((time.monotonic() - started, len(ready), len(full)))
+                if first_ready is None and len(ready) == args.services:
+                    first_ready = time.monotonic() - started
+                return bool(len(full) == args.services)
 
-            def progress() -> bool:
-                nonlocal children_done
-                m = scrape(metrics_port)
-                if (
-                    children_done is None
-                    and total(m, "tidal_operator_children_applied_total") >= expected_children
-                ):
-                    children_done = time.monotonic() - started
-                out = sb.kubectl("get", "inferenceservices", "-n", NAMESPACE, "-o", "json")
-                items = json.loads(out.stdout)["items"]
-                ready = [
-                    i
-                    for i in items
-                    if any(
-                        c["type"] == "Ready" and c["status"] == "True"
-                        for c in (i.get("status") or {}).get("conditions", [])
-                    )
-                ]
-                return len(ready) == args.services + 1  # and the warm-up service
-
-            wait_for(progress, timeout=900, interval=0.5, what="all InferenceServices Ready")
+            try:
+                wait_for(converged, timeout=args.timeout, interval=2.0, what="all replicas ready")
+                done = True
+            except WaitTimeout:  # report how far it got, and measure the loops regardless
+                done = False
             all_ready = time.monotonic() - started
-            items = json.loads(
-                sb.kubectl("get", "inferenceservices", "-n", NAMESPACE, "-o", "json").stdout
-            )["items"]
-            to_ready = sorted(
-                t
-                for i in items
-                if i["metadata"]["name"] != "warmup" and (t := _seconds_to_ready(i)) is not None
-            )
             converge = minus(scrape(metrics_port), baseline)
-            rss_ready, _ = rss_kib(operator.pid)
+            op_cpu1 = cpu_seconds(operator.pid)
+            cpu_converge = {
+                n: round(cpu_seconds(pid) - cpu_before[n], 1) for n, pid in components.items()
+            }
+            rss_ready, _ = rss_mib(operator.pid)
+            items = [i for i in list_json(api, "isvc") if i["metadata"]["name"] != "warmup"]
+            to_ready = [t for i in items if (t := seconds_to_ready(i)) is not None]
+            pod_items = list_json(api, "pods")
+            pod_created = [_time(i["metadata"]["creationTimestamp"]) for i in pod_items]
+            pod_ready = [
+                _time(c["lastTransitionTime"])
+                for i in pod_items
+                if (c := _condition(i, "Ready")) is not None
+            ]
+
+            time.sleep(args.settle_seconds)
+            quiet_start = scrape(metrics_port)
+            op_cpu2, q0 = cpu_seconds(operator.pid), time.monotonic()
             time.sleep(args.quiet_seconds)
-            quiet = minus(scrape(metrics_port), baseline)
-            rss_now, rss_peak = rss_kib(operator.pid)
+            quiet = minus(scrape(metrics_port), quiet_start)
+            op_cpu3, quiet_seconds = cpu_seconds(operator.pid), time.monotonic() - q0
+            rss_now, rss_peak = rss_mib(operator.pid)
+            profile_text = (
+                profile(operator.pid, args.profile, args.profile_out) if args.profile else ""
+            )
+            loops = len(items) + 1
         finally:
             operator.stop()
 
-    def per_reconcile(m: dict[str, list[tuple[dict[str, str], float]]]) -> float:
-        reconciles = total(m, "tidal_operator_reconciles_total")
-        return total(m, "tidal_operator_api_requests_total") / reconciles if reconciles else 0.0
-
-    by_verb: dict[str, float] = {}
-    for labels, value in converge.get("tidal_operator_api_requests_total", []):
-        key = f"{labels['verb']} {labels['resource']}"
-        by_verb[key] = by_verb.get(key, 0.0) + value
-    quiet_calls = total(quiet, "tidal_operator_api_requests_total") - total(
-        converge, "tidal_operator_api_requests_total"
-    )
-    quiet_reconciles = total(quiet, "tidal_operator_reconciles_total") - total(
-        converge, "tidal_operator_reconciles_total"
-    )
-    figures = {
+    figures: dict[str, Any] = {
         "services": args.services,
+        "replicas": args.replicas,
+        "pods": args.services * args.replicas,
         "workers": args.workers,
-        "create_seconds": round(created, 2),
-        "children_written_seconds": round(children_done, 2) if children_done else None,
-        "all_ready_seconds": round(all_ready, 2),
-        "create_to_ready_p50_s": to_ready[len(to_ready) // 2] if to_ready else None,
-        "create_to_ready_p99_s": to_ready[min(len(to_ready) - 1, int(0.99 * len(to_ready)))]
-        if to_ready
-        else None,
-        "reconciles": int(total(converge, "tidal_operator_reconciles_total")),
+        "create_seconds": round(created, 1),
+        "all_services_ready_s": round(first_ready, 1) if first_ready is not None else None,
+        "converged": done,
+        "all_replicas_ready_s": round(all_ready, 1) if done else None,
+        "gave_up_after_s": None if done else round(all_ready, 1),
+        "services_ready_at_end": timeline[-1][1] if timeline else 0,
+        "services_all_replicas_at_end": timeline[-1][2] if timeline else 0,
+        "pods_at_end": len(pod_items),
+        "pods_ready_at_end": len(pod_ready),
+        "deployments_written": int(
+            sum(
+                v
+                for lab, v in converge.get("tidal_operator_children_applied_total", [])
+                if lab.get("kind") == "Deployment"
+            )
+        ),
+        "last_pod_created_s": round(max(pod_created) - started_wall, 1) if pod_created else None,
+        "last_pod_ready_s": round(max(pod_ready) - started_wall, 1) if pod_ready else None,
+        "create_to_ready_p50_s": nearest_rank(to_ready, 0.5),
+        "create_to_ready_p99_s": nearest_rank(to_ready, 0.99),
         "reconciles_per_service": round(
             total(converge, "tidal_operator_reconciles_total") / args.services, 2
         ),
-        "reconcile_p50_ms": round(
-            1000 * quantile(converge, "tidal_operator_reconcile_duration_seconds", 0.5), 2
-        ),
-        "reconcile_p99_ms": round(
-            1000 * quantile(converge, "tidal_operator_reconcile_duration_seconds", 0.99), 2
-        ),
-        "api_calls": int(total(converge, "tidal_operator_api_requests_total")),
-        "api_calls_per_reconcile": round(per_reconcile(converge), 2),
         "api_calls_per_service": round(
             total(converge, "tidal_operator_api_requests_total") / args.services, 2
         ),
-        "api_calls_by_kind": {k: int(v) for k, v in sorted(by_verb.items())},
-        "quiet_seconds": args.quiet_seconds,
-        "quiet_reconciles": int(quiet_reconciles),
-        "quiet_api_calls": int(quiet_calls),
-        "errors": int(total(quiet, "tidal_operator_reconcile_errors_total")),
-        "rss_idle_mib": round(idle_rss / 1024, 1),
-        "rss_all_ready_mib": round(rss_ready / 1024, 1),
-        "rss_after_quiet_mib": round(rss_now / 1024, 1),
-        "rss_peak_mib": round(rss_peak / 1024, 1),
+        "converge": phase(converge, all_ready, op_cpu1 - op_cpu0),
+        "quiet": {
+            **phase(quiet, quiet_seconds, op_cpu3 - op_cpu2),
+            "active_loops": loops,
+        },
+        "component_cpu_s_converging": cpu_converge,
+        "operator_rss_idle_mib": round(idle_rss, 1),
+        "operator_rss_all_ready_mib": round(rss_ready, 1),
+        "operator_rss_after_quiet_mib": round(rss_now, 1),
+        "operator_rss_peak_mib": round(rss_peak, 1),
+        "progress": [
+            {"t_s": round(t, 1), "ready": r, "all_replicas": f}
+            for t, r, f in timeline[:: max(1, len(timeline) // 20)]
+        ],
     }
+    print(
+        f"operator scale benchmark: {args.services} InferenceServices x {args.replicas} "
+        f"replicas = {args.services * args.replicas} pods on {fake_nodes} fake node(s)"
+    )
     width = max(len(k) for k in figures)
-    print(f"operator scale benchmark: {args.services} InferenceServices on a fake node")
     for key, value in figures.items():
-        print(f"  {key:<{width}}  {value}")
+        if isinstance(value, dict) and key in ("converge", "quiet"):
+            print(f"  {key}:")
+            for k, v in value.items():
+                print(f"    {k:<{width}}  {v}")
+        else:
+            print(f"  {key:<{width}}  {value}")
+    print(goal_table(goals(figures)))
+    if profile_text:
+        print(profile_text)
     if args.json:
         print(json.dumps(figures))
     return 0

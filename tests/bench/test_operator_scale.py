@@ -1,0 +1,115 @@
+"""bench/operator_scale.py's arithmetic: histogram quantiles, counter deltas, /proc parsing and
+the goal verdicts (the sandbox run itself takes minutes; see bench/RESULTS.md)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "operator_scale.py"
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("operator_scale", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["operator_scale"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+EXPOSITION = """\
+# HELP tidal_operator_tick_lag_seconds How late a tick started.
+# TYPE tidal_operator_tick_lag_seconds histogram
+tidal_operator_tick_lag_seconds_bucket{le="0.1"} 50.0
+tidal_operator_tick_lag_seconds_bucket{le="1.0"} 90.0
+tidal_operator_tick_lag_seconds_bucket{le="10.0"} 99.0
+tidal_operator_tick_lag_seconds_bucket{le="+Inf"} 100.0
+tidal_operator_tick_lag_seconds_count 100.0
+tidal_operator_api_requests_total{resource="pods",verb="patch"} 7.0
+tidal_operator_api_requests_total{resource="inferenceservices",verb="patch_status"} 3.0
+"""
+
+
+@pytest.mark.parametrize(
+    ("q", "expected"),
+    [
+        (0.25, 0.05),  # halfway into the first bucket, from 0
+        (0.5, 0.1),  # exactly the first bucket's bound
+        (0.7, 0.55),  # halfway between 0.1 and 1.0
+        (0.99, 10.0),
+        (0.995, math.inf),  # beyond the last finite bucket
+    ],
+)
+def test_quantile_interpolates_within_the_bucket(bench: Any, q: float, expected: float) -> None:
+    metrics = bench.parse_exposition(EXPOSITION)
+    assert bench.quantile(metrics, "tidal_operator_tick_lag_seconds", q) == pytest.approx(expected)
+
+
+def test_quantile_without_observations_is_none(bench: Any) -> None:
+    empty = bench.minus(bench.parse_exposition(EXPOSITION), bench.parse_exposition(EXPOSITION))
+    assert bench.quantile(empty, "tidal_operator_tick_lag_seconds", 0.99) is None
+    assert bench.quantile({}, "tidal_operator_tick_lag_seconds", 0.99) is None
+
+
+def test_minus_counts_only_what_happened_between_scrapes(bench: Any) -> None:
+    before = bench.parse_exposition(EXPOSITION)
+    after = bench.parse_exposition(
+        EXPOSITION.replace('verb="patch"} 7.0', 'verb="patch"} 9.0')
+        + 'tidal_operator_api_requests_total{resource="events",verb="create"} 1.0\n'
+    )
+    delta = bench.minus(after, before)
+    assert bench.by_call(delta) == {"create events": 1, "patch pods": 2}
+    assert bench.total(delta, "tidal_operator_api_requests_total") == 3
+
+
+def test_cpu_and_rss_of_this_process_are_read_from_proc(bench: Any) -> None:
+    before = bench.cpu_seconds(os.getpid())
+    sum(i * i for i in range(300_000))  # burn a little CPU
+    assert bench.cpu_seconds(os.getpid()) >= before > 0
+    current, peak = bench.rss_mib(os.getpid())
+    assert 0 < current <= peak
+
+
+def _figures(**over: Any) -> dict[str, Any]:
+    figures: dict[str, Any] = {
+        "converge": {"reconcile_p99_s": 0.4},
+        "quiet": {"tick_lag_p99_s": 0.2, "api_calls": 0, "active_loops": 1001, "seconds": 30.0},
+        "operator_rss_peak_mib": 250.0,
+    }
+    for key, value in over.items():
+        section, _, field = key.partition("__")
+        if field:
+            figures[section][field] = value
+        else:
+            figures[section] = value
+    return figures
+
+
+@pytest.mark.parametrize(
+    ("over", "verdicts"),
+    [
+        ({}, [True, True, True, True]),
+        ({"converge__reconcile_p99_s": 1.2}, [False, True, True, True]),
+        ({"quiet__tick_lag_p99_s": math.inf}, [True, False, True, True]),
+        ({"operator_rss_peak_mib": 290.0}, [True, True, False, True]),  # 304 MB > 300 MB
+        ({"quiet__api_calls": 4}, [True, True, True, False]),
+        ({"converge__reconcile_p99_s": None}, [None, True, True, True]),
+    ],
+)
+def test_goals_judge_each_issue_14_target(
+    bench: Any, over: dict[str, Any], verdicts: list[bool | None]
+) -> None:
+    rows = bench.goals(_figures(**over))
+    assert [g.met for g in rows] == verdicts
+    table = bench.goal_table(rows)
+    assert "1,001 active loops" in table
+    assert table.count("NOT MET") == verdicts.count(False)
