@@ -162,3 +162,9 @@ def test_surge_scales_up_within_seconds_and_serves_only_warm_replicas(
     )
     assert after <= max(2.0 * before, before + 0.1), (before, after)
     assert final["status"]["pools"]["primary"]["ready"] >= target
+
+    # -- time to routable, by phase, in status ----------------------------------------------------
+    routable = (final["status"]["pools"]["primary"].get("metrics") or {}).get("timeToRoutable")
+    print(f"time to routable (status.pools.primary.metrics.timeToRoutable): {routable}")
+    assert routable and routable["samples"] >= 1, final["status"]["pools"]["primary"]
+    assert routable["runtimeSeconds"] > 0 and {"fetch", "warmup"} <= set(routable["phases"])

@@ -1397,6 +1397,34 @@ class PoolStatus(ApiModel):
     metrics: ServiceMetrics | None = Field(default=None, description="Latest signals.")
 
 
+class TimeToRoutable(ApiModel):
+    """How long the pool's recently started replicas took from creation to Ready, by phase
+    (medians over the replicas that turned Ready in the last 10 minutes)."""
+
+    samples: int = Field(default=0, ge=0, description="Replicas measured.")
+    total_seconds: float | None = Field(
+        default=None, ge=0, description="Pod created to Ready (the API's 1 s resolution)."
+    )
+    schedule_seconds: float | None = Field(
+        default=None, ge=0, description="Created to scheduled (1 s resolution)."
+    )
+    process_start_seconds: float | None = Field(
+        default=None, ge=0, description="Scheduled to the runtime's container running (1 s)."
+    )
+    runtime_seconds: float | None = Field(
+        default=None,
+        ge=0,
+        description="The runtime's own start to Ready (tidal_startup_seconds): engines fetched, "
+        "deserialized, copied and warmed.",
+    )
+    phases: dict[str, float] = Field(
+        default_factory=dict,
+        max_length=16,
+        description="Seconds per engine load phase (tidal_engine_load_seconds: fetch, "
+        "deserialize, warmup; the torch backend adds stage, h2d, profile), summed over models.",
+    )
+
+
 class ServiceMetrics(ApiModel):
     """Latest signals of one pool: pod scrapes for the queue, Prometheus for the rest."""
 
@@ -1414,6 +1442,9 @@ class ServiceMetrics(ApiModel):
         default=None,
         max_length=32,
         description="Where the queue depth came from: pods, prometheus or none.",
+    )
+    time_to_routable: TimeToRoutable | None = Field(
+        default=None, description="Creation to Ready of the pool's recent replicas, by phase."
     )
 
 

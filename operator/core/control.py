@@ -37,6 +37,7 @@ from tidal.operator.core.api import (
     PoolName,
     RolloutStatus,
     ServiceMetrics,
+    TimeToRoutable,
     duration_seconds,
     percent_value,
 )
@@ -276,10 +277,14 @@ def _round(value: float | None, digits: int) -> float | None:
 
 
 def pool_metrics(
-    observation: Observation, signals: PoolSignals, queue_source: str
+    observation: Observation,
+    signals: PoolSignals,
+    queue_source: str,
+    routable: TimeToRoutable | None = None,
 ) -> ServiceMetrics:
     """One pool's signals for status, rounded so noise does not rewrite the status."""
     return ServiceMetrics(
+        time_to_routable=routable,
         queue_depth=_round(observation.queue_depth, 1),
         arrival_rate=_round(observation.arrival_rate, 1),
         p99_hot_ms=_round(signals.p99_hot_ms, 1),

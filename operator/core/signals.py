@@ -47,7 +47,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from tidal.operator.core.api import LABEL_ISVC, LABEL_POOL, LABEL_ROLE
+from tidal.operator.core.api import LABEL_ISVC, LABEL_POOL, LABEL_ROLE, TimeToRoutable
 from tidal.operator.core.autoscaler import BatchWork, Observation, WorkSample
 from tidal.operator.core.autoscaler_pods import PodView
 from tidal.operator.core.resources import ROLE_STANDBY, RUNTIME_PORT
@@ -240,6 +240,65 @@ def measured_warmup_seconds(pods: Iterable[Mapping[str, Any]]) -> float | None:
     return statistics.median(samples) if samples else None
 
 
+ROUTABLE_WINDOW_SECONDS = 600.0
+
+
+def time_to_routable(
+    pods: Iterable[Mapping[str, Any]],
+    scrapes: Mapping[str, PodScrape],
+    wall_now: float,
+    window_seconds: float = ROUTABLE_WINDOW_SECONDS,
+) -> TimeToRoutable | None:
+    """Medians, over the pods that turned Ready within ``window_seconds`` of ``wall_now``, of
+    each phase from creation to Ready: scheduling and process start from the API's timestamps
+    (one second resolution), the runtime's start to Ready and its engine load phases from the
+    pod's own metrics (``scrapes``; sub-millisecond). None when no pod qualifies."""
+    totals: list[float] = []
+    schedule: list[float] = []
+    start: list[float] = []
+    runtime: list[float] = []
+    phases: dict[str, list[float]] = {}
+    for pod in pods:
+        if _terminating(pod) or not _ready(pod):
+            continue
+        meta, conds = _meta(pod), _conditions(pod)
+        created = _timestamp(meta.get("creationTimestamp"))
+        scheduled = _timestamp((conds.get("PodScheduled") or {}).get("lastTransitionTime"))
+        ready = _timestamp((conds.get("Ready") or {}).get("lastTransitionTime"))
+        if ready is None or wall_now - ready > window_seconds:
+            continue
+        running = [
+            _timestamp(((c.get("state") or {}).get("running") or {}).get("startedAt"))
+            for c in (pod.get("status") or {}).get("containerStatuses") or []
+        ]
+        started = max((t for t in running if t is not None), default=None)
+        if created is not None and ready >= created:
+            totals.append(ready - created)
+        if created is not None and scheduled is not None and scheduled >= created:
+            schedule.append(scheduled - created)
+        if scheduled is not None and started is not None and started >= scheduled:
+            start.append(started - scheduled)
+        scrape = scrapes.get(str(meta.get("name", "")))
+        if scrape is not None and scrape.startup_seconds is not None:
+            runtime.append(scrape.startup_seconds)
+            for phase, seconds in scrape.load_phases:
+                phases.setdefault(phase, []).append(seconds)
+    if not totals and not runtime:
+        return None
+
+    def median(values: list[float]) -> float | None:
+        return round(statistics.median(values), 3) if values else None
+
+    return TimeToRoutable(
+        samples=max(len(totals), len(runtime)),
+        total_seconds=median(totals),
+        schedule_seconds=median(schedule),
+        process_start_seconds=median(start),
+        runtime_seconds=median(runtime),
+        phases={p: round(statistics.median(v), 4) for p, v in sorted(phases.items())},
+    )
+
+
 # -- fast path: direct pod scrapes ---------------------------------------------------------------
 
 
@@ -274,6 +333,8 @@ class PodScrape:
     max_batch_rows: int | None = None
     reachable: float | None = None
     request_timeout_seconds: float | None = None
+    # Seconds spent per engine load phase over the pod's life (summed over its models).
+    load_phases: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

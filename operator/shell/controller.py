@@ -44,6 +44,7 @@ from tidal.operator.core.api import (
     InferenceService,
     InferenceServiceStatus,
     PoolName,
+    TimeToRoutable,
     parse_inference_service,
 )
 from tidal.operator.core.autoscaler import Observation, ScaleDecision, ScalerState, decide_scale
@@ -93,7 +94,7 @@ from tidal.operator.core.rollout import (
     initial_state,
     plan_rollout,
 )
-from tidal.operator.core.signals import PoolKey, pod_views
+from tidal.operator.core.signals import PodScrape, PoolKey, pod_views, time_to_routable
 from tidal.operator.core.status import EventSpec
 from tidal.operator.shell import metrics
 from tidal.operator.shell.kube import Kube, KubeError
@@ -142,6 +143,8 @@ class ServiceState:
     enqueued_at: float = -1e9
     patched: dict[tuple[str, str], tuple[str, float]] = field(default_factory=dict)
     pod_faults: PodFaults = field(default_factory=PodFaults)
+    routable: dict[PoolName, TimeToRoutable] = field(default_factory=dict)
+    first_ready: dict[str, PodScrape] = field(default_factory=dict)
 
 
 def _labels(pod: Mapping[str, Any]) -> Mapping[str, str]:
@@ -315,6 +318,17 @@ class Controller:
         )
         readings = dict(zip(pools, readings_list, strict=True))
         mono, wall = self.mono(), self.wall()
+        # Each pod's first scrape after it turned Ready: its startup, not later on-demand loads
+        # (which would rewrite the status on every load).
+        present = {(b.get("metadata") or {}).get("name") for b in bodies}
+        st.first_ready = {k: v for k, v in st.first_ready.items() if k in present}
+        for pool in pools:
+            for name, scrape in readings[pool].pod_scrapes.items():
+                if scrape.startup_seconds is not None:
+                    st.first_ready.setdefault(name, scrape)
+            routable = time_to_routable(pods[pool], st.first_ready, wall)
+            if routable is not None:  # kept while no replica is recent enough to measure
+                st.routable[pool] = routable
         now = datetime.fromtimestamp(wall, UTC)
         deployments = kids.deployments if kids is not None else {}
         current = {
@@ -463,7 +477,12 @@ class Controller:
         return ControlStatus(
             conditions=tuple(conditions),
             pool_metrics={
-                pool: pool_metrics(r.observed.observation, r.slo, r.observed.queue_source)
+                pool: pool_metrics(
+                    r.observed.observation,
+                    r.slo,
+                    r.observed.queue_source,
+                    st.routable.get(pool),
+                )
                 for pool, r in readings.items()
             },
             last_decision=last,

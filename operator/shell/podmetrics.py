@@ -97,6 +97,7 @@ def parse_pod_metrics(text: str, pod: str, at: float) -> PodScrape:
     batch_rows: list[float] = []
     reachable: float | None = None
     timeouts: list[float] = []
+    phases: dict[str, float] = {}
     try:
         families = list(text_string_to_metric_families(_keep(text)))
     except (ValueError, IndexError) as exc:
@@ -123,6 +124,8 @@ def parse_pod_metrics(text: str, pod: str, at: float) -> PodScrape:
             elif name == "tidal_engine_load_seconds_sum":
                 load_seconds += value
                 saw_load = True
+                phase = labels.get("phase", "")
+                phases[phase] = phases.get(phase, 0.0) + value
             elif name == "tidal_gpu_memory_bytes":
                 gpu[labels.get("kind", "")] = value
             elif name in _WORK:
@@ -157,6 +160,7 @@ def parse_pod_metrics(text: str, pod: str, at: float) -> PodScrape:
         max_batch_rows=max(1, round(max(batch_rows))) if batch_rows else None,
         reachable=reachable,
         request_timeout_seconds=min(timeouts) if timeouts else None,
+        load_phases=tuple(sorted(phases.items())),
     )
 
 

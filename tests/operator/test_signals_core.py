@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -27,6 +28,7 @@ from tidal.operator.core.signals import (
     pool_signals_from_prometheus,
     pool_signals_query,
     scrape_targets,
+    time_to_routable,
 )
 
 KEY = PoolKey("ns", "svc", "primary")
@@ -553,3 +555,36 @@ def test_unreachable_requests_are_queued_minus_reachable_and_extrapolated() -> N
 def test_a_runtime_without_deadline_gauges_reports_no_unreachable_requests() -> None:
     fast, _ = fold_scrapes([scrape("a", 10, 3, 0, queued=2)], RateMemory(), serving=["a"])
     assert fast.unreachable is None and fast.deadline_seconds is None and fast.work is None
+
+
+def test_time_to_routable_by_phase_over_recently_ready_pods() -> None:
+    def timed(name: str, created: str, scheduled: str, started: str, ready: str) -> dict[str, Any]:
+        return {
+            "metadata": {"name": name, "creationTimestamp": created},
+            "status": {
+                "conditions": [
+                    {"type": "PodScheduled", "status": "True", "lastTransitionTime": scheduled},
+                    {"type": "Ready", "status": "True", "lastTransitionTime": ready},
+                ],
+                "containerStatuses": [{"state": {"running": {"startedAt": started}}}],
+            },
+        }
+
+    pods = [
+        timed("a", "2026-12-03T12:00:00Z", "2026-12-03T12:00:01Z", "2026-12-03T12:00:02Z",
+              "2026-12-03T12:00:05Z"),
+        timed("b", "2026-12-03T12:00:00Z", "2026-12-03T12:00:00Z", "2026-12-03T12:00:01Z",
+              "2026-12-03T12:00:04Z"),
+        timed("old", "2026-12-03T11:00:00Z", "2026-12-03T11:00:00Z", "2026-12-03T11:00:01Z",
+              "2026-12-03T11:00:04Z"),
+    ]  # fmt: skip
+    now = 1796299210.0  # 12:00:10
+    scrapes = {
+        "a": replace(scrape("a", 1.0, 0, 0), startup_seconds=2.5, load_phases=(("warmup", 1.5),)),
+        "b": replace(scrape("b", 1.0, 0, 0), startup_seconds=2.0, load_phases=(("warmup", 0.5),)),
+    }
+    got = time_to_routable(pods, scrapes, now)
+    assert got is not None and got.samples == 2  # "old" turned Ready an hour ago
+    assert (got.total_seconds, got.schedule_seconds, got.process_start_seconds) == (4.5, 0.5, 1.0)
+    assert got.runtime_seconds == 2.25 and got.phases == {"warmup": 1.0}
+    assert time_to_routable(pods[2:], scrapes, now) is None

@@ -61,6 +61,7 @@ def test_parse_the_runtimes_exposition() -> None:
         engine_load_seconds=1.5,
         gpu_memory_used_bytes=None,  # CPU backend: only the budget is exposed
         gpu_memory_total_bytes=None,
+        load_phases=(("fetch", 0.5), ("warmup", 1.0)),  # summed over both models
     )
 
 
