@@ -28,6 +28,7 @@ import contextlib
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from tidal.runtime.backends import Backend, Engine, TensorSpec, warmup_inputs
@@ -35,7 +36,13 @@ from tidal.runtime.clock import Clock
 from tidal.runtime.config import ModelSpec, RuntimeConfig
 from tidal.runtime.core.cache import CacheEntry, make_policy, plan_admission
 from tidal.runtime.core.engines import plan_cache_budget, select_engine
-from tidal.runtime.errors import EngineLoadError, ModelNotFound, Overloaded, ServingError
+from tidal.runtime.errors import (
+    EngineLoadError,
+    ModelNotFound,
+    Overloaded,
+    ServingError,
+    Unavailable,
+)
 from tidal.runtime.metrics import RuntimeMetrics
 from tidal.runtime.storage import EngineStore
 
@@ -58,6 +65,9 @@ class Slot:
     refs: int = 0
     load_seconds: float = 0.0
     loading: asyncio.Future[None] | None = None
+    # The engine file fetched and verified for this model (uri, local path): a host-warm
+    # engine. A later load of the same engine skips the fetch and the cold-load fault.
+    staged: tuple[str, Path] | None = None
     last_error: str | None = None
     platform: str | None = None
     inputs: tuple[TensorSpec, ...] = ()
@@ -155,6 +165,11 @@ class EngineCache:
         metrics.gpu_memory.labels("budget").set(self.budget)
         for name in self.slots:
             metrics.model_ready.labels(name).set(0)
+        # "device": engines load onto the device and serve; "host": a host-warm standby — its
+        # engines are fetched, verified and staged in host memory, none is on the device, and
+        # requests are refused until it is promoted (:meth:`to_device`).
+        self.tier = "device"
+        self.last_tier_change: dict[str, Any] = {}
         self._publish()
 
     def slot(self, name: str) -> Slot:
@@ -168,6 +183,12 @@ class EngineCache:
     async def acquire(self, name: str) -> tuple[Engine, bool]:
         """Pin the model's engine for one request, loading it if needed; returns (engine, cold)."""
         slot = self.slot(name)
+        if self.tier != "device":
+            raise Unavailable(
+                "this replica is a host-warm standby: its engines are not on the device "
+                '(PUT /v2/tidal/tier {"tier": "device"} promotes it)',
+                retry_after=1,
+            )
         slot.refs += 1
         cold = slot.state != READY
         try:
@@ -283,7 +304,12 @@ class EngineCache:
                     raise EngineLoadError(f"model {spec.name!r}: {selection.reason}")
                 chosen = selection.chosen
                 sha = next(e.sha256 for e in spec.engines if e.uri == chosen.uri)
-                path = await self._phase(slot, "fetch", self.store.fetch, chosen.uri, sha)
+                staged = slot.staged is not None and slot.staged[0] == chosen.uri
+                if slot.staged is not None and staged:
+                    path = slot.staged[1]
+                else:
+                    path = await self._phase(slot, "fetch", self.store.fetch, chosen.uri, sha)
+                    slot.staged = (chosen.uri, path)
                 self.metrics.cache_bytes.labels("host").set(self.store.host_bytes())
                 estimate = self.backend.estimate_bytes(path, chosen)
                 self._reserve(slot, estimate)
@@ -295,7 +321,9 @@ class EngineCache:
                     self._reserve(slot, engine.size_bytes)
                 slot.size_bytes = engine.size_bytes
                 await self._phase(slot, "warmup", self._warm_up, engine, spec)
-                if self.config.faults.extra_warmup_seconds:
+                if self.config.faults.extra_warmup_seconds and not staged:
+                    # The emulated cold cost (a large engine's deserialize and first runs): a
+                    # host-warm engine has paid it already.
                     await asyncio.sleep(self.config.faults.extra_warmup_seconds)
                 slot.engine = engine
                 slot.engine_uri = chosen.uri
@@ -356,6 +384,75 @@ class EngineCache:
         self.metrics.model_ready.labels(name).set(0)
         self._publish()
         self.changes.bump()
+
+    # -- tiers (host-warm standby) ------------------------------------------------------------
+
+    async def stage(self, names: list[str]) -> None:
+        """Fetch and verify the engines of ``names`` without loading them (host-warm start)."""
+        for name in names:
+            slot = self.slot(name)
+            descriptors = [e.descriptor() for e in slot.spec.engines]
+            selection = select_engine(descriptors, self.backend.target(slot.spec))
+            if selection.chosen is None:
+                raise EngineLoadError(f"model {name!r}: {selection.reason}")
+            chosen = selection.chosen
+            sha = next(e.sha256 for e in slot.spec.engines if e.uri == chosen.uri)
+            path = await self._phase(slot, "fetch", self.store.fetch, chosen.uri, sha)
+            slot.staged = (chosen.uri, path)
+        self.metrics.cache_bytes.labels("host").set(self.store.host_bytes())
+
+    async def to_host(self, drain_seconds: float = 30.0) -> dict[str, Any]:
+        """Become a host-warm standby: refuse new requests, let those in flight finish (at most
+        ``drain_seconds``), then take every engine off the device, keeping it staged."""
+        started = self.clock.now()
+        self.tier = "host"
+        self.changes.bump()
+        deadline = started + drain_seconds
+        while any(s.refs > 0 or s.loading is not None for s in self.slots.values()):
+            if self.clock.now() >= deadline:
+                break
+            await asyncio.sleep(0.01)
+        staged = []
+        for slot in self.slots.values():
+            if slot.state == READY and slot.refs == 0:
+                if slot.engine is not None:
+                    slot.engine.close()
+                slot.engine = None
+                slot.state = UNAVAILABLE
+                slot.size_bytes = 0
+                self.metrics.model_ready.labels(slot.spec.name).set(0)
+            if slot.staged is not None:
+                staged.append(slot.spec.name)
+        self._publish()
+        self.changes.bump()
+        self.last_tier_change = {
+            "tier": "host",
+            "seconds": round(self.clock.now() - started, 4),
+            "staged": sorted(staged),
+        }
+        log.info("host-warm: %d engine(s) staged, none on the device", len(staged))
+        return self.last_tier_change
+
+    async def to_device(self, names: list[str]) -> dict[str, Any]:
+        """Promote a host-warm standby: load ``names`` (the preloaded models) from their staged
+        files — no fetch, no cold-load cost — warm them up, then accept requests again."""
+        started = self.clock.now()
+        if self.tier == "device":
+            return {"tier": "device", "seconds": 0.0, "models": {}}
+        models: dict[str, float] = {}
+        for name in names:
+            t0 = self.clock.now()
+            await self.ensure_loaded(name)
+            models[name] = round(self.clock.now() - t0, 4)
+        self.tier = "device"
+        self.changes.bump()
+        self.last_tier_change = {
+            "tier": "device",
+            "seconds": round(self.clock.now() - started, 4),
+            "models": models,
+        }
+        log.info("promoted to the device in %.3fs: %s", self.clock.now() - started, models)
+        return self.last_tier_change
 
     # -- pins (fleet placement) ---------------------------------------------------------------
 

@@ -257,6 +257,8 @@ class RuntimeServer:
         r.add_post("/v2/repository/models/{model}/unload", self.repository_unload)
         r.add_get("/v2/tidal/models", self.fleet_models)
         r.add_put("/v2/tidal/placement", self.fleet_placement)
+        r.add_get("/v2/tidal/tier", self.tier_get)
+        r.add_put("/v2/tidal/tier", self.tier_put)
         r.add_get("/v2/models/stats", self.model_stats)
         for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
             r.add_get(prefix, self.model_metadata)
@@ -274,14 +276,23 @@ class RuntimeServer:
         self._startup_task = asyncio.create_task(self._preload(), name="preload")
 
     async def _preload(self) -> None:
-        """Load and warm every ``preload`` model, retrying failures, then turn ready."""
+        """Load and warm every ``preload`` model, retrying failures, then turn ready.
+
+        Started host-warm (``TIDAL_START_TIER=host``): fetch and verify them only, and turn
+        ready as a host-warm standby (requests refused until ``PUT /v2/tidal/tier``)."""
         pending = [m.name for m in self.config.models if m.preload]
+        host = os.environ.get("TIDAL_START_TIER", "device") == "host"
+        if host:
+            self.cache.tier = "host"
         delay = 1.0
         while pending:
             failed = []
             for name in pending:
                 try:
-                    await self.cache.ensure_loaded(name)
+                    if host:
+                        await self.cache.stage([name])
+                    else:
+                        await self.cache.ensure_loaded(name)
                 except Exception as exc:
                     self.startup_error = f"{name}: {exc}"
                     log.error("preloading %s failed (will retry): %s", name, exc)
@@ -541,6 +552,27 @@ class RuntimeServer:
         accepted, rejected = self.cache.set_pins(pinned)
         loading = [name for name in self.cache.pins_loading() if name in accepted]
         return web.json_response({"pinned": accepted, "loading": loading, "rejected": rejected})
+
+    async def tier_get(self, request: web.Request) -> web.Response:
+        """Where the engines are: ``device`` (serving) or ``host`` (host-warm standby)."""
+        return web.json_response({"tier": self.cache.tier, "last": self.cache.last_tier_change})
+
+    async def tier_put(self, request: web.Request) -> web.Response:
+        """``{"tier": "host"}``: drain, take the engines off the device, keep them staged;
+        ``{"tier": "device"}``: load the preloaded models from their staged files, warm them up,
+        serve again. Answers when done, with the seconds it took (the operator's promotion)."""
+        body = await self._json_body(request)
+        tier = body.get("tier")
+        if set(body) - {"tier"} or tier not in ("host", "device"):
+            raise InvalidRequest('the body must be {"tier": "host"} or {"tier": "device"}')
+        if not self.ready:
+            raise Unavailable("not ready yet: engines are still being fetched", retry_after=1)
+        if tier == "host":
+            result = await self.cache.to_host()
+        else:
+            names = [m.name for m in self.config.models if m.preload]
+            result = await self.cache.to_device(names)
+        return web.json_response(result)
 
     # -- inference ----------------------------------------------------------------------------
 
