@@ -236,6 +236,13 @@ class ActivePool(StrEnum):
     BASELINE = "baseline"
 
 
+class StandbyTier(StrEnum):
+    """Where a warm standby replica keeps its engines."""
+
+    DEVICE = "device"  # loaded and warm on the device: promotion is a label flip
+    HOST = "host"  # fetched, verified and staged in host memory: promotion loads and warms
+
+
 class BreachAction(StrEnum):
     """What the operator does when the primary pool breaches its SLO."""
 
@@ -945,6 +952,12 @@ class Autoscaling(ApiModel):
         le=100,
         description="Warm replicas kept out of the Service and promoted at once on a surge.",
     )
+    standby_tier: StandbyTier = Field(
+        default=StandbyTier.DEVICE,
+        description="device: standby engines stay on the device (promotion is a label flip); "
+        "host: they are staged in host memory, off the device (promotion loads them from there "
+        "and warms them up, about a second, before the replica joins the Service).",
+    )
     scale_down_delay_seconds: int = Field(
         default=300,
         ge=0,
@@ -1416,6 +1429,12 @@ class TimeToRoutable(ApiModel):
         ge=0,
         description="The runtime's own start to Ready (tidal_startup_seconds): engines fetched, "
         "deserialized, copied and warmed.",
+    )
+    promote_seconds: float | None = Field(
+        default=None,
+        ge=0,
+        description="The last promotion of standby replicas: for host-warm standby the load "
+        "back onto the device and its warm-up, then the label flip that routes them.",
     )
     phases: dict[str, float] = Field(
         default_factory=dict,

@@ -44,6 +44,7 @@ from tidal.operator.core.api import (
     InferenceService,
     InferenceServiceStatus,
     PoolName,
+    StandbyTier,
     TimeToRoutable,
     parse_inference_service,
 )
@@ -145,6 +146,11 @@ class ServiceState:
     pod_faults: PodFaults = field(default_factory=PodFaults)
     routable: dict[PoolName, TimeToRoutable] = field(default_factory=dict)
     first_ready: dict[str, PodScrape] = field(default_factory=dict)
+    # Host-warm standby: pods known to be on the host tier, tier changes under way, and how
+    # long the last promotion took.
+    host_tier: set[str] = field(default_factory=set)
+    tier_tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    promote_seconds: float | None = None
 
 
 def _labels(pod: Mapping[str, Any]) -> Mapping[str, str]:
@@ -399,7 +405,14 @@ class Controller:
                 events.append(EventSpec(*event))  # type: ignore[arg-type]
             st.last_total[serving] = decision.desired_total
             if len(serving) == 1:
-                await self._assign_roles(key, st, pods[serving[0]], readings[serving[0]], decision)
+                await self._assign_roles(
+                    key,
+                    st,
+                    pods[serving[0]],
+                    readings[serving[0]],
+                    decision,
+                    isvc.spec.autoscaling.standby_tier,
+                )
             for pool in serving:
                 if observed.replicas.get(pool, 0) < sum(1 for p in pods[pool] if _live(p)):
                     await self._set_deletion_costs(key, st, pods[pool], readings[pool])
@@ -481,7 +494,9 @@ class Controller:
                     r.observed.observation,
                     r.slo,
                     r.observed.queue_source,
-                    st.routable.get(pool),
+                    _with_promotion(st.routable.get(pool), st.promote_seconds)
+                    if pool == serving[0]
+                    else st.routable.get(pool),
                 )
                 for pool, r in readings.items()
             },
@@ -538,6 +553,7 @@ class Controller:
         pods: Sequence[Mapping[str, Any]],
         reading: PoolReading,
         decision: ScaleDecision,
+        tier: StandbyTier = StandbyTier.DEVICE,
     ) -> None:
         views = pod_views(pods, reading.pod_scrapes, self.wall())
         assignment = choose_standby(views, decision.desired_serving, decision.desired_standby)
@@ -550,6 +566,14 @@ class Controller:
         for v in views:
             if v.ready and v.standby and v.name not in keep:
                 changes.append((v.name, ROLE_SERVING))
+        started = self.mono()
+        urls = {
+            str((p.get("metadata") or {}).get("name")): url
+            for p in pods
+            if (url := _tier_url(p)) is not None
+        }
+        if tier is StandbyTier.HOST:
+            changes = await self._to_device_first(key, st, changes, urls)
         if changes:
             log.info(
                 "%s/%s roles (%s): %s",
@@ -566,6 +590,64 @@ class Controller:
                 for name, role in changes
             )
         )
+        if any(role == ROLE_SERVING for _, role in changes) and assignment.promote:
+            st.promote_seconds = round(self.mono() - started, 3)
+        if tier is StandbyTier.HOST:
+            # Standby pods go host-warm once out of the Service (in the background: the runtime
+            # lets requests in flight finish first).
+            for name in assignment.standby:
+                if name in st.host_tier or name in st.tier_tasks or name not in urls:
+                    continue
+                st.tier_tasks[name] = asyncio.create_task(
+                    self._to_host(st, name, urls[name]), name=f"host-tier {name}"
+                )
+
+    async def _put_tier(self, url: str, tier: str) -> bool:
+        """Ask a runtime to move its engines to ``tier``; True when it did (or predates tiers:
+        its engines are on the device anyway)."""
+        if self._probe_session is None:
+            self._probe_session = new_scrape_session(connections=16)
+        try:
+            async with (
+                asyncio.timeout(TIER_TIMEOUT_SECONDS),
+                self._probe_session.put(url, json={"tier": tier}) as response,
+            ):
+                if response.status == 404 and tier == "device":
+                    return True
+                if response.status != 200:
+                    log.warning("tier %s at %s: HTTP %s", tier, url, response.status)
+                return response.status == 200
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            log.warning("tier %s at %s failed: %s", tier, url, exc)
+            return False
+
+    async def _to_device_first(
+        self,
+        key: Key,
+        st: ServiceState,
+        changes: list[tuple[str, str]],
+        urls: Mapping[str, str],
+    ) -> list[tuple[str, str]]:
+        """Host-warm standby: a pod about to serve loads its engines back onto the device and
+        warms them up first; only those that did get the serving label now."""
+        promote = [n for n, role in changes if role == ROLE_SERVING and n in urls]
+        done = await asyncio.gather(*(self._put_tier(urls[n], "device") for n in promote))
+        failed = {n for n, ok in zip(promote, done, strict=True) if not ok}
+        for name in promote:
+            st.host_tier.discard(name)
+            task = st.tier_tasks.pop(name, None)
+            if task is not None:
+                task.cancel()
+        if failed:
+            log.warning("%s/%s: not promoted (device tier failed): %s", *key, sorted(failed))
+        return [(n, r) for n, r in changes if not (r == ROLE_SERVING and n in failed)]
+
+    async def _to_host(self, st: ServiceState, name: str, url: str) -> None:
+        try:
+            if await self._put_tier(url, "host"):
+                st.host_tier.add(name)
+        finally:
+            st.tier_tasks.pop(name, None)
 
     async def _set_deletion_costs(
         self,
@@ -583,6 +665,28 @@ class Controller:
             patch = {"metadata": {"annotations": {ANNOTATION_POD_DELETION_COST: cost}}}
             patches.append(self._patch_pod(key, st, view.name, "cost", cost, patch))
         await asyncio.gather(*patches)
+
+
+TIER_TIMEOUT_SECONDS = 30.0
+
+
+def _with_promotion(
+    routable: TimeToRoutable | None, seconds: float | None
+) -> TimeToRoutable | None:
+    if seconds is None:
+        return routable
+    if routable is None:
+        return TimeToRoutable(promote_seconds=seconds)
+    return routable.model_copy(update={"promote_seconds": seconds})
+
+
+def _tier_url(pod: Mapping[str, Any]) -> str | None:
+    ip = (pod.get("status") or {}).get("podIP")
+    if not ip:
+        return None
+    port = _annotations(pod).get("prometheus.io/port") or "8080"
+    host = f"[{ip}]" if ":" in ip else ip
+    return f"http://{host}:{port}/v2/tidal/tier"
 
 
 def _stored_status(body: Mapping[str, Any]) -> InferenceServiceStatus | None:
