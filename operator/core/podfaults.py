@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tidal.operator.core.api import LABEL_POOL
+from tidal.operator.core.signals import pod_ready
 
 # A pod gets this long after its container started before a not-Ready answer counts (the
 # runtime is still loading), and is asked again at most this often.
@@ -77,11 +78,7 @@ def _started_at(pod: Mapping[str, Any]) -> float | None:
         return None
 
 
-def _ready(pod: Mapping[str, Any]) -> bool:
-    return any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in (pod.get("status") or {}).get("conditions") or []
-    )
+_ready = pod_ready
 
 
 def not_ready_pods(pods: Sequence[Mapping[str, Any]], wall_now: float) -> list[ProbeTarget]:

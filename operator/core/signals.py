@@ -128,6 +128,15 @@ def _ready(pod: Mapping[str, Any]) -> bool:
     return cond.get("status") == "True"
 
 
+def pod_ready(pod: Mapping[str, Any]) -> bool:
+    """The pod's Ready condition is True (pods as plain dicts, as the API returns them)."""
+    return _ready(pod)
+
+
+def pod_labels(pod: Mapping[str, Any]) -> Mapping[str, str]:
+    return dict(_meta(pod).get("labels") or {})
+
+
 def _standby(pod: Mapping[str, Any]) -> bool:
     return (_meta(pod).get("labels") or {}).get(LABEL_ROLE) == ROLE_STANDBY
 

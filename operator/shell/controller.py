@@ -95,7 +95,14 @@ from tidal.operator.core.rollout import (
     initial_state,
     plan_rollout,
 )
-from tidal.operator.core.signals import PodScrape, PoolKey, pod_views, time_to_routable
+from tidal.operator.core.signals import (
+    PodScrape,
+    PoolKey,
+    pod_labels,
+    pod_ready,
+    pod_views,
+    time_to_routable,
+)
 from tidal.operator.core.status import EventSpec
 from tidal.operator.shell import metrics
 from tidal.operator.shell.kube import Kube, KubeError
@@ -153,19 +160,11 @@ class ServiceState:
     promote_seconds: float | None = None
 
 
-def _labels(pod: Mapping[str, Any]) -> Mapping[str, str]:
-    return dict((pod.get("metadata") or {}).get("labels") or {})
+_labels, _ready = pod_labels, pod_ready
 
 
 def _annotations(pod: Mapping[str, Any]) -> Mapping[str, str]:
     return dict((pod.get("metadata") or {}).get("annotations") or {})
-
-
-def _ready(pod: Mapping[str, Any]) -> bool:
-    return any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in (pod.get("status") or {}).get("conditions") or []
-    )
 
 
 def _live(pod: Mapping[str, Any]) -> bool:

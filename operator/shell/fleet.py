@@ -77,6 +77,7 @@ from tidal.operator.core.resources import (
     placement_headroom,
     resolve_active_pool,
 )
+from tidal.operator.core.signals import pod_labels, pod_ready
 from tidal.operator.shell import metrics
 from tidal.operator.shell.kube import Kube, KubeError
 from tidal.operator.shell.reconciler import Key, Store
@@ -124,15 +125,7 @@ def state_config_map_name(isvc_name: str) -> str:
     return f"{isvc_name}-fleet-state"
 
 
-def _labels(pod: Mapping[str, Any]) -> Mapping[str, str]:
-    return dict((pod.get("metadata") or {}).get("labels") or {})
-
-
-def _ready(pod: Mapping[str, Any]) -> bool:
-    return any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in (pod.get("status") or {}).get("conditions") or []
-    )
+_labels, _ready = pod_labels, pod_ready
 
 
 def _usable(pod: Mapping[str, Any]) -> bool:
