@@ -104,6 +104,23 @@ def write_mlp(
     return ModelInfo(out, digest, size, input_name, (-1, inputs), output_name, (-1, outputs))
 
 
+def write_text_identity(path: str | Path, width: int = 2) -> ModelInfo:
+    """A string model (BYTES in, BYTES out): ``output`` is ``input`` (ONNX Identity), batch x
+    ``width``. What a tokenizer-in-the-graph model looks like at the API, without the weights."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["input"], ["output"])],
+        "tidal_text",
+        [helper.make_tensor_value_info("input", TensorProto.STRING, ["batch", width])],
+        [helper.make_tensor_value_info("output", TensorProto.STRING, ["batch", width])],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="tidal.modelgen"
+    )
+    model.ir_version = 8
+    out, digest, size = _save(model, path)
+    return ModelInfo(out, digest, size, "input", (-1, width), "output", (-1, width), "BYTES")
+
+
 def mlp_hidden_for_bytes(
     target_bytes: int, inputs: int = 16, outputs: int = 4, layers: int = 2
 ) -> int:

@@ -11,7 +11,7 @@ import onnxruntime as ort
 from tidal.runtime.backends import DeviceMemory, TensorSpec
 from tidal.runtime.config import ModelSpec, OnnxRuntimeSpec
 from tidal.runtime.core.engines import EngineDescriptor, EngineTarget
-from tidal.runtime.errors import EngineLoadError
+from tidal.runtime.errors import EngineLoadError, InvalidRequest
 
 _ORT_TYPES = {
     "tensor(bool)": "BOOL",
@@ -26,6 +26,8 @@ _ORT_TYPES = {
     "tensor(float16)": "FP16",
     "tensor(float)": "FP32",
     "tensor(double)": "FP64",
+    # ONNX strings are UTF-8 text; BYTES elements arrive as bytes and leave as bytes.
+    "tensor(string)": "BYTES",
 }
 
 
@@ -37,6 +39,22 @@ def _spec(arg: Any) -> TensorSpec:
     return TensorSpec(arg.name, datatype, dims)
 
 
+def _to_text(name: str, value: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """BYTES elements as the str ONNX Runtime wants (ONNX strings are UTF-8)."""
+    try:
+        texts = [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in value.flat]
+    except UnicodeDecodeError as exc:
+        raise InvalidRequest(
+            f"input {name!r}: the model takes ONNX strings, which are UTF-8; element is not: {exc}"
+        ) from None
+    return np.array(texts, dtype=object).reshape(value.shape)
+
+
+def _to_bytes(value: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    out = [v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in value.flat]
+    return np.array(out, dtype=object).reshape(value.shape)
+
+
 class OnnxEngine:
     platform = "onnxruntime_onnx"
 
@@ -45,11 +63,22 @@ class OnnxEngine:
         self.inputs = tuple(_spec(a) for a in session.get_inputs())
         self.outputs = tuple(_spec(a) for a in session.get_outputs())
         self._output_names = [o.name for o in self.outputs]
+        self._text_inputs = {t.name for t in self.inputs if t.datatype == "BYTES"}
+        self._text_outputs = {t.name for t in self.outputs if t.datatype == "BYTES"}
         self.size_bytes = size_bytes
 
     def infer(self, inputs: dict[str, np.ndarray[Any, Any]]) -> dict[str, np.ndarray[Any, Any]]:
-        results = self._session.run(self._output_names, inputs)
-        return dict(zip(self._output_names, results, strict=True))
+        if self._text_inputs:
+            inputs = {
+                name: _to_text(name, value) if name in self._text_inputs else value
+                for name, value in inputs.items()
+            }
+        results = dict(
+            zip(self._output_names, self._session.run(self._output_names, inputs), strict=True)
+        )
+        for name in self._text_outputs:
+            results[name] = _to_bytes(results[name])
+        return results
 
     def close(self) -> None:
         # ONNX Runtime frees the session's memory when the last reference goes.
