@@ -146,9 +146,12 @@ class HotSetSampler:
         return [(k / 2, len(v)) for k, v in sorted(rounds.items())]
 
 
-def _runtime_pid(pod: str) -> int | None:
-    """The pid of the runtime process the node agent started for ``pod`` (by its env)."""
+def _runtime_pids(pod: str) -> list[int]:
+    """The processes of the runtime container the node agent started for ``pod`` (by its env):
+    a launcher and the interpreter may both match, and killing only the launcher would leave
+    the server running."""
     marker = f"POD_NAME={pod}".encode()
+    pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -156,8 +159,8 @@ def _runtime_pid(pod: str) -> int | None:
             environ = (entry / "environ").read_bytes().split(b"\0")
             cmdline = (entry / "cmdline").read_bytes()
             if marker in environ and b"tidal-runtime" in cmdline:
-                return int(entry.name)
-    return None
+                pids.append(int(entry.name))
+    return sorted(pids)
 
 
 def _gateway_metrics(sandbox: Any, namespace: str) -> dict[str, float]:
@@ -272,36 +275,77 @@ def test_fleet_routes_to_hot_replicas_places_a_viral_model_and_loses_nothing(
         )
         killed: dict[str, Any] = {}
 
-        def kill_one(t: float, report: Any) -> None:
-            """SIGKILL a replica while it has requests in flight (tried once a second)."""
-            if t < KILL_AT or killed:
+        def kill_one(t: float) -> None:
+            """SIGKILL a replica while the gateway has requests outstanding on it."""
+            if t < KILL_AT or killed.get("kills", 0) >= 3:
                 return
-            busiest: tuple[float, str] | None = None
-            for p in pods(sandbox, namespace):
-                ip = (p.get("status") or {}).get("podIP")
-                if p["metadata"]["labels"].get("serving.tidal.dev/pool") != "primary" or not ip:
-                    continue
+            if killed:
+                # The gauge read "in flight" but the kill may still have come as the request
+                # was leaving: kill another busy replica (at most 3) until the gateway saw one
+                # die under a request it then retried elsewhere.
+                gateway_now = _gateway_metrics(sandbox, namespace)
+                if time.time() - killed["at"] < 3.0 or _sum(
+                    gateway_now, "tidal_gateway_upstream_errors_total"
+                ):
+                    return
+            # The pids first (a /proc scan is slow on a loaded machine): the kill must follow
+            # the reading at once, while those 150 ms requests still run.
+            candidates = [
+                p
+                for p in pods(sandbox, namespace)
+                if p["metadata"]["labels"].get("serving.tidal.dev/pool") == "primary"
+                and (p.get("status") or {}).get("podIP")
+            ]
+            pids = {p["metadata"]["name"]: _runtime_pids(p["metadata"]["name"]) for p in candidates}
+            # Busy as the gateway sees it: requests it forwarded and still waits for.
+            gateways = [
+                p["status"]["podIP"]
+                for p in pods(sandbox, namespace)
+                if (p["metadata"].get("labels") or {}).get(LABEL_COMPONENT) == "gateway"
+                and (p.get("status") or {}).get("podIP")
+            ]
+            for ip in gateways:
                 try:
-                    with urllib.request.urlopen(f"http://{ip}:8080/metrics", timeout=1) as r:
-                        lines = r.read().decode().splitlines()
-                except OSError:
+                    url = f"http://{ip}:8080/v2/tidal/replicas"
+                    with urllib.request.urlopen(url, timeout=1) as r:
+                        replicas = json.loads(r.read())["replicas"]
+                except (OSError, ValueError, KeyError):
                     continue
-                gauge = "tidal_inflight_requests "
-                in_flight = next((float(x.split()[1]) for x in lines if x.startswith(gauge)), 0.0)
-                if in_flight and (busiest is None or in_flight > busiest[0]):
-                    busiest = (in_flight, p["metadata"]["name"])
-            if busiest is None:
-                return
-            in_flight, pod = busiest
-            pid = _runtime_pid(pod)
-            if pid is not None:
-                os.kill(pid, signal.SIGKILL)
-                killed.update(pod=pod, at=time.time(), in_flight=in_flight)
+                busy = [(x["outstanding"], x["name"]) for x in replicas if x["outstanding"] > 0]
+                if not busy:
+                    continue
+                in_flight, pod = max(busy)
+                if pids.get(pod):  # at once
+                    for pid in pids[pod]:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(pid, signal.SIGKILL)
+                    killed.update(
+                        pod=pod,
+                        at=time.time(),
+                        in_flight=in_flight,
+                        pids=pids[pod],
+                        kills=killed.get("kills", 0) + 1,
+                    )
+                    return
 
-        loadgen.on_tick = kill_one
+        # The killer runs in a thread of its own: from the load generator's loop (on_tick) it
+        # would pause the load while it looks, and find nothing in flight.
+        stop_killer = threading.Event()
+
+        def killer() -> None:
+            while not stop_killer.wait(0.2):
+                with contextlib.suppress(Exception):
+                    kill_one(time.time() - started)
+
         with HotSetSampler(sandbox, namespace) as sampler:
             started = time.time()
-            report = asyncio.run(loadgen.run(DURATION))
+            thread = threading.Thread(target=killer, daemon=True, name="killer")
+            thread.start()
+            try:
+                report = asyncio.run(loadgen.run(DURATION))
+            finally:
+                stop_killer.set()
+                thread.join(timeout=10)
         gateway = _gateway_metrics(sandbox, namespace)
         body = get_isvc(sandbox, namespace, name)
 
@@ -318,7 +362,11 @@ def test_fleet_routes_to_hot_replicas_places_a_viral_model_and_loses_nothing(
     )
     assert killed, "no replica with requests in flight was found to kill"
     retried = _sum(gateway, "tidal_gateway_upstream_errors_total")
-    print(f"killed with {killed['in_flight']} in flight; the gateway retried {retried:.0f}")
+    print(
+        f"killed {killed['kills']} replica(s), the last (pids {killed.get('pids')}) with "
+        f"{killed['in_flight']} in flight; "
+        f"the gateway retried {retried:.0f}"
+    )
     assert retried >= 1, "the kill reached no request in flight"
     assert len(samples) > DURATION * BASE_RPS * 0.8
     assert not failed, failed[:5]

@@ -46,6 +46,7 @@ from tidal.operator.core.api import (
 LABEL_COMPONENT = f"{GROUP}/component"
 
 RUNTIME_PORT = 8080
+RUNTIME_GRPC_PORT = 8081  # OIP v2 gRPC (inference.GRPCInferenceService)
 GATEWAY_PORT = 8080
 GATEWAY_CONTAINER = "gateway"
 COMPONENT_GATEWAY = "gateway"
@@ -405,6 +406,7 @@ def _env(isvc: InferenceService, pool: Pool) -> list[dict[str, Any]]:
         {"name": "TIDAL_HOST", "valueFrom": field_ref("status.podIP")},
         {"name": "POD_IP", "valueFrom": field_ref("status.podIP")},
         {"name": "TIDAL_PORT", "value": str(RUNTIME_PORT)},
+        {"name": "TIDAL_GRPC_PORT", "value": str(RUNTIME_GRPC_PORT)},
         {"name": "POD_NAME", "valueFrom": field_ref("metadata.name")},
         {"name": "POD_NAMESPACE", "valueFrom": field_ref("metadata.namespace")},
         {"name": "TIDAL_LOG_LEVEL", "value": pool.runtime.log_level.value},
@@ -450,7 +452,10 @@ def _deployment(
         "name": CONTAINER_NAME,
         "image": pool.runtime.image,
         "command": ["tidal-runtime"],
-        "ports": [{"name": "http", "containerPort": RUNTIME_PORT, "protocol": "TCP"}],
+        "ports": [
+            {"name": "http", "containerPort": RUNTIME_PORT, "protocol": "TCP"},
+            {"name": "grpc", "containerPort": RUNTIME_GRPC_PORT, "protocol": "TCP"},
+        ],
         "env": _env(isvc, pool),
         # Ready only once every preloaded model is loaded and warmed (DESIGN.md §3): probe
         # often so a warm pod joins the Service within a second.
@@ -620,9 +625,21 @@ def _service(isvc: InferenceService, active: PoolName, split: bool) -> dict[str,
     selector = {LABEL_ISVC: isvc.name, LABEL_POOL: active.value, LABEL_ROLE: ROLE_SERVING}
     if split and isvc.spec.rollout.baseline is not None:
         del selector[LABEL_POOL]
+    ports = [{"name": "http", "port": RUNTIME_PORT, "targetPort": "http", "protocol": "TCP"}]
     if isvc.spec.fleet is not None:
-        # The gateway routes to the runtime pods itself (the operator tells it which).
+        # The gateway routes to the runtime pods itself (the operator tells it which); it
+        # speaks HTTP only.
         selector = {LABEL_ISVC: isvc.name, LABEL_COMPONENT: COMPONENT_GATEWAY}
+    else:
+        ports.append(
+            {
+                "name": "grpc",
+                "port": RUNTIME_GRPC_PORT,
+                "targetPort": "grpc",
+                "protocol": "TCP",
+                "appProtocol": "kubernetes.io/h2c",
+            }
+        )
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -630,9 +647,7 @@ def _service(isvc: InferenceService, active: PoolName, split: bool) -> dict[str,
         "spec": {
             "type": "ClusterIP",
             "selector": selector,
-            "ports": [
-                {"name": "http", "port": RUNTIME_PORT, "targetPort": "http", "protocol": "TCP"}
-            ],
+            "ports": ports,
         },
     }
 
