@@ -55,7 +55,7 @@ class EngineSpec(_Model):
     gpu_arch: str | None = Field(default=None, description="e.g. sm90; overrides the file name")
     precision: Precision | None = None
     trt_version: str | None = Field(default=None, description="e.g. '11.4'")
-    format: Literal["onnx", "plan"] | None = None
+    format: Literal["onnx", "plan", "pt2"] | None = None
     version_compatible: bool | None = None
 
     def descriptor(self) -> EngineDescriptor:
@@ -203,7 +203,9 @@ class TensorRTSpec(_Model):
 class RuntimeConfig(_Model):
     """Configuration of one runtime process (one inference pod)."""
 
-    backend: Literal["onnxruntime", "tensorrt"] = "onnxruntime"
+    # torch: PyTorch AOTInductor packages (.pt2) on CUDA, the executing GPU backend where no
+    # TensorRT builder exists (the `torch` extra; its device comes from `tensorrt.device`).
+    backend: Literal["onnxruntime", "tensorrt", "torch"] = "onnxruntime"
     models: list[ModelSpec] = Field(default_factory=list)
     memory: MemorySpec = Field(default_factory=MemorySpec)
     max_concurrent_loads: int = Field(default=2, gt=0)
@@ -212,6 +214,9 @@ class RuntimeConfig(_Model):
     shutdown_drain_seconds: float = Field(default=5.0, ge=0, le=300)
     faults: FaultSpec = Field(default_factory=FaultSpec)
     max_request_bytes: ByteSize = Field(default=64 * 2**20, gt=0)
+    request_read_timeout_seconds: float = Field(
+        default=30.0, gt=0, le=3600, description="longest wait for a request body (then 408)"
+    )
     cache_dir: str | None = Field(
         default=None, description="where downloaded engines are kept; None: a temp dir"
     )
