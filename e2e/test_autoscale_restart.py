@@ -18,6 +18,7 @@ import asyncio
 import math
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -179,6 +180,7 @@ def test_operator_killed_mid_surge_resumes_from_its_persisted_state(
         f"failed {len(failures)}"
     )
 
+    print("failures by error:", Counter(f.error[:60] for f in failures).most_common(4))
     assert "autoscaler state restored" in log, log[-3000:]
     assert capacity_before is not None
     assert capacity_before == pytest.approx(PER_REPLICA, rel=0.3)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -158,6 +159,13 @@ class ServiceState:
     host_tier: set[str] = field(default_factory=set)
     tier_tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     promote_seconds: float | None = None
+    # The spec as last parsed and checked, the key it was parsed for, its primary hash.
+    spec_key: tuple[Any, ...] | None = None
+    isvc: InferenceService | None = None
+    primary_hash: str | None = None
+    # When status.autoscaler was last refreshed, and for which desired count.
+    autoscaler_at: float = -1e9
+    autoscaler_desired: int | None = None
 
 
 _labels, _ready = pod_labels, pod_ready
@@ -296,16 +304,30 @@ class Controller:
         body = self.store.services.get(key)
         if body is None or body["metadata"].get("deletionTimestamp"):
             return
-        try:
-            isvc = parse_inference_service(body)
-        except ValidationError:
-            return  # the reconciler reports it as Degraded
-        if find_spec_problems(isvc):
-            return
+        # The parsed spec, its checks and the primary's template hash change only with the
+        # object's spec, labels or annotations: computed once per change, not every tick (at
+        # 1,000 services they were most of the operator's CPU).
+        meta = body["metadata"]
+        spec_key = (
+            meta.get("uid"),
+            meta.get("generation"),
+            json.dumps(meta.get("labels") or {}, sort_keys=True),
+            json.dumps(meta.get("annotations") or {}, sort_keys=True),
+        )
         st = self.states.get(key)
-        if st is None:
-            st = self.states[key] = ServiceState()
-            metrics.start_service(*key)
+        if st is not None and st.spec_key == spec_key and st.isvc is not None:
+            isvc = st.isvc
+        else:
+            try:
+                isvc = parse_inference_service(body)
+            except ValidationError:
+                return  # the reconciler reports it as Degraded
+            if find_spec_problems(isvc):
+                return
+            if st is None:
+                st = self.states[key] = ServiceState()
+                metrics.start_service(*key)
+            st.spec_key, st.isvc, st.primary_hash = spec_key, isvc, None
         kids = self.store.children.get(key)
         bodies = list(kids.pod_bodies.values()) if kids is not None else []
         pools = tuple(p.name for p in pools_of(isvc))
@@ -342,7 +364,9 @@ class Controller:
             if p in (PoolName.PRIMARY.value, PoolName.BASELINE.value)
         }
 
-        primary_hash = primary_template_hash(desired_objects(isvc, Observed()), isvc.name)
+        if st.primary_hash is None:
+            st.primary_hash = primary_template_hash(desired_objects(isvc, Observed()), isvc.name)
+        primary_hash = st.primary_hash
         spec = rollout_spec_of(isvc, primary_hash)
         if spec is not None and not st.rollout_loaded:
             previous = (body.get("status") or {}).get("rollout")
@@ -373,7 +397,12 @@ class Controller:
                 have = [current[p] for p in serving if p in current]
                 scaler = initial_scaler_state(policy, sum(have) if have else None)
             decision, st.scalers[serving] = decide_scale(policy, observation, scaler)
-            autoscaler = autoscaler_status(policy, serving, st.scalers[serving], mono, wall)
+            autoscaler = self._persisted(
+                st,
+                autoscaler_status(policy, serving, st.scalers[serving], mono, wall),
+                st.scalers[serving].desired_serving,
+                mono,
+            )
         desired_serving = isvc.spec.replicas if manual else decision.desired_serving  # type: ignore[union-attr]
 
         rollout: RolloutDecision | None = None
@@ -601,6 +630,30 @@ class Controller:
                     self._to_host(st, name, urls[name]), name=f"host-tier {name}"
                 )
 
+    def _persisted(
+        self, st: ServiceState, fresh: AutoscalerStatus, desired: int | None, mono: float
+    ) -> AutoscalerStatus:
+        """The autoscaler's memory as status carries it: refreshed when the desired count or
+        the learned capacity moves (by over 5 %) and otherwise every
+        ``AUTOSCALER_PERSIST_SECONDS`` — its times and windows move every tick, and writing them
+        each second would patch every service's status once a second in a quiet cluster. A
+        restarted operator resumes from a state at most that old."""
+        previous = st.view.status.autoscaler if st.view is not None else None
+        before = previous.capacity_per_replica if previous is not None else None
+        now = fresh.capacity_per_replica
+        capacity_moved = (before is None) != (now is None) or (
+            before is not None and now is not None and abs(now - before) > 0.05 * before
+        )
+        if (
+            previous is None
+            or desired != st.autoscaler_desired
+            or capacity_moved
+            or mono - st.autoscaler_at >= AUTOSCALER_PERSIST_SECONDS
+        ):
+            st.autoscaler_at, st.autoscaler_desired = mono, desired
+            return fresh
+        return previous
+
     async def _put_tier(self, url: str, tier: str) -> bool:
         """Ask a runtime to move its engines to ``tier``; True when it did (or predates tiers:
         its engines are on the device anyway)."""
@@ -667,6 +720,7 @@ class Controller:
 
 
 TIER_TIMEOUT_SECONDS = 30.0
+AUTOSCALER_PERSIST_SECONDS = 15.0
 
 
 def _with_promotion(
