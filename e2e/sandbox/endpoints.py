@@ -22,7 +22,7 @@ def ready_endpoints(
     for sl in slices:
         named = [p for p in sl.ports or [] if p.port is not None]
         chosen = [p for p in named if port_name is not None and p.name == port_name]
-        ports = [p.port for p in (chosen or named)]
+        ports = [int(p.port) for p in (chosen or named)]
         for ep in sl.endpoints or []:
             if ep.conditions is not None and ep.conditions.ready is False:
                 continue
