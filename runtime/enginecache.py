@@ -35,7 +35,12 @@ from tidal.runtime.backends import Backend, Engine, TensorSpec, warmup_inputs
 from tidal.runtime.clock import Clock
 from tidal.runtime.config import ModelSpec, RuntimeConfig
 from tidal.runtime.core.cache import CacheEntry, make_policy, plan_admission
-from tidal.runtime.core.engines import plan_cache_budget, select_engine
+from tidal.runtime.core.engines import (
+    EngineDescriptor,
+    EngineSelection,
+    plan_cache_budget,
+    select_engine,
+)
 from tidal.runtime.errors import (
     EngineLoadError,
     ModelNotFound,
@@ -297,13 +302,7 @@ class EngineCache:
             async with self._loads:
                 slot.load_seconds = 0.0
                 load_started = self.clock.now()
-                # Names were validated with the configuration; describing them cannot fail.
-                descriptors = [e.descriptor() for e in spec.engines]
-                selection = select_engine(descriptors, self.backend.target(spec))
-                if selection.chosen is None:
-                    raise EngineLoadError(f"model {spec.name!r}: {selection.reason}")
-                chosen = selection.chosen
-                sha = next(e.sha256 for e in spec.engines if e.uri == chosen.uri)
+                chosen, sha, selection = self._choose(spec)
                 staged = slot.staged is not None and slot.staged[0] == chosen.uri
                 if slot.staged is not None and staged:
                     path = slot.staged[1]
@@ -353,6 +352,16 @@ class EngineCache:
             self._publish()
             self.changes.bump()
 
+    def _choose(self, spec: ModelSpec) -> tuple[EngineDescriptor, str | None, EngineSelection]:
+        """The engine of ``spec`` this backend runs, its sha256, and why it was chosen."""
+        # Names were validated with the configuration; describing them cannot fail.
+        descriptors = [e.descriptor() for e in spec.engines]
+        selection = select_engine(descriptors, self.backend.target(spec))
+        if selection.chosen is None:
+            raise EngineLoadError(f"model {spec.name!r}: {selection.reason}")
+        chosen = selection.chosen
+        return chosen, next(e.sha256 for e in spec.engines if e.uri == chosen.uri), selection
+
     def _warm_up(self, engine: Engine, spec: ModelSpec) -> None:
         for batch_size in spec.warmup.batch_sizes:
             inputs = warmup_inputs(engine, batch_size)
@@ -391,12 +400,7 @@ class EngineCache:
         """Fetch and verify the engines of ``names`` without loading them (host-warm start)."""
         for name in names:
             slot = self.slot(name)
-            descriptors = [e.descriptor() for e in slot.spec.engines]
-            selection = select_engine(descriptors, self.backend.target(slot.spec))
-            if selection.chosen is None:
-                raise EngineLoadError(f"model {name!r}: {selection.reason}")
-            chosen = selection.chosen
-            sha = next(e.sha256 for e in slot.spec.engines if e.uri == chosen.uri)
+            chosen, sha, _ = self._choose(slot.spec)
             path = await self._phase(slot, "fetch", self.store.fetch, chosen.uri, sha)
             slot.staged = (chosen.uri, path)
         self.metrics.cache_bytes.labels("host").set(self.store.host_bytes())

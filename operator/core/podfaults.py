@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tidal.operator.core.api import LABEL_POOL
-from tidal.operator.core.signals import pod_ready
+from tidal.operator.core.signals import pod_address, pod_ready
 
 # A pod gets this long after its container started before a not-Ready answer counts (the
 # runtime is still loading), and is asked again at most this often.
@@ -87,16 +87,14 @@ def not_ready_pods(pods: Sequence[Mapping[str, Any]], wall_now: float) -> list[P
     out = []
     for pod in pods:
         meta, status = pod.get("metadata") or {}, pod.get("status") or {}
-        ip = status.get("podIP")
-        if meta.get("deletionTimestamp") or status.get("phase") != "Running" or not ip:
+        address = pod_address(pod)
+        if meta.get("deletionTimestamp") or status.get("phase") != "Running" or not address:
             continue
         started = _started_at(pod)
         if _ready(pod) or started is None or wall_now - started < PROBE_GRACE_SECONDS:
             continue
-        port = (meta.get("annotations") or {}).get("prometheus.io/port") or "8080"
-        host = f"[{ip}]" if ":" in ip else ip
         pool = (meta.get("labels") or {}).get(LABEL_POOL, "")
-        out.append(ProbeTarget(meta.get("name", ""), pool, f"http://{host}:{port}/v2/health/ready"))
+        out.append(ProbeTarget(meta.get("name", ""), pool, f"http://{address}/v2/health/ready"))
     return sorted(out, key=lambda t: t.pod)
 
 

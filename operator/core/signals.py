@@ -203,6 +203,16 @@ def _port(pod: Mapping[str, Any], default: int) -> int:
     return default
 
 
+def pod_address(pod: Mapping[str, Any], default_port: int = RUNTIME_PORT) -> str | None:
+    """``host:port`` of the runtime in ``pod`` (port from ``prometheus.io/port``), None
+    without an IP."""
+    ip = (pod.get("status") or {}).get("podIP")
+    if not ip:
+        return None
+    host = f"[{ip}]" if ":" in ip else ip
+    return f"{host}:{_port(pod, default_port)}"
+
+
 def scrape_targets(
     pods: Iterable[Mapping[str, Any]], default_port: int = RUNTIME_PORT
 ) -> list[PodTarget]:
@@ -210,15 +220,12 @@ def scrape_targets(
     ready is then already known to the rate memory). Port from ``prometheus.io/port``."""
     targets = []
     for pod in pods:
-        ip = (pod.get("status") or {}).get("podIP")
-        if not ip or _terminating(pod):
+        address = pod_address(pod, default_port)
+        if address is None or _terminating(pod):
             continue
         meta = _meta(pod)
         path = (meta.get("annotations") or {}).get("prometheus.io/path") or "/metrics"
-        host = f"[{ip}]" if ":" in ip else ip
-        targets.append(
-            PodTarget(str(meta.get("name", "")), f"{host}:{_port(pod, default_port)}", path)
-        )
+        targets.append(PodTarget(str(meta.get("name", "")), address, path))
     return sorted(targets, key=lambda t: t.pod)
 
 

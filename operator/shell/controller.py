@@ -99,6 +99,7 @@ from tidal.operator.core.rollout import (
 from tidal.operator.core.signals import (
     PodScrape,
     PoolKey,
+    pod_address,
     pod_labels,
     pod_ready,
     pod_views,
@@ -734,12 +735,8 @@ def _with_promotion(
 
 
 def _tier_url(pod: Mapping[str, Any]) -> str | None:
-    ip = (pod.get("status") or {}).get("podIP")
-    if not ip:
-        return None
-    port = _annotations(pod).get("prometheus.io/port") or "8080"
-    host = f"[{ip}]" if ":" in ip else ip
-    return f"http://{host}:{port}/v2/tidal/tier"
+    address = pod_address(pod)
+    return None if address is None else f"http://{address}/v2/tidal/tier"
 
 
 def _stored_status(body: Mapping[str, Any]) -> InferenceServiceStatus | None:
