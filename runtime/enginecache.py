@@ -46,10 +46,16 @@ from tidal.runtime.errors import (
     ModelNotFound,
     Overloaded,
     ServingError,
+    TierConflict,
     Unavailable,
 )
 from tidal.runtime.metrics import RuntimeMetrics
 from tidal.runtime.storage import EngineStore
+
+# Moving to the host tier waits for this long without a request, and gives up (the replica is
+# still being routed to) after HOST_DRAIN_SECONDS.
+HOST_QUIET_SECONDS = 1.0
+HOST_DRAIN_SECONDS = 20.0
 
 log = logging.getLogger("tidal.runtime.cache")
 
@@ -175,6 +181,10 @@ class EngineCache:
         # requests are refused until it is promoted (:meth:`to_device`).
         self.tier = "device"
         self.last_tier_change: dict[str, Any] = {}
+        # When the last request took an engine, and the token of a move to the host tier in
+        # progress (None when there is none, or a promotion called it off).
+        self.last_acquired = float("-inf")
+        self._leaving: object | None = None
         self._publish()
 
     def slot(self, name: str) -> Slot:
@@ -195,6 +205,7 @@ class EngineCache:
                 retry_after=1,
             )
         slot.refs += 1
+        self.last_acquired = self.clock.now()
         cold = slot.state != READY
         try:
             if cold:
@@ -405,17 +416,41 @@ class EngineCache:
             slot.staged = (chosen.uri, path)
         self.metrics.cache_bytes.labels("host").set(self.store.host_bytes())
 
-    async def to_host(self, drain_seconds: float = 30.0) -> dict[str, Any]:
-        """Become a host-warm standby: refuse new requests, let those in flight finish (at most
-        ``drain_seconds``), then take every engine off the device, keeping it staged."""
+    async def to_host(
+        self, quiet_seconds: float | None = None, drain_seconds: float | None = None
+    ) -> dict[str, Any]:
+        """Become a host-warm standby: go on serving until no request has arrived for
+        ``quiet_seconds`` and none is in flight, then take every engine off the device, keeping
+        it staged.
+
+        A pod just taken out of a Service still gets requests from clients whose endpoints are
+        a moment old; refusing them would fail them, so the engines stay until the traffic has
+        stopped. Traffic that goes on for ``drain_seconds`` (the pod is still being routed to),
+        or a promotion meanwhile, calls the move off: :class:`TierConflict`, nothing changed.
+        """
+        quiet_seconds = HOST_QUIET_SECONDS if quiet_seconds is None else quiet_seconds
+        drain_seconds = HOST_DRAIN_SECONDS if drain_seconds is None else drain_seconds
         started = self.clock.now()
+        if self.tier == "host":
+            return self.last_tier_change or {"tier": "host", "seconds": 0.0, "staged": []}
+        token = self._leaving = object()
+        deadline = started + drain_seconds
+        while True:
+            if self._leaving is not token:
+                raise TierConflict("promoted while draining for the host tier: kept on the device")
+            busy = any(s.refs > 0 or s.loading is not None for s in self.slots.values())
+            if not busy and self.clock.now() - self.last_acquired >= quiet_seconds:
+                break
+            if self.clock.now() >= deadline:
+                self._leaving = None
+                raise TierConflict(
+                    f"still receiving requests after {drain_seconds:g} s: kept on the device "
+                    "(is the pod still in a Service's endpoints?)"
+                )
+            await asyncio.sleep(0.01)
+        self._leaving = None
         self.tier = "host"
         self.changes.bump()
-        deadline = started + drain_seconds
-        while any(s.refs > 0 or s.loading is not None for s in self.slots.values()):
-            if self.clock.now() >= deadline:
-                break
-            await asyncio.sleep(0.01)
         staged = []
         for slot in self.slots.values():
             if slot.state == READY and slot.refs == 0:
@@ -441,6 +476,7 @@ class EngineCache:
         """Promote a host-warm standby: load ``names`` (the preloaded models) from their staged
         files — no fetch, no cold-load cost — warm them up, then accept requests again."""
         started = self.clock.now()
+        self._leaving = None  # a move to the host tier in progress is called off
         if self.tier == "device":
             return {"tier": "device", "seconds": 0.0, "models": {}}
         models: dict[str, float] = {}

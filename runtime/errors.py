@@ -63,6 +63,13 @@ class MethodNotAllowed(ServingError):
     grpc_code = "UNIMPLEMENTED"
 
 
+class TierConflict(ServingError):
+    """A tier move called off: the replica is still routed to, or was promoted meanwhile."""
+
+    status = 409
+    grpc_code = "FAILED_PRECONDITION"
+
+
 class RequestTimeout(ServingError):
     status = 408
     grpc_code = "DEADLINE_EXCEEDED"

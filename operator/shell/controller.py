@@ -159,6 +159,7 @@ class ServiceState:
     # long the last promotion took.
     host_tier: set[str] = field(default_factory=set)
     tier_tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    standby_since: dict[str, float] = field(default_factory=dict)
     promote_seconds: float | None = None
     # The spec as last parsed and checked, the key it was parsed for, its primary hash.
     spec_key: tuple[Any, ...] | None = None
@@ -622,10 +623,19 @@ class Controller:
         if any(role == ROLE_SERVING for _, role in changes) and assignment.promote:
             st.promote_seconds = round(self.mono() - started, 3)
         if tier is StandbyTier.HOST:
-            # Standby pods go host-warm once out of the Service (in the background: the runtime
-            # lets requests in flight finish first).
+            # Standby pods go host-warm once out of the Service: HOST_TIER_AFTER_SECONDS after
+            # they became standby (endpoints and the clients that watch them lag the label), in
+            # the background (the runtime also waits until requests have stopped arriving).
+            now = self.mono()
+            standby = set(assignment.standby)
+            for name in list(st.standby_since):
+                if name not in standby:
+                    del st.standby_since[name]
             for name in assignment.standby:
+                since = st.standby_since.setdefault(name, now)
                 if name in st.host_tier or name in st.tier_tasks or name not in urls:
+                    continue
+                if now - since < HOST_TIER_AFTER_SECONDS:
                     continue
                 st.tier_tasks[name] = asyncio.create_task(
                     self._to_host(st, name, urls[name]), name=f"host-tier {name}"
@@ -667,7 +677,9 @@ class Controller:
             ):
                 if response.status == 404 and tier == "device":
                     return True
-                if response.status != 200:
+                if response.status == 409:
+                    log.info("tier %s at %s: %s", tier, url, await response.text())
+                elif response.status != 200:
                     log.warning("tier %s at %s: HTTP %s", tier, url, response.status)
                 return response.status == 200
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
@@ -721,6 +733,7 @@ class Controller:
 
 
 TIER_TIMEOUT_SECONDS = 30.0
+HOST_TIER_AFTER_SECONDS = 2.0
 AUTOSCALER_PERSIST_SECONDS = 15.0
 
 

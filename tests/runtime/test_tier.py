@@ -4,6 +4,7 @@ promoted with one call that skips the fetch and the cold-load cost."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -66,3 +67,72 @@ def test_a_bad_tier_request_is_a_400(serve, models, model_entry, body: Any) -> N
     rt = serve({"models": [model_entry(models["mlp"], "mlp")]})
     status, answer = call("PUT", f"{rt.url}/v2/tidal/tier", body)
     assert status == 400 and "error" in answer
+
+
+def _keep_sending(url: str, seconds: float, every: float) -> tuple[threading.Thread, list[int]]:
+    """Requests every ``every`` s for ``seconds`` from a thread: a client whose endpoints still
+    list a replica just taken out of its Service."""
+    codes: list[int] = []
+
+    def run() -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            codes.append(call("POST", f"{url}/v2/models/mlp/infer", INFER)[0])
+            time.sleep(every)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, codes
+
+
+def test_going_host_warm_serves_the_requests_that_still_arrive_then_moves(
+    serve, models, model_entry
+) -> None:
+    rt = serve({"models": [model_entry(models["mlp"], "mlp")]})
+    sender, codes = _keep_sending(rt.url, seconds=1.5, every=0.1)
+    time.sleep(0.2)
+    asked = time.monotonic()
+    status, body = call("PUT", f"{rt.url}/v2/tidal/tier", {"tier": "host"})
+    moved = time.monotonic()
+    sender.join()
+    assert status == 200 and body["tier"] == "host", body
+    assert codes and set(codes) == {200}, codes  # nothing refused while traffic went on
+    # It moved only once the requests had stopped for a second (they ran 1.3 s after the ask).
+    assert moved - asked >= 1.3 + 0.9, moved - asked
+    assert call("POST", f"{rt.url}/v2/models/mlp/infer", INFER)[0] == 503
+
+
+def test_traffic_that_never_stops_calls_the_move_off_with_a_409(
+    serve, models, model_entry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tidal.runtime import enginecache
+
+    monkeypatch.setattr(enginecache, "HOST_DRAIN_SECONDS", 1.0)
+    rt = serve({"models": [model_entry(models["mlp"], "mlp")]})
+    sender, codes = _keep_sending(rt.url, seconds=2.0, every=0.1)
+    status, body = call("PUT", f"{rt.url}/v2/tidal/tier", {"tier": "host"})
+    sender.join()
+    assert status == 409 and "still receiving requests" in body["error"], body
+    assert set(codes) == {200}, codes
+    assert call("GET", f"{rt.url}/v2/tidal/tier")[1]["tier"] == "device"
+    assert rt.metric("tidal_model_ready", model="mlp") == 1
+
+
+def test_a_promotion_while_draining_keeps_the_engines_on_the_device(
+    serve, models, model_entry
+) -> None:
+    rt = serve({"models": [model_entry(models["mlp"], "mlp")]})
+    sender, _ = _keep_sending(rt.url, seconds=0.6, every=0.1)
+    answers: list[tuple[int, Any]] = []
+    mover = threading.Thread(
+        target=lambda: answers.append(call("PUT", f"{rt.url}/v2/tidal/tier", {"tier": "host"}))
+    )
+    mover.start()
+    time.sleep(0.3)  # the move waits for the traffic to stop: promote meanwhile
+    promoted = call("PUT", f"{rt.url}/v2/tidal/tier", {"tier": "device"})
+    mover.join(10)
+    sender.join()
+    assert promoted[0] == 200, promoted
+    assert answers and answers[0][0] == 409 and "promoted while draining" in answers[0][1]["error"]
+    assert call("GET", f"{rt.url}/v2/tidal/tier")[1]["tier"] == "device"
+    assert call("POST", f"{rt.url}/v2/models/mlp/infer", INFER)[0] == 200
