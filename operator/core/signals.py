@@ -385,6 +385,80 @@ class RateMemory:
     last: Mapping[str, _Last] = field(default_factory=dict)
 
 
+# A pod whose scrapes keep failing is asked less often: after SCRAPE_MISSES_BEFORE_BACKOFF
+# misses in a row, 1 s between tries, doubling up to SCRAPE_BACKOFF_MAX_SECONDS.
+SCRAPE_MISSES_BEFORE_BACKOFF = 2
+SCRAPE_BACKOFF_MAX_SECONDS = 8.0
+
+
+@dataclass(frozen=True, slots=True)
+class ScrapeBackoff:
+    """Per pod, its scrape misses in a row and when it may be asked again.
+
+    A pod that does not answer (an address nobody listens on, a stopped process) would hold one
+    of the operator's scrape connections for the whole timeout every tick, delaying the scrapes
+    of every other pod once there are many; backing off frees them. A pod skipped reads as
+    missing with its last error, exactly as a timeout would; one answer resets it, and a pod
+    that has just turned Ready is asked at once (its runtime has started answering).
+    """
+
+    misses: Mapping[str, int] = field(default_factory=dict)
+    retry_at: Mapping[str, float] = field(default_factory=dict)
+    last_error: Mapping[str, str] = field(default_factory=dict)
+    ready: frozenset[str] = frozenset()
+
+
+def plan_scrapes(
+    targets: Sequence[PodTarget],
+    backoff: ScrapeBackoff,
+    now: float,
+    ready: Collection[str] = (),
+) -> tuple[list[PodTarget], list[PodMissing]]:
+    """The targets to scrape now, and the skipped ones as already-missing results (``ready``:
+    the pods Ready now)."""
+    due: list[PodTarget] = []
+    skipped: list[PodMissing] = []
+    for target in targets:
+        retry = backoff.retry_at.get(target.pod)
+        turned_ready = target.pod in ready and target.pod not in backoff.ready
+        if retry is not None and now < retry and not turned_ready:
+            misses = backoff.misses.get(target.pod, 0)
+            error = backoff.last_error.get(target.pod, "")
+            skipped.append(
+                PodMissing(target.pod, now, f"{error} (missed {misses} in a row; backing off)")
+            )
+        else:
+            due.append(target)
+    return due, skipped
+
+
+def advance_backoff(
+    backoff: ScrapeBackoff,
+    scraped: Iterable[ScrapeResult],
+    targets: Iterable[PodTarget],
+    ready: Collection[str] = (),
+) -> ScrapeBackoff:
+    """Fold one round's scrape results (only the pods actually asked) into the back-off;
+    pods no longer among the targets are forgotten."""
+    keep = {t.pod for t in targets}
+    misses = {p: n for p, n in backoff.misses.items() if p in keep}
+    retry_at = {p: t for p, t in backoff.retry_at.items() if p in keep}
+    last_error = {p: e for p, e in backoff.last_error.items() if p in keep}
+    for result in scraped:
+        pod = result.pod
+        if not isinstance(result, PodMissing):
+            misses.pop(pod, None)
+            retry_at.pop(pod, None)
+            last_error.pop(pod, None)
+            continue
+        n = misses.get(pod, 0) + 1
+        misses[pod], last_error[pod] = n, result.error
+        if n >= SCRAPE_MISSES_BEFORE_BACKOFF:
+            wait = min(2.0 ** (n - SCRAPE_MISSES_BEFORE_BACKOFF), SCRAPE_BACKOFF_MAX_SECONDS)
+            retry_at[pod] = result.at + wait
+    return ScrapeBackoff(misses, retry_at, last_error, frozenset(ready) & keep)
+
+
 @dataclass(frozen=True, slots=True)
 class FastPoolSignals:
     """A pool's load as its pods reported it, summed over the ready serving pods.

@@ -295,6 +295,9 @@ class Controller:
             next_at += period
             now = self.mono()
             if next_at < now:  # a slow tick: skip the missed ticks rather than bunching up
+                # The late tick runs now; the ones due after it, up to now, are skipped.
+                if skipped := int((now - next_at) // period):
+                    metrics.TICKS_SKIPPED.inc(skipped)
                 next_at = now
             await asyncio.sleep(next_at - now)
         self.states.pop(key, None)

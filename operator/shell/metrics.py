@@ -88,6 +88,16 @@ TICK_LAG = Histogram(
     "How late a control-loop tick started after it was due (the loop's own scheduling delay).",
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0),
 )
+TICKS_SKIPPED = Counter(
+    "tidal_operator_ticks_skipped_total",
+    "Control-loop ticks not run because the one before ran past their time (the loop resumes "
+    "at the next second instead of bunching them up); tick lag alone hides them.",
+)
+SCRAPES_SKIPPED = Counter(
+    "tidal_operator_scrapes_skipped_total",
+    "Pod scrapes not sent because the pod missed its last ones (backing off, at most 8 s "
+    "between tries); each reads as a missing pod.",
+)
 TICK_DURATION = Histogram(
     "tidal_operator_tick_duration_seconds",
     "Duration of one control-loop tick of one InferenceService (observe, decide, publish).",

@@ -218,7 +218,7 @@ async def probe_ready(
     return str(error) if error else None
 
 
-def new_scrape_session(connections: int = 64) -> aiohttp.ClientSession:
+def new_scrape_session(connections: int = 256) -> aiohttp.ClientSession:
     """A session suited to scraping: bounded connections, keep-alive, no cookies, no proxy
     from the environment (pod addresses are cluster-internal)."""
     return aiohttp.ClientSession(

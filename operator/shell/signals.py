@@ -43,17 +43,22 @@ from tidal.operator.core.signals import (
     PoolKey,
     PromPoolSignals,
     RateMemory,
+    ScrapeBackoff,
     ScrapeResult,
+    advance_backoff,
     count_pods,
     fold_scrapes,
     measured_warmup_seconds,
     observation_from_signals,
     parse_pool_signals,
+    plan_scrapes,
+    pod_ready,
     pool_signals_from_prometheus,
     pool_signals_query,
     scrape_targets,
 )
 from tidal.operator.core.slo import PoolSignals
+from tidal.operator.shell import metrics
 from tidal.operator.shell.podmetrics import (
     DEFAULT_SCRAPE_TIMEOUT,
     new_scrape_session,
@@ -217,6 +222,7 @@ class SignalCollector:
         self._session = session
         self._owns_session = session is None
         self._memory: dict[PoolKey, RateMemory] = {}
+        self._backoff: dict[PoolKey, ScrapeBackoff] = {}
 
     async def __aenter__(self) -> SignalCollector:
         return self
@@ -233,6 +239,7 @@ class SignalCollector:
 
     def forget(self, key: PoolKey) -> None:
         self._memory.pop(key, None)
+        self._backoff.pop(key, None)
 
     async def observe_pool(self, key: PoolKey, pods: Sequence[Mapping[str, Any]]) -> PoolReading:
         """Observe one pool from its current pod objects (plain dicts, as the API returns them;
@@ -241,8 +248,11 @@ class SignalCollector:
             self._session = new_scrape_session()
         counts = count_pods(pods)
         targets = scrape_targets(pods)
+        backoff = self._backoff.get(key, ScrapeBackoff())
+        ready = {str((p.get("metadata") or {}).get("name", "")) for p in pods if pod_ready(p)}
+        asked, skipped = plan_scrapes(targets, backoff, self.clock(), ready)
         scrape = scrape_pods(
-            self._session, targets, scrape_timeout=self.scrape_timeout, clock=self.clock
+            self._session, asked, scrape_timeout=self.scrape_timeout, clock=self.clock
         )
         if self.prometheus is not None:
             # The Prometheus round may take at most as long as the scrapes; a slower one is
@@ -251,6 +261,10 @@ class SignalCollector:
             results, prom_round = await asyncio.gather(scrape, latest)
         else:
             results, prom_round = await scrape, None
+        self._backoff[key] = advance_backoff(backoff, results, targets, ready)
+        if skipped:
+            metrics.SCRAPES_SKIPPED.inc(len(skipped))
+        results = [*results, *skipped]
         fast, memory = fold_scrapes(results, self._memory.get(key, RateMemory()), counts.serving)
         self._memory[key] = memory
         prom = prom_round.pool(key) if prom_round is not None else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import replace
 from typing import Any
@@ -11,18 +12,23 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tidal.operator.core.signals import (
+    SCRAPE_BACKOFF_MAX_SECONDS,
     FastPoolSignals,
     PodCounts,
     PodMissing,
     PodScrape,
+    PodTarget,
     PoolKey,
     PromPoolSignals,
     RateMemory,
+    ScrapeBackoff,
+    advance_backoff,
     count_pods,
     fold_scrapes,
     measured_warmup_seconds,
     observation_from_signals,
     parse_pool_signals,
+    plan_scrapes,
     pod_views,
     pool_of,
     pool_signals_from_prometheus,
@@ -588,3 +594,65 @@ def test_time_to_routable_by_phase_over_recently_ready_pods() -> None:
     assert (got.total_seconds, got.schedule_seconds, got.process_start_seconds) == (4.5, 0.5, 1.0)
     assert got.runtime_seconds == 2.25 and got.phases == {"warmup": 1.0}
     assert time_to_routable(pods[2:], scrapes, now) is None
+
+
+# -- scrape back-off ----------------------------------------------------------------------------
+
+
+def _rounds(outcomes: list[bool], every: float = 1.0) -> list[tuple[float, bool]]:
+    """Drive one pod through ticks ``every`` s apart; ``outcomes`` says whether it answers
+    when asked. Returns (time, asked) for each tick."""
+    target = [PodTarget("p", "10.0.0.1:8080")]
+    backoff, seen, answers = ScrapeBackoff(), [], iter(outcomes)
+    for i in range(len(outcomes) * 4):
+        now = i * every
+        asked, skipped = plan_scrapes(target, backoff, now)
+        if asked:
+            ok = next(answers, None)
+            if ok is None:
+                break
+            result = scrape("p", now, 1, 0) if ok else PodMissing("p", now, "timeout after 0.3s")
+            backoff = advance_backoff(backoff, [result], target)
+        else:
+            assert skipped[0].pod == "p" and "backing off" in skipped[0].error
+            assert skipped[0].error.startswith("timeout after 0.3s")
+        seen.append((now, bool(asked)))
+    return seen
+
+
+def test_a_pod_that_keeps_missing_is_asked_less_and_less_often() -> None:
+    asked_at = [t for t, asked in _rounds([False] * 7) if asked]
+    # Two misses a second apart, then 1, 2, 4, 8, 8 s between tries.
+    assert asked_at == [0, 1, 2, 4, 8, 16, 24]
+
+
+def test_one_answer_resets_the_back_off() -> None:
+    asked_at = [t for t, asked in _rounds([False, False, True, False, True, True]) if asked]
+    assert asked_at == [0, 1, 2, 3, 4, 5]
+
+
+def test_pods_no_longer_targeted_are_forgotten() -> None:
+    a, b = PodTarget("a", "x:1"), PodTarget("b", "y:1")
+    backoff = advance_backoff(
+        ScrapeBackoff(), [PodMissing("a", 0, "e"), PodMissing("b", 0, "e")], [a, b]
+    )
+    backoff = advance_backoff(backoff, [], [b])
+    assert set(backoff.misses) == {"b"}
+
+
+@given(st.lists(st.booleans(), min_size=1, max_size=40))
+def test_a_missing_pod_is_never_left_unasked_longer_than_the_cap(outcomes: list[bool]) -> None:
+    asked_at = [t for t, asked in _rounds(outcomes, every=0.5) if asked]
+    gaps = [b - a for a, b in itertools.pairwise(asked_at)]
+    assert all(g <= SCRAPE_BACKOFF_MAX_SECONDS + 0.5 for g in gaps)
+
+
+def test_a_pod_that_turns_ready_is_asked_at_once() -> None:
+    target = [PodTarget("p", "10.0.0.1:8080")]
+    backoff = ScrapeBackoff()
+    for now in (0.0, 1.0, 2.0):  # three misses while it starts: retry at 4 s
+        backoff = advance_backoff(backoff, [PodMissing("p", now, "refused")], target)
+    assert plan_scrapes(target, backoff, 3.0)[0] == []
+    assert plan_scrapes(target, backoff, 3.0, ready={"p"})[0] == target
+    backoff = advance_backoff(backoff, [PodMissing("p", 3.0, "refused")], target, ready={"p"})
+    assert plan_scrapes(target, backoff, 3.5, ready={"p"})[0] == []  # Ready before: backs off

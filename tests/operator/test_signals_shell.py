@@ -18,7 +18,7 @@ from tidal.operator.shell.podmetrics import (
     parse_pod_metrics,
     scrape_pods,
 )
-from tidal.operator.shell.signals import PrometheusSignals
+from tidal.operator.shell.signals import PrometheusSignals, SignalCollector
 from tidal.runtime.metrics import RuntimeMetrics
 
 
@@ -196,3 +196,47 @@ async def test_one_round_serves_many_pools_and_never_blocks_a_tick() -> None:
     fresh = await prom.latest(wait=5.0)
     assert fresh is not None and fresh is not round_ and client.calls == 2
     await prom.close()
+
+
+async def test_a_pod_that_keeps_failing_is_scraped_less_often_and_reads_as_missing() -> None:
+    hits = {"good": 0, "bad": 0}
+
+    def handler(name: str, status: int) -> Any:
+        async def answer(_: web.Request) -> web.Response:
+            hits[name] += 1
+            text = runtime_exposition() if status == 200 else "down"
+            return web.Response(status=status, text=text)
+
+        return answer
+
+    app = web.Application()
+    app.router.add_get("/good/metrics", handler("good", 200))
+    app.router.add_get("/bad/metrics", handler("bad", 500))
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    def runtime_pod(name: str) -> dict[str, Any]:
+        annotations = {"prometheus.io/port": str(port), "prometheus.io/path": f"/{name}/metrics"}
+        return {
+            "metadata": {"name": name, "annotations": annotations},
+            "status": {"phase": "Running", "podIP": "127.0.0.1"},
+        }
+
+    now = [0.0]
+    key = PoolKey("ns", "svc", "primary")
+    pods = [runtime_pod("good"), runtime_pod("bad")]
+    try:
+        async with SignalCollector(None, clock=lambda: now[0]) as collector:
+            errors = []
+            for _ in range(6):  # ticks at 0..5 s: the bad pod is asked at 0, 1, 2 and 4
+                reading = await collector.observe_pool(key, pods)
+                errors.append(reading.scrapes["bad"].error)  # type: ignore[union-attr]
+                assert isinstance(reading.scrapes["good"], PodScrape)
+                now[0] += 1.0
+    finally:
+        await runner.cleanup()
+    assert hits == {"good": 6, "bad": 4}, hits
+    assert errors[0] == "HTTP 500" and errors[3] == "HTTP 500 (missed 3 in a row; backing off)"
