@@ -97,6 +97,8 @@ class SimConfig:
     max_replicas: int = 200
     # tidal's user-set knobs for the run (the rest are ScalingPolicy defaults).
     tidal_standby: int = 1
+    # `maxStandbyReplicas`: the standby sized from the surges seen (None: fixed).
+    tidal_max_standby: int | None = None
     tidal_scale_down_delay: float = 180.0
     # tidal's warm-up when it differs from every one else's: the labelled what-if of a
     # host-warm standby tier (not built here), None otherwise.
@@ -174,12 +176,18 @@ def make_traces(base: float, seed: int = 7) -> list[Trace]:
         second = (t >= 240) & (t < 270)
         return np.where(first | second, 6 * base, base)
 
+    def repeat(t: np.ndarray) -> np.ndarray:
+        # Spikes further apart than the scale-down delay: the capacity of one is gone by the
+        # next (what a surge-sized standby is for).
+        return np.where((t >= 120) & (np.mod(t - 120, 420) < 60), 4 * base, base)
+
     return [
         Trace("herd", 600, herd, "8x step for 180 s"),
         Trace("bursts", 900, _markov_bursts(base, 900, seed), "Markov: 1x / 3.5x"),
         Trace("sawtooth", 780, sawtooth, "5 ramps 1x->4x in 90 s, drop"),
         Trace("creep", 900, creep, "1x->5x over 600 s"),
         Trace("double", 480, double, "two 6x spikes of 30 s"),
+        Trace("repeat", 1380, repeat, "three 4x spikes of 60 s, 420 s apart"),
     ]
 
 
@@ -440,6 +448,7 @@ class Tidal:
             target_utilization=cfg.target_utilization,
             target_p99_ms=cfg.latency_target_seconds * 1000,
             standby_replicas=cfg.tidal_standby,
+            max_standby_replicas=cfg.tidal_max_standby,
             scale_down_delay_seconds=cfg.tidal_scale_down_delay,
             p99_window_seconds=self.p99_window,
         )
@@ -902,6 +911,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--start", choices=["normal", "saturated"], default=SimConfig.start)
     parser.add_argument("--seed", type=int, default=SimConfig.seed)
     parser.add_argument("--standby", type=int, default=SimConfig.tidal_standby)
+    parser.add_argument(
+        "--max-standby",
+        type=int,
+        default=None,
+        help="tidal's maxStandbyReplicas: the standby sized from the surges seen",
+    )
     parser.add_argument("--scale-down-delay", type=float, default=SimConfig.tidal_scale_down_delay)
     parser.add_argument("--traces", default="", help="comma-separated subset of trace names")
     parser.add_argument(
@@ -917,6 +932,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         start=args.start,
         seed=args.seed,
         tidal_standby=args.standby,
+        tidal_max_standby=args.max_standby,
         tidal_scale_down_delay=args.scale_down_delay,
     )
     traces = make_traces(cfg.base_rate, cfg.seed)

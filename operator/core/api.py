@@ -920,6 +920,12 @@ class Autoscaling(ApiModel):
                 "spec.autoscaling.standbyReplicas must be <= spec.autoscaling.maxReplicas",
                 ".standbyReplicas",
             ),
+            cel(
+                "!has(self.maxStandbyReplicas) || (self.maxStandbyReplicas >= "
+                "self.standbyReplicas && self.maxStandbyReplicas <= self.maxReplicas)",
+                "spec.autoscaling.maxStandbyReplicas must be >= standbyReplicas and <= maxReplicas",
+                ".maxStandbyReplicas",
+            ),
         )
     )
 
@@ -951,7 +957,17 @@ class Autoscaling(ApiModel):
         default=0,
         ge=0,
         le=100,
-        description="Warm replicas kept out of the Service and promoted at once on a surge.",
+        description="Warm replicas kept out of the Service and promoted at once on a surge "
+        "(with maxStandbyReplicas: the fewest).",
+    )
+    max_standby_replicas: int | None = Field(
+        default=None,
+        ge=0,
+        le=100,
+        description="Size the standby from the surges the service has seen: enough learned "
+        "capacity for the largest rise of the request rate within one warm-up (remembered "
+        "with a one-hour half-life), between standbyReplicas and this. Unset: "
+        "standbyReplicas, fixed.",
     )
     standby_tier: StandbyTier = Field(
         default=StandbyTier.DEVICE,
@@ -973,6 +989,11 @@ class Autoscaling(ApiModel):
         if self.standby_replicas > self.max_replicas:
             raise ValueError(
                 "spec.autoscaling.standbyReplicas must be <= spec.autoscaling.maxReplicas"
+            )
+        top = self.max_standby_replicas
+        if top is not None and not self.standby_replicas <= top <= self.max_replicas:
+            raise ValueError(
+                "spec.autoscaling.maxStandbyReplicas must be >= standbyReplicas and <= maxReplicas"
             )
         return self
 

@@ -95,6 +95,8 @@ class AutoscalingSpec(Protocol):
     @property
     def standby_replicas(self) -> int: ...
     @property
+    def max_standby_replicas(self) -> int | None: ...
+    @property
     def scale_down_delay_seconds(self) -> int: ...
 
 
@@ -120,6 +122,14 @@ class ScalingPolicy:
     # Hot-path P99 to stay under; None: the queue signal alone decides.
     target_p99_ms: float | None = None
     standby_replicas: int = 0
+    # Set (above standby_replicas): the standby is sized from the surges the pool has seen —
+    # the largest rise of the arrival rate within one warm-up, remembered with a half-life of
+    # `surge_memory_seconds` — in replicas of learned capacity at the target utilisation,
+    # between standby_replicas and this. None: standby_replicas, fixed.
+    max_standby_replicas: int | None = None
+    surge_memory_seconds: float = 3600.0
+    # A rise is measured over the warm-up (what new replicas cannot cover), at most this long.
+    max_surge_window_seconds: float = 120.0
     scale_down_delay_seconds: float = 300.0
     # The shell should call decide_scale at least this often; documents the contract.
     tick_seconds: float = 1.0
@@ -175,6 +185,12 @@ class ScalingPolicy:
             problems.append("need 0 <= min_replicas <= max_replicas")
         if self.standby_replicas < 0:
             problems.append("standby_replicas must be >= 0")
+        if self.max_standby_replicas is not None and (
+            self.max_standby_replicas < self.standby_replicas
+        ):
+            problems.append("max_standby_replicas must be >= standby_replicas")
+        if self.surge_memory_seconds <= 0 or self.max_surge_window_seconds <= 0:
+            problems.append("surge_memory_seconds and max_surge_window_seconds must be > 0")
         if not 0 < self.target_utilization <= 1 or not 0 < self.projected_utilization <= 1:
             problems.append("target_utilization and projected_utilization must be in (0, 1]")
         if self.target_queue_depth is not None and self.target_queue_depth <= 0:
@@ -218,6 +234,7 @@ class ScalingPolicy:
             "target_queue_depth": spec.target_queue_depth,
             "target_p99_ms": spec.target_p99_ms,
             "standby_replicas": spec.standby_replicas,
+            "max_standby_replicas": spec.max_standby_replicas,
             "scale_down_delay_seconds": float(spec.scale_down_delay_seconds),
         }
         fields.update(overrides)
@@ -423,6 +440,11 @@ class ScalerState:
     seconds_per_request: float | None = None
     # The pool's batch work, what its capacity is estimated from.
     capacity: CapacityMemory | None = None
+    # Sliding-window minimum of the arrival rate over the surge window: (time, rate), rates
+    # strictly increasing (bounded by the ticks of one window).
+    rise_window: tuple[tuple[float, float], ...] = ()
+    # The largest rise seen, (requests/s, when); it fades with `surge_memory_seconds`.
+    surge: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -447,6 +469,8 @@ class DecisionInputs:
     backlog: float | None = None
     unreachable: float | None = None
     bound_replicas: float | None = None
+    # The remembered surge (requests/s within one warm-up) the standby is sized for.
+    surge_rate: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -573,7 +597,8 @@ def decide_scale(
         elif asked > policy.max_replicas:
             reason = REASON_CAPPED_MAX
 
-    standby = min(policy.standby_replicas, policy.max_replicas - desired)
+    rise_window, surge = _record_surge(policy, obs, state, warmup)
+    standby = min(_standby_target(policy, surge, obs.now, capacity), policy.max_replicas - desired)
     promote = min(obs.ready_standby, max(0, desired - obs.ready_serving))
     new_state = ScalerState(
         desired_serving=desired,
@@ -585,8 +610,11 @@ def decide_scale(
         trend_signal=signal,
         seconds_per_request=_learn_seconds_per_request(policy, obs, state, capacity),
         capacity=memory,
+        rise_window=rise_window,
+        surge=surge,
     )
     inputs = _inputs(obs, state, warmup, demand, p99_replicas, window_max, capacity)
+    inputs = replace(inputs, surge_rate=_surge_now(policy, surge, obs.now))
     decision = ScaleDecision(
         desired_serving=desired,
         desired_standby=standby,
@@ -634,9 +662,11 @@ def _hold(
 ) -> tuple[ScaleDecision, ScalerState]:
     """Keep the pool as asked; forget the scale-down window (it must refill from fresh data)."""
     inputs = _inputs(obs, state, warmup, _Demand(0.0), 0, None, None)
+    capacity = estimate_capacity(policy, state.capacity)
+    standby = _standby_target(policy, state.surge, obs.now, capacity)
     decision = ScaleDecision(
         desired_serving=current,
-        desired_standby=min(policy.standby_replicas, policy.max_replicas - current),
+        desired_standby=min(standby, policy.max_replicas - current),
         promote_standby=0,
         reason=reason,
         inputs=inputs,
@@ -861,6 +891,52 @@ def _push_window(
     return tuple(kept)
 
 
+def _record_surge(
+    policy: ScalingPolicy, obs: Observation, state: ScalerState, warmup: float
+) -> tuple[tuple[tuple[float, float], ...], tuple[float, float] | None]:
+    """Advance the rate's sliding minimum over one warm-up and the remembered largest rise."""
+    if policy.max_standby_replicas is None or obs.arrival_rate is None:
+        return state.rise_window, state.surge
+    span = min(max(warmup, policy.tick_seconds), policy.max_surge_window_seconds)
+    rate = obs.arrival_rate
+    kept = [entry for entry in state.rise_window if entry[0] >= obs.now - span]
+    while kept and kept[-1][1] >= rate:
+        kept.pop()
+    kept.append((obs.now, rate))
+    rise = rate - kept[0][1]
+    surge = state.surge
+    if rise > 0 and rise >= (_surge_now(policy, surge, obs.now) or 0.0):
+        surge = (rise, obs.now)
+    return tuple(kept), surge
+
+
+def _surge_now(
+    policy: ScalingPolicy, surge: tuple[float, float] | None, now: float
+) -> float | None:
+    """The remembered surge, faded by its age (half-life `surge_memory_seconds`)."""
+    if surge is None or policy.max_standby_replicas is None:
+        return None
+    rise, at = surge
+    fade: float = 0.5 ** (max(now - at, 0.0) / policy.surge_memory_seconds)
+    return rise * fade
+
+
+def _standby_target(
+    policy: ScalingPolicy,
+    surge: tuple[float, float] | None,
+    now: float,
+    capacity: Capacity | None,
+) -> int:
+    """Standby replicas: fixed, or enough learned capacity (at the target utilisation) for the
+    remembered surge, between standby_replicas and max_standby_replicas."""
+    rise = _surge_now(policy, surge, now)
+    if policy.max_standby_replicas is None or rise is None or capacity is None:
+        return policy.standby_replicas
+    per_replica = capacity.per_replica_rate * policy.target_utilization
+    wanted = math.ceil(rise / per_replica - _EPS) if per_replica > 0 else 0
+    return _clamp(wanted, policy.standby_replicas, policy.max_standby_replicas)
+
+
 def _up_reason(obs: Observation, demand: _Demand, p99_replicas: int) -> str:
     if p99_replicas > math.ceil(demand.replicas - _EPS):
         return REASON_P99
@@ -981,6 +1057,8 @@ def dump_state(state: ScalerState, clock_offset: float) -> dict[str, Any]:
         "trend": [[at(t), _sig(v)] for t, v in state.trend_samples[-1:]],
         "trendSignal": state.trend_signal,
         "spr": None if state.seconds_per_request is None else _sig(state.seconds_per_request),
+        # The remembered surge; its sliding window does not survive a restart (as the trend).
+        "surge": None if state.surge is None else [_sig(state.surge[0]), at(state.surge[1])],
     }
     if state.capacity is not None:
         w = state.capacity.work
@@ -1019,6 +1097,10 @@ def load_state(data: Mapping[str, Any], clock_offset: float) -> ScalerState:
                 BatchWork(*values), int(raw["slots"]), int(raw["maxBatchRows"])
             )
         spr = data.get("spr")
+        raw_surge = data.get("surge")
+        surge = None
+        if raw_surge is not None:
+            surge = (float(raw_surge[0]), float(raw_surge[1]) - clock_offset)
         state = ScalerState(
             desired_serving=opt_int(data.get("desired")),
             last_scale_up_at=at(data.get("lastUpAt")),
@@ -1029,6 +1111,7 @@ def load_state(data: Mapping[str, Any], clock_offset: float) -> ScalerState:
             trend_signal=str(data.get("trendSignal") or ""),
             seconds_per_request=None if spr is None else float(spr),
             capacity=capacity,
+            surge=surge,
         )
     except (KeyError, TypeError, IndexError) as exc:
         raise ValueError(f"malformed autoscaler state: {exc}") from None
