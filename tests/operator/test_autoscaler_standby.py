@@ -146,3 +146,16 @@ def test_the_standby_stays_within_its_bounds_and_the_gpu_budget(
         assert d.desired_standby >= min(p.standby_replicas, p.max_replicas - d.desired_serving)
         assert d.desired_total <= p.max_replicas
     assert len(state.rise_window) <= WARMUP + 1
+
+
+def test_the_spec_field_reaches_the_policy_and_is_checked() -> None:
+    import pytest
+    from pydantic import ValidationError
+
+    from tidal.operator.core.api import Autoscaling
+
+    spec = Autoscaling.model_validate({"standbyReplicas": 1, "maxStandbyReplicas": 5})
+    assert ScalingPolicy.from_spec(spec).max_standby_replicas == 5
+    assert ScalingPolicy.from_spec(Autoscaling()).max_standby_replicas is None
+    with pytest.raises(ValidationError, match="maxStandbyReplicas must be >= standbyReplicas"):
+        Autoscaling.model_validate({"standbyReplicas": 3, "maxStandbyReplicas": 2})
