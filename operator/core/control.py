@@ -457,6 +457,38 @@ def autoscaler_status(
     )
 
 
+def _bucket(value: float | None) -> int | None:
+    """5 % buckets: a learned number that moves less than that is not worth a write."""
+    if value is None or value <= 0 or not math.isfinite(value):
+        return None
+    return round(math.log(value) / math.log(1.05))
+
+
+def autoscaler_persist_key(state: ScalerState, status: AutoscalerStatus) -> tuple[Any, ...]:
+    """What a restarted operator would decide differently from: the persisted state needs
+    writing only when this changes, so a quiet cluster costs no status writes.
+
+    The times of a steady state move every tick and need not be written: the scale-down
+    window's head while it is the only entry (a steady recommendation) restarts as well from the
+    current tick, the trend keeps only its last rate. What does matter: the serving count
+    asked, a pending scale-down's head (its time decides when the delay is over), whether
+    the delay is running, and the learned capacity, per-request time and surge (5 % steps).
+    """
+    window = state.down_window
+    head: tuple[float | None, int] | None = None
+    if window:
+        head = window[0] if len(window) > 1 else (None, window[0][1])
+    surge = state.surge[0] if state.surge is not None else None
+    return (
+        state.desired_serving,
+        head,
+        state.agreed_since is None,
+        _bucket(status.capacity_per_replica),
+        _bucket(state.seconds_per_request),
+        _bucket(surge),
+    )
+
+
 def restore_scaler_state(
     raw: AutoscalerStatus | None,
     pools: Sequence[PoolName],

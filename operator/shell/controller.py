@@ -59,6 +59,7 @@ from tidal.operator.core.control import (
     ANNOTATION_TEMPLATE_HASH,
     ControlStatus,
     ControlView,
+    autoscaler_persist_key,
     autoscaler_status,
     combine_observations,
     initial_scaler_state,
@@ -166,8 +167,7 @@ class ServiceState:
     isvc: InferenceService | None = None
     primary_hash: str | None = None
     # When status.autoscaler was last refreshed, and for which desired count.
-    autoscaler_at: float = -1e9
-    autoscaler_desired: int | None = None
+    autoscaler_key: tuple[Any, ...] | None = None
 
 
 _labels, _ready = pod_labels, pod_ready
@@ -405,8 +405,7 @@ class Controller:
             autoscaler = self._persisted(
                 st,
                 autoscaler_status(policy, serving, st.scalers[serving], mono, wall),
-                st.scalers[serving].desired_serving,
-                mono,
+                st.scalers[serving],
             )
         desired_serving = isvc.spec.replicas if manual else decision.desired_serving  # type: ignore[union-attr]
 
@@ -645,26 +644,16 @@ class Controller:
                 )
 
     def _persisted(
-        self, st: ServiceState, fresh: AutoscalerStatus, desired: int | None, mono: float
+        self, st: ServiceState, fresh: AutoscalerStatus, state: ScalerState
     ) -> AutoscalerStatus:
-        """The autoscaler's memory as status carries it: refreshed when the desired count or
-        the learned capacity moves (by over 5 %) and otherwise every
-        ``AUTOSCALER_PERSIST_SECONDS`` — its times and windows move every tick, and writing them
-        each second would patch every service's status once a second in a quiet cluster. A
-        restarted operator resumes from a state at most that old."""
+        """The autoscaler's memory as status carries it, rewritten only when something a
+        restarted operator would decide from has changed (`autoscaler_persist_key`): its times
+        move every tick, and writing them would patch every service's status every second in a
+        quiet cluster."""
         previous = st.view.status.autoscaler if st.view is not None else None
-        before = previous.capacity_per_replica if previous is not None else None
-        now = fresh.capacity_per_replica
-        capacity_moved = (before is None) != (now is None) or (
-            before is not None and now is not None and abs(now - before) > 0.05 * before
-        )
-        if (
-            previous is None
-            or desired != st.autoscaler_desired
-            or capacity_moved
-            or mono - st.autoscaler_at >= AUTOSCALER_PERSIST_SECONDS
-        ):
-            st.autoscaler_at, st.autoscaler_desired = mono, desired
+        key = autoscaler_persist_key(state, fresh)
+        if previous is None or key != st.autoscaler_key:
+            st.autoscaler_key = key
             return fresh
         return previous
 
@@ -737,7 +726,6 @@ class Controller:
 
 TIER_TIMEOUT_SECONDS = 30.0
 HOST_TIER_AFTER_SECONDS = 2.0
-AUTOSCALER_PERSIST_SECONDS = 15.0
 
 
 def _with_promotion(

@@ -32,7 +32,11 @@ from tidal.operator.core.autoscaler import (
     learn_capacity,
     load_state,
 )
-from tidal.operator.core.control import autoscaler_status, restore_scaler_state
+from tidal.operator.core.control import (
+    autoscaler_persist_key,
+    autoscaler_status,
+    restore_scaler_state,
+)
 
 
 def work_of(sizes: list[int], a: float, c: float, requests_per_row: float = 1.0) -> BatchWork:
@@ -537,3 +541,34 @@ def test_state_for_other_pools_or_garbage_is_not_restored() -> None:
     assert restore_scaler_state(None, (PoolName.PRIMARY,), 0.0, 0.0) is None
     restored = restore_scaler_state(status, (PoolName.PRIMARY,), 0.0, 0.0)
     assert restored == state
+
+
+# ------------------------------------------------------------------------------------------
+# When the persisted state needs writing
+
+
+def _keys(policy: ScalingPolicy, loads: list[float], state: ScalerState) -> list[tuple]:
+    keys = []
+    for i, load in enumerate(loads):
+        obs = Observation(now=float(i), ready_serving=state.desired_serving or 4, queue_depth=load)
+        _, state = decide_scale(policy, obs, state)
+        keys.append(autoscaler_persist_key(state, autoscaler_status(policy, [], state, i, i)))
+    return keys
+
+
+def test_a_quiet_pool_never_needs_its_state_written_again() -> None:
+    policy = ScalingPolicy(min_replicas=1, max_replicas=10, target_queue_depth=4)
+    keys = _keys(policy, [8.0] * 300, ScalerState(desired_serving=2))
+    assert len(set(keys[1:])) == 1, set(keys)
+
+
+def test_a_pending_scale_down_is_written_once_then_again_when_it_happens() -> None:
+    policy = ScalingPolicy(
+        min_replicas=1, max_replicas=10, target_queue_depth=4, scale_down_delay_seconds=30
+    )
+    # 2 replicas' worth of load for 20 s, then none: the window's head (2 at t=19) is written,
+    # stays until the delay is over, then the scale-down to 1 changes the key again.
+    keys = _keys(policy, [8.0] * 20 + [0.0] * 80, ScalerState(desired_serving=2))
+    changes = [i for i in range(1, len(keys)) if keys[i] != keys[i - 1]]
+    assert 20 in changes and len(changes) <= 4, changes
+    assert all(c == 20 or c >= 49 for c in changes), changes
