@@ -112,6 +112,35 @@ def model_service(
     }
 
 
+def capacity_limited_service(
+    name: str,
+    model_path: Path,
+    *,
+    service_ms: float,
+    batch_rows: int,
+    warmup_seconds: float,
+    autoscaling: dict[str, Any],
+) -> dict[str, Any]:
+    """A service whose replicas have a real capacity limit, as on a GPU: every batch holds the
+    model's one execution slot for ``service_ms`` (at most ``batch_rows`` rows a batch:
+    batch_rows / service_ms requests a second a replica), and a cold start that costs
+    ``warmup_seconds`` more (what deserializing a large engine and its first runs cost)."""
+    manifest = model_service(
+        name,
+        model_path,
+        env={
+            "TIDAL_FAULT_SERVICE_TIME_MS": str(service_ms),
+            "TIDAL_FAULT_MAX_CONCURRENT_BATCHES": "1",
+            "TIDAL_FAULT_EXTRA_WARMUP_SECONDS": str(warmup_seconds),
+        },
+        autoscaling=autoscaling,
+    )
+    model = manifest["spec"]["models"][0]
+    model["maxBatchSize"] = batch_rows
+    model["batching"] = {"maxQueueDelayMs": 5}
+    return manifest
+
+
 @dataclass
 class StatusRecorder:
     """Polls the InferenceService in a thread: every distinct lastDecision and rollout status,

@@ -27,8 +27,8 @@ from scenario import (
     INFER_BODY,
     StatusRecorder,
     apply,
+    capacity_limited_service,
     install_crd,
-    model_service,
     parse_time,
     running_operator,
 )
@@ -50,25 +50,14 @@ WARMUP_S = 8.0
 
 
 def _capacity_limited_service(name: str, model_path: Path) -> dict[str, Any]:
-    manifest = model_service(
+    return capacity_limited_service(
         name,
         model_path,
-        env={
-            "TIDAL_FAULT_SERVICE_TIME_MS": str(SERVICE_MS),
-            "TIDAL_FAULT_MAX_CONCURRENT_BATCHES": "1",
-            "TIDAL_FAULT_EXTRA_WARMUP_SECONDS": str(WARMUP_S),
-        },
-        autoscaling={
-            "minReplicas": 1,
-            "maxReplicas": 8,
-            "scaleDownDelaySeconds": 600,
-        },
+        service_ms=SERVICE_MS,
+        batch_rows=BATCH_ROWS,
+        warmup_seconds=WARMUP_S,
+        autoscaling={"minReplicas": 1, "maxReplicas": 8, "scaleDownDelaySeconds": 600},
     )
-    model = manifest["spec"]["models"][0]
-    model["maxBatchSize"] = BATCH_ROWS
-    model["batching"] = {"maxQueueDelayMs": 5}
-    model["warmup"] = {"batchSizes": [1], "iterations": 1}
-    return manifest
 
 
 def _desired(body: dict[str, Any]) -> int | None:

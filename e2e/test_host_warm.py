@@ -29,8 +29,8 @@ from scenario import (
     INFER_BODY,
     StatusRecorder,
     apply,
+    capacity_limited_service,
     install_crd,
-    model_service,
     parse_time,
     pods,
     running_operator,
@@ -49,14 +49,12 @@ COLD_S = 8.0
 
 
 def _manifest(name: str, model_path: Path) -> dict[str, Any]:
-    manifest = model_service(
+    return capacity_limited_service(
         name,
         model_path,
-        env={
-            "TIDAL_FAULT_SERVICE_TIME_MS": str(SERVICE_MS),
-            "TIDAL_FAULT_MAX_CONCURRENT_BATCHES": "1",
-            "TIDAL_FAULT_EXTRA_WARMUP_SECONDS": str(COLD_S),
-        },
+        service_ms=SERVICE_MS,
+        batch_rows=BATCH_ROWS,
+        warmup_seconds=COLD_S,
         autoscaling={
             "minReplicas": 1,
             "maxReplicas": 6,
@@ -65,10 +63,6 @@ def _manifest(name: str, model_path: Path) -> dict[str, Any]:
             "scaleDownDelaySeconds": 600,
         },
     )
-    model = manifest["spec"]["models"][0]
-    model["maxBatchSize"] = BATCH_ROWS
-    model["batching"] = {"maxQueueDelayMs": 5}
-    return manifest
 
 
 def _tier(ip: str) -> str:
