@@ -50,11 +50,19 @@ from tidal.runtime.metrics import RuntimeMetrics
 
 log = logging.getLogger("tidal.runtime.batcher")
 
-# Batches that recently took less than this run on the event loop itself: handing them to a
-# worker thread and back (queue put, thread wake-up, GIL hand-over, call_soon_threadsafe) costs
-# more than running them.  Anything slower runs on the model's worker thread so that the loop
-# keeps accepting requests (and forming the next batch) while the device computes.
+# Batches whose engine call recently took less than this run on the event loop itself: handing
+# them to a worker thread and back (queue put, thread wake-up, GIL hand-over,
+# call_soon_threadsafe) costs more than running them.  Anything slower runs on the model's worker
+# thread so that the loop keeps accepting requests (and forming the next batch) while the device
+# computes.  The engine call is timed where it runs (on the worker thread, not around the
+# hand-off): a busy loop takes a while to pick a finished batch up, and counting that wait kept
+# every batch on the thread.
 INLINE_BELOW_SECONDS = 0.0002
+# A request that finds the model idle runs at once (in ``submit``) only while the batches the
+# loop formed recently held about one request each; one such request in this many goes through
+# the queue all the same, so that the batch loop keeps measuring whether requests come together.
+AT_ONCE_WHILE_BATCHES_BELOW = 1.5
+AT_ONCE_PROBE_EVERY = 16
 Arrays = dict[str, np.ndarray[Any, Any]]
 
 
@@ -93,12 +101,16 @@ class ModelBatcher:
         self.queue: deque[Pending] = deque()
         self.queued_rows = 0
         self.recent_batch_seconds: float | None = None
+        self.recent_engine_seconds: float | None = None  # the engine call alone (inline choice)
+        self.recent_batch_requests: float | None = None  # requests per batch the loop formed
+        self._at_once_left = AT_ONCE_PROBE_EVERY
         self._wakeup = asyncio.Event()
         self._pool = ThreadPoolExecutor(
             max_workers=self.slots, thread_name_prefix=f"tidal-{spec.name}"
         )
         self._task: asyncio.Task[None] | None = None
         self._running = 0  # batches executing in extra slots (slots > 1)
+        self._executing = 0  # batches on a worker thread now (any slot)
         self._executions: set[asyncio.Task[None]] = set()
         name = spec.name
         self._gauge = metrics.queue_depth.labels(name)
@@ -184,6 +196,9 @@ class ModelBatcher:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Arrays] = loop.create_future()
         pending = Pending(QueuedItem(now, rows, shape_key, deadline), inputs, future)
+        if self._runs_at_once(pending.item, now):
+            self._run_inline([pending])
+            return future
         if timeout is not None:
             # A timer, not the batch loop, enforces the deadline: the loop may be busy running
             # a batch for longer than the timeout.
@@ -264,6 +279,7 @@ class ModelBatcher:
             batch = [p for p in self._take(decision.count) if not p.future.done()]
             if not batch:
                 continue
+            self.recent_batch_requests = _smoothed(self.recent_batch_requests, len(batch))
             if self.slots == 1:
                 await self._execute(batch)
             else:
@@ -279,22 +295,60 @@ class ModelBatcher:
             self._running -= 1
             self._wakeup.set()
 
-    def _infer_paced(self, engine: Any, merged: Arrays, rows: int) -> Arrays:
-        """Run the batch, then hold the slot until the emulated service time has passed."""
+    def _infer_timed(self, engine: Any, merged: Arrays) -> tuple[Arrays, float]:
+        """Run the batch (on the worker thread); returns the outputs and the engine's seconds."""
         started = self.clock.now()
         outputs: Arrays = engine.infer(merged)
-        left = self.faults.batch_floor_seconds(rows) - (self.clock.now() - started)
+        return outputs, self.clock.now() - started
+
+    def _infer_paced(self, engine: Any, merged: Arrays, rows: int) -> tuple[Arrays, float]:
+        """Run the batch, then hold the slot until the emulated service time has passed."""
+        outputs, engine_s = self._infer_timed(engine, merged)
+        left = self.faults.batch_floor_seconds(rows) - engine_s
         if left > 0:
             time.sleep(left)
-        return outputs
+        return outputs, engine_s
 
-    async def _execute(self, batch: list[Pending]) -> None:
+    def _inline(self) -> bool:
+        """Whether batches run on the event loop (see INLINE_BELOW_SECONDS)."""
+        recent = self.recent_engine_seconds
+        return not self.faults.paced and recent is not None and recent < INLINE_BELOW_SECONDS
+
+    def _runs_at_once(self, item: QueuedItem, now: float) -> bool:
+        """Whether ``submit`` runs this request itself, skipping the queue.
+
+        Yes when it finds the queue empty and no batch executing, the model's batches run on
+        the event loop, the policy would send it alone, and the loop's recent batches held
+        about one request each: queueing it would only wake the batch loop to do the same a
+        loop turn later (a future, an event, two task switches: most of a light model's cost).
+        grpc.aio hands the loop one call at a time, so its requests seldom meet in the queue;
+        aiohttp parses many requests in one loop turn, and those are batched (queued)."""
+        if (
+            self.queue
+            or self._executing
+            or self._task is None
+            or self._task.done()
+            or not self._inline()
+        ):
+            return False
+        recent = self.recent_batch_requests
+        if recent is None or recent >= AT_ONCE_WHILE_BATCHES_BELOW:
+            return False
+        self._at_once_left -= 1
+        if self._at_once_left <= 0:
+            self._at_once_left = AT_ONCE_PROBE_EVERY
+            return False
+        return decide_batch((item,), self.policy, now).count == 1
+
+    def _prepare(self, batch: list[Pending]) -> tuple[Any, Arrays, int, float] | None:
+        """The engine, the merged inputs, the rows and the time merging began; None (the batch
+        failed) when the engine is gone."""
         slot = self.cache.slots[self.spec.name]
         engine = slot.engine
         if engine is None:  # cannot happen while requests hold refs; fail loudly if it does
             for pending in batch:
                 pending.future.set_exception(BackendError("engine vanished while queued"))
-            return
+            return None
         merging = self.clock.now()
         queue = self.stats.queue
         for pending in batch:
@@ -308,33 +362,72 @@ class ModelBatcher:
             }
         rows = sum(p.item.rows for p in batch)
         self._batch_hist.observe(rows)
+        return engine, merged, rows, merging
+
+    def _run_inline(self, batch: list[Pending]) -> None:
+        prepared = self._prepare(batch)
+        if prepared is None:
+            return
+        engine, merged, rows, merging = prepared
         started = self.clock.now()
-        recent = self.recent_batch_seconds
+        try:
+            outputs = engine.infer(merged)
+        except Exception as exc:
+            self._fail(batch, rows, exc)
+            return
+        self._finish(batch, outputs, rows, merging, started, self.clock.now() - started)
+
+    async def _execute(self, batch: list[Pending]) -> None:
+        if self._inline():
+            self._run_inline(batch)
+            return
+        prepared = self._prepare(batch)
+        if prepared is None:
+            return
+        engine, merged, rows, merging = prepared
+        started = self.clock.now()
+        loop = asyncio.get_running_loop()
+        self._executing += 1
         try:
             if self.faults.paced:
-                outputs = await asyncio.get_running_loop().run_in_executor(
+                outputs, engine_s = await loop.run_in_executor(
                     self._pool, self._infer_paced, engine, merged, rows
                 )
-            elif recent is not None and recent < INLINE_BELOW_SECONDS:
-                outputs = engine.infer(merged)
             else:
-                outputs = await asyncio.get_running_loop().run_in_executor(
-                    self._pool, engine.infer, merged
+                outputs, engine_s = await loop.run_in_executor(
+                    self._pool, self._infer_timed, engine, merged
                 )
         except Exception as exc:
-            log.exception("batch of %d rows failed on %s", rows, self.spec.name)
-            error = (
-                exc
-                if isinstance(exc, ServingError)
-                else BackendError(f"backend failed on model {self.spec.name!r}: {exc}")
-            )
-            for pending in batch:
-                if not pending.future.done():
-                    pending.future.set_exception(error)
+            self._fail(batch, rows, exc)
             return
+        finally:
+            self._executing -= 1
+        self._finish(batch, outputs, rows, merging, started, engine_s)
+
+    def _fail(self, batch: list[Pending], rows: int, exc: Exception) -> None:
+        log.exception("batch of %d rows failed on %s", rows, self.spec.name)
+        error = (
+            exc
+            if isinstance(exc, ServingError)
+            else BackendError(f"backend failed on model {self.spec.name!r}: {exc}")
+        )
+        for pending in batch:
+            if not pending.future.done():
+                pending.future.set_exception(error)
+
+    def _finish(
+        self,
+        batch: list[Pending],
+        outputs: Arrays,
+        rows: int,
+        merging: float,
+        started: float,
+        engine_s: float,
+    ) -> None:
+        """Count the completed batch and hand each request its slice of the outputs."""
         elapsed = self.clock.now() - started
-        previous = self.recent_batch_seconds
-        self.recent_batch_seconds = elapsed if previous is None else 0.8 * previous + 0.2 * elapsed
+        self.recent_batch_seconds = _smoothed(self.recent_batch_seconds, elapsed)
+        self.recent_engine_seconds = _smoothed(self.recent_engine_seconds, engine_s)
         self._done_batches.inc()
         self._done_rows.inc(rows)
         self._done_requests.inc(len(batch))
@@ -355,3 +448,8 @@ class ModelBatcher:
         self.stats.record_batch(
             rows, len(batch), started - merging, elapsed, self.clock.now() - started - elapsed
         )
+
+
+def _smoothed(previous: float | None, sample: float) -> float:
+    """An exponentially weighted mean of recent samples (the first sample stands alone)."""
+    return sample if previous is None else 0.8 * previous + 0.2 * sample

@@ -48,7 +48,7 @@ from tidal.runtime.errors import (
 )
 from tidal.runtime.grpc import oip_v2_pb2 as pb
 from tidal.runtime.protocol import DATATYPES, datatype_of
-from tidal.runtime.server import VERSIONS, RuntimeServer, _validate
+from tidal.runtime.server import VERSIONS, RequestAccounting, RuntimeServer, _validate
 
 log = logging.getLogger("tidal.runtime.grpc")
 
@@ -373,43 +373,11 @@ class GrpcInference:
     # -- inference ----------------------------------------------------------------------------
 
     async def model_infer(self, request: Any, deadline_ms: float | None = None) -> Any:
-        """One inference, counted in the same metrics (and batched with) HTTP requests."""
-        runtime = self.runtime
-        name = request.model_name
-        started = runtime.clock.now()
-        runtime.metrics.inflight.inc()
-        slot = runtime.cache.slots.get(name)
-        if slot is not None:
-            slot.outstanding += 1
-        cold = False
-        code = 500
-        try:
-            response, cold = await self._infer(request, deadline_ms)
-            code = 200
+        """One inference, counted in the same metrics (and batched with) HTTP requests; a call
+        cancelled (the client went away, its deadline passed) counts as 499."""
+        with RequestAccounting(self.runtime, request.model_name) as accounting:
+            response, accounting.cold = await self._infer(request, deadline_ms)
             return response
-        except ServingError as error:
-            code = error.status
-            raise
-        except asyncio.CancelledError:
-            code = 499  # the client went away (or its deadline passed): not a server fault
-            raise
-        finally:
-            runtime.metrics.inflight.dec()
-            if slot is not None:
-                slot.outstanding -= 1
-                slot.requests += 1
-                elapsed = runtime.clock.now() - started
-                label = "cold" if cold else "hot"
-                runtime.metrics.request_duration.labels(name, label, str(code)).observe(elapsed)
-                runtime.metrics.requests.labels(name, str(code)).inc()
-                if cold and code == 200 and runtime.cache.take_first_request(name):
-                    runtime.metrics.cold_start.labels(name).observe(elapsed)
-                stats = runtime.metrics.stats_for(name)
-                if code == 200:
-                    stats.success.add(elapsed)
-                    stats.last_inference_ms = int(runtime.wall() * 1000)
-                elif code != 499:
-                    stats.fail.add(elapsed)
 
     async def _infer(self, request: Any, deadline_ms: float | None) -> tuple[Any, bool]:
         runtime = self.runtime

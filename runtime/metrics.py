@@ -174,12 +174,49 @@ class RuntimeMetrics:
             registry=r,
         )
         self.stats: dict[str, ModelStats] = {}  # the statistics extension, by model
+        self._request_series: dict[str, RequestSeries] = {}
 
     def stats_for(self, model: str) -> ModelStats:
         stats = self.stats.get(model)
         if stats is None:
             stats = self.stats[model] = ModelStats()
         return stats
+
+    def request_series(self, model: str) -> RequestSeries:
+        """The per-request series of one model, their labelled children looked up once."""
+        series = self._request_series.get(model)
+        if series is None:
+            series = self._request_series[model] = RequestSeries(self, model)
+        return series
+
+
+class RequestSeries:
+    """One model's per-request metrics: ``tidal_request_duration_seconds``, ``tidal_requests``
+    and the statistics extension's figures.
+
+    prometheus_client's ``labels()`` takes a lock, checks and joins the label values on every
+    call; the few children a model uses (one per cache state and status code) are kept here.
+    """
+
+    def __init__(self, metrics: RuntimeMetrics, model: str) -> None:
+        self._metrics = metrics
+        self.model = model
+        self.stats = metrics.stats_for(model)
+        self._durations: dict[tuple[bool, int], Any] = {}
+        self._counts: dict[int, Any] = {}
+
+    def observe(self, cold: bool, code: int, seconds: float) -> None:
+        """One answered request: its latency under (cache state, code), counted under code."""
+        duration = self._durations.get((cold, code))
+        if duration is None:
+            duration = self._durations[cold, code] = self._metrics.request_duration.labels(
+                self.model, "cold" if cold else "hot", str(code)
+            )
+        duration.observe(seconds)
+        count = self._counts.get(code)
+        if count is None:
+            count = self._counts[code] = self._metrics.requests.labels(self.model, str(code))
+        count.inc()
 
 
 @dataclass

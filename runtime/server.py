@@ -206,6 +206,66 @@ def _validate(
     return rows, tuple(key)
 
 
+class RequestAccounting:
+    """The bookkeeping of one infer request, the same for every transport.
+
+    While the request runs: ``tidal_inflight_requests`` and the model's ``outstanding`` count.
+    When it ends: its latency in ``tidal_request_duration_seconds`` (``cache`` cold or hot) and
+    ``tidal_requests`` under ``code``, the cold start of the first request after an on-demand
+    load, and the statistics extension's success or fail. The code is ``code`` when the block
+    completes (200 unless the transport sets another), the error's status for a ServingError,
+    499 for a client that went away (a reset connection, a cancelled call: not counted as a
+    failure), else 500. Requests for an unknown model count only as inflight.
+    """
+
+    __slots__ = ("_name", "_runtime", "_slot", "_started", "code", "cold")
+
+    def __init__(self, runtime: RuntimeServer, name: str) -> None:
+        self._runtime = runtime
+        self._name = name
+        self._slot = runtime.cache.slots.get(name)
+        self._started = 0.0
+        self.code = 200
+        self.cold = False
+
+    def __enter__(self) -> RequestAccounting:
+        runtime = self._runtime
+        self._started = runtime.clock.now()
+        runtime.metrics.inflight.inc()
+        if self._slot is not None:
+            self._slot.outstanding += 1
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, _: Any
+    ) -> None:
+        runtime = self._runtime
+        runtime.metrics.inflight.dec()
+        slot = self._slot
+        if slot is None:
+            return
+        if error is None:
+            code = self.code
+        elif isinstance(error, ServingError):
+            code = error.status
+        elif isinstance(error, ConnectionResetError | asyncio.CancelledError):
+            code = ClientDisconnected.status
+        else:
+            code = 500
+        slot.outstanding -= 1
+        slot.requests += 1
+        elapsed = runtime.clock.now() - self._started
+        series = runtime.metrics.request_series(self._name)
+        series.observe(self.cold, code, elapsed)
+        if self.cold and code == 200 and runtime.cache.take_first_request(self._name):
+            runtime.metrics.cold_start.labels(self._name).observe(elapsed)
+        if code == 200:
+            series.stats.success.add(elapsed)
+            series.stats.last_inference_ms = int(runtime.wall() * 1000)
+        elif code != ClientDisconnected.status:
+            series.stats.fail.add(elapsed)
+
+
 class RuntimeServer:
     """The runtime's state: configuration, cache, batchers, metrics, readiness."""
 
@@ -578,40 +638,10 @@ class RuntimeServer:
 
     async def infer(self, request: web.Request) -> web.Response:
         name = request.match_info["model"]
-        started = self.clock.now()
-        self.metrics.inflight.inc()
-        slot = self.cache.slots.get(name)
-        if slot is not None:
-            slot.outstanding += 1
-        cold = False
-        code = 500
-        try:
-            response, cold = await self._infer(name, request)
-            code = response.status
+        with RequestAccounting(self, name) as accounting:
+            response, accounting.cold = await self._infer(name, request)
+            accounting.code = response.status
             return response
-        except ServingError as error:
-            code = error.status
-            raise
-        except ConnectionResetError:
-            code = ClientDisconnected.status
-            raise
-        finally:
-            self.metrics.inflight.dec()
-            if slot is not None:
-                slot.outstanding -= 1
-                slot.requests += 1
-                elapsed = self.clock.now() - started
-                label = "cold" if cold else "hot"
-                self.metrics.request_duration.labels(name, label, str(code)).observe(elapsed)
-                self.metrics.requests.labels(name, str(code)).inc()
-                if cold and code == 200 and self.cache.take_first_request(name):
-                    self.metrics.cold_start.labels(name).observe(elapsed)
-                stats = self.metrics.stats_for(name)
-                if code == 200:
-                    stats.success.add(elapsed)
-                    stats.last_inference_ms = int(self.wall() * 1000)
-                elif code != ClientDisconnected.status:
-                    stats.fail.add(elapsed)
 
     async def _infer(self, name: str, request: web.Request) -> tuple[web.Response, bool]:
         version = self._version(request)

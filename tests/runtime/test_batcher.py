@@ -157,3 +157,104 @@ def test_capacity_faults_from_the_environment() -> None:
     assert faults.paced and faults.max_concurrent_batches == 3
     assert faults.batch_floor_seconds(4) == pytest.approx(0.033)
     assert not FaultSpec().paced
+
+
+class _Engine:
+    """Doubles its input; records the thread and the rows of every call."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int]] = []  # (thread id, rows)
+
+    def infer(self, inputs: dict[str, np.ndarray[Any, Any]]) -> dict[str, np.ndarray[Any, Any]]:
+        x = inputs["x"]
+        self.calls.append((threading.get_ident(), len(x)))
+        return {"y": x * 2}
+
+
+class _Slot:
+    def __init__(self, engine: _Engine) -> None:
+        self.engine = engine
+
+
+class _EngineCache(_Cache):
+    def __init__(self, engine: _Engine) -> None:
+        self.slots = {"m": _Slot(engine)}
+
+
+def _running_batcher(engine: _Engine, max_batch: int = 8) -> ModelBatcher:
+    from tidal.runtime.clock import CLOCK
+
+    spec = ModelSpec.model_validate(
+        {
+            "name": "m",
+            "engines": [{"uri": "file:///m.onnx"}],
+            "maxBatchSize": max_batch,
+            "batching": {"maxQueueDelayMs": 0},
+        }
+    )
+    batcher = ModelBatcher(spec, _EngineCache(engine), RuntimeMetrics(), CLOCK)  # type: ignore[arg-type]
+    batcher.start()
+    return batcher
+
+
+def _row(value: float) -> dict[str, np.ndarray[Any, Any]]:
+    return {"x": np.full((1, 4), value, dtype=np.float32)}
+
+
+async def test_fast_batches_run_on_the_event_loop() -> None:
+    # The engine call is timed on the worker thread: the loop's delay in picking the result up
+    # (here a blocking sleep while the batch runs) must not keep fast batches on the thread.
+    engine = _Engine()
+    batcher = _running_batcher(engine)
+    try:
+        future = batcher.submit(_row(1.0), 1, ((4,),))
+        await asyncio.sleep(0)
+        time.sleep(0.01)  # noqa: ASYNC251 (the loop is busy while the batch runs on the thread)
+        await future
+        for value in range(5):
+            out = await batcher.submit(_row(value), 1, ((4,),))
+            assert out["y"][0, 0] == 2 * value
+        loop_thread = threading.get_ident()
+        assert engine.calls[0][0] != loop_thread  # no timing yet: the thread
+        assert all(thread == loop_thread for thread, _ in engine.calls[1:])
+        assert batcher.recent_engine_seconds is not None
+        assert batcher.recent_engine_seconds < batcher.recent_batch_seconds  # type: ignore[operator]
+    finally:
+        await batcher.stop()
+
+
+async def test_a_lone_request_to_an_idle_model_is_answered_by_submit() -> None:
+    engine = _Engine()
+    batcher = _running_batcher(engine)
+    try:
+        for value in range(4):  # batches of one request: the loop measures that
+            await batcher.submit(_row(value), 1, ((4,),))
+        at_once = [batcher.submit(_row(7.0), 1, ((4,),)) for _ in range(3)]
+        assert all(f.done() for f in at_once)  # no loop turn needed
+        assert at_once[0].result()["y"][0, 0] == 14.0
+        assert batcher.metrics.backend_requests.labels("m")._value.get() == 7
+        assert batcher._gauge._value.get() == 0
+    finally:
+        await batcher.stop()
+
+
+async def test_requests_that_arrive_together_are_batched() -> None:
+    engine = _Engine()
+    batcher = _running_batcher(engine)
+    try:
+        for value in range(3):
+            await batcher.submit(_row(value), 1, ((4,),))
+        # Then the loop turn brings many at once: the first few may run at once, but a probe
+        # goes through the queue, those behind it are batched with it, and from then on the
+        # loop's batches hold several requests, so no request skips the queue.
+        for _ in range(3):
+            futures = [batcher.submit(_row(1.0), 1, ((4,),)) for _ in range(40)]
+            await asyncio.gather(*futures)
+        assert batcher.recent_batch_requests is not None
+        assert batcher.recent_batch_requests > 1.5
+        futures = [batcher.submit(_row(1.0), 1, ((4,),)) for _ in range(16)]
+        assert not any(f.done() for f in futures)
+        await asyncio.gather(*futures)
+        assert engine.calls[-1][1] > 1  # the last 16 went in batches
+    finally:
+        await batcher.stop()
