@@ -15,14 +15,25 @@ flag                        environment                          default
 ``--bind-address A``        ``TIDAL_OPERATOR_BIND_ADDRESS``      0.0.0.0
 ``--log-format F``          ``TIDAL_OPERATOR_LOG_FORMAT``        json (json, full, plain)
 ``--verbose``/``--debug``   ``TIDAL_OPERATOR_LOG_LEVEL``         info
+``--leader-elect``          ``TIDAL_OPERATOR_LEADER_ELECT``      off (true/false)
+``--lease-name N``          ``TIDAL_OPERATOR_LEASE_NAME``        tidal-operator[-<scope hash>]
+``--lease-namespace NS``    ``POD_NAMESPACE``                    first watched, else default
+``--lease-seconds S``       ``TIDAL_OPERATOR_LEASE_SECONDS``     15
 ==========================  ===================================  =========================
 
 Credentials: in-cluster service account, else ``KUBECONFIG``.
+
+With ``--leader-elect`` several processes may run for one scope (the whole cluster, or the same
+``--namespace`` set: a shard): they elect one leader through a ``coordination.k8s.io`` Lease
+(named after the scope, so each shard elects its own), the others wait without watching or
+writing anything, and one takes over within ``--lease-seconds`` of the leader's failure (at
+once when it shuts down cleanly: the Lease is released). A leader that cannot renew exits.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import logging
 import os
 import sys
@@ -32,6 +43,7 @@ import kopf
 from prometheus_client import start_http_server
 
 from tidal.operator.shell import handlers
+from tidal.operator.shell.leader import FollowerHealth, Leadership, LeaseSettings
 
 
 def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -81,13 +93,64 @@ def parse_args(argv: list[str] | None, env: Mapping[str, str]) -> argparse.Names
         choices=["json", "full", "plain"],
         default=env.get("TIDAL_OPERATOR_LOG_FORMAT", "") or "json",
     )
+    p.add_argument(
+        "--leader-elect",
+        action=argparse.BooleanOptionalAction,
+        default=env.get("TIDAL_OPERATOR_LEADER_ELECT", "").lower() in ("1", "true", "yes"),
+        help="elect one leader among the processes of this scope through a Lease",
+    )
+    p.add_argument("--lease-name", default=env.get("TIDAL_OPERATOR_LEASE_NAME", "") or None)
+    p.add_argument("--lease-namespace", default=env.get("POD_NAMESPACE", "") or None)
+    p.add_argument(
+        "--lease-seconds", type=int, default=_env_int(env, "TIDAL_OPERATOR_LEASE_SECONDS", 15)
+    )
     level = env.get("TIDAL_OPERATOR_LOG_LEVEL", "info").lower()
     p.add_argument("--verbose", action="store_true", default=level == "verbose")
     p.add_argument("--debug", action="store_true", default=level == "debug")
     args = p.parse_args(argv)
     if args.namespaces is None:
         args.namespaces = env_ns
+    if args.lease_name is None:
+        args.lease_name = lease_name(args.namespaces)
+    if args.lease_namespace is None:
+        args.lease_namespace = args.namespaces[0] if args.namespaces else "default"
+    if args.lease_seconds < 4:
+        p.error("--lease-seconds must be at least 4")
     return args
+
+
+def lease_name(namespaces: list[str]) -> str:
+    """One Lease per scope: processes watching the same namespaces elect one leader."""
+    if not namespaces:
+        return "tidal-operator"
+    scope = ",".join(sorted({n.strip() for n in namespaces}))
+    return "tidal-operator-" + hashlib.sha256(scope.encode()).hexdigest()[:10]
+
+
+def _lead(args: argparse.Namespace) -> Leadership:
+    """Wait until this process leads its scope (answering /healthz meanwhile); then keep the
+    Lease renewed. Returns the Leadership, to release on a clean exit."""
+    from kubernetes import client
+
+    from tidal.operator.shell.kube import load_client_config
+
+    client.Configuration.set_default(load_client_config())
+    leadership = Leadership(
+        LeaseSettings.for_lease(args.lease_name, args.lease_namespace, args.lease_seconds)
+    )
+    health = FollowerHealth(args.bind_address, args.health_port) if args.health_port else None
+    try:
+        leadership.acquire()
+    finally:
+        if health is not None:
+            health.close()
+
+    def lost() -> None:
+        logging.shutdown()
+        os._exit(70)  # work that might overlap the new leader's must stop now
+
+    leadership.start_renewing(lost)
+    return leadership
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,13 +186,18 @@ def main(argv: list[str] | None = None) -> int:
         f"http://{args.bind_address}:{args.health_port}/healthz" if args.health_port else None
     )
     scope = ", ".join(args.namespaces) if args.namespaces else "all namespaces"
+    leadership = _lead(args) if args.leader_elect else None
     logging.getLogger("tidal.operator").info("watching %s", scope)
-    kopf.run(
-        standalone=True,
-        clusterwide=not args.namespaces,
-        namespaces=args.namespaces,
-        liveness_endpoint=liveness,
-    )
+    try:
+        kopf.run(
+            standalone=True,
+            clusterwide=not args.namespaces,
+            namespaces=args.namespaces,
+            liveness_endpoint=liveness,
+        )
+    finally:
+        if leadership is not None:
+            leadership.release()
     return 0
 
 

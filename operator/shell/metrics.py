@@ -88,6 +88,15 @@ TICK_LAG = Histogram(
     "How late a control-loop tick started after it was due (the loop's own scheduling delay).",
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0),
 )
+LEADER = Gauge(
+    "tidal_operator_leader",
+    "1 while this operator process holds its leader-election Lease (0: a waiting follower, "
+    "or leader election is off).",
+)
+LEADER_TRANSITIONS = Counter(
+    "tidal_operator_leader_transitions_total",
+    "Times this process became the leader.",
+)
 TICKS_SKIPPED = Counter(
     "tidal_operator_ticks_skipped_total",
     "Control-loop ticks not run because the one before ran past their time (the loop resumes "

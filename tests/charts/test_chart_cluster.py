@@ -141,7 +141,9 @@ def test_operator_reconciles_with_only_the_chart_rbac(
         "KUBECONFIG": str(kubeconfig),
         "TIDAL_OPERATOR_BIND_ADDRESS": "127.0.0.1",
         "TIDAL_OPERATOR_LOG_FORMAT": "full",
+        "POD_NAMESPACE": namespace,  # the downward API's value: the release namespace
     }
+    assert env["TIDAL_OPERATOR_LEADER_ELECT"] == "true"
     env.pop("TIDAL_PROMETHEUS_URL", None)
     health_port = next(p["containerPort"] for p in container["ports"] if p["name"] == "health")
     probe_path = container["livenessProbe"]["httpGet"]["path"]
@@ -182,6 +184,11 @@ def test_operator_reconciles_with_only_the_chart_rbac(
             )
 
         wait_for(reconciled, timeout=30, what="status written by the operator")
+        # It leads through its Lease, with only the chart's rights.
+        lease = json.loads(sandbox.kubectl("get", "leases", "-n", namespace, "-o", "json").stdout)[
+            "items"
+        ]
+        assert [item["spec"].get("holderIdentity") is not None for item in lease] == [True]
         out = sandbox.kubectl(
             "get",
             "deployments,services,configmaps",

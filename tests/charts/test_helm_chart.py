@@ -74,8 +74,17 @@ def test_default_render_is_a_cluster_wide_operator(helm: Helm) -> None:
         "ClusterRole",
         "ClusterRoleBinding",
         "Deployment",
+        "Role",
+        "RoleBinding",
         "ServiceAccount",
     ]
+    # Leader election: only its Lease, in the release namespace.
+    election = one(docs, "Role")
+    assert election["metadata"]["namespace"] == "tidal-system"
+    assert rule_set(election["rules"]) == {
+        ("coordination.k8s.io", "leases", verb) for verb in ("get", "create", "update")
+    }
+    assert one(docs, "RoleBinding")["roleRef"]["name"] == election["metadata"]["name"]
     operator_role = next(
         d for d in by_kind(docs, "ClusterRole") if d["metadata"]["name"] == "t-tidal"
     )
@@ -94,7 +103,11 @@ def test_operator_pod_is_locked_down(helm: Helm) -> None:
     pod = deployment["spec"]["template"]["spec"]
     container = operator_container(docs)
     assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    # Leader election on: an upgrade is a rolling update whose new pod waits for the Lease.
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
     assert pod["serviceAccountName"] == one(docs, "ServiceAccount")["metadata"]["name"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] != 0
@@ -141,11 +154,13 @@ def test_rendered_env_configures_the_operator_cli(helm: Helm) -> None:
 
 def test_watch_namespaces_grant_rights_only_there(helm: Helm) -> None:
     docs = helm.template("--values", str(CHART / "ci" / "namespaced-values.yaml"))
-    roles = by_kind(docs, "Role")
+    roles = [r for r in by_kind(docs, "Role") if "leader-election" not in r["metadata"]["name"]]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     for role in roles:
         assert rule_set(role["rules"]) == OPERATOR_RIGHTS
-    bindings = by_kind(docs, "RoleBinding")
+    bindings = [
+        b for b in by_kind(docs, "RoleBinding") if "leader-election" not in b["metadata"]["name"]
+    ]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     for binding in bindings:
         assert binding["subjects"][0]["namespace"] == "tidal-system"
@@ -304,3 +319,33 @@ def test_every_default_value_is_described_in_the_schema() -> None:
         return out
 
     assert missing(values, schema, "") == []
+
+
+def test_leader_election_reaches_the_operator_and_guards_replicas(helm: Helm) -> None:
+    docs = helm.template(
+        "--set", "operator.replicas=2", "--set", "operator.leaderElection.leaseSeconds=20"
+    )
+    container = operator_container(docs)
+    env = env_of(container)
+    assert env["TIDAL_OPERATOR_LEASE_SECONDS"] == "20"
+    pod_namespace = next(e for e in container["env"] if e["name"] == "POD_NAMESPACE")
+    assert pod_namespace["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    args = parse_args([], {**env, "POD_NAMESPACE": "tidal-system"})
+    assert args.leader_elect and args.lease_seconds == 20
+    assert args.lease_namespace == "tidal-system" and args.lease_name == "tidal-operator"
+    assert one(docs, "Deployment")["spec"]["replicas"] == 2
+    # Off: one operator, Recreate, no Lease rights, and more replicas are refused.
+    off = helm.template("--set", "operator.leaderElection.enabled=false")
+    assert one(off, "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
+    assert by_kind(off, "Role") == []
+    assert not parse_args([], env_of(operator_container(off))).leader_elect
+    result = helm(
+        "template",
+        "t",
+        str(CHART),
+        "--set",
+        "operator.leaderElection.enabled=false",
+        "--set",
+        "operator.replicas=2",
+    )
+    assert result.returncode != 0 and "needs operator.leaderElection.enabled" in result.stderr
