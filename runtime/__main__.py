@@ -17,7 +17,6 @@ import sys
 
 from tidal.runtime.config import ConfigError, load_config
 
-SWITCH_INTERVAL_S = 0.0002
 DEFAULT_GRPC_PORT = 8081
 
 
@@ -85,9 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         print(f"tidal-runtime: backend {config.backend!r} cannot start: {exc}", file=sys.stderr)
         return 2
-    # The event loop hands batches to worker threads; with CPython's default 5 ms switch
-    # interval a thread waiting for the GIL can stall a request by milliseconds.
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    # CPython's default GIL switch interval (5 ms) is kept: a shorter one (0.2 ms, once set here
+    # for the batcher's worker thread) let grpc.aio's poller thread take the GIL from the event
+    # loop every 0.2 ms, which halved HTTP throughput and cost gRPC some (issue 13, RESULTS.md).
 
     async def run() -> None:
         loop = asyncio.get_running_loop()
