@@ -77,7 +77,11 @@ from typing import Protocol
 import numpy as np
 
 from tidal.gateway.core.routing import LoadBudget, ReplicaView, choose_route
-from tidal.operator.core.fleet import DEFAULT_LOAD_BYTES_PER_SECOND, DEFAULT_LOAD_OVERHEAD_SECONDS
+from tidal.operator.core.fleet import (
+    DEFAULT_LOAD_BYTES_PER_SECOND,
+    DEFAULT_LOAD_OVERHEAD_SECONDS,
+    smooth_rates,
+)
 from tidal.operator.core.forecast import ForecastPolicy, ModelForecast, observe, predict_peak
 from tidal.operator.core.placement import ModelDemand, PlacementPolicy, ReplicaSlot, place
 
@@ -126,6 +130,7 @@ class FleetConfig:
     rate_per_copy: float = 50.0  # spec.fleet.placement.ratePerCopy
     min_rate: float = 0.01  # spec.fleet.placement.minRate
     headroom: float = 0.2  # spec.fleet.placement.headroom
+    rate_window: float = 60.0  # spec.fleet.placement.rateWindowSeconds
     forecast: bool = True  # spec.fleet.forecast.enabled
     forecast_slots: int = 96  # spec.fleet.forecast.slots
     lead_seconds: float = 5.0  # spec.fleet.forecast.leadSeconds
@@ -640,6 +645,8 @@ class _GatewayReplica:
     refused_seen: int = -1
     hot: frozenset[str] = frozenset()
     loading: frozenset[str] = frozenset()
+    on_demand_loads: int = 0  # loading engines that are not background pin loads
+    pinned_bytes: float = 0.0
     refused: dict[int, float] = field(default_factory=dict)  # model -> forgiven at
     forgive_at: float = math.inf  # the earliest of those
     refused_version: int = 0
@@ -650,6 +657,11 @@ class Tidal:
     """tidal v0.2: the gateway's routing core and the operator's forecast + placement cores."""
 
     name = "tidal"
+    # The operator's rateWindowSeconds (None: the config's), placement's landing replicas, and
+    # whether the gateway counts background pin loads in its per-replica load limit.
+    rate_window: float | None = None
+    landing_replicas = 1
+    pin_loads_count = False
 
     def __init__(self, cfg: FleetConfig, only_models_with_traffic: bool = False) -> None:
         self.cfg = cfg
@@ -660,6 +672,7 @@ class Tidal:
             max_copies=None,
             min_rate=cfg.min_rate,
             headroom_fraction=cfg.headroom,
+            landing_replicas=self.landing_replicas,
         )
         self.forecast_policy = ForecastPolicy(
             period_seconds=cfg.day_seconds, slots=cfg.forecast_slots
@@ -688,6 +701,7 @@ class Tidal:
         self.pending: list[list[int]] = [[] for _ in sim.replicas]
         self.hints: Mapping[str, tuple[str, ...]] = {}
         self.held: list[int] = []
+        self.smoothed: dict[str, float] = {}
         self.sizes: dict[int, float] = {}  # measured by a replica (after a first load)
         self.load_times: dict[int, float] = {}
         self.models_of = sim.trace.models
@@ -707,6 +721,10 @@ class Tidal:
                 engines = replica.engines.values()
                 gw.hot = frozenset(names[e.model] for e in engines if e.state == READY)
                 gw.loading = frozenset(names[e.model] for e in engines if e.state == LOADING)
+                gw.on_demand_loads = sum(
+                    1 for e in engines if e.state == LOADING and not e.background
+                )
+                gw.pinned_bytes = sum(e.size for e in engines if e.pinned)
                 gw.version, gw.refused_seen = replica.version, gw.refused_version
                 gw.views = {}
             done = replica.done
@@ -724,8 +742,13 @@ class Tidal:
                     outstanding=outstanding,
                     free_bytes=int(replica.free),
                     budget_bytes=int(replica.budget),
-                    loads_in_flight=len(gw.loading),
+                    loads_in_flight=len(gw.loading) if self.pin_loads_count else gw.on_demand_loads,
                     refused=frozenset(names[m] for m in gw.refused),
+                    room_bytes=(
+                        None
+                        if self.pin_loads_count
+                        else int(max(replica.budget - gw.pinned_bytes, 0.0))
+                    ),
                 )
             out.append(v)
         return out
@@ -836,7 +859,17 @@ class Tidal:
     def tick(self, sim: Sim, t: float) -> None:
         started = time.perf_counter()
         first = self.last_tick is None
+        elapsed = t - (self.last_tick or 0.0)
         rates = self.measure_rates(sim, t)
+        window = self.cfg.rate_window if self.rate_window is None else self.rate_window
+        if not first:  # as the shell: the forecast learns the interval's rates, placement
+            # ranks by the smoothed ones
+            self.smoothed = smooth_rates(
+                self.smoothed,
+                {self.names[k]: float(rates[k]) for k in self.served},
+                elapsed,
+                window,
+            )
         known = list(self.sizes.values())
         fallback = float(np.median(known)) if known else DEFAULT_MODEL_BYTES
         demands = []
@@ -852,7 +885,7 @@ class Tidal:
                 state = observe(self.forecast_policy, self.forecasts.get(name), rate, t)
                 self.forecasts[name] = state
                 peak = predict_peak(self.forecast_policy, state, t, load + self.cfg.lead_seconds)
-            demands.append(ModelDemand(name, int(size), load, rate, peak))
+            demands.append(ModelDemand(name, int(size), load, self.smoothed.get(name, 0.0), peak))
         slots = [
             ReplicaSlot(
                 name=replica.name,
@@ -868,7 +901,10 @@ class Tidal:
             pins = placement.pinned[replica.name]
             self.pins[replica.name] = pins
             for engine in replica.engines.values():
-                engine.pinned = self.names[engine.model] in pins
+                pinned = self.names[engine.model] in pins
+                if engine.pinned != pinned:
+                    engine.pinned = pinned
+                    replica.version += 1  # the gateway sees the room change
             self.pending[replica.index] = [
                 self.index[n] for n in sorted(pins) if self.index[n] not in replica.engines
             ]
@@ -882,27 +918,15 @@ class Tidal:
         self.held = []
 
 
-class TidalSmoothedRates(Tidal):
-    """What if (not tidal's shell): placement gets per-model rates over the last
-    `window` seconds instead of over one placement interval (`--what-if`)."""
+class TidalBefore(Tidal):
+    """tidal as it was before these inputs (`--before`, for a same-run comparison): placement
+    ranks by one interval's rates, keeps no landing room, and the gateway counts background pin
+    loads in its per-replica load limit and knows no evictable room."""
 
-    name = "tidal, 60 s rates"
-    window = 60.0
-
-    def start(self, sim: Sim) -> None:
-        super().start(sim)
-        self.history: deque[tuple[float, np.ndarray]] = deque()
-
-    def measure_rates(self, sim: Sim, t: float) -> np.ndarray:
-        first = self.last_tick is None
-        self.last_tick = t
-        self.history.append((t, self.counts))
-        self.counts = np.zeros(sim.cfg.models)
-        while self.history[0][0] <= t - self.window:
-            self.history.popleft()
-        if first:
-            return np.zeros(sim.cfg.models)
-        return np.asarray(sum(c for _, c in self.history) / min(self.window, t))
+    name = "tidal, before"
+    rate_window = 0.0
+    landing_replicas = 0
+    pin_loads_count = True
 
 
 # ------------------------------------------------------------------------------------------
@@ -965,7 +989,7 @@ def summarise(
     for ld in loads:
         reasons[ld.reason] = reasons.get(ld.reason, 0) + 1
     notes = "loads " + ", ".join(f"{k} {v}" for k, v in sorted(reasons.items()))
-    if isinstance(policy, Tidal):  # and its what-if
+    if isinstance(policy, Tidal):  # and its earlier form
         top = sorted(policy.decisions.items(), key=lambda kv: -kv[1])
         notes += "; routes " + ", ".join(f"{k} {v}" for k, v in top)
     return Result(
@@ -991,25 +1015,25 @@ def _p99(latencies: np.ndarray) -> float:
 HOT_ONLY = " hot only"
 
 
-def make_policies(cfg: FleetConfig, hot_only: bool = False, what_if: bool = False) -> list[Policy]:
+def make_policies(cfg: FleetConfig, hot_only: bool = False, before: bool = False) -> list[Policy]:
     policies: list[Policy] = [RandomLRU(), ModelMeshLike(cfg), Tidal(cfg, hot_only)]
-    if what_if:
-        policies.append(TidalSmoothedRates(cfg, hot_only))
+    if before:
+        policies.append(TidalBefore(cfg, hot_only))
     return [*policies, Belady()]
 
 
 def run_all(
-    cfg: FleetConfig, alphas: Sequence[float], hot_only: bool = True, what_if: bool = False
+    cfg: FleetConfig, alphas: Sequence[float], hot_only: bool = True, before: bool = False
 ) -> list[Result]:
     fleet = make_fleet(cfg)
     results = []
     for alpha in alphas:
         trace = make_trace(cfg, alpha)
-        for policy in make_policies(cfg, what_if=what_if):
+        for policy in make_policies(cfg, before=before):
             results.append(simulate(cfg, fleet, trace, policy, trace.hot))
         if hot_only:
             hot_trace = trace.only(trace.hot, trace.name + HOT_ONLY)
-            for policy in make_policies(cfg, hot_only=True, what_if=what_if):
+            for policy in make_policies(cfg, hot_only=True, before=before):
                 results.append(simulate(cfg, fleet, hot_trace, policy, trace.hot))
     return results
 
@@ -1175,9 +1199,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=FleetConfig.seed)
     parser.add_argument("--quick", action="store_true", help="a small trace (smoke test)")
     parser.add_argument(
-        "--what-if",
+        "--before",
         action="store_true",
-        help="also run tidal with per-model rates over 60 s (not what the operator does)",
+        help="also run tidal as it was before smoothed rates, landing room and pin-load "
+        "accounting (a same-run comparison)",
     )
     args = parser.parse_args(argv)
     cfg = FleetConfig(seed=args.seed)
@@ -1185,7 +1210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = replace(cfg, **QUICK)  # type: ignore[arg-type]
     alphas = [float(a) for a in args.alpha.split(",") if a]
     started = time.perf_counter()
-    results = run_all(cfg, alphas, what_if=args.what_if)
+    results = run_all(cfg, alphas, before=args.before)
     report(cfg, make_fleet(cfg), results, time.perf_counter() - started)
     return 0
 

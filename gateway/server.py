@@ -113,6 +113,7 @@ class Replica:
     budget_bytes: int = 0
     free_bytes: int = 0
     sizes: dict[str, int] = field(default_factory=dict)
+    pinned: frozenset[str] = frozenset()
     load_seconds: dict[str, float] = field(default_factory=dict)
     outstanding: int = 0
     own_loads: set[str] = field(default_factory=set)
@@ -129,6 +130,8 @@ class Replica:
         if cached is not None and cached.outstanding == self.outstanding:
             return cached
         loading = self.loading | self.own_loads if self.own_loads else self.loading
+        on_demand = (self.loading - self.pinned) | self.own_loads
+        pinned_bytes = sum(self.sizes.get(m, 0) for m in self.pinned)
         cached = self._view = ReplicaView(
             name=self.name,
             healthy=self.healthy,
@@ -138,8 +141,9 @@ class Replica:
             outstanding=self.outstanding,
             free_bytes=self.free_bytes,
             budget_bytes=self.budget_bytes,
-            loads_in_flight=len(loading),
+            loads_in_flight=len(on_demand),
             refused=frozenset(self.refused),
+            room_bytes=max(self.budget_bytes - pinned_bytes, 0) if self.budget_bytes else None,
         )
         return cached
 
@@ -348,6 +352,7 @@ class Gateway:
         replica.budget_bytes = int(snapshot["budgetBytes"])
         replica.free_bytes = replica.budget_bytes - int(snapshot["residentBytes"])
         replica.sizes = {n: int(m.get("lastSizeBytes", 0)) for n, m in models.items()}
+        replica.pinned = frozenset(n for n, m in models.items() if m.get("pinned"))
         replica.load_seconds = {n: float(m.get("loadSeconds", 0.0)) for n, m in models.items()}
         replica.healthy = bool(snapshot["ready"])
         replica.last_error = None

@@ -56,8 +56,12 @@ class ReplicaView:
     outstanding: int = 0  # the gateway's own requests in flight to this replica
     free_bytes: int = 0  # engine-cache budget not yet used
     budget_bytes: int = 0
-    loads_in_flight: int = 0  # distinct models loading there now
+    # Distinct on-demand loads there now (the replica's background loads of pinned models are
+    # not counted: the runtime keeps a load slot apart for on-demand loads).
+    loads_in_flight: int = 0
     refused: frozenset[str] = frozenset()  # models it refused to load lately (no room)
+    # Bytes a load can have there by evicting unpinned engines (budget - pinned); None: unknown.
+    room_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +113,10 @@ def _load_target(
     best = min(
         eligible,
         key=lambda r: (
-            r.free_bytes < model_bytes,  # first where it fits without evicting anything
+            # first where it can fit at all (pinned engines are never evicted for it) ...
+            r.room_bytes is not None and r.room_bytes < model_bytes,
+            # ... then where it fits without evicting anything
+            r.free_bytes < model_bytes,
             -r.free_bytes,
             r.loads_in_flight,
             r.outstanding,

@@ -1255,6 +1255,14 @@ class FleetPlacement(ApiModel):
     interval_seconds: float = Field(
         default=2.0, ge=0.5, le=300, description="How often placement is recomputed, seconds."
     )
+    rate_window_seconds: float = Field(
+        default=60.0,
+        ge=0,
+        le=3600,
+        description="Models are ranked by their request rate averaged over about this long "
+        "(an exponentially weighted mean); 0: over one interval. Short windows make pins "
+        "follow single requests of rare models.",
+    )
 
     @model_validator(mode="after")
     def _headroom_below_all(self) -> FleetPlacement:

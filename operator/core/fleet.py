@@ -157,6 +157,33 @@ def model_rates(
     return rates, RateState(counters=counters, at=now)
 
 
+def smooth_rates(
+    previous: Mapping[str, float],
+    rates: Mapping[str, float],
+    elapsed: float,
+    window_seconds: float,
+) -> dict[str, float]:
+    """Per-model rates averaged over about ``window_seconds`` (an exponentially weighted mean
+    with that time constant), what placement ranks models by.
+
+    One placement interval is too short a window for a tail model: one request in 2 s reads
+    as 0.5 req/s, 50x ``minRate``, and pins would follow single requests (churn, and hot models
+    at their lows displaced by tail models that just had one request). A model missing from
+    ``rates`` had none in the interval; a model not seen before starts from its first rate.
+    """
+    if elapsed <= 0:
+        return dict(previous)
+    if window_seconds <= 0:
+        return {name: max(rate, 0.0) for name, rate in rates.items()}
+    keep = math.exp(-elapsed / window_seconds)
+    out: dict[str, float] = {}
+    for name in set(previous) | set(rates):
+        now = max(rates.get(name, 0.0), 0.0)
+        before = previous.get(name)
+        out[name] = now if before is None else before * keep + now * (1.0 - keep)
+    return out
+
+
 # -- placement inputs --------------------------------------------------------------------------
 
 

@@ -24,7 +24,11 @@ How it decides:
   (1 - tolerance). Demand noise within the tolerance moves nothing; a larger change re-sizes.
   Without any pins (first placement) the plain counts apply.
 * Room: each replica may pin `budget * (1 - headroom_fraction)` bytes; the headroom is for
-  on-demand loads of cold models. Models are granted their copies greedily in order of score,
+  on-demand loads of cold models. A fractional headroom is smaller than a large engine, so
+  (with two replicas or more) `landing_replicas` replicas — the largest budgets, then by name,
+  so always the same ones — also keep room for the largest model that is not pinned on every
+  replica: a cold request for it always finds a replica that can load it by evicting only
+  unpinned engines. Models are granted their copies greedily in order of score,
   a whole model at a time. A copy already pinned (an incumbent) has its priority raised by
   `stickiness` and stays on its replica: a newcomer displaces it only with a score more than
   (1 + stickiness) times higher. With stickiness above (1 + noise) / (1 - noise) - 1 (0.22 for
@@ -88,6 +92,8 @@ class PlacementPolicy:
     # Models at or above this score get at least hot_min_copies (with >= 2 replicas).
     hot_rate: float = 10.0
     hot_min_copies: int = 2
+    # Replicas that keep room for the largest model not pinned everywhere (see "Room").
+    landing_replicas: int = 1
 
     def __post_init__(self) -> None:
         problems = []
@@ -107,6 +113,8 @@ class PlacementPolicy:
             problems.append("hot_rate must be >= 0")
         if self.hot_min_copies < 1:
             problems.append("hot_min_copies must be >= 1")
+        if self.landing_replicas < 0:
+            problems.append("landing_replicas must be >= 0")
         if problems:
             raise ValueError("invalid PlacementPolicy: " + "; ".join(problems))
 
@@ -287,6 +295,7 @@ def place(
             else:
                 requests.append((-score, name, j, None))
     requests.sort(key=lambda q: (q[0], q[1], q[2]))
+    usable = _with_landing_room(policy, models, replicas, usable, wanted, too_large)
 
     demand = {m.name: m for m in models}
     hosted = _grant(requests, replicas, usable, demand, wanted)
@@ -390,6 +399,35 @@ def _grant(
         free[chosen] -= size
         load[chosen] += demand[name].score / wanted[name]
     return {name: [slots[i].name for i in where] for name, where in hosted.items()}
+
+
+def _with_landing_room(
+    policy: PlacementPolicy,
+    models: Sequence[ModelDemand],
+    replicas: Sequence[ReplicaSlot],
+    usable: Mapping[str, int],
+    wanted: Mapping[str, int],
+    too_large: Mapping[str, int],
+) -> dict[str, int]:
+    """Pinnable bytes with the landing replicas' room for the largest model that may be loaded
+    on demand: one not wanted on every replica, or too large to pin anywhere."""
+    out = dict(usable)
+    if len(replicas) < 2 or policy.landing_replicas < 1:
+        return out
+    largest_usable = max(usable.values(), default=0)
+    cold_sizes = [
+        m.size_bytes
+        for m in models
+        if m.name not in too_large
+        and (wanted.get(m.name, 0) < len(replicas) or m.size_bytes > largest_usable)
+    ]
+    if not cold_sizes:
+        return out
+    largest = max(cold_sizes)
+    landing = sorted(replicas, key=lambda r: (-r.budget_bytes, r.name))[: policy.landing_replicas]
+    for r in landing:
+        out[r.name] = min(out[r.name], max(r.budget_bytes - largest, 0))
+    return out
 
 
 def _usable_bytes(policy: PlacementPolicy, replica: ReplicaSlot) -> int:

@@ -54,6 +54,7 @@ from tidal.operator.core.fleet import (
     model_rates,
     parse_replica_report,
     replica_slots,
+    smooth_rates,
     too_large_problems,
 )
 from tidal.operator.core.forecast import (
@@ -108,6 +109,7 @@ class FleetState:
 
     rates: RateState = field(default_factory=RateState)
     last_rates: dict[str, float] = field(default_factory=dict)
+    smoothed_rates: dict[str, float] = field(default_factory=dict)
     forecasts: dict[str, ModelForecast] = field(default_factory=dict)
     forecast_loaded: bool = False
     forecast_saved_at: float = -1e9
@@ -274,7 +276,7 @@ class FleetController:
                 isvc.spec.models,
                 reports,
                 st.placement,
-                st.last_rates,
+                st.smoothed_rates,
                 sum(1 for g in gateways if _ready(g)),
                 st.loaded_bytes,
                 st.placed_wall,
@@ -305,23 +307,30 @@ class FleetController:
         fleet = isvc.spec.fleet
         assert fleet is not None
         first = st.rates.at is None
+        elapsed = 0.0 if st.rates.at is None else mono - st.rates.at
         rates, st.rates = model_rates(st.rates, reports, mono)
         if not first:
             st.last_rates = rates
+            st.smoothed_rates = smooth_rates(
+                st.smoothed_rates, rates, elapsed, fleet.placement.rate_window_seconds
+            )
         models = list(isvc.spec.models)
         names = {m.name for m in models}
+        # The forecast learns from each interval's rates; placement ranks by the smoothed ones.
         demands = model_demands(models, reports, st.last_rates, {})
+        forecast_rates: dict[str, float] = {}
         if fleet.forecast.enabled and not first:
             policy = _forecast_policy(isvc)
-            forecast_rates: dict[str, float] = {}
             for demand in demands:
                 state = observe(policy, st.forecasts.get(demand.name), demand.rate, wall)
                 st.forecasts[demand.name] = state
                 horizon = demand.load_seconds + fleet.forecast.lead_seconds
                 forecast_rates[demand.name] = predict_peak(policy, state, wall, horizon)
-            demands = model_demands(models, reports, st.last_rates, forecast_rates)
+        demands = model_demands(models, reports, st.smoothed_rates, forecast_rates)
         for gone in set(st.forecasts) - names:
             del st.forecasts[gone]
+        for gone in set(st.smoothed_rates) - names:
+            del st.smoothed_rates[gone]
         st.placed_at = mono
         if not reports:
             return

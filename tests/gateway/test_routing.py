@@ -287,3 +287,31 @@ def test_routes_are_deterministic_whatever_the_order_of_replicas(s: Situation, r
     assert route.reason in REASONS
     if route.replica is not None:
         assert any(r.name == route.replica and r.healthy for r in s.replicas)
+
+
+def test_a_cold_load_goes_where_unpinned_engines_can_make_room() -> None:
+    # r0 has little free but its residents are unpinned (room 600); r1 more free, all pinned.
+    r0 = dataclasses.replace(replica("r0", free=100), room_bytes=600)
+    r1 = dataclasses.replace(replica("r1", free=300), room_bytes=300)
+    route = choose_route("m", [r0, r1], LIMITS, model_bytes=500)
+    assert (route.action, route.replica, route.reason) == ("load", "r0", "cold:load-most-free")
+    # Where it fits either way, most free bytes still wins (no eviction at all).
+    route = choose_route("m", [r0, r1], LIMITS, model_bytes=50)
+    assert route.replica == "r1"
+    # Unknown room (an older runtime): as before, by free bytes.
+    unknown = [dataclasses.replace(r, room_bytes=None) for r in (r0, r1)]
+    assert choose_route("m", unknown, LIMITS, model_bytes=500).replica == "r1"
+
+
+def test_the_replica_view_leaves_background_pin_loads_out_of_the_load_limit() -> None:
+    from tidal.gateway.server import Replica
+
+    r = Replica(name="r0", url="http://r0", pool=None)  # type: ignore[arg-type]
+    r.budget_bytes, r.free_bytes = 1000, 200
+    r.loading = frozenset({"pinned-one", "cold-one"})
+    r.pinned = frozenset({"pinned-one", "resident"})
+    r.sizes = {"pinned-one": 300, "resident": 400, "cold-one": 100}
+    view = r.view()
+    assert view.loading == {"pinned-one", "cold-one"}
+    assert view.loads_in_flight == 1  # only the on-demand load counts
+    assert view.room_bytes == 1000 - 300 - 400

@@ -4,6 +4,7 @@ gateway documents, status)."""
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,6 +25,7 @@ from tidal.operator.core.fleet import (
     model_rates,
     model_sizes,
     parse_replica_report,
+    smooth_rates,
 )
 from tidal.operator.core.resources import (
     LABEL_COMPONENT,
@@ -337,3 +339,34 @@ def test_status_fleet_goes_when_the_fleet_goes() -> None:
     assert compute_status(status_input(previous=previous)).status.fleet is None
     kept = compute_status(status_input(previous=previous, fleet_enabled=True)).status.fleet
     assert kept is not None and kept.summary == "1/2"
+
+
+def test_smoothed_rates_ignore_a_single_request_of_a_rare_model() -> None:
+    rates: dict[str, float] = {"hot": 10.0, "tail": 0.0}
+    smoothed = smooth_rates({}, rates, 2.0, 60.0)
+    assert smoothed == rates  # a model's first rate is where it starts
+    # One request of the tail model in a 2 s interval: 0.5 req/s raw, ~0.016 smoothed.
+    smoothed = smooth_rates(smoothed, {"hot": 10.0, "tail": 0.5}, 2.0, 60.0)
+    assert smoothed["hot"] == pytest.approx(10.0)
+    assert smoothed["tail"] == pytest.approx(0.5 * (1 - math.exp(-2 / 60)))
+    # A sustained rise is followed: after 60 s at 10 req/s it reads 63 % of it, after 300 s 99 %.
+    for _ in range(30):
+        smoothed = smooth_rates(smoothed, {"hot": 10.0, "tail": 10.0}, 2.0, 60.0)
+    assert smoothed["tail"] == pytest.approx(10 * (1 - math.exp(-1)), rel=0.01)
+    # Window 0: the interval's rate itself; a model with no report decays.
+    assert smooth_rates({"a": 4.0}, {"a": 1.0}, 2.0, 0.0) == {"a": 1.0}
+    assert smooth_rates({"a": 4.0}, {}, 60.0, 60.0)["a"] == pytest.approx(4 * math.exp(-1))
+
+
+@given(
+    st.lists(st.floats(min_value=0, max_value=1e4), min_size=1, max_size=50),
+    st.floats(min_value=0.1, max_value=30),
+    st.floats(min_value=0, max_value=600),
+)
+def test_smoothed_rates_stay_within_the_rates_seen(
+    series: list[float], elapsed: float, window: float
+) -> None:
+    smoothed: dict[str, float] = {}
+    for value in series:
+        smoothed = smooth_rates(smoothed, {"m": value}, elapsed, window)
+        assert min(series) - 1e-6 <= smoothed["m"] <= max(series) + 1e-6

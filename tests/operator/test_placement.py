@@ -516,3 +516,56 @@ def test_property_deterministic_whatever_the_input_order(
     rng.shuffle(shuffled_models)
     rng.shuffle(shuffled_slots)
     assert place(policy, shuffled_models, shuffled_slots, now=0.0) == p
+
+
+# -- landing room: a cold request for the largest model always finds room -----------------------
+
+
+def _room(placement: Placement, slots: Sequence[ReplicaSlot], sizes: dict[str, int]) -> dict:
+    return {r.name: r.budget_bytes - sum(sizes[m] for m in placement.pinned[r.name]) for r in slots}
+
+
+def test_one_replica_keeps_room_for_the_largest_cold_model() -> None:
+    # Six hot 4 GB models fill 8 of every 10 GB; a 6 GB tail model is larger than any headroom.
+    hot = [model(f"h{k}", rate=5.0, size_gb=4.0) for k in range(6)]
+    big = model("big", rate=0.0, size_gb=6.0)
+    slots = replicas(3)
+    sizes = {m.name: m.size_bytes for m in [*hot, big]}
+    without = place(replace(POLICY, landing_replicas=0), [*hot, big], slots, now=0.0)
+    assert max(_room(without, slots, sizes).values()) < big.size_bytes
+    placement = place(POLICY, [*hot, big], slots, now=0.0)
+    room = _room(placement, slots, sizes)
+    assert room["r0"] >= big.size_bytes  # the landing replica: largest budget, then name
+    assert sum(placement.copies(m.name) for m in hot) == 5  # one hot model fewer pinned
+    assert placement.copies("big") == 0
+
+
+def test_no_landing_room_is_kept_when_every_model_is_pinned_everywhere() -> None:
+    models = [model("a", rate=200.0, size_gb=3.0)]  # wants a copy on each of 2 replicas
+    placement = place(POLICY, models, replicas(2), now=0.0)
+    assert placement.copies("a") == 2
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    sizes=st.lists(st.floats(min_value=0.1, max_value=9.5), min_size=1, max_size=12),
+    rates=st.lists(st.floats(min_value=0.0, max_value=200.0), min_size=12, max_size=12),
+    count=st.integers(min_value=2, max_value=5),
+)
+def test_some_replica_can_always_load_the_largest_unpinned_model(
+    sizes: list[float], rates: list[float], count: int
+) -> None:
+    models = [model(f"m{k}", rate=rates[k], size_gb=s) for k, s in enumerate(sizes)]
+    slots = replicas(count)
+    placement = place(POLICY, models, slots, now=0.0)
+    by_name = {m.name: m.size_bytes for m in models}
+    usable = 0.8 * 10 * GB
+    loadable = [
+        m
+        for m in models
+        if placement.copies(m.name) == 0
+        and (placement.wanted[m.name] < count or m.size_bytes > usable)
+    ]
+    if loadable:
+        largest = max(m.size_bytes for m in loadable)
+        assert max(_room(placement, slots, by_name).values()) >= largest
