@@ -483,14 +483,29 @@ def transports(server: Server, model: str, info: ModelInfo) -> Iterator[tuple[st
 
 def print_point(point: Point) -> None:
     tail = ""
+    if "server_cpu" in point.extra:
+        tail += (
+            f"  server CPU {point.extra['server_cpu']:.2f}, "
+            f"{point.extra['server_us_per_request']:.0f} us/request"
+        )
     if point.errors or point.dropped:
-        tail = f"  errors {point.errors} dropped {point.dropped}"
+        tail += f"  errors {point.errors} dropped {point.dropped}"
     print(
         f"  {point.server:<9} {point.transport:<11} {point.model:<6} {point.load:<15} "
         f"{point.throughput:>8.0f}/s  P50 {point.p50_ms:8.3f} ms  P99 {point.p99_ms:8.3f} ms"
         f"{tail}",
         flush=True,
     )
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process (all its threads) so far, from /proc."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def run_server(
@@ -506,10 +521,17 @@ async def run_server(
             # waiting for a connection are charged that wait. gRPC multiplexes one channel.
             async with opener(max(plan.concurrencies)) as send:
                 for clients in plan.concurrencies:
+                    cpu = cpu_seconds(server.process.pid)
+                    began = time.perf_counter()
                     rate, latencies, errors = await closed_loop(send, clients, plan.seconds)
+                    # The server's CPU per answered request (its main process; the warm-up
+                    # requests are included): on one core, whether the server is the limit.
+                    busy = (cpu_seconds(server.process.pid) - cpu) / (time.perf_counter() - began)
                     point = Point(
                         server.name, transport, model, f"closed {clients}", rate,
                         percentile(latencies, 50), percentile(latencies, 99), errors,
+                        extra={"server_cpu": busy, "server_us_per_request": busy / rate * 1e6
+                               if rate else float("nan")},
                     )  # fmt: skip
                     points.append(point)
                     print_point(point)
