@@ -35,6 +35,9 @@ class Sample:
     endpoint: str
     error: str = ""
     model: str = ""
+    # The first endpoint refused the connection (the request never reached it) and the request
+    # was sent once more to another (``retry_connect_errors``).
+    retried_from: str = ""
 
     @property
     def ok(self) -> bool:
@@ -135,6 +138,7 @@ class LoadGenerator:
         max_in_flight: int = 256,
         refresh: float = 0.2,
         on_tick: Callable[[float, LoadReport], None] | None = None,
+        retry_connect_errors: bool = False,
     ) -> None:
         self.namespace, self.service, self.model = namespace, service, model
         self.body, self.rate = body, rate
@@ -142,10 +146,19 @@ class LoadGenerator:
         self.watcher = EndpointWatcher(api_client, namespace, service, refresh)
         self.report = LoadReport()
         self.on_tick = on_tick
+        # Like a client-side balancer's "retry on connect failure" (Envoy's connect-failure,
+        # gRPC's transparent retry): a request whose connection was refused never reached the
+        # server, so sending it once more, elsewhere, cannot run it twice.
+        self.retry_connect_errors = retry_connect_errors
         self._in_flight: dict[str, int] = {}
 
-    def _pick(self) -> str | None:
-        eps = self.watcher.current
+    @property
+    def in_flight(self) -> dict[str, int]:
+        """Requests sent and not yet answered, per endpoint."""
+        return dict(self._in_flight)
+
+    def _pick(self, exclude: str = "") -> str | None:
+        eps = tuple(e for e in self.watcher.current if e != exclude)
         if not eps:
             return None
         # Least outstanding requests, like a good client-side balancer.
@@ -161,24 +174,36 @@ class LoadGenerator:
                 Sample(sent, wall, 0.0, 0, "", "no ready endpoint", model=model)
             )
             return
-        self._in_flight[endpoint] = self._in_flight.get(endpoint, 0) + 1
         start = time.perf_counter()
-        status, error = 0, ""
+        status, error, refused = await self._send(session, endpoint, model)
+        retried_from = ""
+        if refused and self.retry_connect_errors:
+            other = self._pick(exclude=endpoint)
+            if other is not None:
+                retried_from, endpoint = endpoint, other
+                status, error, _ = await self._send(session, endpoint, model)
+        latency = time.perf_counter() - start
+        self.report.samples.append(
+            Sample(sent, wall, latency, status, endpoint, error, model, retried_from)
+        )
+
+    async def _send(
+        self, session: aiohttp.ClientSession, endpoint: str, model: str
+    ) -> tuple[int, str, bool]:
+        """(status, error, connection refused) of one attempt."""
+        self._in_flight[endpoint] = self._in_flight.get(endpoint, 0) + 1
         try:
             url = f"http://{endpoint}/v2/models/{model}/infer"
             async with session.post(url, json=self.body) as resp:
                 await resp.read()
-                status = resp.status
-                if status >= 300:
-                    error = (await resp.text())[:200]
+                error = (await resp.text())[:200] if resp.status >= 300 else ""
+                return resp.status, error, False
+        except aiohttp.ClientConnectorError as exc:
+            return 0, f"{type(exc).__name__}: {exc}"[:200], True
         except (aiohttp.ClientError, TimeoutError) as exc:
-            error = f"{type(exc).__name__}: {exc}"[:200]
+            return 0, f"{type(exc).__name__}: {exc}"[:200], False
         finally:
             self._in_flight[endpoint] -= 1
-        latency = time.perf_counter() - start
-        self.report.samples.append(
-            Sample(sent, wall, latency, status, endpoint, error, model=model)
-        )
 
     async def run(self, duration: float) -> LoadReport:
         """Send load for ``duration`` seconds, then wait for the answers."""
