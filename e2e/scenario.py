@@ -41,6 +41,22 @@ def running_operator(sandbox: Any, namespace: str, log_path: Path) -> Iterator[O
                 sys.stderr.write(proc.log()[-30000:])
 
 
+def runtime_pids(pod: str) -> list[int]:
+    """The processes of the runtime container the node agent started for ``pod`` (by its env):
+    a launcher and the interpreter may both match, and killing only the launcher would leave
+    the server running."""
+    marker = f"POD_NAME={pod}".encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            if marker in environ and b"tidal-runtime" in (entry / "cmdline").read_bytes():
+                pids.append(int(entry.name))
+    return sorted(pids)
+
+
 def apply(sandbox: Any, namespace: str, manifest: dict[str, Any]) -> None:
     sandbox.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(manifest))
 

@@ -34,7 +34,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from scenario import INFER_BODY, apply, events, install_crd, pods, running_operator
+from scenario import INFER_BODY, apply, events, install_crd, pods, running_operator, runtime_pids
 
 from tidal.runtime.modelgen import mlp_hidden_for_bytes, write_mlp
 from tidal.sandbox.loadgen import LoadGenerator
@@ -144,23 +144,6 @@ class HotSetSampler:
             if state == "READY":
                 bucket.add(name)
         return [(k / 2, len(v)) for k, v in sorted(rounds.items())]
-
-
-def _runtime_pids(pod: str) -> list[int]:
-    """The processes of the runtime container the node agent started for ``pod`` (by its env):
-    a launcher and the interpreter may both match, and killing only the launcher would leave
-    the server running."""
-    marker = f"POD_NAME={pod}".encode()
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            environ = (entry / "environ").read_bytes().split(b"\0")
-            cmdline = (entry / "cmdline").read_bytes()
-            if marker in environ and b"tidal-runtime" in cmdline:
-                pids.append(int(entry.name))
-    return sorted(pids)
 
 
 def _gateway_metrics(sandbox: Any, namespace: str) -> dict[str, float]:
@@ -296,7 +279,7 @@ def test_fleet_routes_to_hot_replicas_places_a_viral_model_and_loses_nothing(
                 if p["metadata"]["labels"].get("serving.tidal.dev/pool") == "primary"
                 and (p.get("status") or {}).get("podIP")
             ]
-            pids = {p["metadata"]["name"]: _runtime_pids(p["metadata"]["name"]) for p in candidates}
+            pids = {p["metadata"]["name"]: runtime_pids(p["metadata"]["name"]) for p in candidates}
             # Busy as the gateway sees it: requests it forwarded and still waits for.
             gateways = [
                 p["status"]["podIP"]

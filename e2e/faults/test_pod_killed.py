@@ -26,7 +26,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from scenario import INFER_BODY, apply, install_crd, model_service, pods, running_operator
+from scenario import (
+    INFER_BODY,
+    apply,
+    install_crd,
+    model_service,
+    pods,
+    running_operator,
+    runtime_pids,
+)
 
 from tidal.sandbox.loadgen import LoadGenerator
 from tidal.sandbox.wait import wait_for
@@ -34,20 +42,6 @@ from tidal.sandbox.wait import wait_for
 pytestmark = [pytest.mark.sandbox, pytest.mark.timeout(240)]
 
 RPS, DURATION, KILL_AT = 15.0, 30.0, 8.0
-
-
-def _runtime_pids(pod: str) -> list[int]:
-    """The runtime container's processes for ``pod`` (found by their POD_NAME)."""
-    marker = f"POD_NAME={pod}".encode()
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            environ = (entry / "environ").read_bytes().split(b"\0")
-            if marker in environ and b"tidal-runtime" in (entry / "cmdline").read_bytes():
-                pids.append(int(entry.name))
-    return sorted(pids)
 
 
 def _ready_pods(sandbox: Any, namespace: str) -> dict[str, str]:
@@ -80,7 +74,7 @@ def test_a_pod_killed_mid_request_fails_at_most_its_requests_in_flight(
             return ready if len(ready) == 3 else None
 
         by_ip = wait_for(three_ready, timeout=150, what="3 ready replicas")
-        pids = {pod: _runtime_pids(pod) for pod in by_ip.values()}
+        pids = {pod: runtime_pids(pod) for pod in by_ip.values()}
         load = LoadGenerator(
             sandbox.api_client(),
             namespace,
