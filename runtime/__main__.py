@@ -84,9 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         print(f"tidal-runtime: backend {config.backend!r} cannot start: {exc}", file=sys.stderr)
         return 2
-    # CPython's default GIL switch interval (5 ms) is kept: a shorter one (0.2 ms, once set here
-    # for the batcher's worker thread) let grpc.aio's poller thread take the GIL from the event
-    # loop every 0.2 ms, which halved HTTP throughput and cost gRPC some (issue 13, RESULTS.md).
+    # CPython's default GIL switch interval (5 ms) is kept. 0.2 ms was set here when every batch
+    # went to a worker thread; fast batches now run on the event loop, and side by side (issue
+    # 13, bench/results/servers-switchinterval-2026-12-03.txt) 0.2 ms did not help gRPC and cost
+    # light-model HTTP throughput (from ~7 % to half, on a noisy machine); batches on the
+    # worker thread (the batch model) showed no consistent difference.
 
     async def run() -> None:
         loop = asyncio.get_running_loop()
