@@ -69,14 +69,18 @@ def test_a_bad_tier_request_is_a_400(serve, models, model_entry, body: Any) -> N
     assert status == 400 and "error" in answer
 
 
-def _keep_sending(url: str, seconds: float, every: float) -> tuple[threading.Thread, list[int]]:
+def _keep_sending(
+    url: str, seconds: float, every: float, sent: list[float] | None = None
+) -> tuple[threading.Thread, list[int]]:
     """Requests every ``every`` s for ``seconds`` from a thread: a client whose endpoints still
-    list a replica just taken out of its Service."""
+    list a replica just taken out of its Service (``sent``: when each was sent, monotonic)."""
     codes: list[int] = []
 
     def run() -> None:
         end = time.monotonic() + seconds
         while time.monotonic() < end:
+            if sent is not None:
+                sent.append(time.monotonic())
             codes.append(call("POST", f"{url}/v2/models/mlp/infer", INFER)[0])
             time.sleep(every)
 
@@ -89,16 +93,18 @@ def test_going_host_warm_serves_the_requests_that_still_arrive_then_moves(
     serve, models, model_entry
 ) -> None:
     rt = serve({"models": [model_entry(models["mlp"], "mlp")]})
-    sender, codes = _keep_sending(rt.url, seconds=1.5, every=0.1)
-    time.sleep(0.2)
-    asked = time.monotonic()
+    sent: list[float] = []
+    sender, codes = _keep_sending(rt.url, seconds=1.5, every=0.1, sent=sent)
+    deadline = time.monotonic() + 5
+    while not codes and time.monotonic() < deadline:  # the traffic is under way
+        time.sleep(0.01)
     status, body = call("PUT", f"{rt.url}/v2/tidal/tier", {"tier": "host"})
     moved = time.monotonic()
     sender.join()
     assert status == 200 and body["tier"] == "host", body
     assert codes and set(codes) == {200}, codes  # nothing refused while traffic went on
-    # It moved only once the requests had stopped for a second (they ran 1.3 s after the ask).
-    assert moved - asked >= 1.3 + 0.9, moved - asked
+    # It moved only once the requests had stopped for a second.
+    assert moved - sent[-1] >= 0.9, (moved, sent[-3:])
     assert call("POST", f"{rt.url}/v2/models/mlp/infer", INFER)[0] == 503
 
 
@@ -109,7 +115,11 @@ def test_traffic_that_never_stops_calls_the_move_off_with_a_409(
 
     monkeypatch.setattr(enginecache, "HOST_DRAIN_SECONDS", 1.0)
     rt = serve({"models": [model_entry(models["mlp"], "mlp")]})
-    sender, codes = _keep_sending(rt.url, seconds=2.0, every=0.1)
+    sender, codes = _keep_sending(rt.url, seconds=2.5, every=0.1)
+    # The traffic is under way before the ask (an idle replica would move at once).
+    deadline = time.monotonic() + 5
+    while not codes and time.monotonic() < deadline:
+        time.sleep(0.01)
     status, body = call("PUT", f"{rt.url}/v2/tidal/tier", {"tier": "host"})
     sender.join()
     assert status == 409 and "still receiving requests" in body["error"], body
@@ -122,7 +132,10 @@ def test_a_promotion_while_draining_keeps_the_engines_on_the_device(
     serve, models, model_entry
 ) -> None:
     rt = serve({"models": [model_entry(models["mlp"], "mlp")]})
-    sender, _ = _keep_sending(rt.url, seconds=0.6, every=0.1)
+    sender, codes = _keep_sending(rt.url, seconds=0.8, every=0.1)
+    deadline = time.monotonic() + 5
+    while not codes and time.monotonic() < deadline:  # the traffic is under way
+        time.sleep(0.01)
     answers: list[tuple[int, Any]] = []
     mover = threading.Thread(
         target=lambda: answers.append(call("PUT", f"{rt.url}/v2/tidal/tier", {"tier": "host"}))
