@@ -114,6 +114,7 @@ class Replica:
     free_bytes: int = 0
     sizes: dict[str, int] = field(default_factory=dict)
     pinned: frozenset[str] = frozenset()
+    pinned_bytes: int = 0
     load_seconds: dict[str, float] = field(default_factory=dict)
     outstanding: int = 0
     own_loads: set[str] = field(default_factory=set)
@@ -131,7 +132,6 @@ class Replica:
             return cached
         loading = self.loading | self.own_loads if self.own_loads else self.loading
         on_demand = (self.loading - self.pinned) | self.own_loads
-        pinned_bytes = sum(self.sizes.get(m, 0) for m in self.pinned)
         cached = self._view = ReplicaView(
             name=self.name,
             healthy=self.healthy,
@@ -143,7 +143,7 @@ class Replica:
             budget_bytes=self.budget_bytes,
             loads_in_flight=len(on_demand),
             refused=frozenset(self.refused),
-            room_bytes=max(self.budget_bytes - pinned_bytes, 0) if self.budget_bytes else None,
+            room_bytes=max(self.budget_bytes - self.pinned_bytes, 0) if self.budget_bytes else None,
         )
         return cached
 
@@ -353,6 +353,7 @@ class Gateway:
         replica.free_bytes = replica.budget_bytes - int(snapshot["residentBytes"])
         replica.sizes = {n: int(m.get("lastSizeBytes", 0)) for n, m in models.items()}
         replica.pinned = frozenset(n for n, m in models.items() if m.get("pinned"))
+        replica.pinned_bytes = sum(replica.sizes.get(n, 0) for n in replica.pinned)
         replica.load_seconds = {n: float(m.get("loadSeconds", 0.0)) for n, m in models.items()}
         replica.healthy = bool(snapshot["ready"])
         replica.last_error = None

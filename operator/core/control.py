@@ -44,6 +44,7 @@ from tidal.operator.core.api import (
 from tidal.operator.core.autoscaler import (
     REASON_HOLD_MISSING,
     REASON_HOLD_STALE,
+    Capacity,
     Observation,
     ScaleDecision,
     ScalerState,
@@ -464,7 +465,7 @@ def _bucket(value: float | None) -> int | None:
     return round(math.log(value) / math.log(1.05))
 
 
-def autoscaler_persist_key(state: ScalerState, status: AutoscalerStatus) -> tuple[Any, ...]:
+def autoscaler_persist_key(state: ScalerState, capacity: Capacity | None) -> tuple[Any, ...]:
     """What a restarted operator would decide differently from: the persisted state needs
     writing only when this changes, so a quiet cluster costs no status writes.
 
@@ -483,7 +484,7 @@ def autoscaler_persist_key(state: ScalerState, status: AutoscalerStatus) -> tupl
         state.desired_serving,
         head,
         state.agreed_since is None,
-        _bucket(status.capacity_per_replica),
+        _bucket(capacity.per_replica_rate if capacity is not None else None),
         _bucket(state.seconds_per_request),
         _bucket(surge),
     )

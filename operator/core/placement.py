@@ -295,10 +295,10 @@ def place(
             else:
                 requests.append((-score, name, j, None))
     requests.sort(key=lambda q: (q[0], q[1], q[2]))
-    usable = _with_landing_room(policy, models, replicas, usable, wanted, too_large)
+    reserve = _landing_reserve(policy, models, replicas, too_large)
 
     demand = {m.name: m for m in models}
-    hosted = _grant(requests, replicas, usable, demand, wanted)
+    hosted = _grant(requests, replicas, usable, demand, wanted, reserve)
 
     # Final load per replica (each pinned copy carries its share of the model's score) orders
     # each model's replicas, so equal pinned sets give equal assignments whatever the order.
@@ -354,15 +354,22 @@ def _grant(
     usable: Mapping[str, int],
     demand: Mapping[str, ModelDemand],
     wanted: Mapping[str, int],
+    reserve: Mapping[str, int] | None = None,
 ) -> dict[str, list[str]]:
     """Grant copy requests in priority order; model -> replicas granted, in grant order.
 
     Replicas are indexed in name order so that ties fall to the first name; a new copy looks at
     the replicas where the model is resident first and scans all of them only when none has room.
+
+    ``reserve``: bytes the landing replicas keep free in a first pass. A second pass offers
+    them to the copies still missing of models wanted on every replica (they cannot go
+    anywhere else), as long as room stays for the largest model left with no copy.
     """
+    reserve = reserve or {}
     slots = sorted(replicas, key=lambda r: r.name)
     index = {r.name: i for i, r in enumerate(slots)}
-    free = [usable[r.name] for r in slots]
+    held = [reserve.get(r.name, 0) for r in slots]
+    free = [usable[r.name] - held[i] for i, r in enumerate(slots)]
     load = [0.0] * len(slots)
     resident_at: dict[str, list[int]] = {name: [] for name in demand}
     for i, r in enumerate(slots):
@@ -371,7 +378,37 @@ def _grant(
                 resident_at[name].append(i)
     everywhere = range(len(slots))
     hosted: dict[str, list[int]] = {name: [] for name in demand}
-    for _, name, _, bound in requests:
+    missing = _grant_pass(
+        requests, demand, wanted, index, free, load, resident_at, everywhere, hosted
+    )
+    if any(held) and missing:
+        # Room (budget - pins) kept for the largest model left with no copy, not for any model.
+        cold = [demand[n].size_bytes for n, where in hosted.items() if not where]
+        for i, r in enumerate(slots):
+            if held[i]:
+                keep = max([c for c in cold if c <= r.budget_bytes], default=0)
+                free[i] += held[i] - max(0, usable[r.name] - (r.budget_bytes - keep))
+        wide = [q for q in missing if wanted[q[1]] >= len(slots)]
+        _grant_pass(wide, demand, wanted, index, free, load, resident_at, everywhere, hosted)
+    return {name: [slots[i].name for i in where] for name, where in hosted.items()}
+
+
+def _grant_pass(
+    requests: Sequence[tuple[float, str, int, str | None]],
+    demand: Mapping[str, ModelDemand],
+    wanted: Mapping[str, int],
+    index: Mapping[str, int],
+    free: list[int],
+    load: list[float],
+    resident_at: Mapping[str, list[int]],
+    everywhere: range,
+    hosted: dict[str, list[int]],
+) -> list[tuple[float, str, int, str | None]]:
+    """One pass over the requests in order (updates `free`, `load`, `hosted`); returns the
+    requests it could not grant."""
+    missing = []
+    for request in requests:
+        _, name, _, bound = request
         size = demand[name].size_bytes
         mine = hosted[name]
         chosen = -1
@@ -394,39 +431,34 @@ def _grant(
                 if chosen >= 0:
                     break
         if chosen < 0:
+            missing.append(request)
             continue
         mine.append(chosen)
         free[chosen] -= size
         load[chosen] += demand[name].score / wanted[name]
-    return {name: [slots[i].name for i in where] for name, where in hosted.items()}
+    return missing
 
 
-def _with_landing_room(
+def _landing_reserve(
     policy: PlacementPolicy,
     models: Sequence[ModelDemand],
     replicas: Sequence[ReplicaSlot],
-    usable: Mapping[str, int],
-    wanted: Mapping[str, int],
     too_large: Mapping[str, int],
 ) -> dict[str, int]:
-    """Pinnable bytes with the landing replicas' room for the largest model that may be loaded
-    on demand: one not wanted on every replica, or too large to pin anywhere."""
-    out = dict(usable)
+    """Bytes each landing replica keeps free of pins beyond its headroom, so that the largest
+    model that fits a budget can always be loaded there on demand. Sizes only, never demand:
+    demand noise cannot move it."""
     if len(replicas) < 2 or policy.landing_replicas < 1:
-        return out
-    largest_usable = max(usable.values(), default=0)
-    cold_sizes = [
-        m.size_bytes
-        for m in models
-        if m.name not in too_large
-        and (wanted.get(m.name, 0) < len(replicas) or m.size_bytes > largest_usable)
-    ]
-    if not cold_sizes:
-        return out
-    largest = max(cold_sizes)
+        return {}
+    sizes = [m.size_bytes for m in models if m.name not in too_large]
+    if not sizes:
+        return {}
+    largest = max(sizes)
+    out = {}
     landing = sorted(replicas, key=lambda r: (-r.budget_bytes, r.name))[: policy.landing_replicas]
     for r in landing:
-        out[r.name] = min(out[r.name], max(r.budget_bytes - largest, 0))
+        usable = _usable_bytes(policy, r)
+        out[r.name] = max(0, min(usable, usable - (r.budget_bytes - largest)))
     return out
 
 

@@ -49,7 +49,14 @@ from tidal.operator.core.api import (
     TimeToRoutable,
     parse_inference_service,
 )
-from tidal.operator.core.autoscaler import Observation, ScaleDecision, ScalerState, decide_scale
+from tidal.operator.core.autoscaler import (
+    Observation,
+    ScaleDecision,
+    ScalerState,
+    ScalingPolicy,
+    decide_scale,
+    estimate_capacity,
+)
 from tidal.operator.core.autoscaler_pods import (
     ANNOTATION_POD_DELETION_COST,
     choose_standby,
@@ -402,11 +409,7 @@ class Controller:
                 have = [current[p] for p in serving if p in current]
                 scaler = initial_scaler_state(policy, sum(have) if have else None)
             decision, st.scalers[serving] = decide_scale(policy, observation, scaler)
-            autoscaler = self._persisted(
-                st,
-                autoscaler_status(policy, serving, st.scalers[serving], mono, wall),
-                st.scalers[serving],
-            )
+            autoscaler = self._persisted(st, policy, serving, st.scalers[serving], mono, wall)
         desired_serving = isvc.spec.replicas if manual else decision.desired_serving  # type: ignore[union-attr]
 
         rollout: RolloutDecision | None = None
@@ -644,17 +647,23 @@ class Controller:
                 )
 
     def _persisted(
-        self, st: ServiceState, fresh: AutoscalerStatus, state: ScalerState
+        self,
+        st: ServiceState,
+        policy: ScalingPolicy,
+        serving: tuple[PoolName, ...],
+        state: ScalerState,
+        mono: float,
+        wall: float,
     ) -> AutoscalerStatus:
-        """The autoscaler's memory as status carries it, rewritten only when something a
-        restarted operator would decide from has changed (`autoscaler_persist_key`): its times
-        move every tick, and writing them would patch every service's status every second in a
-        quiet cluster."""
+        """The autoscaler's memory as status carries it, rebuilt (its JSON) and rewritten only
+        when something a restarted operator would decide from has changed
+        (`autoscaler_persist_key`): its times move every tick, and writing them would patch
+        every service's status every second in a quiet cluster."""
         previous = st.view.status.autoscaler if st.view is not None else None
-        key = autoscaler_persist_key(state, fresh)
+        key = autoscaler_persist_key(state, estimate_capacity(policy, state.capacity))
         if previous is None or key != st.autoscaler_key:
             st.autoscaler_key = key
-            return fresh
+            return autoscaler_status(policy, serving, state, mono, wall)
         return previous
 
     async def _put_tier(self, url: str, tier: str) -> bool:

@@ -552,7 +552,7 @@ def _keys(policy: ScalingPolicy, loads: list[float], state: ScalerState) -> list
     for i, load in enumerate(loads):
         obs = Observation(now=float(i), ready_serving=state.desired_serving or 4, queue_depth=load)
         _, state = decide_scale(policy, obs, state)
-        keys.append(autoscaler_persist_key(state, autoscaler_status(policy, [], state, i, i)))
+        keys.append(autoscaler_persist_key(state, estimate_capacity(policy, state.capacity)))
     return keys
 
 
