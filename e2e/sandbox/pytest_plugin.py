@@ -38,7 +38,9 @@ def namespace(sandbox: Sandbox, request: pytest.FixtureRequest) -> Iterator[str]
     from kubernetes import client
 
     base = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-")
-    name = f"{base}-{uuid.uuid4().hex[:5]}"
+    # 10 hex digits: with 5, two of a parametrized test's ~140 cases (same 40-character base)
+    # collided about once in a hundred runs, the second meeting the first's terminating namespace.
+    name = f"{base}-{uuid.uuid4().hex[:10]}"
     api = client.CoreV1Api(sandbox.api_client())
     api.create_namespace({"metadata": {"name": name, "labels": {"tidal.dev/test": "true"}}})
     wait_for(
