@@ -311,6 +311,7 @@ def test_the_replica_view_leaves_background_pin_loads_out_of_the_load_limit() ->
     r.loading = frozenset({"pinned-one", "cold-one"})
     r.pinned = frozenset({"pinned-one", "resident"})
     r.sizes = {"pinned-one": 300, "resident": 400, "cold-one": 100}
+    r.pinned_bytes = 300 + 400  # what each snapshot sums (once, not per routed request)
     view = r.view()
     assert view.loading == {"pinned-one", "cold-one"}
     assert view.loads_in_flight == 1  # only the on-demand load counts
