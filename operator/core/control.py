@@ -199,6 +199,26 @@ def traffic_pools(rollout: RolloutDecision | None) -> tuple[PoolName, ...]:
     return tuple(PoolName(p.value) for p in rollout.service_pools)
 
 
+# More pods than any pool has: "every ready pod serves".
+UNBOUNDED_SERVING = 1 << 30
+
+
+def role_targets(
+    serving: Sequence[PoolName], decision: ScaleDecision
+) -> dict[PoolName, tuple[int, int]]:
+    """(serving, standby) pods each serving pool's ready pods are labelled for.
+
+    The pool that alone takes the traffic gets the autoscaler's split. A split step keeps no
+    standby (``plan_children`` sizes both pools for their share): every ready pod of both pools
+    serves, so a pod demoted while one pool served alone is promoted again — left standby, it
+    would leave a pool of one pod with no endpoint and its share of the step with no traffic
+    (and no samples for the step's verdict).
+    """
+    if len(serving) == 1:
+        return {serving[0]: (decision.desired_serving, decision.desired_standby)}
+    return {pool: (UNBOUNDED_SERVING, 0) for pool in serving}
+
+
 def to_wall_signals(signals: PoolSignals, mono_now: float, wall_now: float) -> PoolSignals:
     """The same signals with ``observedAt`` on the wall clock (the planner's persisted clock)."""
     if signals.observed_at is None:

@@ -78,6 +78,7 @@ from tidal.operator.core.control import (
     provisional_view,
     restore_rollout_state,
     restore_scaler_state,
+    role_targets,
     rolled_back_condition,
     rollout_spec_of,
     rollout_status,
@@ -439,13 +440,14 @@ class Controller:
             if event is not None:
                 events.append(EventSpec(*event))  # type: ignore[arg-type]
             st.last_total[serving] = decision.desired_total
-            if len(serving) == 1:
+            for pool, (want_serving, want_standby) in role_targets(serving, decision).items():
                 await self._assign_roles(
                     key,
                     st,
-                    pods[serving[0]],
-                    readings[serving[0]],
-                    decision,
+                    pods[pool],
+                    readings[pool],
+                    want_serving,
+                    want_standby,
                     isvc.spec.autoscaling.standby_tier,
                 )
             for pool in serving:
@@ -587,11 +589,12 @@ class Controller:
         st: ServiceState,
         pods: Sequence[Mapping[str, Any]],
         reading: PoolReading,
-        decision: ScaleDecision,
+        desired_serving: int,
+        desired_standby: int,
         tier: StandbyTier = StandbyTier.DEVICE,
     ) -> None:
         views = pod_views(pods, reading.pod_scrapes, self.wall())
-        assignment = choose_standby(views, decision.desired_serving, decision.desired_standby)
+        assignment = choose_standby(views, desired_serving, desired_standby)
         changes = [(n, ROLE_SERVING) for n in assignment.promote]
         changes += [(n, ROLE_STANDBY) for n in assignment.demote]
         # Pods demoted earlier but counted among the serving now (choose_standby keeps standby

@@ -16,6 +16,7 @@ from tidal.operator.core.autoscaler import (
     ScalingPolicy,
     decide_scale,
 )
+from tidal.operator.core.autoscaler_pods import PodView, choose_standby
 from tidal.operator.core.control import (
     ANNOTATION_TEMPLATE_HASH,
     combine_observations,
@@ -27,6 +28,7 @@ from tidal.operator.core.control import (
     primary_template_hash,
     restore_rollout_state,
     rfc3339_ms,
+    role_targets,
     rollout_spec_of,
     rollout_status,
     scale_event,
@@ -120,6 +122,28 @@ def test_plan_children_single_pool_takes_serving_plus_standby() -> None:
     observed = plan_children(svc, decision, None, {PoolName.PRIMARY: 2})
     assert observed.replicas[PoolName.PRIMARY] == decision.desired_total
     assert decision.desired_total > 2 and observed.active_pool is PoolName.PRIMARY
+
+
+def test_role_targets_keep_the_autoscalers_standby_only_where_one_pool_serves() -> None:
+    policy = ScalingPolicy(max_replicas=6, standby_replicas=1)
+    decision = decision_for(Observation(now=0, ready_serving=1, queue_depth=0), policy)
+    assert decision.desired_standby == 1
+    alone = role_targets((PoolName.BASELINE,), decision)
+    assert alone == {PoolName.BASELINE: (decision.desired_serving, 1)}
+    split = role_targets((PoolName.PRIMARY, PoolName.BASELINE), decision)
+    assert set(split) == {PoolName.PRIMARY, PoolName.BASELINE}
+    # The demo's case (CI): a new primary's only pod was demoted to standby while the primary
+    # still served alone; in the 50 % step it must serve, or the step never sees a sample.
+    primary = [PodView("primary-new", ready=True, standby=True, ready_for_seconds=30)]
+    baseline = [
+        PodView("baseline-a", ready=True),
+        PodView("baseline-b", ready=True, standby=True, ready_for_seconds=5),
+    ]
+    for pool, pods in ((PoolName.PRIMARY, primary), (PoolName.BASELINE, baseline)):
+        assignment = choose_standby(pods, *split[pool])
+        assert set(assignment.serving) == {p.name for p in pods}, pool
+        assert assignment.promote == tuple(p.name for p in pods if p.standby), pool
+        assert assignment.standby == assignment.demote == (), pool
 
 
 def test_plan_children_keeps_a_manual_replica_count() -> None:
