@@ -4,7 +4,12 @@ Run on the device machine (see runtime/README.md); every figure is measured in t
 
   python bench/gpu_bench.py build --model mlp DIR    # compile a small MLP package (batch <= 64)
   python bench/gpu_bench.py build --model big DIR    # compile a ~1 GiB (fp16) weight-heavy one
+  python bench/gpu_bench.py finish --model mlp DIR   # append the weights, if build died after
+                                                     # compiling (it leaves them in DIR first)
   python bench/gpu_bench.py run DIR [--seconds S]    # every section below, time-boxed
+
+bench/gpu_device_run.sh is the whole device call (each step its own process, faulthandler on,
+every line time-stamped; SIGUSR1 dumps every thread's stack, as the script's timeouts send).
 
 Sections of ``run``: (1) the pinned host->device copy limit of this machine; (2) throughput and
 P50/P99 at batch 1/8/64 of the runtime backend (numpy in, numpy out, through pinned buffers on
@@ -21,11 +26,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import itertools
 import json
+import os
+import signal
 import statistics
 import sys
 import time
+import traceback
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +46,23 @@ sys.path.insert(0, str(ROOT))
 
 from tidal.runtime.backends.torch_aoti import (  # noqa: E402
     TorchAOTIBackend,
-    build_package,
+    compile_package,
+    layout_blob,
+    manifest_to_json,
+    parse_manifest,
+    prepare_package,
     read_tidal_section,
+    write_tidal_section,
 )
+
+BEGAN = time.perf_counter()
+
+
+def log(text: str) -> None:
+    """A time-stamped line (UTC, and seconds since this process started), flushed at once."""
+    now = datetime.now(UTC).strftime("%H:%M:%S")
+    print(f"[{now} +{time.perf_counter() - BEGAN:.1f}s] {text}", flush=True)
+
 
 MODELS = {
     # name: (input width, hidden widths, output width, max batch)
@@ -85,9 +109,21 @@ def input_width(path: Path) -> int:
     return read_tidal_section(path).manifest.inputs[0].shape[1]
 
 
+def pending_paths(out_dir: Path, name: str) -> tuple[Path, Path]:
+    return out_dir / f"{name}.pending.json", out_dir / f"{name}.pending.bin"
+
+
 def cmd_build(name: str, out_dir: Path, width: int | None = None) -> None:
+    """Export, then keep the laid-out weights on disk, compile, append them.
+
+    The weights and manifest are written to ``<name>.pending.{json,bin}`` before compiling, so
+    that a build process that dies after the compile (on the H200, 2026-12-03, both did with
+    SIGSEGV, cause unknown) leaves what ``finish`` needs to complete the package.
+    """
+    log(f"build {name}: importing torch")
     import torch
 
+    log(f"build {name}: torch {torch.__version__}, cuda {torch.cuda.is_available()}")
     torch.manual_seed(0)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     precision = "fp16" if device.type == "cuda" else "fp32"
@@ -97,8 +133,12 @@ def cmd_build(name: str, out_dir: Path, width: int | None = None) -> None:
     width_in, _, _, max_batch = MODELS[name]
     width_in = width or width_in
     x = torch.randn(min(4, max_batch), width_in, device=device, dtype=dtype)
+    with torch.no_grad():
+        y = module(x)
+    np.savez(out_dir / f"{name}.ref.npz", x=x.cpu().numpy(), y=y.cpu().numpy())
+    log(f"build {name}: module made, reference output saved; exporting")
     started = time.perf_counter()
-    path = build_package(
+    prepared = prepare_package(
         torch,
         module,
         (x,),
@@ -107,15 +147,51 @@ def cmd_build(name: str, out_dir: Path, width: int | None = None) -> None:
         out_dir / name,
         precision=precision,
         max_batch_size=max_batch,
-        progress=lambda text: print(f"build {name}: {text}", flush=True),
     )
-    took = time.perf_counter() - started
-    with torch.no_grad():
-        y = module(x)
-    np.savez(out_dir / f"{name}.ref.npz", x=x.cpu().numpy(), y=y.cpu().numpy())
+    blob = layout_blob(prepared.manifest, prepared.weights)
+    prepared.weights.clear()
+    meta, data = pending_paths(out_dir, name)
+    data.write_bytes(blob)
+    meta.write_text(
+        json.dumps({"path": str(prepared.path), "manifest": manifest_to_json(prepared.manifest)})
+    )
+    log(
+        f"build {name}: exported, {len(prepared.manifest.constants)} constants "
+        f"({len(blob)} B) kept in {data.name}; compiling (aoti_compile_and_package)"
+    )
+    compile_package(torch, prepared)
+    log(f"build {name}: compiled and packaged, {prepared.path.stat().st_size} B without weights")
+    write_tidal_section(prepared.path, prepared.manifest, blob)
+    log(f"build {name}: weights appended")
+    finished(name, out_dir, prepared.path, time.perf_counter() - started)
+
+
+def finished(name: str, out_dir: Path, path: Path, took: float) -> None:
     (out_dir / f"{name}.path").write_text(str(path.relative_to(out_dir)))
+    for pending in pending_paths(out_dir, name):
+        pending.unlink(missing_ok=True)
     size = path.stat().st_size
-    print(f"build {name}: {path.name} {size / 2**20:.1f} MiB, compile+package {took:.1f} s")
+    log(f"build {name}: {path.name} {size / 2**20:.1f} MiB, export+compile+package {took:.1f} s")
+
+
+def cmd_finish(name: str, out_dir: Path) -> None:
+    """Complete a package whose build process died after compiling it."""
+    meta, data = pending_paths(out_dir, name)
+    if (out_dir / f"{name}.path").is_file():
+        log(f"finish {name}: already built")
+        return
+    if not meta.is_file():
+        log(f"finish {name}: nothing pending (the build died before its weights were kept)")
+        raise SystemExit(1)
+    started = time.perf_counter()
+    pending = json.loads(meta.read_text())
+    path, manifest = Path(pending["path"]), parse_manifest(pending["manifest"])
+    if not path.is_file():
+        log(f"finish {name}: {path} was not written (the build died before the compile ended)")
+        raise SystemExit(1)
+    write_tidal_section(path, manifest, data.read_bytes())
+    log(f"finish {name}: weights appended to the package the build process left")
+    finished(name, out_dir, path, time.perf_counter() - started)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -383,10 +459,10 @@ def section_churn(dev: Device, backend: Any, path: Path, requests: int, seconds:
 
 
 def cmd_run(pkg_dir: Path, seconds: float, sections: str) -> None:
-    began = time.perf_counter()
+    log("run: importing torch")
     import torch
 
-    print(f"(torch imported in {time.perf_counter() - began:.1f} s)", flush=True)
+    log("run: torch imported")
     dev = Device(torch)
     if dev.cuda:
         print(
@@ -396,7 +472,7 @@ def cmd_run(pkg_dir: Path, seconds: float, sections: str) -> None:
     else:
         print(f"torch {torch.__version__}, no CUDA device: CPU trial run, figures mean nothing")
     backend = TorchAOTIBackend(0 if dev.cuda else "cpu")
-    print(f"(backend ready at {time.perf_counter() - began:.1f} s)", flush=True)
+    log("run: backend ready")
     print(f"backend target: {backend.target(type('M', (), {'precisions': []})())}")
     limit = pinned_copy_limit(torch) if dev.cuda else float("nan")
     built = {
@@ -407,6 +483,7 @@ def cmd_run(pkg_dir: Path, seconds: float, sections: str) -> None:
     mlp, big = built.get("mlp"), built.get("big")
     for name in sections.split(","):
         started = time.perf_counter()
+        log(f"section {name}: start")
         needs = mlp if name == "throughput" else big
         try:
             if needs is None:
@@ -419,8 +496,10 @@ def cmd_run(pkg_dir: Path, seconds: float, sections: str) -> None:
                 section_churn(dev, backend, needs, 120, 6 * seconds + 10)
         except Exception as exc:  # report and go on to the next section
             print(f"section {name} FAILED: {type(exc).__name__}: {exc}")
-        print(f"    ({name}: {time.perf_counter() - started:.1f} s)", flush=True)
-    print(f"(all sections done at {time.perf_counter() - began:.1f} s)", flush=True)
+            traceback.print_exc(file=sys.stdout)
+            dev.empty_cache()
+        log(f"section {name}: done in {time.perf_counter() - started:.1f} s")
+    log("run: all sections done")
 
 
 def main() -> None:
@@ -430,15 +509,37 @@ def main() -> None:
     build.add_argument("--model", choices=sorted(MODELS), required=True)
     build.add_argument("--width", type=int, help="every layer this wide (a CPU trial)")
     build.add_argument("dir", type=Path)
+    finish = sub.add_parser("finish")
+    finish.add_argument("--model", choices=sorted(MODELS), required=True)
+    finish.add_argument("dir", type=Path)
     run = sub.add_parser("run")
     run.add_argument("dir", type=Path)
     run.add_argument("--seconds", type=float, default=1.5, help="timed seconds per measurement")
     run.add_argument("--sections", default="throughput,cold,churn")
     args = parser.parse_args()
-    if args.command == "build":
-        cmd_build(args.model, args.dir, args.width)
-    else:
-        cmd_run(args.dir, args.seconds, args.sections)
+    # A hang shows where it is: SIGUSR1 (bench/gpu_device_run.sh's timeouts send it) dumps
+    # every thread's stack; run with ``python -X faulthandler`` for crashes too.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    args.dir.mkdir(parents=True, exist_ok=True)
+    code = 0
+    try:
+        if args.command == "build":
+            cmd_build(args.model, args.dir, args.width)
+        elif args.command == "finish":
+            cmd_finish(args.model, args.dir)
+        else:
+            cmd_run(args.dir, args.seconds, args.sections)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        traceback.print_exc(file=sys.stdout)
+        code = 1
+    # Leave without the interpreter's teardown: on the H200 a finished bench process did not
+    # exit within 45 s (2026-12-03).  Everything is written and flushed by now.
+    log(f"{args.command}: exiting with {code}")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -176,18 +176,30 @@ def _archive_prefix(names: list[str]) -> str:
     raise EngineLoadError("not a PT2 archive: it has no archive_format entry")
 
 
-def add_tidal_section(package: Path, manifest: Pt2Manifest, weights: list[bytes]) -> None:
-    """Append the manifest and the weight blob (stored, aligned) to a ``.pt2`` zip."""
-    with zipfile.ZipFile(package) as archive:
-        prefix = _archive_prefix(archive.namelist())
+def layout_blob(manifest: Pt2Manifest, weights: list[bytes]) -> bytearray:
+    """The weight blob: each constant's bytes at its manifest offset."""
     blob = bytearray(manifest.weights_bytes)
     for entry, data in zip(manifest.constants, weights, strict=True):
         if len(data) != entry.nbytes:
             raise ValueError(f"{entry.fqn}: {len(data)}B given, the layout says {entry.nbytes}B")
         blob[entry.offset : entry.offset + entry.nbytes] = data
+    return blob
+
+
+def write_tidal_section(package: Path, manifest: Pt2Manifest, blob: bytes | bytearray) -> None:
+    """Append the manifest and a laid-out weight blob (stored, uncompressed) to a ``.pt2``."""
+    if len(blob) != manifest.weights_bytes:
+        raise ValueError(f"a blob of {len(blob)}B, the manifest says {manifest.weights_bytes}B")
+    with zipfile.ZipFile(package) as archive:
+        prefix = _archive_prefix(archive.namelist())
     with zipfile.ZipFile(package, "a", compression=zipfile.ZIP_STORED) as archive:
         archive.writestr(prefix + MANIFEST_NAME, manifest_to_json(manifest))
         archive.writestr(prefix + WEIGHTS_NAME, bytes(blob))
+
+
+def add_tidal_section(package: Path, manifest: Pt2Manifest, weights: list[bytes]) -> None:
+    """Append the manifest and the weight blob (stored, aligned) to a ``.pt2`` zip."""
+    write_tidal_section(package, manifest, layout_blob(manifest, weights))
 
 
 @dataclass(frozen=True)
@@ -517,7 +529,17 @@ class TorchAOTIBackend:
 _NUMPY_NAMES: dict[Any, str] = {}
 
 
-def build_package(
+@dataclass
+class PreparedPackage:
+    """A model exported and laid out, not yet compiled: see :func:`build_package`."""
+
+    exported: Any
+    path: Path  # where the package goes (its name is the binding)
+    manifest: Pt2Manifest
+    weights: list[bytes]  # each constant's bytes, in the manifest's order
+
+
+def prepare_package(
     torch: Any,
     module: Any,
     example_inputs: tuple[Any, ...],
@@ -527,24 +549,9 @@ def build_package(
     *,
     precision: str,
     max_batch_size: int,
-    progress: Any = None,
-) -> Path:
-    """Export, compile and package ``module`` as ``<arch>-torch<ver>-<precision>.pt2``.
-
-    The batch dimension of every input is dynamic up to ``max_batch_size``; the weights go into
-    the tidal section, not the compiled library.  The constants' names come from the exported
-    program (parameters, then buffers), not from loading the fresh package: on the H200 the
-    build died with SIGSEGV after the package was written and before this section was added
-    (bench/results/gpu_bench-h200-2026-12-03.txt); loading one is the load path's job, which
-    checks the names (``load_constants(check_full_update=True)``).  ``progress(str)`` is told
-    each step's duration as it ends.  Returns the package's path.
-    """
-    started = time.perf_counter()
-
-    def step(what: str) -> None:
-        if progress is not None:
-            progress(f"{what} at {time.perf_counter() - started:.1f} s")
-
+) -> PreparedPackage:
+    """Export ``module`` (batch dimension dynamic up to ``max_batch_size``) and lay out its
+    constants; nothing is compiled yet."""
     from tidal.runtime.core.engines import pt2_file_name
     from tidal.runtime.protocol import datatype_of
 
@@ -563,16 +570,6 @@ def build_package(
         example_inputs,
         dynamic_shapes=tuple({0: batch} for _ in example_inputs),
     )
-    step("exported")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    # The file name is the binding (one folder per model, as for TensorRT plans).
-    path = out_dir / pt2_file_name(arch, parse_torch_version(torch.__version__), precision)
-    torch._inductor.aoti_compile_and_package(
-        exported,
-        package_path=str(path),
-        inductor_configs={"aot_inductor.package_constants_in_so": False},
-    )
-    step(f"compiled and packaged ({path.stat().st_size} B, no weights)")
     with torch.no_grad():
         results = module(*example_inputs)
     outs = results if isinstance(results, list | tuple) else [results]
@@ -585,7 +582,6 @@ def build_package(
     state = {**exported.state_dict, **exported.constants}
     fqns = [*signature.parameters, *signature.buffers]
     tensors = [state[f].detach().contiguous().cpu() for f in fqns]
-    step(f"{len(fqns)} constants copied to the host")
     layout, total = layout_constants(
         [
             (f, str(np.dtype(_NUMPY_NAMES[t.dtype])), tuple(t.shape), t.numel() * t.element_size())
@@ -600,6 +596,64 @@ def build_package(
         device=device.type,
         torch_version=torch.__version__,
     )
-    add_tidal_section(path, manifest, [t.view(torch.uint8).numpy().tobytes() for t in tensors])
-    step(f"weights appended ({total} B)")
-    return path
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # The file name is the binding (one folder per model, as for TensorRT plans).
+    path = out_dir / pt2_file_name(arch, parse_torch_version(torch.__version__), precision)
+    weights = [t.view(torch.uint8).numpy().tobytes() for t in tensors]
+    return PreparedPackage(exported, path, manifest, weights)
+
+
+def compile_package(torch: Any, prepared: PreparedPackage) -> None:
+    """AOTInductor-compile the exported program into ``prepared.path``, without its weights."""
+    torch._inductor.aoti_compile_and_package(
+        prepared.exported,
+        package_path=str(prepared.path),
+        inductor_configs={"aot_inductor.package_constants_in_so": False},
+    )
+
+
+def build_package(
+    torch: Any,
+    module: Any,
+    example_inputs: tuple[Any, ...],
+    input_names: list[str],
+    output_names: list[str],
+    out_dir: Path,
+    *,
+    precision: str,
+    max_batch_size: int,
+    progress: Any = None,
+) -> Path:
+    """Export, compile and package ``module`` as ``<arch>-torch<ver>-<precision>.pt2``.
+
+    Three steps (:func:`prepare_package`, :func:`compile_package`, :func:`add_tidal_section`),
+    which a caller may also run one by one (bench/gpu_bench.py keeps the prepared weights on
+    disk so that a build process that dies after the compile can be finished by another).  The
+    batch dimension of every input is dynamic up to ``max_batch_size``; the weights go into the
+    tidal section, not the compiled library.  The constants' names come from the exported
+    program (parameters, then buffers), not from loading the fresh package (the load path
+    checks them: ``load_constants(check_full_update=True)``).  ``progress(str)`` is told each
+    step's duration as it ends.  Returns the package's path.
+    """
+    started = time.perf_counter()
+
+    def step(what: str) -> None:
+        if progress is not None:
+            progress(f"{what} at {time.perf_counter() - started:.1f} s")
+
+    prepared = prepare_package(
+        torch,
+        module,
+        example_inputs,
+        input_names,
+        output_names,
+        out_dir,
+        precision=precision,
+        max_batch_size=max_batch_size,
+    )
+    step(f"exported; {len(prepared.weights)} constants copied to the host")
+    compile_package(torch, prepared)
+    step(f"compiled and packaged ({prepared.path.stat().st_size} B, no weights)")
+    add_tidal_section(prepared.path, prepared.manifest, prepared.weights)
+    step(f"weights appended ({prepared.manifest.weights_bytes} B)")
+    return prepared.path

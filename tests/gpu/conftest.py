@@ -9,8 +9,10 @@ builds them once for the tests and the benchmark) or are compiled here on first 
 
 from __future__ import annotations
 
+import faulthandler
 import importlib.util
 import os
+import signal
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -22,6 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def pytest_configure(config: Any) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU and torch (make gpu-test)")
+    # bench/gpu_device_run.sh's timeout sends SIGUSR1 before it kills: print every stack.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
 def gpu_bench() -> ModuleType:
