@@ -10,7 +10,8 @@ series exist for real:
   load then a step up — SLO breach, rollback, scale decisions, cold starts;
 * ``fleet``: ``spec.fleet`` with 8 models on 2 replicas whose budgets hold about 3 each, one of
   them a corrupt engine — the gateway, placement, evictions (thrash) and failed loads;
-* ``lru``: two models and room for one, asked in turn — cold requests and cold starts all along;
+* ``lru``: two models and room for one, asked in turn — cold requests and cold starts all along,
+  and a seeded 10 % of 500s (non-200 series);
 * ``crowded``: asks for 64 CPUs a pod — unschedulable replicas;
 * ``ghost``: runs on the sandbox's fake node, whose pods are Ready but serve nothing — metrics
   stale (the autoscaler holds; Prometheus cannot scrape it).
@@ -228,7 +229,10 @@ def services(root: Path) -> list[dict[str, Any]]:
     # starts keep coming; one per pod would not show in a rate).
     size = (root / "mlp.onnx").stat().st_size
     lru = {
-        "runtime": runtime(),
+        # 10 % answered 500, from a fixed seed: non-200 series exist whatever the canary's
+        # share of errors was before its rollback (on a fast machine it rolls back after a
+        # handful of requests, and 2 % of them may be none).
+        "runtime": runtime(TIDAL_FAULT_ERROR_RATE="0.1", TIDAL_FAULT_SEED="1"),
         "models": [
             model("lru-a", root / "mlp.onnx", preload=False),
             model("lru-b", root / "rare.onnx", preload=False),

@@ -60,8 +60,12 @@ class LoadReport:
     def window(self, start: float, end: float) -> list[Sample]:
         return [s for s in self.samples if start <= s.sent < end]
 
+    def quantile(self, q: float, start: float = 0.0, end: float = math.inf) -> float:
+        """The ``q`` quantile of successful requests' latency sent in [start, end)."""
+        return percentile([s.latency for s in self.window(start, end) if s.ok], q)
+
     def p99(self, start: float = 0.0, end: float = math.inf) -> float:
-        return percentile([s.latency for s in self.window(start, end) if s.ok], 0.99)
+        return self.quantile(0.99, start, end)
 
     def failures(self, start: float = 0.0, end: float = math.inf) -> list[Sample]:
         return [s for s in self.window(start, end) if not s.ok]
