@@ -36,6 +36,10 @@ def running_operator(sandbox: Any, namespace: str, log_path: Path) -> Iterator[O
     with OperatorProcess({**os.environ, **sandbox.env}, namespace, log_path, "plain") as proc:
         try:
             yield proc
+        except BaseException:
+            # A failure shows the operator's side of the story (pytest prints captured stderr).
+            sys.stderr.write("--- tidal-operator log, last lines ---\n" + proc.log()[-6000:])
+            raise
         finally:
             if os.environ.get("TIDAL_SHOW_OPERATOR_LOG") == "1":
                 sys.stderr.write(proc.log()[-30000:])

@@ -190,7 +190,24 @@ class Sandbox:
     def apply_crds(self, directory: Path) -> None:
         """Apply every CRD in ``directory`` (idempotent) and wait until they are served."""
         self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(directory))
-        self.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(directory))
+        self.wait_established("-f", str(directory))
+
+    def wait_established(self, *targets: str, timeout: float = 90.0) -> None:
+        """``kubectl wait --for=condition=Established`` on ``targets``, again until it succeeds:
+        one call can fail on a passing answer of the API server (CI saw it exit 1 while the
+        server's CRD storage was re-initialising after a re-apply)."""
+
+        def established() -> bool:
+            done = self.kubectl(
+                "wait", "--for=condition=Established", "--timeout=30s", *targets, check=False
+            )
+            if done.returncode != 0:
+                raise RuntimeError(f"kubectl wait exited {done.returncode}: {done.stderr.strip()}")
+            return True
+
+        wait_for(
+            established, timeout=timeout, interval=1.0, what=f"{' '.join(targets)} Established"
+        )
 
     def api_client(self) -> Any:
         """A ``kubernetes.client.ApiClient`` logged in as the sandbox admin."""

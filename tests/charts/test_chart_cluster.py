@@ -51,7 +51,7 @@ FAKE_NODE_PLACEMENT = {
 def chart_crds(sandbox: Any) -> None:
     """The chart's CRDs, applied for real (helm installs crds/ before the templates)."""
     sandbox.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
-    sandbox.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{PLURAL}.{GROUP}")
+    sandbox.wait_established(f"crd/{PLURAL}.{GROUP}")
 
 
 def dump(docs: list[Doc]) -> str:

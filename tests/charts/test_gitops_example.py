@@ -81,7 +81,7 @@ def test_synced_inference_services_parse() -> None:
 @pytest.mark.sandbox
 def test_synced_inference_services_pass_server_side_dry_run(sandbox: Any, namespace: str) -> None:
     sandbox.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
-    sandbox.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{PLURAL}.{GROUP}")
+    sandbox.wait_established(f"crd/{PLURAL}.{GROUP}")
     for body in model_manifests():
         result = sandbox.kubectl(
             "apply", "--dry-run=server", "-n", namespace, "-f", "-", input=json.dumps(body)
