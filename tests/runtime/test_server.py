@@ -196,8 +196,13 @@ def test_queue_depth_is_exact_and_a_full_queue_answers_503(serve, models, model_
             status, body = -1, repr(exc)
         results.append((status, body))
 
+    # The first request must be executing (out of the queue) before the other five arrive:
+    # sent together, all six can land in one event-loop turn, before the batch loop takes the
+    # first, and the sixth then finds five queued and gets a 503 (seen in CI).
     threads = [threading.Thread(target=send, args=(i,)) for i in range(6)]
-    for thread in threads:
+    threads[0].start()
+    wait_for(lambda: rt.call(lambda: rt.server.batchers["gate"]._executing) == 1)
+    for thread in threads[1:]:
         thread.start()
     wait_for(lambda: rt.metric("tidal_inflight_requests") == 6)
     wait_for(lambda: rt.metric("tidal_queue_depth", model="gate") == 5)  # one is executing
