@@ -191,7 +191,8 @@ def build_crd() -> dict[str, Any]:
             "name": "Rollout",
             "type": "string",
             "jsonPath": ".status.rollout.phase",
-            "description": "With a baseline: Stable, Preparing, Progressing, RolledBack or Pinned.",
+            "description": "With a baseline: Stable, Preparing, Progressing, RolledBack, Pinned "
+            "or Overflow.",
             "priority": 1,
         },
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

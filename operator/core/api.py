@@ -1024,6 +1024,13 @@ class Baseline(ApiModel):
         le=1000,
         description="Replicas the baseline keeps while it does not serve traffic.",
     )
+    overflow: bool = Field(
+        default=False,
+        description="During a surge, while the promoted primary is short of ready replicas "
+        "(its new ones still warm), the Service also selects the baseline's ready replicas "
+        "(they are warm and paid for), as long as the baseline meets the SLO. It serves the "
+        "baseline's version to part of the traffic for that time; off by default.",
+    )
 
 
 class Slo(ApiModel):
@@ -1540,12 +1547,13 @@ class RolloutStatus(ApiModel):
     phase: str = Field(
         default="Stable",
         max_length=32,
-        description="Stable, Preparing, RolledBack, Progressing or Pinned.",
+        description="Stable, Preparing, RolledBack, Progressing, Pinned or Overflow.",
     )
     traffic: str = Field(
         default="primary",
         max_length=16,
-        description="What the Service selects: primary, baseline or split.",
+        description="What the Service selects: primary, baseline, split (a rollout step) or "
+        "overflow (the baseline shares a surge).",
     )
     primary_traffic_percent: float = Field(
         default=100.0, ge=0, le=100, description="Primary's share by ready replica proportion."

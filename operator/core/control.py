@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -131,6 +131,7 @@ def rollout_spec_of(isvc: InferenceService, primary_hash: str) -> RolloutSpec | 
         steps=tuple(rollout.steps),
         step_seconds=float(rollout.step_seconds),
         drain_seconds=float(rollout.drain_seconds),
+        overflow=rollout.baseline.overflow,
     )
 
 
@@ -192,6 +193,24 @@ def combine_observations(observations: Sequence[Observation]) -> Observation:
     )
 
 
+def overflow_observation(primary: Observation, baseline: Observation) -> Observation:
+    """The primary's observation while the baseline shares a surge (rollout rule 8).
+
+    The autoscaler goes on sizing the primary for all of the service's traffic: the baseline's
+    arrivals and queue are demand the primary must carry when the overflow ends, but its ready
+    replicas are not the primary's capacity (they would hold the primary's scale-up back).
+    """
+
+    def total(a: float | None, b: float | None) -> float | None:
+        return a if b is None else (b if a is None else a + b)
+
+    return replace(
+        primary,
+        queue_depth=total(primary.queue_depth, baseline.queue_depth),
+        arrival_rate=total(primary.arrival_rate, baseline.arrival_rate),
+    )
+
+
 def traffic_pools(rollout: RolloutDecision | None) -> tuple[PoolName, ...]:
     """The pools whose serving pods receive the Service's traffic."""
     if rollout is None:
@@ -204,7 +223,7 @@ UNBOUNDED_SERVING = 1 << 30
 
 
 def role_targets(
-    serving: Sequence[PoolName], decision: ScaleDecision
+    serving: Sequence[PoolName], decision: ScaleDecision, helping: Sequence[PoolName] = ()
 ) -> dict[PoolName, tuple[int, int]]:
     """(serving, standby) pods each serving pool's ready pods are labelled for.
 
@@ -212,11 +231,16 @@ def role_targets(
     standby (``plan_children`` sizes both pools for their share): every ready pod of both pools
     serves, so a pod demoted while one pool served alone is promoted again — left standby, it
     would leave a pool of one pod with no endpoint and its share of the step with no traffic
-    (and no samples for the step's verdict).
+    (and no samples for the step's verdict). A ``helping`` pool (the baseline in an overflow)
+    serves with every ready pod beside the pool the autoscaler sizes.
     """
     if len(serving) == 1:
-        return {serving[0]: (decision.desired_serving, decision.desired_standby)}
-    return {pool: (UNBOUNDED_SERVING, 0) for pool in serving}
+        targets = {serving[0]: (decision.desired_serving, decision.desired_standby)}
+    else:
+        targets = {pool: (UNBOUNDED_SERVING, 0) for pool in serving}
+    for pool in helping:
+        targets.setdefault(pool, (UNBOUNDED_SERVING, 0))
+    return targets
 
 
 def to_wall_signals(signals: PoolSignals, mono_now: float, wall_now: float) -> PoolSignals:
@@ -249,14 +273,16 @@ def plan_children(
     replicas[PoolName.PRIMARY] = rollout.desired_replicas.primary
     replicas[PoolName.BASELINE] = rollout.desired_replicas.baseline
     pools = traffic_pools(rollout)
-    if len(pools) == 1 and scale is not None:
+    overflow = rollout.traffic is Traffic.OVERFLOW
+    if (len(pools) == 1 or overflow) and scale is not None:
+        # The standby belongs to the pool the autoscaler sizes (the primary in an overflow).
         replicas[pools[0]] += scale.desired_standby
     if isvc.spec.replicas is not None:
         replicas.pop(PoolName.PRIMARY, None)  # the manual count wins (desired_replicas)
     return Observed(
         replicas=replicas,
         active_pool=pools[0] if len(pools) == 1 else PoolName.PRIMARY,
-        split=rollout.traffic is Traffic.SPLIT,
+        split=rollout.traffic is Traffic.SPLIT or overflow,
     )
 
 

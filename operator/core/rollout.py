@@ -61,6 +61,17 @@ share is the proportion of ready replicas). Rules:
 7. **Drain.** A pool that just stopped receiving traffic keeps its ready replicas for
    ``drainSeconds`` before it shrinks or its template changes, so connections that were routed
    to it before the endpoints update can finish (zero failed requests during a switch).
+8. **Overflow** (``spec.rollout.baseline.overflow``, opt-in). While the promoted primary serves
+   alone (``activePool: auto``, no rollout or rollback under way) and is short of replicas --
+   the autoscaler asks more than are ready, so a surge's new capacity is still warming -- the
+   Service also selects the baseline's ready replicas (traffic ``overflow``): they are warm and
+   already paid for. Only while the baseline's own SLO verdict is clean (no pending or
+   sustained breach) and it has a ready replica; never within ``drainSeconds`` of the last
+   switch (no flapping). The overflow ends (``OverflowEnded``) as soon as the primary has the
+   replicas the autoscaler asks, or the baseline breaches or has none ready; the baseline then
+   drains by rule 7. The baseline is not scaled for it (new baseline replicas would be no
+   warmer than the primary's); it keeps its ready replicas while it serves. The autoscaler
+   goes on sizing the primary for all of the service's traffic.
 
 Times are seconds on the shell's clock (wall time if the state is persisted in status and must
 survive an operator restart).
@@ -118,6 +129,7 @@ class Traffic(StrEnum):
     PRIMARY = "primary"
     BASELINE = "baseline"
     SPLIT = "split"
+    OVERFLOW = "overflow"  # the primary, and the baseline's ready replicas while it is short
 
 
 class Action(StrEnum):
@@ -131,6 +143,7 @@ class Action(StrEnum):
     ADVANCE_STEP = "advance-step"
     EVALUATE_STEP = "evaluate-step"
     PROMOTE = "promote"
+    OVERFLOW = "overflow"  # the baseline takes part of a surge while the primary warms
 
 
 class Phase(StrEnum):
@@ -141,6 +154,7 @@ class Phase(StrEnum):
     ROLLED_BACK = "RolledBack"  # baseline serves because the primary breached
     PROGRESSING = "Progressing"  # staged rollout of a new primary template
     PINNED = "Pinned"  # activePool pins a pool
+    OVERFLOW = "Overflow"  # the baseline's ready replicas help a primary short of capacity
 
 
 class EventType(StrEnum):
@@ -189,6 +203,10 @@ class RolloutSpec(Frozen):
     )
     advance_without_samples: bool = Field(
         default=False, description="Advance steps without p99/errorRate samples."
+    )
+    overflow: bool = Field(
+        default=False,
+        description="The baseline's ready replicas share a surge while the primary is short.",
     )
 
     @field_validator("steps", mode="before")
@@ -305,7 +323,7 @@ def step_shares(total: int, percent: int) -> PoolCounts:
 
 
 def _pools_of(traffic: Traffic) -> tuple[Pool, ...]:
-    if traffic is Traffic.SPLIT:
+    if traffic is Traffic.SPLIT or traffic is Traffic.OVERFLOW:
         return (Pool.PRIMARY, Pool.BASELINE)
     return (Pool(traffic.value),)
 
@@ -353,6 +371,9 @@ class _Plan:
             index = min(self.state.step or 0, len(self.spec.steps) - 1)
             share = step_shares(self.obs.autoscaler_desired, self.spec.steps[index])
             serving = share.primary + share.baseline
+        elif self.state.traffic is Traffic.OVERFLOW:
+            # What the primary must carry alone when the overflow ends.
+            serving = self.ready(Pool.PRIMARY)
         else:
             serving = self.ready(Pool(self.state.traffic.value))
         need = max(self.obs.autoscaler_desired, serving, 1)
@@ -476,7 +497,7 @@ def plan_rollout(
             + ("traffic stays on the baseline" if off else "moving traffic to the baseline"),
         )
 
-    _plan_traffic(plan, pv)
+    _plan_traffic(plan, pv, bv)
     if plan.preparing is None and plan.state.preparing is not None:
         plan.update(preparing=None, preparing_since=None, prepare_warned=False)
 
@@ -499,7 +520,7 @@ def plan_rollout(
     return _decide(plan, pv, bv), plan.state
 
 
-def _plan_traffic(plan: _Plan, pv: SloVerdict) -> None:
+def _plan_traffic(plan: _Plan, pv: SloVerdict, bv: SloVerdict) -> None:
     spec, st = plan.spec, plan.state
     rollback = st.rollback
 
@@ -544,10 +565,58 @@ def _plan_traffic(plan: _Plan, pv: SloVerdict) -> None:
             plan.action, plan.reason = Action.STEADY, f"rolled-back: {rollback.reason}"
         return
     if spec.primary_hash == plan.state.promoted_hash:
+        if _plan_overflow(plan, bv):
+            return
         if plan.move_all_to(Pool.PRIMARY, "primary template is promoted (activePool=auto)"):
             plan.action, plan.reason = Action.STEADY, f"stable; slo {pv.reason}"
         return
     _plan_steps(plan, pv)
+
+
+def _plan_overflow(plan: _Plan, bv: SloVerdict) -> bool:
+    """Rule 8: whether the baseline shares the traffic now (True: this call decided traffic).
+
+    Called only while the promoted primary template is the spec's and nothing pins a pool.
+    """
+    spec, st = plan.spec, plan.state
+    if st.traffic is not Traffic.OVERFLOW and st.traffic is not Traffic.PRIMARY:
+        return False
+    primary, baseline = plan.ready(Pool.PRIMARY), plan.ready(Pool.BASELINE)
+    need = plan.load()
+    short = need - primary
+    if st.traffic is Traffic.OVERFLOW:
+        if not spec.overflow:
+            why = "overflow disabled"
+        elif bv.breaching:
+            why = f"baseline {bv.reason}"
+        elif baseline == 0:
+            why = "no ready baseline replica"
+        elif short <= 0:
+            why = f"primary has {primary}/{need} ready"
+        else:
+            plan.action = Action.OVERFLOW
+            plan.reason = (
+                f"overflow: primary {primary}/{need} ready; the baseline's {baseline} ready "
+                "replicas share the traffic"
+            )
+            return True
+        plan.switch(Traffic.PRIMARY, Action.FLIP_TO_PRIMARY, f"overflow ended: {why}")
+        plan.event(EventType.NORMAL, "OverflowEnded", f"the primary serves alone again: {why}")
+        return True
+    if not spec.overflow or short < 1 or baseline < 1 or bv.breaching or plan.draining():
+        return False
+    reason = (
+        f"overflow: primary {primary}/{need} ready; the baseline's {baseline} ready replicas "
+        "share the traffic while the primary's warm"
+    )
+    plan.switch(Traffic.OVERFLOW, Action.OVERFLOW, reason)
+    plan.event(
+        EventType.NORMAL,
+        "Overflow",
+        f"primary short of {short} replicas ({primary}/{need} ready): the baseline's {baseline} "
+        f"ready replicas share the traffic until they are ready; baseline slo {bv.reason}",
+    )
+    return True
 
 
 def _plan_steps(plan: _Plan, pv: SloVerdict) -> None:
@@ -664,6 +733,11 @@ def _decide(plan: _Plan, pv: SloVerdict, bv: SloVerdict) -> RolloutDecision:
         # Surge first: the baseline shrinks only as the primary's new replicas become ready.
         baseline = max(share.baseline, max(n, 1) - plan.ready(Pool.PRIMARY))
         desired = PoolCounts(primary=share.primary, baseline=baseline)
+    elif st.traffic is Traffic.OVERFLOW:
+        # The baseline keeps what serves now: it is not grown for a surge, nor shrunk in one.
+        helping = obs.baseline.ready_replicas
+        serving = PoolCounts(primary=n, baseline=helping)
+        desired = PoolCounts(primary=n, baseline=max(helping, spec.baseline_min_replicas))
     elif st.traffic is Traffic.PRIMARY:
         serving = PoolCounts(primary=n, baseline=0)
         standby = spec.baseline_min_replicas
@@ -691,6 +765,9 @@ def _decide(plan: _Plan, pv: SloVerdict, bv: SloVerdict) -> RolloutDecision:
 
     total_serving = serving.primary + serving.baseline
     percent = 100.0 * serving.primary / total_serving if total_serving else 0.0
+    if st.traffic is Traffic.OVERFLOW:  # by the replicas that are ready, not those asked
+        ready_p, ready_b = plan.ready(Pool.PRIMARY), plan.ready(Pool.BASELINE)
+        percent = 100.0 * ready_p / (ready_p + ready_b) if ready_p + ready_b else 0.0
     if st.traffic is Traffic.PRIMARY:
         percent = 100.0
     elif st.traffic is Traffic.BASELINE:
@@ -713,6 +790,8 @@ def _decide(plan: _Plan, pv: SloVerdict, bv: SloVerdict) -> RolloutDecision:
         phase = Phase.PREPARING
     elif spec.active_pool is not ActivePool.AUTO:
         phase = Phase.PINNED
+    elif st.traffic is Traffic.OVERFLOW:
+        phase = Phase.OVERFLOW
     elif rolling_out:
         phase = Phase.PROGRESSING
     else:

@@ -71,6 +71,7 @@ from tidal.operator.core.control import (
     combine_observations,
     initial_scaler_state,
     metrics_condition,
+    overflow_observation,
     plan_children,
     pool_metrics,
     prewarmed_condition,
@@ -102,6 +103,7 @@ from tidal.operator.core.rollout import (
     RolloutDecision,
     RolloutObservation,
     RolloutState,
+    Traffic,
     initial_state,
     plan_rollout,
 )
@@ -385,10 +387,17 @@ class Controller:
             previous = (body.get("status") or {}).get("rollout")
             st.rollout = _restore(previous)
             st.rollout_loaded = True
-        serving = _serving_pools(st.rollout or (initial_state(spec) if spec else None))
+        traffic_state = st.rollout or (initial_state(spec) if spec else None)
+        serving = _serving_pools(traffic_state)
+        # An overflow (rollout rule 8): the baseline helps, the autoscaler sizes the primary.
+        helping = _helping_pools(traffic_state)
 
         policy = scaling_policy_of(isvc, self.settings.tick_seconds)
         observation = combine_observations([readings[p].observed.observation for p in serving])
+        if helping:
+            observation = overflow_observation(
+                observation, readings[PoolName.BASELINE].observed.observation
+            )
         manual = isvc.spec.replicas is not None
         decision: ScaleDecision | None = None
         if not st.scaler_loaded:
@@ -440,7 +449,8 @@ class Controller:
             if event is not None:
                 events.append(EventSpec(*event))  # type: ignore[arg-type]
             st.last_total[serving] = decision.desired_total
-            for pool, (want_serving, want_standby) in role_targets(serving, decision).items():
+            targets = role_targets(serving, decision, helping)
+            for pool, (want_serving, want_standby) in targets.items():
                 await self._assign_roles(
                     key,
                     st,
@@ -787,8 +797,18 @@ def _restore(raw: Any) -> RolloutState | None:
 
 
 def _serving_pools(state: RolloutState | None) -> tuple[PoolName, ...]:
+    """The pools the autoscaler sizes (and whose signals it reads) for the traffic."""
     if state is None:
         return (PoolName.PRIMARY,)
-    if state.traffic.value == "split":
+    if state.traffic is Traffic.SPLIT:
         return (PoolName.PRIMARY, PoolName.BASELINE)
+    if state.traffic is Traffic.OVERFLOW:
+        return (PoolName.PRIMARY,)
     return (PoolName(state.traffic.value),)
+
+
+def _helping_pools(state: RolloutState | None) -> tuple[PoolName, ...]:
+    """Pools that serve beside the sized one without being sized: the baseline in an overflow."""
+    if state is not None and state.traffic is Traffic.OVERFLOW:
+        return (PoolName.BASELINE,)
+    return ()

@@ -9,7 +9,12 @@ from datetime import UTC, datetime
 import pytest
 from isvc_fixtures import minimal
 
-from tidal.operator.core.api import ConditionStatus, PoolName, parse_inference_service
+from tidal.operator.core.api import (
+    LABEL_POOL,
+    ConditionStatus,
+    PoolName,
+    parse_inference_service,
+)
 from tidal.operator.core.autoscaler import (
     Observation,
     ScalerState,
@@ -23,6 +28,7 @@ from tidal.operator.core.control import (
     follow_planner,
     initial_scaler_state,
     metrics_condition,
+    overflow_observation,
     plan_children,
     prewarmed_condition,
     primary_template_hash,
@@ -144,6 +150,43 @@ def test_role_targets_keep_the_autoscalers_standby_only_where_one_pool_serves() 
         assert set(assignment.serving) == {p.name for p in pods}, pool
         assert assignment.promote == tuple(p.name for p in pods if p.standby), pool
         assert assignment.standby == assignment.demote == (), pool
+
+
+def test_overflow_observation_sizes_the_primary_for_all_demand_with_its_own_capacity() -> None:
+    primary = Observation(now=5, ready_serving=4, warming=4, queue_depth=12, arrival_rate=80)
+    baseline = Observation(now=5, ready_serving=2, queue_depth=3, arrival_rate=30)
+    seen = overflow_observation(primary, baseline)
+    assert (seen.arrival_rate, seen.queue_depth) == (110, 15)
+    assert (seen.ready_serving, seen.warming) == (4, 4)  # the baseline is not its capacity
+    unknown = overflow_observation(primary, Observation(now=5, ready_serving=2, queue_depth=None))
+    assert unknown.queue_depth == 12 and unknown.arrival_rate == 80
+
+
+def test_an_overflow_selects_both_pools_and_keeps_the_standby_with_the_primary() -> None:
+    svc = isvc(
+        autoscaling={"minReplicas": 1, "maxReplicas": 10, "standbyReplicas": 1},
+        rollout={"baseline": {"minReplicas": 2, "overflow": True}},
+    )
+    spec = rollout_spec_of(svc, "h1")
+    assert spec is not None and spec.overflow
+    obs = RolloutObservation(
+        primary=PoolObservation(ready_replicas=4),
+        baseline=PoolObservation(ready_replicas=2),
+        autoscaler_desired=8,
+    )
+    rollout, _ = plan_rollout(spec, obs, None, 0.0)
+    assert rollout.traffic is Traffic.OVERFLOW
+    policy = ScalingPolicy(max_replicas=10, standby_replicas=1)
+    scale = decision_for(Observation(now=0, ready_serving=4, queue_depth=0), policy)
+    observed = plan_children(svc, scale, rollout, {PoolName.PRIMARY: 5, PoolName.BASELINE: 2})
+    assert observed.split  # the Service selects the serving pods of both pools
+    assert observed.replicas[PoolName.PRIMARY] == 8 + scale.desired_standby
+    assert observed.replicas[PoolName.BASELINE] == 2
+    targets = role_targets((PoolName.PRIMARY,), scale, (PoolName.BASELINE,))
+    assert targets[PoolName.PRIMARY] == (scale.desired_serving, scale.desired_standby)
+    assert targets[PoolName.BASELINE][1] == 0  # every ready baseline pod serves
+    service = next(o for o in desired_objects(svc, observed) if o["kind"] == "Service")
+    assert LABEL_POOL not in service["spec"]["selector"]
 
 
 def test_plan_children_keeps_a_manual_replica_count() -> None:

@@ -582,3 +582,142 @@ def test_first_sight_accepts_the_template_without_a_staged_rollout() -> None:
     assert decision.traffic is Traffic.PRIMARY and decision.phase is Phase.STABLE
     assert decision.desired_replicas == PoolCounts(primary=3, baseline=1)
     assert state.promoted_hash == "h1" and not decision.events
+
+
+# --- overflow: the baseline shares a surge while the primary warms (rule 8) ------------------
+
+
+def overflow_sim(**kw: object) -> Sim:
+    """A primary of 4 serving at load 4, two warm baseline replicas, one replica a second."""
+    spec = make_spec(overflow=True, drain_seconds=10, baseline_min_replicas=2, **kw)
+    sim = Sim(spec, primary_ready=4, baseline_ready=2, dt=1.0)
+    sim.run_for(5)
+    return sim
+
+
+def test_a_surge_is_shared_with_the_warm_baseline_until_the_primary_is_ready() -> None:
+    sim = overflow_sim()
+    decisions = sim.run_for(20, load=8)
+    onset = decisions[0]
+    assert onset.action is Action.OVERFLOW and onset.phase is Phase.OVERFLOW
+    assert onset.service_pools == (Pool.PRIMARY, Pool.BASELINE)
+    assert onset.desired_replicas == PoolCounts(primary=8, baseline=2)
+    assert onset.primary_traffic_percent == pytest.approx(100 * 4 / 6)
+    assert [e.reason for e in onset.events] == ["Overflow"]
+    assert "primary short of 4 replicas (4/8 ready)" in onset.events[0].message
+    end = next(i for i, d in enumerate(decisions) if d.traffic is Traffic.PRIMARY)
+    # The primary grows one replica a tick: 4 ticks to 8 ready, then it serves alone again.
+    assert end == 4 and sim.log[-20 + end][1].primary.ready_replicas == 8
+    assert [e.reason for e in decisions[end].events] == ["OverflowEnded"]
+    assert decisions[end].phase is Phase.STABLE
+    # The baseline drains (keeps its replicas) for drainSeconds, then returns to its minimum.
+    assert all(d.desired_replicas.baseline == 2 for d in decisions)
+    assert _switches(decisions) == [Traffic.OVERFLOW, Traffic.PRIMARY]
+
+
+def test_without_overflow_a_surge_stays_on_the_primary() -> None:
+    sim = Sim(make_spec(drain_seconds=10), primary_ready=4, baseline_ready=2, dt=1.0)
+    decisions = sim.run_for(20, load=8)
+    assert all(d.traffic is Traffic.PRIMARY for d in decisions)
+
+
+@pytest.mark.parametrize(
+    ("baseline_signals", "baseline_ready"),
+    [(SLOW, 2), (GOOD, 0)],
+    ids=["baseline-over-its-objective", "no-ready-baseline"],
+)
+def test_no_overflow_to_a_baseline_that_breaches_or_has_nothing_ready(
+    baseline_signals: PoolSignals, baseline_ready: int
+) -> None:
+    sim = Sim(
+        make_spec(overflow=True, baseline_min_replicas=baseline_ready),
+        primary_ready=4,
+        baseline_ready=baseline_ready,
+        dt=1.0,
+    )
+    decisions = sim.run_for(20, load=8, baseline=baseline_signals)
+    assert all(d.traffic is Traffic.PRIMARY for d in decisions)
+
+
+def test_a_baseline_that_starts_to_breach_ends_the_overflow_at_once() -> None:
+    sim = overflow_sim()
+    sim.lag = 0  # the primary's new replicas never get ready
+    sim.run_for(3, load=8)
+    assert sim.state is not None and sim.state.traffic is Traffic.OVERFLOW
+    ended = sim.tick(load=8, baseline=SLOW)
+    assert ended.traffic is Traffic.PRIMARY and ended.action is Action.FLIP_TO_PRIMARY
+    assert "baseline pending:p99" in ended.reason and ended.events[-1].reason == "OverflowEnded"
+
+
+def test_no_overflow_again_within_drain_seconds_of_the_last_switch() -> None:
+    sim = overflow_sim()
+    sim.run_for(6, load=8)  # overflow, then the primary serves alone at 8
+    assert sim.state is not None and sim.state.traffic is Traffic.PRIMARY
+    sim.lag = 0  # the next surge's replicas stay unready: the primary is short throughout
+    again = sim.run_for(15, load=12)
+    entered = next(i for i, d in enumerate(again) if d.traffic is Traffic.OVERFLOW)
+    assert entered > 0  # the primary was short at once, and still had to wait
+    ended_at = next(t for t, _, d in sim.log if any(e.reason == "OverflowEnded" for e in d.events))
+    assert sim.log[-15 + entered][0] - ended_at == 10
+
+
+@pytest.mark.parametrize("change", ["rollout", "pinned-primary", "rolled-back"])
+def test_no_overflow_during_a_rollout_a_rollback_or_a_pin(change: str) -> None:
+    sim = overflow_sim()
+    if change == "rollout":
+        sim.spec = make_spec(overflow=True, primary_hash="h2", baseline_min_replicas=2)
+    elif change == "pinned-primary":
+        sim.spec = make_spec(overflow=True, active_pool=ActivePool.PRIMARY)
+    else:
+        sim.run_for(70, primary=SLOW)  # rolled back: the baseline serves alone
+    decisions = sim.run_for(30, load=8)
+    assert Traffic.OVERFLOW not in {d.traffic for d in decisions}
+
+
+def test_a_breach_of_the_primary_during_an_overflow_still_rolls_back() -> None:
+    sim = overflow_sim()
+    sim.lag = 0
+    decisions = sim.run_for(90, load=8, primary=SLOW)
+    assert decisions[0].traffic is Traffic.OVERFLOW
+    sim.lag = 1
+    decisions += sim.run_for(30, load=8, primary=SLOW)
+    assert decisions[-1].phase is Phase.ROLLED_BACK and decisions[-1].traffic is Traffic.BASELINE
+    assert "RolledBack" in sim.events()
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([GOOD, SLOW, NO_DATA]), st.integers(1, 12), st.integers(1, 8)),
+        min_size=1,
+        max_size=10,
+    ),
+    st.integers(0, 3),
+)
+def test_property_overflow_only_helps_a_short_primary_with_a_clean_baseline(
+    runs: list[tuple[PoolSignals, int, int]], lag: int
+) -> None:
+    sim = overflow_sim()
+    sim.lag = lag
+    for baseline, load, length in runs:
+        for _ in range(length):
+            sim.tick(load=load, baseline=baseline)
+    entries = []
+    for (_, _, before), (now, obs, after) in zip(sim.log, sim.log[1:], strict=False):
+        if after.traffic is Traffic.OVERFLOW:
+            assert after.service_pools == (Pool.PRIMARY, Pool.BASELINE)
+            # Overflow only while the primary is short and the baseline is clean and ready.
+            assert obs.primary.ready_replicas < obs.autoscaler_desired
+            assert obs.baseline.ready_replicas >= 1
+            assert not after.baseline_slo.breaching
+            # The baseline keeps (at least) what serves: it is never shrunk mid-overflow.
+            assert after.desired_replicas.baseline >= obs.baseline.ready_replicas
+            if before.traffic is not Traffic.OVERFLOW:
+                entries.append(now)
+        elif before.traffic is Traffic.OVERFLOW:
+            assert after.traffic is Traffic.PRIMARY
+    # No flapping: a new overflow starts at least drainSeconds after the last switch.
+    ends = [t for t, _, d in sim.log if any(e.reason == "OverflowEnded" for e in d.events)]
+    for start in entries:
+        earlier = [t for t in ends if t < start]
+        assert not earlier or start - earlier[-1] >= sim.spec.drain_seconds
