@@ -75,6 +75,14 @@ from tidal.operator.core.autoscaler_pods import (
     choose_scale_down_victims,
     choose_standby,
 )
+from tidal.operator.core.rollout import (
+    PoolObservation,
+    RolloutObservation,
+    RolloutSpec,
+    RolloutState,
+    Traffic,
+    plan_rollout,
+)
 
 # ------------------------------------------------------------------------------------------
 # Configuration and traces
@@ -103,6 +111,9 @@ class SimConfig:
     # tidal's warm-up when it differs from every one else's: the labelled what-if of a
     # host-warm standby tier (not built here), None otherwise.
     tidal_warmup_seconds: float | None = None
+    # A warm baseline pool of this many replicas that tidal may use as overflow capacity while
+    # its primary is short (rollout rule 8, `spec.rollout.baseline.overflow`); 0: none.
+    tidal_overflow_replicas: int = 0
     seed: int = 7
 
     @property
@@ -232,6 +243,10 @@ class Service:
         for k in range(cfg.initial_replicas + initial_standby):
             self.pods.append(self._new_pod(-1.0, standby=k >= cfg.initial_replicas))
         self.desired_serving: int | None = None
+        # Warm replicas of another pool serving beside these while the autoscaler says so (the
+        # baseline in an overflow); not this service's pods, so not in its replica-seconds.
+        self.helpers = 0
+        self.helper_seconds = 0.0
         self.queue: deque[list[float]] = deque()  # [arrival time, count]
         backlog = cfg.initial_backlog
         if backlog > 0:
@@ -331,7 +346,8 @@ class Service:
             _arrived, n = self.queue.popleft()
             self._done(cfg.client_timeout_seconds, n)
         serving_pods = [p for p in self.pods if self.ready(p) and not p.standby]
-        capacity = len(serving_pods) * cfg.replica_rate * cfg.dt
+        capacity = (len(serving_pods) + self.helpers) * cfg.replica_rate * cfg.dt
+        self.helper_seconds += self.helpers * cfg.dt
         served = 0.0
         while self.queue and capacity > 1e-9:
             cohort = self.queue[0]
@@ -458,6 +474,17 @@ class Tidal:
         self.last_tick: float | None = None
         if cfg.tidal_warmup_seconds is not None:
             self.name = f"tidal@W={cfg.tidal_warmup_seconds:g}s"
+        # Overflow: the real rollout planner decides when the warm baseline helps.
+        self.rollout_spec: RolloutSpec | None = None
+        self.rollout_state: RolloutState | None = None
+        if cfg.tidal_overflow_replicas > 0:
+            self.name = f"tidal+ovf{cfg.tidal_overflow_replicas}"
+            self.rollout_spec = RolloutSpec(
+                primary_hash="primary",
+                baseline_min_replicas=cfg.tidal_overflow_replicas,
+                max_replicas=cfg.max_replicas,
+                overflow=True,
+            )
 
     def initial_standby(self) -> int:
         return self.cfg.tidal_standby
@@ -502,6 +529,15 @@ class Tidal:
         self.last_tick = t
         decision, self.state = decide_scale(self.policy, obs, self.state)
         self.decisions.append((t, decision))
+        if self.rollout_spec is not None:
+            seen = RolloutObservation(
+                primary=PoolObservation(ready_replicas=serving),
+                baseline=PoolObservation(ready_replicas=self.cfg.tidal_overflow_replicas),
+                autoscaler_desired=decision.desired_serving,
+            )
+            plan, self.rollout_state = plan_rollout(self.rollout_spec, seen, self.rollout_state, t)
+            overflow = plan.traffic is Traffic.OVERFLOW
+            svc.helpers = self.cfg.tidal_overflow_replicas if overflow else 0
         return Action(decision.desired_total, decision.desired_serving)
 
 
@@ -714,6 +750,7 @@ class Result:
     min_pods: int
     served: float
     hit_max: bool
+    helper_seconds: float = 0.0  # replica-seconds another pool served (overflow)
     decisions: list[tuple[float, ScaleDecision]] = field(default_factory=list)
 
 
@@ -748,6 +785,7 @@ def simulate(cfg: SimConfig, trace: Trace, scaler: Autoscaler, arrivals: np.ndar
         min_pods=int(svc.pods_hist.min()),
         served=total,
         hit_max=bool(svc.pods_hist.max() >= cfg.max_replicas),
+        helper_seconds=svc.helper_seconds,
         decisions=getattr(scaler, "decisions", []),
     )
 
@@ -758,10 +796,14 @@ def make_scalers(cfg: SimConfig, trace: Trace) -> list[Autoscaler]:
 
 
 def run_all(
-    cfg: SimConfig, traces: Sequence[Trace], what_if_warmup: float | None = None
+    cfg: SimConfig,
+    traces: Sequence[Trace],
+    what_if_warmup: float | None = None,
+    overflow_replicas: int = 0,
 ) -> list[Result]:
     """Every policy on every trace; with `what_if_warmup`, also tidal with that warm-up (the
-    labelled host-warm what-if), everything else unchanged."""
+    labelled host-warm what-if), everything else unchanged; with `overflow_replicas`, also
+    tidal with a warm baseline of that many replicas as overflow capacity (rollout rule 8)."""
     results = []
     for trace in traces:
         arrivals = make_arrivals(cfg, trace)
@@ -770,6 +812,9 @@ def run_all(
         if what_if_warmup is not None:
             fast = replace(cfg, tidal_warmup_seconds=what_if_warmup)
             results.append(simulate(fast, trace, Tidal(fast), arrivals))
+        if overflow_replicas > 0:
+            helped = replace(cfg, tidal_overflow_replicas=overflow_replicas)
+            results.append(simulate(helped, trace, Tidal(helped), arrivals))
     return results
 
 
@@ -848,7 +893,8 @@ def report(cfg: SimConfig, results: Sequence[Result], elapsed: float) -> bool:
     console = Console(width=160)
     console.print(describe_config(cfg))
     table = Table(title="autoscaling simulation (issue 11 traces)")
-    for col in ("trace", "policy", "late %", "P99 s", "replica-s", "pods min..max", "note"):
+    cols = ("trace", "policy", "late %", "P99 s", "replica-s", "pods min..max", "note")
+    for col in cols:
         table.add_column(col, justify="left" if col in ("trace", "policy", "note") else "right")
     traces: dict[str, list[Result]] = {}
     for r in results:
@@ -862,7 +908,9 @@ def report(cfg: SimConfig, results: Sequence[Result], elapsed: float) -> bool:
                 f"{r.p99:.2f}",
                 f"{r.replica_seconds:,.0f}",
                 f"{r.min_pods}..{r.max_pods}",
-                "scale-to-max" if r.hit_max else "",
+                "scale-to-max"
+                if r.hit_max
+                else (f"+{r.helper_seconds:,.0f} baseline-s served" if r.helper_seconds else ""),
             )
         table.add_section()
     console.print(table)
@@ -871,7 +919,7 @@ def report(cfg: SimConfig, results: Sequence[Result], elapsed: float) -> bool:
     for policy in policies:
         for v in verdicts(results, policy):
             ok &= v.met or policy != "tidal"
-            label = "goal" if policy == "tidal" else f"what-if {policy}"
+            label = "goal" if policy == "tidal" else f"variant {policy}"
             console.print(f"{label} {v.describe()}")
     console.print(f"simulated {len(results)} runs in {elapsed:.1f} s")
     return ok
@@ -925,6 +973,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="also run tidal with this warm-up (the host-warm tier's what-if, not built here)",
     )
+    parser.add_argument(
+        "--overflow",
+        type=int,
+        default=0,
+        help="also run tidal with a warm baseline of this many replicas as overflow capacity",
+    )
     parser.add_argument("--sweep", action="store_true", help="warm-up 5/15/30/60 s x starts")
     args = parser.parse_args(argv)
     cfg = SimConfig(
@@ -944,7 +998,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sweep(cfg, traces, (5.0, 15.0, 30.0, 60.0))
         print(f"swept in {time.perf_counter() - started:.1f} s")
         return 0
-    results = run_all(cfg, traces, args.what_if_warmup)
+    results = run_all(cfg, traces, args.what_if_warmup, args.overflow)
     report(cfg, results, time.perf_counter() - started)
     return 0
 
