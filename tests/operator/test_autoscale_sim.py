@@ -71,3 +71,20 @@ def test_runs_are_deterministic_and_peers_run(sim: ModuleType) -> None:
     for r in results:
         assert cfg.min_replicas <= r.min_pods <= r.max_pods <= cfg.max_replicas
     assert [v.trace for v in sim.verdicts(results)] == ["short"]
+
+
+def test_a_warm_baseline_overflow_serves_only_while_the_primary_is_short(sim: ModuleType) -> None:
+    cfg = replace(sim.SimConfig(), warmup_seconds=10.0, max_replicas=60, start="saturated")
+    trace = short_surge(sim)
+    arrivals = sim.make_arrivals(cfg, trace)
+    alone = sim.simulate(cfg, trace, sim.Tidal(cfg), arrivals)
+    helped_cfg = replace(cfg, tidal_overflow_replicas=4)
+    scaler = sim.Tidal(helped_cfg)
+    helped = sim.simulate(helped_cfg, trace, scaler, arrivals)
+    assert helped.policy == "tidal+ovf4" and alone.helper_seconds == 0
+    # The baseline served for a while, not for the whole run: only while the primary was short.
+    assert 0 < helped.helper_seconds < 4 * trace.duration / 2
+    assert helped.late_share < alone.late_share
+    # The primary is sized as without the help (all of the demand): no scale-down because of it.
+    assert helped.max_pods == alone.max_pods
+    assert helped.replica_seconds == pytest.approx(alone.replica_seconds, rel=0.05)
