@@ -624,7 +624,8 @@ def provisional_view(
     observed = Observed(
         replicas=replicas,
         active_pool=previous.active_pool,
-        split=rollout is not None and rollout.traffic == "split",
+        split=rollout is not None
+        and rollout.traffic in (Traffic.SPLIT.value, Traffic.OVERFLOW.value),
     )
     status = ControlStatus(
         last_decision=previous.last_decision, rollout=rollout, autoscaler=previous.autoscaler

@@ -332,7 +332,7 @@ def test_scaling_policy_reads_the_target_from_the_spec(
 
 
 def test_provisional_view_holds_the_pools_where_the_last_operator_left_them() -> None:
-    from tidal.operator.core.api import AutoscalerStatus, InferenceServiceStatus
+    from tidal.operator.core.api import AutoscalerStatus, InferenceServiceStatus, RolloutStatus
     from tidal.operator.core.control import provisional_view
 
     assert provisional_view(None, {}) is None
@@ -351,6 +351,11 @@ def test_provisional_view_holds_the_pools_where_the_last_operator_left_them() ->
     assert view.observed.active_pool is PoolName.BASELINE and not view.observed.split
     assert view.status.autoscaler == AutoscalerStatus(state="{}")
     assert view.status.conditions == ()
+    # Mid-overflow or mid-step the Service keeps selecting both pools.
+    for traffic in ("split", "overflow"):
+        mid = previous.model_copy(update={"rollout": RolloutStatus(traffic=traffic)})
+        held = provisional_view(mid, {})
+        assert held is not None and held.observed.split, traffic
 
 
 def test_scaling_condition_names_pending_pods_whatever_the_decision() -> None:
