@@ -7,6 +7,8 @@ Run on the device machine (see runtime/README.md); every figure is measured in t
   python bench/gpu_bench.py finish --model mlp DIR   # append the weights, if build died after
                                                      # compiling (it leaves them in DIR first)
   python bench/gpu_bench.py run DIR [--seconds S]    # every section below, time-boxed
+  python bench/gpu_bench.py diag --variant V DIR     # load DIR's mlp package one way (V) and
+                                                     # run it once: which load paths work
 
 bench/gpu_device_run.sh is the whole device call (each step its own process, faulthandler on,
 every line time-stamped; SIGUSR1 dumps every thread's stack, as the script's timeouts send).
@@ -30,9 +32,11 @@ import faulthandler
 import itertools
 import json
 import os
+import shutil
 import signal
 import statistics
 import sys
+import threading
 import time
 import traceback
 from datetime import UTC, datetime
@@ -45,6 +49,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tidal.runtime.backends.torch_aoti import (  # noqa: E402
+    LOADER_STACK_BYTES,
+    DedicatedThread,
     TorchAOTIBackend,
     compile_package,
     layout_blob,
@@ -113,7 +119,9 @@ def pending_paths(out_dir: Path, name: str) -> tuple[Path, Path]:
     return out_dir / f"{name}.pending.json", out_dir / f"{name}.pending.bin"
 
 
-def cmd_build(name: str, out_dir: Path, width: int | None = None) -> None:
+def cmd_build(
+    name: str, out_dir: Path, width: int | None = None, overrides: dict[str, Any] | None = None
+) -> None:
     """Export, then keep the laid-out weights on disk, compile, append them.
 
     The weights and manifest are written to ``<name>.pending.{json,bin}`` before compiling, so
@@ -159,8 +167,12 @@ def cmd_build(name: str, out_dir: Path, width: int | None = None) -> None:
         f"build {name}: exported, {len(prepared.manifest.constants)} constants "
         f"({len(blob)} B) kept in {data.name}; compiling (aoti_compile_and_package)"
     )
-    compile_package(torch, prepared)
+    if overrides:
+        log(f"build {name}: inductor config overrides {json.dumps(overrides)}")
+    compile_package(torch, prepared, overrides)
     log(f"build {name}: compiled and packaged, {prepared.path.stat().st_size} B without weights")
+    # The package as torch wrote it, before the tidal section: 'diag --variant bare' loads it.
+    shutil.copyfile(prepared.path, out_dir / f"{name}.bare.pt2")
     write_tidal_section(prepared.path, prepared.manifest, blob)
     log(f"build {name}: weights appended")
     finished(name, out_dir, prepared.path, time.perf_counter() - started)
@@ -279,9 +291,10 @@ def section_throughput(dev: Device, backend: Any, path: Path, seconds: float) ->
         return engine
 
     engine = asyncio.run(load())
-    # The direct call: the same package, loaded by torch alone, weights from the same file.
+    # The direct call: the same package, loaded by torch alone (on the backend's loader thread,
+    # like the engine's), weights from the same file; called from this thread like the engine.
     section = read_tidal_section(path)
-    direct = torch._inductor.aoti_load_package(str(path))
+    direct = backend._loader.call(torch._inductor.aoti_load_package, str(path))
     blob = dev.put(torch.from_numpy(np.fromfile(path, dtype=np.uint8)))
     base = section.weights_offset
     constants = {
@@ -297,9 +310,13 @@ def section_throughput(dev: Device, backend: Any, path: Path, seconds: float) ->
     x64 = np.zeros((64, width_in), dtype=dev.np_dtype)
     timed_calls(lambda: engine.infer({"x": x64}), 0.3, sync)  # clocks up before measuring
     timed_calls(lambda: direct(dev.put(torch.from_numpy(x64))), 0.3, sync)
+    # Two direct baselines, host tensors in and out: the public call (AOTICompiledModel
+    # .__call__, which parses the call spec and flattens its arguments on every call) and the
+    # package loader's run (a list in, a list out), the entry point the runtime's engine uses.
     print(
-        "    batch | runtime rows/s  P50 ms  P99 ms | direct(host I/O) rows/s  P50  P99 | "
-        "runtime/direct | direct(device-resident) rows/s"
+        "    batch | runtime rows/s  P50 ms  P99 ms | direct(__call__) rows/s  P50  P99 | "
+        "runtime/direct | direct(loader.run) rows/s  P50 | runtime/that | "
+        "direct(device-resident) rows/s"
     )
     for batch in (1, 8, 64):
         x = np.random.default_rng(batch).standard_normal((batch, width_in)).astype(dev.np_dtype)
@@ -310,16 +327,23 @@ def section_throughput(dev: Device, backend: Any, path: Path, seconds: float) ->
             out = out[0] if isinstance(out, list | tuple) else out
             out.cpu().numpy()
 
+        def loader_call(x: np.ndarray[Any, Any] = x) -> None:
+            direct.loader.run([dev.put(torch.from_numpy(x))])[0].cpu().numpy()
+
         theirs = timed_calls(host_call, seconds, sync)
+        flat = timed_calls(loader_call, seconds, sync)
         xd = dev.put(torch.from_numpy(x))
         resident = timed_calls(lambda xd=xd: direct(xd), seconds, sync)
         ours_rate = batch / statistics.mean(ours)
         theirs_rate = batch / statistics.mean(theirs)
+        flat_rate = batch / statistics.mean(flat)
         print(
             f"    {batch:5d} | {ours_rate:14.0f} {percentile(ours, 0.5) * 1e3:7.3f} "
             f"{percentile(ours, 0.99) * 1e3:7.3f} | {theirs_rate:23.0f} "
             f"{percentile(theirs, 0.5) * 1e3:5.3f} {percentile(theirs, 0.99) * 1e3:5.3f} | "
-            f"{ours_rate / theirs_rate:14.1%} | {batch / statistics.mean(resident):.0f}"
+            f"{ours_rate / theirs_rate:14.1%} | {flat_rate:25.0f} "
+            f"{percentile(flat, 0.5) * 1e3:5.3f} | {ours_rate / flat_rate:12.1%} | "
+            f"{batch / statistics.mean(resident):.0f}"
         )
     cache.close()
     constants.clear()
@@ -502,16 +526,178 @@ def cmd_run(pkg_dir: Path, seconds: float, sections: str) -> None:
     log("run: all sections done")
 
 
+DIAG_VARIANTS = {
+    "info": "the package's entries, the wrapper library's ldd, the stack limits; no load",
+    "main": "load + constants + one run on the main thread, device_index=-1",
+    "main-dev0": "the same with device_index=0",
+    "thread": "the same on a new plain thread (the main thread has used CUDA first)",
+    "thread-primed": "a new plain thread that first sets the device and runs a CUDA op",
+    "thread-bigstack": f"a new plain thread, {LOADER_STACK_BYTES >> 20} MiB stack, no priming",
+    "dedicated": "the backend's own loader thread (DedicatedThread, primed, big stack)",
+    "bare": "main thread, the package as torch wrote it (no tidal section appended)",
+    "inso": "a small model compiled WITH its constants in the .so, loaded on the main thread",
+}
+
+
+def diag_info(torch: Any, path: Path) -> None:
+    import resource
+    import subprocess
+    import tempfile
+    import zipfile
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_STACK)
+    print(
+        f"RLIMIT_STACK soft {soft} hard {hard} (-1 = unlimited); threading.stack_size "
+        f"{threading.stack_size()}"
+    )
+    with zipfile.ZipFile(path) as archive:
+        for info in archive.infolist():
+            print(f"  {info.file_size:>12d} {info.compress_type} {info.filename}")
+        sos = [n for n in archive.namelist() if n.endswith(".so")]
+        meta = [n for n in archive.namelist() if n.endswith("_metadata.json")]
+        for name in meta:
+            print(f"{name}: {archive.read(name).decode()[:600]}")
+        with tempfile.TemporaryDirectory() as tmp:
+            for name in sos:
+                target = archive.extract(name, tmp)
+                for command in (
+                    ["ldd", target],
+                    ["readelf", "-d", target],
+                    ["readelf", "-p", ".comment", target],
+                    ["sh", "-c", f"nm -C --defined-only {target} | grep -c 'std::locale'"],
+                    ["sh", "-c", f"nm -C --defined-only {target} | grep -m3 'codecvt<char16_t'"],
+                ):
+                    out = subprocess.run(command, capture_output=True, text=True, check=False)
+                    print(f"$ {' '.join(command[:2])} {name}:\n{out.stdout}{out.stderr}")
+
+
+def diag_load_and_run(
+    torch: Any, path: Path, ref: Any, device_index: int, load: Path | None = None
+) -> None:
+    """aoti_load_package (of ``load``, default ``path``), the tidal constants from ``path``,
+    one run against the reference."""
+    section = read_tidal_section(path)
+    where = threading.current_thread().name
+    load = load or path
+    log(f"diag: aoti_load_package({load.name}, device_index={device_index}) on {where}")
+    started = time.perf_counter()
+    compiled = torch._inductor.aoti_load_package(str(load), device_index=device_index)
+    log(f"diag: loaded in {time.perf_counter() - started:.3f} s; reading constants")
+    blob = np.fromfile(
+        path, dtype=np.uint8, count=section.manifest.weights_bytes, offset=section.weights_offset
+    )
+    weights = torch.from_numpy(blob).cuda()
+    constants = {
+        c.fqn: weights[c.offset : c.offset + c.nbytes]
+        .view(torch.float16 if c.dtype == "float16" else torch.float32)
+        .view(c.shape)
+        for c in section.manifest.constants
+    }
+    compiled.load_constants(constants, check_full_update=True, user_managed=True)
+    log("diag: constants loaded; first run")
+    x = torch.from_numpy(ref["x"]).cuda()
+    out = compiled(x)
+    out = out[0] if isinstance(out, list | tuple) else out
+    torch.cuda.synchronize()
+    err = float((out.float().cpu() - torch.from_numpy(ref["y"]).float()).abs().max())
+    log(f"diag: RAN: output {tuple(out.shape)} {out.dtype}, max abs error vs eager {err:.3g}")
+
+
+def diag_inso(torch: Any, out_dir: Path) -> None:
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    module = module.to("cuda", torch.float16).eval()
+    x = torch.randn(4, 64, device="cuda", dtype=torch.float16)
+    with torch.no_grad():
+        y = module(x)
+    batch = torch.export.Dim("batch", min=1, max=16)
+    exported = torch.export.export(module, (x,), dynamic_shapes=({0: batch},))
+    path = out_dir / "inso.pt2"
+    log("diag inso: compiling with the constants in the .so")
+    torch._inductor.aoti_compile_and_package(exported, package_path=str(path))
+    log(f"diag inso: {path.stat().st_size} B; aoti_load_package on the main thread")
+    compiled = torch._inductor.aoti_load_package(str(path))
+    out = compiled(x)
+    out = out[0] if isinstance(out, list | tuple) else out
+    torch.cuda.synchronize()
+    log(f"diag inso: RAN, max abs error vs eager {float((out - y).abs().max()):.3g}")
+
+
+def cmd_diag(pkg_dir: Path, variant: str) -> None:
+    """One way of loading and running the mlp package; run each in its own process (a
+    segfault ends only that one).  Every step is logged before it starts."""
+    log(f"diag {variant}: {DIAG_VARIANTS[variant]}; importing torch")
+    import torch
+
+    torch.cuda.init()
+    torch.empty(1, device="cuda").zero_()  # the main thread has used CUDA, as in the bench
+    torch.cuda.synchronize()
+    path = pkg_dir / (pkg_dir / "mlp.path").read_text().strip()
+    ref = np.load(pkg_dir / "mlp.ref.npz")
+    if variant == "info":
+        diag_info(torch, path)
+        return
+    if variant == "inso":
+        diag_inso(torch, pkg_dir)
+        return
+    if variant.startswith("main"):
+        diag_load_and_run(torch, path, ref, 0 if variant == "main-dev0" else -1)
+        return
+    if variant == "bare":
+        diag_load_and_run(torch, path, ref, -1, pkg_dir / "mlp.bare.pt2")
+        return
+    if variant == "dedicated":
+
+        def prime() -> None:
+            torch.cuda.set_device(0)
+            torch.empty(1, device="cuda").zero_()
+            torch.cuda.synchronize()
+
+        loader = DedicatedThread("diag-loader", LOADER_STACK_BYTES, prime)
+        loader.call(diag_load_and_run, torch, path, ref, 0)
+        return
+    failure: list[BaseException] = []
+
+    def body() -> None:
+        try:
+            if variant == "thread-primed":
+                torch.cuda.set_device(0)
+                torch.empty(1, device="cuda").zero_()
+                torch.cuda.synchronize()
+                log("diag: device set and a CUDA op run on this thread")
+            diag_load_and_run(torch, path, ref, -1)
+        except BaseException as exc:
+            failure.append(exc)
+
+    if variant == "thread-bigstack":
+        threading.stack_size(LOADER_STACK_BYTES)
+    thread = threading.Thread(target=body, name=f"diag-{variant}")
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     build = sub.add_parser("build")
     build.add_argument("--model", choices=sorted(MODELS), required=True)
     build.add_argument("--width", type=int, help="every layer this wide (a CPU trial)")
+    build.add_argument(
+        "--inductor-config",
+        action="append",
+        default=[],
+        metavar="KEY=JSON",
+        help="override one of torch_aoti.PACKAGE_INDUCTOR_CONFIGS (repeatable)",
+    )
     build.add_argument("dir", type=Path)
     finish = sub.add_parser("finish")
     finish.add_argument("--model", choices=sorted(MODELS), required=True)
     finish.add_argument("dir", type=Path)
+    diag = sub.add_parser("diag")
+    diag.add_argument("--variant", choices=sorted(DIAG_VARIANTS), required=True)
+    diag.add_argument("dir", type=Path)
     run = sub.add_parser("run")
     run.add_argument("dir", type=Path)
     run.add_argument("--seconds", type=float, default=1.5, help="timed seconds per measurement")
@@ -524,9 +710,15 @@ def main() -> None:
     code = 0
     try:
         if args.command == "build":
-            cmd_build(args.model, args.dir, args.width)
+            overrides = {
+                key: json.loads(value)
+                for key, value in (item.split("=", 1) for item in args.inductor_config)
+            }
+            cmd_build(args.model, args.dir, args.width, overrides)
         elif args.command == "finish":
             cmd_finish(args.model, args.dir)
+        elif args.command == "diag":
+            cmd_diag(args.dir, args.variant)
         else:
             cmd_run(args.dir, args.seconds, args.sections)
     except SystemExit as exc:

@@ -13,7 +13,12 @@ and ``<archive>/tidal/manifest.json`` — the constants' offsets, dtypes and sha
 model's input and output tensors.  So one file, one sha256, and the runtime controls how the
 weights reach the device.  Loading, in timed phases (``Engine.load_phases``):
 
-1. ``deserialize``: ``aoti_load_package`` (extracts and dlopens the compiled wrapper);
+1. ``deserialize``: ``aoti_load_package`` (extracts and dlopens the compiled wrapper, whose
+   constructor sets the CUDA device), always on the backend's one loader thread
+   (:class:`DedicatedThread`, its device made current first), one load at a time, whichever
+   worker thread of the engine cache asked.  (Added while a load segfaulted on the H200; that
+   turned out not to depend on the thread but on how the wrapper was linked, see
+   ``PACKAGE_INDUCTOR_CONFIGS``; bench/results/gpu_bench-h200-2026-12-04b.txt);
 2. ``stage``: the weight blob is read from the file with parallel ``preadv`` straight into one
    page-locked (pinned) host buffer;
 3. ``h2d``: one asynchronous copy into one device allocation on a CUDA stream of the load,
@@ -42,6 +47,7 @@ import struct
 import threading
 import time
 import zipfile
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +68,10 @@ STAGE_THREADS = 8
 # (CUDA context growth, cuBLAS workspaces, allocator rounding).
 LOAD_HEADROOM_BYTES = 256 << 20
 MANIFEST_VERSION = 1
+# The loader thread's stack: the process's main thread gets RLIMIT_STACK (8 MiB or more, grown
+# on demand), a new thread the platform's default (glibc: 2 MiB when RLIMIT_STACK is
+# unlimited).  Address space only; pages are touched as used.
+LOADER_STACK_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -267,6 +277,37 @@ def fits_free_memory(need_bytes: int, free_bytes: int) -> str | None:
     return None
 
 
+class DedicatedThread:
+    """One long-lived thread that runs the calls handed to it, one at a time, in order.
+
+    Started with a stack of ``stack_bytes`` (``threading.stack_size`` is set only while the
+    thread is created); ``initializer`` runs on it before any call (the torch backend makes its
+    CUDA device current there).  ``call`` blocks the calling thread until the result (or the
+    exception) comes back; called from the dedicated thread itself it runs inline.
+    """
+
+    def __init__(
+        self, name: str, stack_bytes: int, initializer: Callable[[], None] | None = None
+    ) -> None:
+        previous = threading.stack_size(stack_bytes)
+        try:
+            self._pool = ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix=name, initializer=initializer
+            )
+            # Start the thread now, while the stack size is set (and run the initializer).
+            self.ident = self._pool.submit(threading.get_ident).result()
+        finally:
+            threading.stack_size(previous)
+
+    def call(self, func: Callable[..., Any], *args: Any) -> Any:
+        if threading.get_ident() == self.ident:
+            return func(*args)
+        return self._pool.submit(func, *args).result()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)
+
+
 def import_torch() -> Any:
     try:
         import torch
@@ -295,6 +336,11 @@ class TorchEngine:
     ) -> None:
         self._torch = torch
         self._compiled = compiled
+        # The package's own entry point, a list of tensors in and a list out, on the current
+        # stream: not AOTICompiledModel.__call__, which parses the call spec (two pytree specs
+        # from JSON) and flattens its arguments again on every call.
+        loader: Any = getattr(compiled, "loader", None)
+        self._run_flat: Any = getattr(loader, "run", None)
         self._device = device
         self._weights = weights  # one uint8 tensor on the device; the constants are views of it
         self._cuda = device.type == "cuda"
@@ -309,6 +355,7 @@ class TorchEngine:
         self.workspace_bytes = 0
         self._in_dev: list[Any] = []
         self._in_host: list[Any] = []
+        self._in_host_np: list[np.ndarray[Any, Any]] = []  # numpy views of the pinned buffers
         self._out_host: list[Any] | None = None
         from tidal.runtime.protocol import DATATYPES
 
@@ -319,6 +366,7 @@ class TorchEngine:
                 tdtype = torch.from_numpy(np.empty(0, dtype)).dtype
                 self._in_dev.append(torch.empty(shape, dtype=tdtype, device=device))
                 self._in_host.append(torch.empty(shape, dtype=tdtype, pin_memory=True))
+                self._in_host_np.append(self._in_host[-1].numpy())
                 self.io_bytes += self._in_dev[-1].nbytes
         self.size_bytes = footprint_bytes(self.weights_bytes, self.io_bytes, self.workspace_bytes)
 
@@ -369,26 +417,45 @@ class TorchEngine:
             outs = results if isinstance(results, list | tuple) else [results]
             return {s.name: o.detach().numpy() for s, o in zip(self.outputs, outs, strict=True)}
         assert self._stream is not None
-        args = []
-        for array, host, dev in zip(arrays, self._in_host, self._in_dev, strict=True):
-            pinned = host.view(-1)[: array.size].view(array.shape)
-            np.copyto(pinned.numpy(), array, casting="no")
-            target = dev.view(-1)[: array.size].view(array.shape)
-            with torch.cuda.stream(self._stream):
-                target.copy_(pinned, non_blocking=True)
-            args.append(target)
+        pairs = []  # (pinned host rows, device rows) of each input
+        for array, host_np, host, dev in zip(
+            arrays, self._in_host_np, self._in_host, self._in_dev, strict=True
+        ):
+            if array.shape[1:] == host_np.shape[1:]:  # the first `rows` rows of the buffers
+                np.copyto(host_np[:rows], array, casting="no")
+                pairs.append((host[:rows], dev[:rows]))
+            else:  # other trailing dimensions (dynamic ones): the first elements, reshaped
+                flat = host_np.reshape(-1)[: array.size].reshape(array.shape)
+                np.copyto(flat, array, casting="no")
+                pairs.append(
+                    (
+                        host.view(-1)[: array.size].view(array.shape),
+                        dev.view(-1)[: array.size].view(array.shape),
+                    )
+                )
         with torch.cuda.stream(self._stream):
-            results = self._compiled(*args)
-            outs = results if isinstance(results, list | tuple) else [results]
+            for pinned, target in pairs:
+                target.copy_(pinned, non_blocking=True)
+            args = [target for _, target in pairs]
+            if self._run_flat is not None:
+                outs = self._run_flat(args)
+            else:
+                results = self._compiled(*args)
+                outs = results if isinstance(results, list | tuple) else [results]
             if self._out_host is None or len(self._out_host) != len(outs):
                 self._out_host = [
                     torch.empty(o.shape, dtype=o.dtype, pin_memory=True) for o in outs
                 ]
             hosts = []
-            for out, host in zip(outs, self._out_host, strict=True):
+            for i, (out, host) in enumerate(zip(outs, self._out_host, strict=True)):
                 if out.numel() > host.numel():
-                    host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
-                view = host.view(-1)[: out.numel()].view(out.shape)
+                    host = self._out_host[i] = torch.empty(
+                        out.shape, dtype=out.dtype, pin_memory=True
+                    )
+                if out.shape[1:] == host.shape[1:]:
+                    view = host[: out.shape[0]]
+                else:
+                    view = host.view(-1)[: out.numel()].view(out.shape)
                 view.copy_(out, non_blocking=True)
                 hosts.append(view)
         self._stream.synchronize()
@@ -400,9 +467,16 @@ class TorchEngine:
         with self._lock:
             if self._stream is not None:
                 self._stream.synchronize()
-            self._compiled = None
+            self._compiled = self._run_flat = None
+            if self._weights is not None:
+                # Free the weights' memory now, whoever still refers to it: torch 2.11's
+                # load_constants(user_managed=True) keeps a new tensor handle per constant that
+                # it never releases, so dropping our references freed nothing (an eviction gave
+                # 0 MiB back on the H200, bench/results/gpu_bench-h200-2026-12-04b.txt).  The
+                # model that used those handles is gone with ``_compiled``.
+                self._weights.untyped_storage().resize_(0)
             self._weights = None
-            self._in_dev, self._in_host, self._out_host = [], [], None
+            self._in_dev, self._in_host, self._in_host_np, self._out_host = [], [], [], None
         if self._cuda:
             torch.cuda.synchronize(self._device)
             # Not freed here: the cuBLAS workspace torch keeps per stream (tens of MiB, outside
@@ -430,6 +504,15 @@ class TorchAOTIBackend:
             major, minor = torch.cuda.get_device_capability(self.device)
             self.gpu_arch = f"sm{major}{minor}"
         self.torch_version = parse_torch_version(torch.__version__)
+        # Package loads run on this one thread (see the module's docstring, phase 1).
+        try:
+            self._loader = DedicatedThread(
+                "tidal-aoti-load", LOADER_STACK_BYTES, self._make_device_current
+            )
+        except Exception as exc:  # the initializer failed: BrokenThreadPool
+            raise EngineLoadError(
+                f"the torch backend's loader thread did not start: {exc}"
+            ) from None
         # The first package load of a process probes the CPU's vector ISA by compiling test
         # programs (seconds, whatever the device); pay that once here, not inside a cold load.
         try:
@@ -438,6 +521,24 @@ class TorchAOTIBackend:
             pick_vec_isa()
         except Exception:  # a private helper; without it the first load pays the probe
             pass
+
+    def _make_device_current(self) -> None:
+        """On the loader thread: the backend's device current, its CUDA context made and used."""
+        if self.device.type != "cuda":
+            return
+        torch = self._torch
+        torch.cuda.set_device(self.device)
+        torch.empty(1, device=self.device).zero_()
+        torch.cuda.synchronize(self.device)
+
+    def _load_package(self, path: Path) -> Any:
+        cuda = self.device.type == "cuda"
+        return self._torch._inductor.aoti_load_package(
+            str(path), device_index=self.device.index if cuda else -1
+        )
+
+    def close(self) -> None:
+        self._loader.close()
 
     def target(self, model: Any) -> EngineTarget:
         return EngineTarget(
@@ -473,9 +574,7 @@ class TorchAOTIBackend:
         try:
             started = time.perf_counter()
             try:
-                compiled = torch._inductor.aoti_load_package(
-                    str(path), device_index=self.device.index if cuda else -1
-                )
+                compiled = self._loader.call(self._load_package, path)
             except Exception as exc:  # AOTI raises RuntimeError for ABI/arch mismatches
                 raise EngineLoadError(f"cannot load {descriptor.uri}: {exc}") from None
             phases["deserialize"] = time.perf_counter() - started
@@ -603,12 +702,29 @@ def prepare_package(
     return PreparedPackage(exported, path, manifest, weights)
 
 
-def compile_package(torch: Any, prepared: PreparedPackage) -> None:
-    """AOTInductor-compile the exported program into ``prepared.path``, without its weights."""
+# Inductor settings for every package.  ``custom_op_libs: [":libstdc++.so.6"]`` puts
+# ``-l:libstdc++.so.6`` on the wrapper library's link line, so that it links the shared
+# libstdc++ the process already has.  On the H200 image $CXX (which inductor compiles with) is
+# a g++ whose library folder has libstdc++.a and no libstdc++.so: the wrapper came out with
+# libstdc++'s own code inside it and none in its NEEDED entries, and every load of such a
+# package (constants in the .so or not, on any thread) segfaulted in std::regex in the model's
+# constructor (parse_device_str); a plain ``-lstdc++`` changed nothing, this flag made them
+# load and run (bench/results/gpu_bench-h200-2026-12-04b.txt).
+PACKAGE_INDUCTOR_CONFIGS: dict[str, Any] = {
+    "aot_inductor.package_constants_in_so": False,
+    "aot_inductor.custom_op_libs": [":libstdc++.so.6"],
+}
+
+
+def compile_package(
+    torch: Any, prepared: PreparedPackage, overrides: dict[str, Any] | None = None
+) -> None:
+    """AOTInductor-compile the exported program into ``prepared.path``, without its weights
+    (``PACKAGE_INDUCTOR_CONFIGS``, updated with ``overrides``)."""
     torch._inductor.aoti_compile_and_package(
         prepared.exported,
         package_path=str(prepared.path),
-        inductor_configs={"aot_inductor.package_constants_in_so": False},
+        inductor_configs={**PACKAGE_INDUCTOR_CONFIGS, **(overrides or {})},
     )
 
 
