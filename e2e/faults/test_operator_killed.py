@@ -19,6 +19,8 @@ import asyncio
 import json
 import threading
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -50,6 +52,20 @@ def _event_count(sandbox: Any, namespace: str, name: str, reason: str) -> int:
     return sum(
         int(e.get("count") or 1) for e in events(sandbox, namespace, name) if e["reason"] == reason
     )
+
+
+def _requests_by_pod(sandbox: Any, namespace: str, name: str) -> dict[str, float] | str:
+    """The sandbox Prometheus's request counts per pod of the InferenceService (diagnostics)."""
+    query = f'sum by (pod, pool) (tidal_requests_total{{namespace="{namespace}",isvc="{name}"}})'
+    url = f"{sandbox.prometheus_url}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            result = json.loads(response.read())["data"]["result"]
+    except (OSError, ValueError, KeyError) as exc:
+        return f"query failed: {exc!r}"
+    return {
+        f"{r['metric'].get('pool')}/{r['metric'].get('pod')}": float(r["value"][1]) for r in result
+    }
 
 
 def _rollout(body: dict[str, Any]) -> dict[str, Any]:
@@ -230,6 +246,12 @@ def test_operator_killed_mid_rollout_step_resumes_at_the_recorded_step(
     assert steps_after, "no rollout step seen after the restart"
     assert steps_after == sorted(steps_after), "went back a step after the restart"
     assert started_after == started_before + 1, "the rollout was started again"
-    assert promoted_events == 1
+    # CI once saw the restarted operator hold at step 0 for the whole run: say why it held
+    # (the planner's last reason, and what Prometheus had of the pools' requests).
+    assert promoted_events == 1, (
+        f"not promoted; rollout reason {_rollout(body).get('reason')!r}; "
+        f"last decision {(body.get('status') or {}).get('lastDecision')}; "
+        f"Prometheus requests by pod {_requests_by_pod(sandbox, namespace, name)}"
+    )
     assert _rollout(body).get("phase") == "Stable"
     assert not report.failures(), report.failures()[:5]
