@@ -24,6 +24,8 @@ from tidal.operator.core.signals import pod_address, pod_ready
 # runtime is still loading), and is asked again at most this often.
 PROBE_GRACE_SECONDS = 5.0
 PROBE_EVERY_SECONDS = 3.0
+# A probe that gets no answer in time says nothing about the pod: the last reason stands.
+NO_ANSWER = object()
 MAX_MESSAGE = 300
 
 
@@ -41,9 +43,15 @@ class PodFaults:
     probed_at: dict[str, float] = field(default_factory=dict)
     faults: dict[str, tuple[str, str]] = field(default_factory=dict)
 
-    def record(self, target: ProbeTarget, message: str | None, now: float) -> None:
+    def record(self, target: ProbeTarget, message: str | object | None, now: float) -> None:
+        """The answer of one probe: a reason, None (ready or no reason given: nothing to
+        report), or ``NO_ANSWER`` (timed out, refused): the last reason stands, since a runtime
+        busy retrying its loads on a loaded node can be slow to answer (CI saw a pod's fault
+        cleared by such timeouts for 90 s)."""
         self.probed_at[target.pod] = now
-        if message:
+        if message is NO_ANSWER:
+            return
+        if isinstance(message, str) and message:
             self.faults[target.pod] = (target.pool, message[:MAX_MESSAGE])
         else:
             self.faults.pop(target.pod, None)

@@ -164,6 +164,7 @@ class ServiceState:
     enqueued_at: float = -1e9
     patched: dict[tuple[str, str], tuple[str, float]] = field(default_factory=dict)
     pod_faults: PodFaults = field(default_factory=PodFaults)
+    probing: asyncio.Task[None] | None = None  # the readiness probes under way, if any
     routable: dict[PoolName, TimeToRoutable] = field(default_factory=dict)
     first_ready: dict[str, PodScrape] = field(default_factory=dict)
     # Host-warm standby: pods known to be on the host tier, tier changes under way, and how
@@ -275,6 +276,20 @@ class Controller:
             await self._probe_session.close()
             self._probe_session = None
 
+    def _start_probes(self, st: ServiceState, pods: Sequence[Mapping[str, Any]]) -> None:
+        """Ask the not-Ready pods why, in the background: a runtime busy loading may take up to
+        ``PROBE_TIMEOUT`` to answer, and the tick must not wait for it. The answers reach the
+        status from the next tick on."""
+        if st.probing is not None and not st.probing.done():
+            return
+        st.probing = asyncio.create_task(self._probe_quietly(st, pods))
+
+    async def _probe_quietly(self, st: ServiceState, pods: Sequence[Mapping[str, Any]]) -> None:
+        try:
+            await self._probe_not_ready(st, pods)
+        except Exception:  # the next tick asks again
+            log.exception("readiness probes failed")
+
     async def _probe_not_ready(self, st: ServiceState, pods: Sequence[Mapping[str, Any]]) -> None:
         """Ask the pods that run but stay not Ready why (``core.podfaults``)."""
         targets = not_ready_pods(pods, self.wall())
@@ -351,7 +366,7 @@ class Controller:
         }
         if not st.synced and not self._cache_synced(st, kids, pods):
             return
-        await self._probe_not_ready(st, [b for pool in pools for b in pods[pool]])
+        self._start_probes(st, [b for pool in pools for b in pods[pool]])
         readings_list = await asyncio.gather(
             *(
                 self.collector.observe_pool(PoolKey(key[0], key[1], pool.value), pods[pool])

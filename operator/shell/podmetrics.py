@@ -24,6 +24,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from tidal.operator.core.autoscaler import BatchWork
+from tidal.operator.core.podfaults import NO_ANSWER
 from tidal.operator.core.signals import PodMissing, PodScrape, PodTarget, ScrapeResult
 
 DEFAULT_SCRAPE_TIMEOUT = 0.3
@@ -202,18 +203,24 @@ async def scrape_pods(
     )
 
 
+# Readiness probes of not-Ready pods are few (each at most every 3 s) and their runtimes are
+# busy loading: they get longer than a metrics scrape.
+PROBE_TIMEOUT = 1.0
+
+
 async def probe_ready(
-    session: aiohttp.ClientSession, url: str, *, limit_seconds: float = DEFAULT_SCRAPE_TIMEOUT
-) -> str | None:
+    session: aiohttp.ClientSession, url: str, *, limit_seconds: float = PROBE_TIMEOUT
+) -> str | object | None:
     """Why a runtime is not ready: the ``error`` of its readiness answer (``url`` is its
-    ``/v2/health/ready``). None when it is ready, gives no reason, or does not answer."""
+    ``/v2/health/ready``). None when it is ready or gives no reason; ``NO_ANSWER`` when it
+    does not answer in time (that says nothing about it)."""
     try:
         async with asyncio.timeout(limit_seconds), session.get(url) as response:
             if response.status == 200:
                 return None
             body = await response.json(content_type=None)
     except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
-        return None
+        return NO_ANSWER
     error = body.get("error") if isinstance(body, dict) else None
     return str(error) if error else None
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tidal.operator.core.podfaults import (
+    NO_ANSWER,
     PROBE_EVERY_SECONDS,
     PodFaults,
     ProbeTarget,
@@ -57,3 +58,16 @@ def test_answers_are_kept_per_pod_and_asked_again_only_after_a_while() -> None:
     assert faults.problems() == () and "a" not in faults.probed_at
     faults.record(b, "x" * 1000, now=200.0)
     assert len(faults.problems()[0]) < 400  # long runtime messages are cut
+
+
+def test_a_probe_that_gets_no_answer_keeps_the_last_reason() -> None:
+    faults = PodFaults()
+    a = ProbeTarget("a", "primary", "u")
+    faults.record(a, "m: engine file is corrupt", now=100.0)
+    # A runtime busy retrying its loads on a loaded node may not answer in time: that says
+    # nothing about it, so the Degraded reason stands (CI saw it cleared for 90 s before).
+    faults.record(a, NO_ANSWER, now=103.0)
+    assert faults.problems() == ("pool primary: pod a not ready: m: engine file is corrupt",)
+    assert faults.probed_at["a"] == 103.0  # asked: the next probe waits its turn
+    faults.record(a, None, now=106.0)  # an answer without a reason clears it
+    assert faults.problems() == ()
