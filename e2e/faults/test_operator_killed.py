@@ -36,6 +36,8 @@ from scenario import (
     running_operator,
 )
 
+from tidal.operator.core.api import LABEL_POOL, LABEL_ROLE
+from tidal.sandbox.endpoints import ready_endpoints
 from tidal.sandbox.loadgen import LoadGenerator, LoadReport
 from tidal.sandbox.operatorproc import OperatorProcess, get_isvc
 from tidal.sandbox.wait import wait_for
@@ -66,6 +68,28 @@ def _requests_by_pod(sandbox: Any, namespace: str, name: str) -> dict[str, float
     return {
         f"{r['metric'].get('pool')}/{r['metric'].get('pod')}": float(r["value"][1]) for r in result
     }
+
+
+def _routing(sandbox: Any, namespace: str, name: str) -> str:
+    """The Service's selector, its ready endpoints and the pods' pool, role and readiness
+    (diagnostics)."""
+    service = json.loads(
+        sandbox.kubectl("get", "service", name, "-n", namespace, "-o", "json").stdout
+    )
+    pods = json.loads(sandbox.kubectl("get", "pods", "-n", namespace, "-o", "json").stdout)["items"]
+    rows = []
+    for pod in pods:
+        labels = pod["metadata"].get("labels") or {}
+        ready = any(
+            c["type"] == "Ready" and c["status"] == "True"
+            for c in (pod.get("status") or {}).get("conditions") or []
+        )
+        rows.append(
+            f"{pod['metadata']['name']} {(pod.get('status') or {}).get('podIP')} "
+            f"pool={labels.get(LABEL_POOL)} role={labels.get(LABEL_ROLE)} ready={ready}"
+        )
+    endpoints = sorted(ip for ip, _ in ready_endpoints(sandbox.api_client(), namespace, name))
+    return f"selector {service['spec'].get('selector')}; endpoints {endpoints}; pods {rows}"
 
 
 def _rollout(body: dict[str, Any]) -> dict[str, Any]:
@@ -231,6 +255,8 @@ def test_operator_killed_mid_rollout_step_resumes_at_the_recorded_step(
         started_after = _event_count(sandbox, namespace, name, "RolloutStarted")
         promoted_events = _event_count(sandbox, namespace, name, "Promoted")
         body = get_isvc(sandbox, namespace, name)
+        log = operator.log()
+        routing = _routing(sandbox, namespace, name)
 
     assert "killed" in kill, "the first step was never evaluated"
     at_kill = [r for t, r in recorder.rollouts if t <= kill["killed"]]
@@ -251,7 +277,9 @@ def test_operator_killed_mid_rollout_step_resumes_at_the_recorded_step(
     assert promoted_events == 1, (
         f"not promoted; rollout reason {_rollout(body).get('reason')!r}; "
         f"last decision {(body.get('status') or {}).get('lastDecision')}; "
-        f"Prometheus requests by pod {_requests_by_pod(sandbox, namespace, name)}"
+        f"Prometheus requests by pod {_requests_by_pod(sandbox, namespace, name)}; "
+        f"routing {routing}; rollouts after the restart {after[-1:]}; "
+        f"operator log:\n{log[-6000:]}"
     )
     assert _rollout(body).get("phase") == "Stable"
     assert not report.failures(), report.failures()[:5]

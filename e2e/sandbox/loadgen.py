@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -155,6 +156,7 @@ class LoadGenerator:
         # server, so sending it once more, elsewhere, cannot run it twice.
         self.retry_connect_errors = retry_connect_errors
         self._in_flight: dict[str, int] = {}
+        self._random = random.Random()
 
     @property
     def in_flight(self) -> dict[str, int]:
@@ -165,8 +167,12 @@ class LoadGenerator:
         eps = tuple(e for e in self.watcher.current if e != exclude)
         if not eps:
             return None
-        # Least outstanding requests, like a good client-side balancer.
-        return min(eps, key=lambda e: self._in_flight.get(e, 0))
+        # Least outstanding requests, like a good client-side balancer, ties broken at random.
+        # (Taking the first of the ties sent a light load, nearly always 0 in flight everywhere,
+        # to whichever endpoint the EndpointSlice listed first: a staged rollout's new pods got
+        # no traffic and the step waited for samples forever, one CI run in a few.)
+        least = min(self._in_flight.get(e, 0) for e in eps)
+        return self._random.choice([e for e in eps if self._in_flight.get(e, 0) == least])
 
     async def _one(self, session: aiohttp.ClientSession, t0: float) -> None:
         endpoint = self._pick()
