@@ -657,10 +657,10 @@ class Tidal:
     """tidal v0.2: the gateway's routing core and the operator's forecast + placement cores."""
 
     name = "tidal"
-    # The operator's rateWindowSeconds (None: the config's), placement's landing replicas, and
+    # The operator's rateWindowSeconds (None: the config's), placement's landing share, and
     # whether the gateway counts background pin loads in its per-replica load limit.
     rate_window: float | None = None
-    landing_replicas = 1
+    landing_share = 0.25  # spec.fleet.placement.landingShare
     pin_loads_count = False
 
     def __init__(self, cfg: FleetConfig, only_models_with_traffic: bool = False) -> None:
@@ -672,7 +672,7 @@ class Tidal:
             max_copies=None,
             min_rate=cfg.min_rate,
             headroom_fraction=cfg.headroom,
-            landing_replicas=self.landing_replicas,
+            landing_share=self.landing_share,
         )
         self.forecast_policy = ForecastPolicy(
             period_seconds=cfg.day_seconds, slots=cfg.forecast_slots
@@ -925,7 +925,7 @@ class TidalBefore(Tidal):
 
     name = "tidal, before"
     rate_window = 0.0
-    landing_replicas = 0
+    landing_share = 0.0
     pin_loads_count = True
 
 

@@ -1234,6 +1234,12 @@ class FleetPlacement(ApiModel):
                 "spec.fleet.placement.headroom must be a percentage from 0% to below 100%",
                 ".headroom",
             ),
+            cel(
+                f"!{_matches('self.landingShare', PERCENT_PATTERN)} || "
+                "double(self.landingShare.substring(0, self.landingShare.size() - 1)) <= 100.0",
+                "spec.fleet.placement.landingShare must be a percentage from 0% to 100%",
+                ".landingShare",
+            ),
         )
     )
 
@@ -1259,6 +1265,13 @@ class FleetPlacement(ApiModel):
         description="Share of each replica's engine budget kept free of pinned models, for "
         "on-demand loads of cold models.",
     )
+    landing_share: Percent = Field(
+        default="25%",
+        description="Share of the replicas (rounded up, at least one) that also keep room for "
+        "the largest model not pinned everywhere, so that a cold request for any model finds a "
+        "replica that can load it. More spreads large cold loads over more replicas (lower "
+        "latency for rare models) at the price of fewer pinned models; 0%: none.",
+    )
     interval_seconds: float = Field(
         default=2.0, ge=0.5, le=300, description="How often placement is recomputed, seconds."
     )
@@ -1276,6 +1289,10 @@ class FleetPlacement(ApiModel):
         if (percent_value(self.headroom) or 0.0) >= 100:
             raise ValueError(
                 "spec.fleet.placement.headroom must be a percentage from 0% to below 100%"
+            )
+        if (percent_value(self.landing_share) or 0.0) > 100:
+            raise ValueError(
+                "spec.fleet.placement.landingShare must be a percentage from 0% to 100%"
             )
         return self
 

@@ -25,10 +25,14 @@ How it decides:
   Without any pins (first placement) the plain counts apply.
 * Room: each replica may pin `budget * (1 - headroom_fraction)` bytes; the headroom is for
   on-demand loads of cold models. A fractional headroom is smaller than a large engine, so
-  (with two replicas or more) `landing_replicas` replicas — the largest budgets, then by name,
-  so always the same ones — also keep room for the largest model that is not pinned on every
-  replica: a cold request for it always finds a replica that can load it by evicting only
-  unpinned engines. Models are granted their copies greedily in order of score,
+  (with two replicas or more) the landing replicas — `landing_share` of them rounded up, at
+  least one; the largest budgets, then by name, so always the same ones — take a copy of a
+  model X only while room (budget - pinned) stays for the largest model that fits, is not X
+  and is not pinned there: a cold request for any model always finds a replica that can load
+  it by evicting only unpinned engines. One landing replica is enough for that guarantee but
+  serialises every large cold load on it (fleet simulator, 8 replicas: P99 of all requests
+  14 s with one, about 3 s with two); a quarter of the replicas spreads the tail's loads for
+  about a point of cold share. Models are granted their copies greedily in order of score,
   a whole model at a time. A copy already pinned (an incumbent) has its priority raised by
   `stickiness` and stays on its replica: a newcomer displaces it only with a score more than
   (1 + stickiness) times higher. With stickiness above (1 + noise) / (1 - noise) - 1 (0.22 for
@@ -50,6 +54,7 @@ a few dozen for a power-law fleet) over R replicas; 200 models on 50 replicas is
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -92,8 +97,9 @@ class PlacementPolicy:
     # Models at or above this score get at least hot_min_copies (with >= 2 replicas).
     hot_rate: float = 10.0
     hot_min_copies: int = 2
-    # Replicas that keep room for the largest model not pinned everywhere (see "Room").
-    landing_replicas: int = 1
+    # Share of the replicas (rounded up, at least one with two or more replicas; 0: none) that
+    # keep room for the largest model not pinned everywhere (see "Room").
+    landing_share: float = 0.25
 
     def __post_init__(self) -> None:
         problems = []
@@ -113,10 +119,16 @@ class PlacementPolicy:
             problems.append("hot_rate must be >= 0")
         if self.hot_min_copies < 1:
             problems.append("hot_min_copies must be >= 1")
-        if self.landing_replicas < 0:
-            problems.append("landing_replicas must be >= 0")
+        if not 0 <= self.landing_share <= 1:
+            problems.append("landing_share must be in [0, 1]")
         if problems:
             raise ValueError("invalid PlacementPolicy: " + "; ".join(problems))
+
+    def landing_replicas(self, replicas: int) -> int:
+        """How many of `replicas` keep landing room (none with fewer than two)."""
+        if replicas < 2 or self.landing_share <= 0:
+            return 0
+        return max(1, math.ceil(replicas * self.landing_share - _EPS))
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,10 +267,15 @@ def place(
         r.name: usable[r.name] - sum(sizes.get(m, 0) for m in r.pinned) for r in replicas
     }
 
+    # Incumbents: pins on replicas that can still hold the model. A pin where it no longer fits
+    # (the budget shrank) is a copy to place anew, without the incumbent's stickiness: counted
+    # as one, it would let an impossible copy jump the queue on another replica, and the same
+    # placement fed its own output would then decide differently.
     pinned_at: dict[str, list[ReplicaSlot]] = {}
     for r in replicas:
         for name in r.pinned:
-            pinned_at.setdefault(name, []).append(r)
+            if name in sizes and sizes[name] <= usable[r.name]:
+                pinned_at.setdefault(name, []).append(r)
     reasons: dict[str, str] = {}
     wanted: dict[str, int] = {}
     drivers: dict[str, str] = {}
@@ -295,10 +312,10 @@ def place(
             else:
                 requests.append((-score, name, j, None))
     requests.sort(key=lambda q: (q[0], q[1], q[2]))
-    reserve = _landing_reserve(policy, models, replicas, too_large)
+    landing = _landing(policy, replicas)
 
     demand = {m.name: m for m in models}
-    hosted = _grant(requests, replicas, usable, demand, wanted, reserve)
+    hosted = _grant(requests, replicas, usable, demand, wanted, landing, too_large)
 
     # Final load per replica (each pinned copy carries its share of the model's score) orders
     # each model's replicas, so equal pinned sets give equal assignments whatever the order.
@@ -354,112 +371,97 @@ def _grant(
     usable: Mapping[str, int],
     demand: Mapping[str, ModelDemand],
     wanted: Mapping[str, int],
-    reserve: Mapping[str, int] | None = None,
+    landing: frozenset[str] = frozenset(),
+    too_large: Mapping[str, int] | None = None,
 ) -> dict[str, list[str]]:
     """Grant copy requests in priority order; model -> replicas granted, in grant order.
 
     Replicas are indexed in name order so that ties fall to the first name; a new copy looks at
     the replicas where the model is resident first and scans all of them only when none has room.
 
-    ``reserve``: bytes the landing replicas keep free in a first pass. A second pass offers
-    them to the copies still missing of models wanted on every replica (they cannot go
-    anywhere else), as long as room stays for the largest model left with no copy.
+    A copy of X goes to a ``landing`` replica only if room (budget - pinned) stays there for
+    the largest model that fits its budget, is not X and is not pinned there yet (sizes only,
+    never demand). The last grant on a landing replica thus leaves room for the largest model
+    with no copy anywhere, which is what a cold request may have to load there; and the rule
+    reads only sizes and what is on that replica, so a placement fed its own output grants the
+    same copies in the same order.
     """
-    reserve = reserve or {}
     slots = sorted(replicas, key=lambda r: r.name)
     index = {r.name: i for i, r in enumerate(slots)}
-    held = [reserve.get(r.name, 0) for r in slots]
-    free = [usable[r.name] - held[i] for i, r in enumerate(slots)]
+    free = [usable[r.name] for r in slots]
     load = [0.0] * len(slots)
     resident_at: dict[str, list[int]] = {name: [] for name in demand}
     for i, r in enumerate(slots):
         for name in r.resident:
             if name in resident_at:
                 resident_at[name].append(i)
-    everywhere = range(len(slots))
     hosted: dict[str, list[int]] = {name: [] for name in demand}
-    missing = _grant_pass(
-        requests, demand, wanted, index, free, load, resident_at, everywhere, hosted
+    excluded = too_large or {}
+    by_size = sorted(
+        ((m.size_bytes, name) for name, m in demand.items() if name not in excluded),
+        key=lambda e: (-e[0], e[1]),
     )
-    if any(held) and missing:
-        # Room (budget - pins) kept for the largest model left with no copy, not for any model.
-        cold = [demand[n].size_bytes for n, where in hosted.items() if not where]
-        for i, r in enumerate(slots):
-            if held[i]:
-                keep = max([c for c in cold if c <= r.budget_bytes], default=0)
-                free[i] += held[i] - max(0, usable[r.name] - (r.budget_bytes - keep))
-        wide = [q for q in missing if wanted[q[1]] >= len(slots)]
-        _grant_pass(wide, demand, wanted, index, free, load, resident_at, everywhere, hosted)
-    return {name: [slots[i].name for i in where] for name, where in hosted.items()}
+    # Per landing replica: the models of `by_size` that fit its budget, and how many of them
+    # from the front are pinned there already (they need no room kept: a skipped prefix).
+    fits = {
+        i: [e for e in by_size if e[0] <= r.budget_bytes]
+        for i, r in enumerate(slots)
+        if r.name in landing
+    }
+    skip = dict.fromkeys(fits, 0)
 
+    def allowed(i: int, name: str, size: int) -> bool:
+        if free[i] < size:
+            return False
+        if i not in fits:
+            return True
+        candidates, k = fits[i], skip[i]
+        keep = 0
+        for b, n in itertools.islice(candidates, k, None):
+            if n != name and i not in hosted[n]:
+                keep = b
+                break
+        # Pinned after the grant (usable - free + size) must stay within budget - keep.
+        return free[i] - size >= usable[slots[i].name] - (slots[i].budget_bytes - keep)
 
-def _grant_pass(
-    requests: Sequence[tuple[float, str, int, str | None]],
-    demand: Mapping[str, ModelDemand],
-    wanted: Mapping[str, int],
-    index: Mapping[str, int],
-    free: list[int],
-    load: list[float],
-    resident_at: Mapping[str, list[int]],
-    everywhere: range,
-    hosted: dict[str, list[int]],
-) -> list[tuple[float, str, int, str | None]]:
-    """One pass over the requests in order (updates `free`, `load`, `hosted`); returns the
-    requests it could not grant."""
-    missing = []
-    for request in requests:
-        _, name, _, bound = request
+    for _, name, _, bound in requests:
         size = demand[name].size_bytes
         mine = hosted[name]
         chosen = -1
         if bound is not None:
             b = index[bound]
-            if free[b] >= size and b not in mine:
+            if b not in mine and allowed(b, name, size):
                 chosen = b
         if chosen < 0:
-            for candidates in (resident_at[name], everywhere):
+            for candidates in (resident_at[name], range(len(slots))):
                 for i in candidates:
-                    room = free[i]
-                    if room < size or i in mine:
+                    if i in mine or not allowed(i, name, size):
                         continue
                     if (
                         chosen < 0
                         or load[i] < load[chosen]
-                        or (load[i] == load[chosen] and room > free[chosen])
+                        or (load[i] == load[chosen] and free[i] > free[chosen])
                     ):
                         chosen = i
                 if chosen >= 0:
                     break
         if chosen < 0:
-            missing.append(request)
             continue
         mine.append(chosen)
         free[chosen] -= size
         load[chosen] += demand[name].score / wanted[name]
-    return missing
+        if chosen in fits:
+            entries = fits[chosen]
+            while skip[chosen] < len(entries) and chosen in hosted[entries[skip[chosen]][1]]:
+                skip[chosen] += 1
+    return {name: [slots[i].name for i in where] for name, where in hosted.items()}
 
 
-def _landing_reserve(
-    policy: PlacementPolicy,
-    models: Sequence[ModelDemand],
-    replicas: Sequence[ReplicaSlot],
-    too_large: Mapping[str, int],
-) -> dict[str, int]:
-    """Bytes each landing replica keeps free of pins beyond its headroom, so that the largest
-    model that fits a budget can always be loaded there on demand. Sizes only, never demand:
-    demand noise cannot move it."""
-    if len(replicas) < 2 or policy.landing_replicas < 1:
-        return {}
-    sizes = [m.size_bytes for m in models if m.name not in too_large]
-    if not sizes:
-        return {}
-    largest = max(sizes)
-    out = {}
-    landing = sorted(replicas, key=lambda r: (-r.budget_bytes, r.name))[: policy.landing_replicas]
-    for r in landing:
-        usable = _usable_bytes(policy, r)
-        out[r.name] = max(0, min(usable, usable - (r.budget_bytes - largest)))
-    return out
+def _landing(policy: PlacementPolicy, replicas: Sequence[ReplicaSlot]) -> frozenset[str]:
+    """The landing replicas: the largest budgets, then by name (always the same ones)."""
+    count = policy.landing_replicas(len(replicas))
+    ranked = sorted(replicas, key=lambda r: (-r.budget_bytes, r.name))
+    return frozenset(r.name for r in ranked[:count])
 
 
 def _usable_bytes(policy: PlacementPolicy, replica: ReplicaSlot) -> int:

@@ -251,6 +251,15 @@ def placement_headroom(isvc: InferenceService) -> float:
     return (percent_value(fleet.placement.headroom) or 0.0) / 100.0
 
 
+def placement_landing_share(isvc: InferenceService) -> float:
+    """Share of the replicas that keep landing room for the largest cold model (0 without a
+    fleet)."""
+    fleet = isvc.spec.fleet
+    if fleet is None:
+        return 0.0
+    return (percent_value(fleet.placement.landing_share) or 0.0) / 100.0
+
+
 def resolve_active_pool(isvc: InferenceService, observed: Observed) -> PoolName:
     """The pool the Service routes to: a manual choice wins, ``auto`` follows the decision."""
     setting = isvc.spec.rollout.active_pool

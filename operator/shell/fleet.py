@@ -76,6 +76,7 @@ from tidal.operator.core.resources import (
     find_spec_problems,
     owner_reference,
     placement_headroom,
+    placement_landing_share,
     resolve_active_pool,
 )
 from tidal.operator.core.signals import pod_labels, pod_ready
@@ -341,6 +342,7 @@ class FleetController:
                 max_copies=fleet.placement.max_copies,
                 min_rate=fleet.placement.min_rate,
                 headroom_fraction=placement_headroom(isvc),
+                landing_share=placement_landing_share(isvc),
             ),
             demands,
             replica_slots(reports, previous),

@@ -314,6 +314,7 @@ def test_duplicate_names_are_rejected() -> None:
         ({"tolerance": 1.0}, r"tolerance must be in \[0, 1\)"),
         ({"stickiness": -0.1}, "stickiness must be >= 0"),
         ({"hot_min_copies": 0}, "hot_min_copies must be >= 1"),
+        ({"landing_share": 1.5}, r"landing_share must be in \[0, 1\]"),
     ],
 )
 def test_policy_is_validated(fields: dict[str, float], message: str) -> None:
@@ -481,6 +482,32 @@ def test_property_fed_its_own_output_nothing_moves(
     assert replace(third, at=1.0) == second
 
 
+@pytest.mark.parametrize("pinned_before", [frozenset(), frozenset({"m04"})])
+def test_a_model_short_of_copies_keeps_its_landing_room_when_fed_its_own_output(
+    pinned_before: frozenset[str],
+) -> None:
+    # Found by the property above: two hot models want a copy on both replicas, but only the
+    # landing replica r0 has a budget. m04 gets r0's reserve in the first placement (wanted on
+    # every replica); fed its own output, the hysteresis band kept m04 at the 1 copy it had,
+    # so it no longer counted as wanted everywhere and lost its pin: a load, then an eviction,
+    # with nothing changed.
+    policy = PlacementPolicy(rate_per_copy=10.0, min_rate=0.0, headroom_fraction=0.0)
+    models = [
+        ModelDemand("m00", size_bytes=3 * GB, load_seconds=1.0, forecast_rate=10.0),
+        ModelDemand("m04", size_bytes=1 * GB, load_seconds=1.0, forecast_rate=10.0),
+        *(ModelDemand(f"z{k}", size_bytes=0, load_seconds=1.0) for k in range(3)),
+    ]
+    slots = [
+        ReplicaSlot("r0", budget_bytes=6 * GB),
+        ReplicaSlot("r1", budget_bytes=0, pinned=pinned_before),
+    ]
+    first = place(policy, models, slots, now=0.0)
+    assert first.pinned["r0"] >= {"m00", "m04"}
+    second = place(policy, models, follow(first, slots), now=1.0, history=True)
+    assert second.pinned == first.pinned
+    assert second.loads() == []
+
+
 @settings(max_examples=200, deadline=None)
 @given(fleets(history=False), st.data())
 def test_property_ten_percent_noise_moves_nothing(
@@ -531,13 +558,41 @@ def test_one_replica_keeps_room_for_the_largest_cold_model() -> None:
     big = model("big", rate=0.0, size_gb=6.0)
     slots = replicas(3)
     sizes = {m.name: m.size_bytes for m in [*hot, big]}
-    without = place(replace(POLICY, landing_replicas=0), [*hot, big], slots, now=0.0)
+    without = place(replace(POLICY, landing_share=0.0), [*hot, big], slots, now=0.0)
     assert max(_room(without, slots, sizes).values()) < big.size_bytes
     placement = place(POLICY, [*hot, big], slots, now=0.0)
     room = _room(placement, slots, sizes)
     assert room["r0"] >= big.size_bytes  # the landing replica: largest budget, then name
     assert sum(placement.copies(m.name) for m in hot) == 5  # one hot model fewer pinned
     assert placement.copies("big") == 0
+
+
+@pytest.mark.parametrize(
+    ("share", "counts"),
+    # replicas:  1  2  3  4  5  8  9  16
+    [
+        (0.25, [0, 1, 1, 1, 2, 2, 3, 4]),
+        (0.0, [0, 0, 0, 0, 0, 0, 0, 0]),
+        (0.01, [0, 1, 1, 1, 1, 1, 1, 1]),
+        (1.0, [0, 2, 3, 4, 5, 8, 9, 16]),
+    ],
+)
+def test_landing_replicas_are_a_share_rounded_up_at_least_one(
+    share: float, counts: list[int]
+) -> None:
+    policy = replace(POLICY, landing_share=share)
+    assert [policy.landing_replicas(n) for n in (1, 2, 3, 4, 5, 8, 9, 16)] == counts
+
+
+def test_a_quarter_of_eight_replicas_keep_landing_room() -> None:
+    # Hot 4 GB models would fill 8 of every 10 GB; a 6 GB tail model needs a landing replica.
+    hot = [model(f"h{k}", rate=5.0, size_gb=4.0) for k in range(16)]
+    big = model("big", rate=0.0, size_gb=6.0)
+    slots = replicas(8)
+    sizes = {m.name: m.size_bytes for m in [*hot, big]}
+    room = _room(place(POLICY, [*hot, big], slots, now=0.0), slots, sizes)
+    # The largest budgets, then by name: all budgets are equal, so r0 and r1.
+    assert sorted(r for r, free in room.items() if free >= big.size_bytes) == ["r0", "r1"]
 
 
 def test_no_landing_room_is_kept_when_every_model_is_pinned_everywhere() -> None:
