@@ -98,7 +98,7 @@ class PlacementPolicy:
     hot_rate: float = 10.0
     hot_min_copies: int = 2
     # Share of the replicas (rounded up, at least one with two or more replicas; 0: none) that
-    # keep room for the largest model not pinned everywhere (see "Room").
+    # keep room for the largest model not pinned on them (see "Room").
     landing_share: float = 0.25
 
     def __post_init__(self) -> None:
