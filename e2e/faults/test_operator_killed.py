@@ -19,13 +19,12 @@ import asyncio
 import json
 import threading
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_api_client import PrometheusConnect
 from scenario import (
     INFER_BODY,
     StatusRecorder,
@@ -37,6 +36,7 @@ from scenario import (
 )
 
 from tidal.operator.core.api import LABEL_POOL, LABEL_ROLE
+from tidal.operator.core.signals import pod_labels, pod_ready
 from tidal.sandbox.endpoints import ready_endpoints
 from tidal.sandbox.loadgen import LoadGenerator, LoadReport
 from tidal.sandbox.operatorproc import OperatorProcess, get_isvc
@@ -59,11 +59,10 @@ def _event_count(sandbox: Any, namespace: str, name: str, reason: str) -> int:
 def _requests_by_pod(sandbox: Any, namespace: str, name: str) -> dict[str, float] | str:
     """The sandbox Prometheus's request counts per pod of the InferenceService (diagnostics)."""
     query = f'sum by (pod, pool) (tidal_requests_total{{namespace="{namespace}",isvc="{name}"}})'
-    url = f"{sandbox.prometheus_url}/api/v1/query?" + urllib.parse.urlencode({"query": query})
     try:
-        with urllib.request.urlopen(url, timeout=10) as response:
-            result = json.loads(response.read())["data"]["result"]
-    except (OSError, ValueError, KeyError) as exc:
+        prom = PrometheusConnect(url=sandbox.prometheus_url, disable_ssl=True)
+        result = prom.custom_query(query)
+    except Exception as exc:  # diagnostics only: say why, never hide the real failure
         return f"query failed: {exc!r}"
     return {
         f"{r['metric'].get('pool')}/{r['metric'].get('pod')}": float(r["value"][1]) for r in result
@@ -79,14 +78,10 @@ def _routing(sandbox: Any, namespace: str, name: str) -> str:
     pods = json.loads(sandbox.kubectl("get", "pods", "-n", namespace, "-o", "json").stdout)["items"]
     rows = []
     for pod in pods:
-        labels = pod["metadata"].get("labels") or {}
-        ready = any(
-            c["type"] == "Ready" and c["status"] == "True"
-            for c in (pod.get("status") or {}).get("conditions") or []
-        )
+        labels = pod_labels(pod)
         rows.append(
             f"{pod['metadata']['name']} {(pod.get('status') or {}).get('podIP')} "
-            f"pool={labels.get(LABEL_POOL)} role={labels.get(LABEL_ROLE)} ready={ready}"
+            f"pool={labels.get(LABEL_POOL)} role={labels.get(LABEL_ROLE)} ready={pod_ready(pod)}"
         )
     endpoints = sorted(ip for ip, _ in ready_endpoints(sandbox.api_client(), namespace, name))
     return f"selector {service['spec'].get('selector')}; endpoints {endpoints}; pods {rows}"

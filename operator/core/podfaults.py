@@ -15,7 +15,8 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from enum import Enum, auto
+from typing import Any, Literal
 
 from tidal.operator.core.api import LABEL_POOL
 from tidal.operator.core.signals import pod_address, pod_ready
@@ -24,8 +25,17 @@ from tidal.operator.core.signals import pod_address, pod_ready
 # runtime is still loading), and is asked again at most this often.
 PROBE_GRACE_SECONDS = 5.0
 PROBE_EVERY_SECONDS = 3.0
-# A probe that gets no answer in time says nothing about the pod: the last reason stands.
-NO_ANSWER = object()
+
+
+class _NoAnswer(Enum):
+    """A probe that got no answer in time: it says nothing about the pod."""
+
+    NO_ANSWER = auto()
+
+
+NO_ANSWER = _NoAnswer.NO_ANSWER
+# One probe's answer: a reason, None (ready or no reason given) or NO_ANSWER.
+ProbeAnswer = str | Literal[_NoAnswer.NO_ANSWER] | None
 MAX_MESSAGE = 300
 
 
@@ -43,7 +53,7 @@ class PodFaults:
     probed_at: dict[str, float] = field(default_factory=dict)
     faults: dict[str, tuple[str, str]] = field(default_factory=dict)
 
-    def record(self, target: ProbeTarget, message: str | object | None, now: float) -> None:
+    def record(self, target: ProbeTarget, message: ProbeAnswer, now: float) -> None:
         """The answer of one probe: a reason, None (ready or no reason given: nothing to
         report), or ``NO_ANSWER`` (timed out, refused): the last reason stands, since a runtime
         busy retrying its loads on a loaded node can be slow to answer (CI saw a pod's fault
@@ -51,7 +61,7 @@ class PodFaults:
         self.probed_at[target.pod] = now
         if message is NO_ANSWER:
             return
-        if isinstance(message, str) and message:
+        if message:
             self.faults[target.pod] = (target.pool, message[:MAX_MESSAGE])
         else:
             self.faults.pop(target.pod, None)

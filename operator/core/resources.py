@@ -246,18 +246,18 @@ def engine_budget_bytes(memory: Memory) -> int:
 def placement_headroom(isvc: InferenceService) -> float:
     """Fraction of each replica's budget that placement leaves unpinned (0 without a fleet)."""
     fleet = isvc.spec.fleet
-    if fleet is None:
-        return 0.0
-    return (percent_value(fleet.placement.headroom) or 0.0) / 100.0
+    return 0.0 if fleet is None else _fraction(fleet.placement.headroom)
 
 
 def placement_landing_share(isvc: InferenceService) -> float:
     """Share of the replicas that keep landing room for the largest cold model (0 without a
     fleet)."""
     fleet = isvc.spec.fleet
-    if fleet is None:
-        return 0.0
-    return (percent_value(fleet.placement.landing_share) or 0.0) / 100.0
+    return 0.0 if fleet is None else _fraction(fleet.placement.landing_share)
+
+
+def _fraction(percent: str) -> float:
+    return (percent_value(percent) or 0.0) / 100.0
 
 
 def resolve_active_pool(isvc: InferenceService, observed: Observed) -> PoolName:

@@ -24,7 +24,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from tidal.operator.core.autoscaler import BatchWork
-from tidal.operator.core.podfaults import NO_ANSWER
+from tidal.operator.core.podfaults import NO_ANSWER, ProbeAnswer
 from tidal.operator.core.signals import PodMissing, PodScrape, PodTarget, ScrapeResult
 
 DEFAULT_SCRAPE_TIMEOUT = 0.3
@@ -210,7 +210,7 @@ PROBE_TIMEOUT = 1.0
 
 async def probe_ready(
     session: aiohttp.ClientSession, url: str, *, limit_seconds: float = PROBE_TIMEOUT
-) -> str | object | None:
+) -> ProbeAnswer:
     """Why a runtime is not ready: the ``error`` of its readiness answer (``url`` is its
     ``/v2/health/ready``). None when it is ready or gives no reason; ``NO_ANSWER`` when it
     does not answer in time (that says nothing about it)."""
