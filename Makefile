@@ -5,25 +5,35 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test venv sandbox-binaries helm lint unit crds bench clean
+.PHONY: demo test venv sandbox-binaries node-binaries images helm lint unit crds bench clean
 
 demo: venv sandbox-binaries
 	$(BIN)/python -m tidal.sandbox demo
 
-test: venv sandbox-binaries helm lint
+test: venv sandbox-binaries node-binaries helm lint
 	$(BIN)/pytest
 
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml e2e/sandbox/pyproject.toml
 	@echo "[make] creating $(VENV) and installing tidal with its dev dependencies"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip uv
-	$(BIN)/uv pip install -q --python $(BIN)/python -e '.[dev]'
+	$(BIN)/uv pip install -q --python $(BIN)/python -e '.[dev]' -e ./e2e/sandbox
 	@touch $@
 
 sandbox-binaries:
 	bash e2e/sandbox/build-binaries.sh
+
+# The real node's programs (kubelet, kube-proxy, containerd, runc, CNI, CoreDNS, pause) and the
+# Debian tools for it and for building images (buildah, mmdebstrap, nftables).
+node-binaries: sandbox-binaries
+	bash e2e/sandbox/build-node.sh
+
+# The project's images (images/*.Dockerfile) built with buildah on a Debian base, as OCI archives
+# in ~/.cache/tidal/images (the real node imports them; `make test` builds them on demand).
+images: venv node-binaries
+	$(BIN)/tidal-sandbox images
 
 # Helm v4 from the Go module proxy, for the chart's tests.
 helm:

@@ -12,15 +12,18 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 # Only what the package is built from (tidal/ holds the links giving operator/, runtime/ and
-# e2e/sandbox/ their import names; see pyproject.toml).
+# gateway/ their import names; see pyproject.toml). The sandbox is not part of it.
 COPY pyproject.toml README.md ./
+# The dependencies first, in a layer of their own (listed in pyproject.toml): a change to the
+# code rebuilds only the last step.
+RUN python -m venv /opt/tidal \
+ && python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'], sep='\n')" > /tmp/requirements.txt \
+ && /opt/tidal/bin/pip install --no-cache-dir -r /tmp/requirements.txt
 COPY tidal/ tidal/
 COPY operator/ operator/
 COPY runtime/ runtime/
-COPY e2e/sandbox/ e2e/sandbox/
-# No extras: the operator needs only the base dependencies (the gpu extra is for runtime pods).
-RUN python -m venv /opt/tidal \
- && /opt/tidal/bin/pip install --no-cache-dir . \
+COPY gateway/ gateway/
+RUN /opt/tidal/bin/pip install --no-cache-dir --no-deps . \
  && /opt/tidal/bin/tidal-operator --help > /dev/null
 
 # --- final: the virtualenv alone ------------------------------------------------------------

@@ -21,7 +21,7 @@ COPY pyproject.toml README.md ./
 COPY tidal/ tidal/
 COPY operator/ operator/
 COPY runtime/ runtime/
-COPY e2e/sandbox/ e2e/sandbox/
+COPY gateway/ gateway/
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 # --- final: the TensorRT image plus the runtime ---------------------------------------------
@@ -40,6 +40,7 @@ RUN PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-cache-dir \
  && rm -rf /tmp/wheels \
  && python3 -c "import tensorrt; print('TensorRT', tensorrt.__version__)" \
  && tidal-runtime --help > /dev/null \
+ && tidal-gateway --help > /dev/null \
  && useradd --uid 65532 --user-group --create-home --home-dir /home/tidal \
       --shell /usr/sbin/nologin tidal
 ENV PYTHONUNBUFFERED=1 \

@@ -9,13 +9,23 @@ import shutil
 import subprocess
 import sys
 import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
 from chart_helpers import REPO
 
 IMAGES = REPO / "images"
-DOCKERFILES = {"operator": IMAGES / "operator.Dockerfile", "runtime": IMAGES / "runtime.Dockerfile"}
+DOCKERFILES = {
+    "operator": IMAGES / "operator.Dockerfile",
+    "runtime": IMAGES / "runtime.Dockerfile",
+    "runtime-cpu": IMAGES / "runtime-cpu.Dockerfile",
+}
+ENTRYPOINTS = {
+    "operator": "tidal-operator",
+    "runtime": "tidal-runtime",
+    "runtime-cpu": "tidal-runtime",
+}
 SCRIPTS = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
 
 
@@ -45,8 +55,8 @@ def final_stage(path: Path) -> list[tuple[str, str]]:
 
 def pip_installs(path: Path) -> list[str]:
     """The arguments of every ``pip install`` in RUN steps (up to the next shell operator)."""
-    runs = " ".join(a for k, a in instructions(path) if k == "RUN")
-    return [m.strip() for m in re.findall(r"pip install (.*?)(?:&&|;|\|\||$)", runs)]
+    runs = [a for k, a in instructions(path) if k == "RUN"]
+    return [m.strip() for run in runs for m in re.findall(r"pip install (.*?)(?:&&|;|\|\||$)", run)]
 
 
 def hadolint() -> str | None:
@@ -96,8 +106,8 @@ def test_final_image_runs_the_console_script_as_numeric_non_root(name: str) -> N
     assert uid.isdigit() and int(uid) != 0, "a numeric uid lets runAsNonRoot verify it"
     assert not gid or (gid.isdigit() and int(gid) != 0)
     entrypoints = [args for keyword, args in stage if keyword == "ENTRYPOINT"]
-    assert entrypoints == [f'["tidal-{name}"]']
-    assert f"tidal-{name}" in SCRIPTS
+    assert entrypoints == [f'["{ENTRYPOINTS[name]}"]']
+    assert ENTRYPOINTS[name] in SCRIPTS
 
 
 def test_runtime_image_stands_on_tensorrt_and_skips_the_pypi_tensorrt() -> None:
@@ -112,7 +122,68 @@ def test_runtime_image_stands_on_tensorrt_and_skips_the_pypi_tensorrt() -> None:
     assert "cuda-python>=13" in installs
 
 
-def test_operator_image_installs_no_gpu_stack() -> None:
-    installs = " ".join(pip_installs(DOCKERFILES["operator"]))
-    assert installs == "--no-cache-dir ."
-    assert "[gpu]" not in installs and "cuda" not in installs
+@pytest.mark.parametrize("name", ["operator", "runtime-cpu"])
+def test_cpu_images_install_no_gpu_stack(name: str) -> None:
+    installs = pip_installs(DOCKERFILES[name])
+    # The dependencies from pyproject.toml (a cached layer), then the project without them.
+    assert installs == [
+        "--no-cache-dir -r /tmp/requirements.txt",
+        "--no-cache-dir --no-deps .",
+    ], installs
+    assert not any("[gpu]" in i or "cuda" in i for i in installs)
+
+
+def _copied_context(path: Path, into: Path) -> Path:
+    """The build context a Dockerfile's COPY steps lay out, copied into ``into``."""
+    for keyword, args in instructions(path):
+        if keyword != "COPY" or args.startswith("--from"):
+            continue
+        *sources, _dest = args.split()
+        for src in sources:
+            target = into / src.rstrip("/")
+            if (REPO / src).is_dir():
+                shutil.copytree(
+                    REPO / src,
+                    target,
+                    symlinks=True,
+                    dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+                )
+            else:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(REPO / src, target)
+    return into
+
+
+@pytest.mark.parametrize("name", sorted(DOCKERFILES))
+def test_wheel_built_the_dockerfiles_way_holds_operator_runtime_gateway_and_no_sandbox(
+    name: str, tmp_path: Path
+) -> None:
+    """The wheel that the image installs, built from exactly what the Dockerfile copies: every
+    console script's module is in it (v0.2's images lacked tidal.gateway), the sandbox is not."""
+    context = _copied_context(DOCKERFILES[name], tmp_path / "context")
+    uv = Path(sys.executable).parent / "uv"
+    result = subprocess.run(
+        [
+            str(uv),
+            "build",
+            "--wheel",
+            "--quiet",
+            "--out-dir",
+            str(tmp_path / "wheels"),
+            str(context),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    (wheel,) = (tmp_path / "wheels").glob("tidal-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for script, target in SCRIPTS.items():
+        module = target.split(":")[0].replace(".", "/")
+        assert f"{module}.py" in names or f"{module}/__init__.py" in names, (
+            f"{script} ({target}) is not in the wheel built as {DOCKERFILES[name].name} builds it"
+        )
+    assert not any(n.startswith("tidal/sandbox/") for n in names), "the sandbox is in the wheel"
