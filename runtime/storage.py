@@ -41,8 +41,9 @@ class EngineStore:
     """Fetches engines; remembers verified local copies of remote ones."""
 
     def __init__(self, cache_dir: str | None) -> None:
+        # Made on the first download, not here: a runtime serving only file:// engines creates
+        # nothing (the operator always names a cache directory, the pod's engine-cache volume).
         self.cache_dir = Path(cache_dir or tempfile.mkdtemp(prefix="tidal-engines-"))
-        self.cache_dir.mkdir(parents=True, exist_ok=True)
 
     def host_bytes(self) -> int:
         return sum(p.stat().st_size for p in self.cache_dir.glob("*") if p.is_file())
@@ -72,7 +73,14 @@ class EngineStore:
         if target.is_file() and sha256 is not None and sha256_file(target) == sha256:
             return target
         digest = hashlib.sha256()
-        fd, partial = tempfile.mkstemp(dir=self.cache_dir, suffix=".partial")
+        try:
+            self.cache_dir.mkdir(parents=True, exist_ok=True)
+            fd, partial = tempfile.mkstemp(dir=self.cache_dir, suffix=".partial")
+        except OSError as exc:
+            raise EngineLoadError(
+                f"cannot write to the engine cache {self.cache_dir}: {exc} (it must be writable "
+                "by the runtime's user, uid 65532)"
+            ) from None
         try:
             with os.fdopen(fd, "wb") as out, urllib.request.urlopen(uri, timeout=60) as response:
                 while chunk := response.read(CHUNK):

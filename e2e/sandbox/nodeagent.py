@@ -22,7 +22,9 @@ local processes:
 
 What it does not do, and how a pod learns it (a waiting reason on the container, never a silent
 fake): images and image entrypoints (``CommandRequired``), volume mounts other than the
-service-account token (``VolumeMountUnsupported``), resource limits and cgroups (not enforced),
+service-account token, emptyDir and hostPath (``VolumeMountUnsupported``; those two are not
+isolated: the process sees the host's filesystem at the mount path), resource limits and
+cgroups (not enforced),
 ``kubectl logs``/``exec``/``port-forward`` (no kubelet API; read the log files), host ports, init
 containers (``InitContainersUnsupported``), the in-cluster service-account token file and any
 route from a pod to the API server (pods reach only each other and the host's bridge address).
@@ -328,12 +330,19 @@ class PodRunner(threading.Thread):
                     f"container {c.name!r} has no command: the tidal sandbox node agent runs "
                     "containers as local processes and cannot use an image's entrypoint",
                 )
+            volumes = {v.get("name"): v for v in self.pod["spec"].get("volumes") or []}
             for m in c.spec.get("volumeMounts") or []:
-                if m.get("mountPath") != SA_TOKEN_MOUNT:
+                volume = volumes.get(m.get("name"), {})
+                # emptyDir and hostPath mounts pass, not isolated: the process sees the host's
+                # own filesystem at mountPath (the runtime's /tmp and engine cache directory).
+                if m.get("mountPath") != SA_TOKEN_MOUNT and not (
+                    "emptyDir" in volume or "hostPath" in volume
+                ):
                     raise UnsupportedPod(
                         "VolumeMountUnsupported",
                         f"container {c.name!r} mounts {m.get('mountPath')!r}: the tidal sandbox "
-                        "node agent supports no volume mounts (pass configuration via env)",
+                        "node agent supports only emptyDir and hostPath volumes, seen at their "
+                        "mountPath on the host (pass configuration via env)",
                     )
 
     # -- containers -------------------------------------------------------------------------

@@ -508,6 +508,30 @@ class Toleration(ApiModel):
         return self
 
 
+class EngineCache(ApiModel):
+    """Where a runtime pod keeps the engines it downloads (http(s) engine URIs), verified by
+    sha256. Without ``hostPath``: an emptyDir, gone with the pod. With it: a directory on the
+    node (a hostPath volume) that outlives pods, so a replacement or a new replica on the same
+    node finds its engines there and skips the download. hostPath, not a PersistentVolume: a
+    Deployment's replicas cannot each claim a volume on their own node, and a shared
+    ReadWriteMany volume is network storage, not node-local. The directory must be writable
+    by the runtime's user (uid 65532), and hostPath volumes need a namespace whose Pod Security
+    level allows them (baseline does not)."""
+
+    host_path: str | None = Field(
+        default=None,
+        min_length=2,
+        max_length=512,
+        pattern=r"^/[A-Za-z0-9._/-]*[A-Za-z0-9._-]$",
+        description="Absolute directory on the node for downloaded engines, kept across pods "
+        "(e.g. /var/cache/tidal/engines); writable by uid 65532. Unset: an emptyDir per pod.",
+    )
+    size_limit: ByteQuantity | None = Field(
+        default=None,
+        description="Most bytes the per-pod emptyDir may hold (unused with hostPath), e.g. 20Gi.",
+    )
+
+
 class Runtime(ApiModel):
     """How the runtime pods of a pool are built and placed."""
 
@@ -570,6 +594,11 @@ class Runtime(ApiModel):
         default_factory=list, max_length=32, description="Taints the pods tolerate."
     )
     log_level: LogLevel = Field(default=LogLevel.INFO, description="Runtime log level.")
+    engine_cache: EngineCache = Field(
+        default_factory=EngineCache,
+        description="Where pods keep downloaded engines: a per-pod emptyDir, or a node-local "
+        "directory (hostPath) that outlives pods.",
+    )
 
     @property
     def gpu_count(self) -> int:

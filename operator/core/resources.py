@@ -55,6 +55,11 @@ GATEWAY_CONFIG_ENV = "TIDAL_GATEWAY_CONFIG_JSON"
 RUNTIME_DEFAULT_ENGINE_BUDGET = 8 * 2**30
 CONFIG_KEY = "runtime-config.json"
 CONTAINER_NAME = "runtime"
+# Runtime and gateway pods run as this numeric user with a read-only root filesystem (the
+# images' USER): what they write goes to an emptyDir at /tmp and the engine cache volume.
+POD_UID = 65532
+ENGINE_CACHE_MOUNT = "/var/cache/tidal/engines"
+TMP_MOUNT = "/tmp"
 ROLE_SERVING = "serving"
 ROLE_STANDBY = "standby"
 MANAGED_BY = "tidal-operator"
@@ -334,7 +339,12 @@ def render_runtime_config(pool: Pool, fleet: bool = False) -> dict[str, Any]:
         memory["weightStreamingBudget"] = (
             budget if budget == "auto" or budget.endswith("%") else quantity_bytes(budget)
         )
-    return {"backend": backend.value, "models": models, "memory": memory}
+    return {
+        "backend": backend.value,
+        "models": models,
+        "memory": memory,
+        "cacheDir": ENGINE_CACHE_MOUNT,
+    }
 
 
 def _batching(model: Model) -> dict[str, Any]:
@@ -451,6 +461,21 @@ def _resources(runtime: Runtime) -> dict[str, Any]:
     return out
 
 
+# The restricted Pod Security level, which runtime and gateway pods meet (hostPath aside).
+POD_SECURITY: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "runAsUser": POD_UID,
+    "runAsGroup": POD_UID,
+    "fsGroup": POD_UID,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+CONTAINER_SECURITY: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+
+
 def _deployment(
     isvc: InferenceService, pool: Pool, replicas: int, config_hash: str
 ) -> dict[str, Any]:
@@ -485,11 +510,24 @@ def _deployment(
     resources = _resources(pool.runtime)
     if resources:
         container["resources"] = resources
+    cache = pool.runtime.engine_cache
+    engine_cache: dict[str, Any] = (
+        {"hostPath": {"path": cache.host_path, "type": "DirectoryOrCreate"}}
+        if cache.host_path is not None
+        else {"emptyDir": {"sizeLimit": cache.size_limit} if cache.size_limit else {}}
+    )
+    container["volumeMounts"] = [
+        {"name": "tmp", "mountPath": TMP_MOUNT},
+        {"name": "engine-cache", "mountPath": ENGINE_CACHE_MOUNT},
+    ]
+    container["securityContext"] = CONTAINER_SECURITY
     pod_spec: dict[str, Any] = {
         "containers": [container],
         # Hundreds of Services in a namespace would otherwise flood every pod's environment.
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": 30,
+        "securityContext": POD_SECURITY,
+        "volumes": [{"name": "tmp", "emptyDir": {}}, {"name": "engine-cache", **engine_cache}],
     }
     if pool.runtime.node_selector:
         pod_spec["nodeSelector"] = dict(pool.runtime.node_selector)
@@ -590,10 +628,14 @@ def _gateway_deployment(isvc: InferenceService) -> dict[str, Any]:
         container["resources"] = {
             k: v for k, v in (("requests", requests), ("limits", limits)) if v
         }
+    container["volumeMounts"] = [{"name": "tmp", "mountPath": TMP_MOUNT}]
+    container["securityContext"] = CONTAINER_SECURITY
     pod_spec: dict[str, Any] = {
         "containers": [container],
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": 30,
+        "securityContext": POD_SECURITY,
+        "volumes": [{"name": "tmp", "emptyDir": {}}],
     }
     if isvc.spec.runtime.node_selector:
         pod_spec["nodeSelector"] = dict(isvc.spec.runtime.node_selector)
