@@ -19,6 +19,8 @@ def _config(args: argparse.Namespace, state_dir: Path | None) -> SandboxConfig:
         nodes=args.nodes,
         gpus_per_node=args.gpus,
         fake_nodes=args.fake_nodes,
+        real_node=args.real_node,
+        real_node_gpus=args.gpus,
         state_dir=state_dir,
         keep_state=state_dir is not None,
     )
@@ -63,6 +65,17 @@ def cmd_build(_args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_images(_args: argparse.Namespace) -> int:
+    from tidal.sandbox.images import build_project_images
+    from tidal.sandbox.realnode import ensure_node_binaries
+
+    built = build_project_images(ensure_node_binaries().bin)
+    for key, image in vars(built).items():
+        how = f"built in {image.seconds:.0f} s" if image.seconds else "reused"
+        print(f"{key:12} {image.name:55} {how:16} {image.archive}")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from tidal.sandbox.demo import run_demo
 
@@ -77,6 +90,12 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--nodes", type=int, default=2)
     up.add_argument("--gpus", type=int, default=2, help="nvidia.com/gpu per node")
     up.add_argument("--fake-nodes", type=int, default=0)
+    up.add_argument(
+        "--real-node",
+        action="store_true",
+        help="a real node (kubelet, containerd, kube-proxy, CoreDNS) with the project's images; "
+        "use --nodes 0 for it alone",
+    )
     up.set_defaults(fn=cmd_up)
     down = sub.add_parser("down", help="stop the sandbox started by `up`")
     down.add_argument(
@@ -85,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     down.set_defaults(fn=cmd_down)
     build = sub.add_parser("build", help="build or locate the control-plane binaries")
     build.set_defaults(fn=cmd_build)
+    images = sub.add_parser("images", help="build (or reuse) the project's container images")
+    images.set_defaults(fn=cmd_images)
     demo = sub.add_parser("demo", help="run the demo on a fresh sandbox")
     demo.add_argument("--keep", action="store_true", help="keep the sandbox running afterwards")
     demo.set_defaults(fn=cmd_demo)

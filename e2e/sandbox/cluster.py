@@ -47,6 +47,10 @@ class SandboxConfig:
     state_dir: Path | None = None
     keep_state: bool = False
     extra_pod_path: Sequence[str] = field(default_factory=tuple)
+    # A real node (kubelet + containerd + kube-proxy + CoreDNS, realnode.py) with this many
+    # nvidia.com/gpu; the project's images are built and imported first. One per machine.
+    real_node: bool = False
+    real_node_gpus: int = 2
 
 
 class SandboxError(RuntimeError):
@@ -68,6 +72,11 @@ class Sandbox:
         self.prometheus_port = 0
         self.processes: list[ManagedProcess] = []
         self.started_seconds: float | None = None
+        # Where the API server and Prometheus listen: the real node's bridge address, so its
+        # pods reach them (the `kubernetes` Service, a chart's prometheus.url), else loopback.
+        self.host = "127.0.0.1"
+        self.node: Any = None
+        self.images: Any = None
 
     # -- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> Sandbox:
@@ -83,15 +92,20 @@ class Sandbox:
             self.binaries = ensure_binaries()
             self.state_dir.mkdir(parents=True, exist_ok=True)
             self.pki = make_pki(self.state_dir / "pki")
+            if self.config.real_node:
+                self._prepare_real_node()
             self._start_etcd()
             self._start_apiserver()
             self._write_kubeconfig()
             self._start_controller_manager()
             self._start_scheduler()
-            self._start_node_agent()
+            if self.config.nodes or self.config.fake_nodes:
+                self._start_node_agent()
             if self.config.prometheus:
                 self._start_prometheus()
             self._wait_cluster_usable()
+            if self.node is not None:
+                self._start_real_node()
         except BaseException:
             self.stop()
             raise
@@ -101,6 +115,9 @@ class Sandbox:
 
     def stop(self) -> None:
         """Stop every component, newest first; remove the state unless asked to keep it."""
+        if self.node is not None:
+            self.node.stop()
+            self.node = None
         for proc in reversed(self.processes):
             # The node agent stops its pods on SIGTERM, so it gets time to honour grace periods.
             proc.stop(grace=40.0 if proc.name == "node-agent" else 10.0)
@@ -119,6 +136,8 @@ class Sandbox:
             "logs": str(self.log_dir),
             "pids": {p.name: p.pid for p in self.processes},
             "kubernetesVersion": K8S_VERSION,
+            "realNode": self.node is not None,
+            "images": {k: v.name for k, v in vars(self.images).items()} if self.images else None,
         }
 
     # -- faults ----------------------------------------------------------------------------
@@ -152,11 +171,11 @@ class Sandbox:
     # -- access ----------------------------------------------------------------------------
     @property
     def api_url(self) -> str:
-        return f"https://127.0.0.1:{self.api_port}"
+        return f"https://{self.host}:{self.api_port}"
 
     @property
     def prometheus_url(self) -> str:
-        return f"http://127.0.0.1:{self.prometheus_port}"
+        return f"http://{self.host}:{self.prometheus_port}"
 
     @property
     def env(self) -> dict[str, str]:
@@ -221,7 +240,10 @@ class Sandbox:
         return client.ApiClient(configuration)
 
     def pod_log(self, namespace: str, pod: str, container: str | None = None) -> str:
-        """The node agent's log of a pod's container (``kubectl logs`` needs a kubelet)."""
+        """A pod's container log: ``kubectl logs`` on a real node, else the node agent's file."""
+        if self.node is not None:
+            args = ["logs", "-n", namespace, pod] + ([f"-c={container}"] if container else [])
+            return self.kubectl(*args, check=False).stdout
         pods = self.state_dir / "pods"
         matches = sorted(pods.glob(f"{namespace}_{pod}_*/{container or '*'}.log"))
         return "\n".join(p.read_text(errors="replace") for p in matches)
@@ -277,8 +299,28 @@ class Sandbox:
 
     def _start_apiserver(self) -> None:
         assert self.binaries is not None and self.pki is not None
-        self.api_port = free_port()
+        self.api_port = free_port(self.host)
         pki = self.pki
+        if self.node is not None:
+            # Pods reach the API server through the `kubernetes` Service, whose endpoint is the
+            # advertised bridge address; kubelets are authorised by the Node authorizer.
+            where = [
+                f"--bind-address={self.host}",
+                f"--advertise-address={self.host}",
+                "--authorization-mode=Node,RBAC",
+                "--enable-admission-plugins=NodeRestriction",
+                f"--kubelet-client-certificate={pki.admin_cert}",
+                f"--kubelet-client-key={pki.admin_key}",
+                "--kubelet-preferred-address-types=InternalIP",
+            ]
+        else:
+            where = [
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                # The loopback address may not back the `kubernetes` Service endpoints.
+                "--endpoint-reconciler-type=none",
+                "--authorization-mode=RBAC",
+            ]
         self._spawn(
             "kube-apiserver",
             [
@@ -289,12 +331,8 @@ class Sandbox:
                 f"--tls-private-key-file={pki.serving_key}",
                 f"--client-ca-file={pki.ca_cert}",
                 f"--secure-port={self.api_port}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
-                # The loopback address may not back the `kubernetes` Service endpoints.
-                "--endpoint-reconciler-type=none",
+                *where,
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
-                "--authorization-mode=RBAC",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 f"--service-account-key-file={pki.sa_pub}",
                 f"--service-account-signing-key-file={pki.sa_key}",
@@ -391,6 +429,60 @@ class Sandbox:
             ],
         )
 
+    def _prepare_real_node(self) -> None:
+        """Node binaries and images (built or reused), then the host's network for the node:
+        before the API server, which listens on the bridge address."""
+        from tidal.sandbox.images import build_project_images
+        from tidal.sandbox.realnode import NODE_IP, RealNode, ensure_node_binaries
+
+        bins = ensure_node_binaries()
+        self.images = build_project_images(bins.bin)
+        assert self.pki is not None
+        self.host = NODE_IP
+        self.node = RealNode(
+            api_url=f"https://{NODE_IP}:0",  # the port is known once the API server runs
+            pki=self.pki,
+            log_dir=self.log_dir,
+            gpus=self.config.real_node_gpus,
+        )
+        self.node.prepare_host()
+
+    def _start_real_node(self) -> None:
+        """containerd with the images, kubelet, kube-proxy; GPUs advertised; cluster DNS and an
+        in-cluster name for Prometheus (``http://prometheus.tidal-sandbox:9090``)."""
+        from kubernetes import client
+
+        from tidal.sandbox import realnode
+
+        node = self.node
+        node.api_url = self.api_url
+        node.start(self.images.archives())
+        api = client.CoreV1Api(self.api_client())
+
+        def alive() -> None:
+            self._check_alive()
+            for proc in node.processes.values():
+                if not proc.alive():
+                    raise SandboxError(f"{proc.name} exited; {proc.log_path}:\n{proc.tail(20)}")
+
+        realnode.wait_node_ready(api, timeout=120, check=alive)
+        realnode.advertise_gpus(api, self.config.real_node_gpus)
+        manifests = realnode.cluster_dns_manifests(self.images.coredns.name)
+        if self.config.prometheus:
+            manifests += realnode.external_service_manifests(
+                "tidal-sandbox", "prometheus", 9090, self.host, self.prometheus_port
+            )
+        self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(manifests))
+        self.kubectl(
+            "-n",
+            "kube-system",
+            "rollout",
+            "status",
+            "deployment/coredns",
+            "--timeout=120s",
+            timeout=150,
+        )
+
     def _start_node_agent(self) -> None:
         c = self.config
         pod_path = [*c.extra_pod_path, str(Path(sys.executable).parent)]
@@ -415,7 +507,7 @@ class Sandbox:
 
     def _start_prometheus(self) -> None:
         assert self.binaries is not None and self.pki is not None
-        self.prometheus_port = free_port()
+        self.prometheus_port = free_port(self.host)
         targets = self.state_dir / "prometheus-targets.json"
         self._spawn(
             "pod-discovery",
@@ -438,7 +530,7 @@ class Sandbox:
                 str(self.binaries.prometheus),
                 f"--config.file={config_path}",
                 f"--storage.tsdb.path={self.state_dir / 'prometheus-data'}",
-                f"--web.listen-address=127.0.0.1:{self.prometheus_port}",
+                f"--web.listen-address={self.host}:{self.prometheus_port}",
                 "--web.enable-lifecycle",
                 "--storage.tsdb.retention.time=6h",
                 "--log.level=warn",

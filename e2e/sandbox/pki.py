@@ -110,6 +110,8 @@ def make_pki(directory: Path) -> Pki:
         x509.DNSName("kubernetes.default.svc.cluster.local"),
         x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
         x509.IPAddress(ipaddress.ip_address("10.96.0.1")),
+        # The real node's bridge address, where the API server listens for pods (realnode.py).
+        x509.IPAddress(ipaddress.ip_address("10.245.0.1")),
     ]
     serving_cert = _cert(
         x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]),
@@ -148,4 +150,31 @@ def make_pki(directory: Path) -> Pki:
         admin_key=_write(directory / "admin.key", _key_pem(admin_key)),
         sa_key=_write(directory / "sa.key", _key_pem(sa_key)),
         sa_pub=_write(directory / "sa.pub", sa_pub),
+    )
+
+
+def issue_client_cert(pki: Pki, directory: Path, common_name: str, group: str) -> tuple[Path, Path]:
+    """A client certificate for ``common_name`` in ``group``, signed by the sandbox CA: a node's
+    identity (``system:node:<name>`` in ``system:nodes``), kube-proxy's (``system:kube-proxy``)."""
+    pem = serialization.Encoding.PEM
+    ca_cert = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
+    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    key = ec.generate_private_key(ec.SECP256R1())
+    attrs = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
+    if group:
+        attrs.insert(0, x509.NameAttribute(NameOID.ORGANIZATION_NAME, group))
+    cert = _cert(
+        x509.Name(attrs),
+        ca_cert.subject,
+        key.public_key(),
+        ca_key,
+        ca=False,
+        usages=[ExtendedKeyUsageOID.CLIENT_AUTH],
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    stem = common_name.replace(":", "-")
+    return (
+        _write(directory / f"{stem}.crt", cert.public_bytes(pem)),
+        _write(directory / f"{stem}.key", _key_pem(key)),
     )

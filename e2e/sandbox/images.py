@@ -1,0 +1,353 @@
+"""Container images for the real node, built here the way a release builds them — no registry.
+
+* ``debian-python``: a Debian minbase root filesystem with Python, made by ``mmdebstrap`` from
+  the Debian mirror this machine's apt uses; it stands in for ``python:3.12-slim-bookworm``,
+  which cannot be pulled here, and is passed to the Dockerfiles as ``PYTHON_IMAGE``.
+* ``pause`` and ``coredns``: one static binary each, wrapped into an OCI image layout.
+* the project's images, from its own Dockerfiles (``images/*.Dockerfile``) with Debian's
+  ``buildah``, on that base; ``pip`` inside the build reaches PyPI with this machine's CA bundle.
+
+Every image ends as an ``oci-archive`` tarball in the cache (``~/.cache/tidal/images``), named by
+a digest of its inputs (the Dockerfile and the files of its build context), so an unchanged
+image is not built again, and a changed one always is. The real node imports the tarballs into
+containerd (:meth:`tidal.sandbox.realnode.RealNode.import_image`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import subprocess
+import tarfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tidal.sandbox.binaries import cache_root
+
+REPO = Path(__file__).resolve().parents[2]
+BASE_IMAGE = "localhost/tidal/debian-python:bookworm"
+OPERATOR_IMAGE = "localhost/tidal/operator"
+RUNTIME_CPU_IMAGE = "localhost/tidal/runtime-cpu"
+# Bump to rebuild the base when its recipe changes.
+BASE_RECIPE = "bookworm minbase python3 python3-venv python-is-python3 ca-certificates v2"
+
+
+class ImageBuildError(RuntimeError):
+    """An image could not be built; the message has the builder's output."""
+
+
+@dataclass(frozen=True)
+class BuiltImage:
+    name: str  # full reference, e.g. localhost/tidal/operator:3f2a…
+    archive: Path  # oci-archive tarball
+    seconds: float  # build time (0 when reused)
+
+
+def images_dir() -> Path:
+    d = cache_root() / "images"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def _buildah_env() -> dict[str, str]:
+    """buildah with storage and configuration of its own, under the cache."""
+    root = cache_root() / "buildah"
+    (root / "tmp").mkdir(parents=True, exist_ok=True)
+    storage = root / "storage.conf"
+    storage.write_text(
+        f'[storage]\ndriver = "overlay"\ngraphroot = "{root / "storage"}"\n'
+        f'runroot = "{root / "run"}"\n'
+    )
+    registries = root / "registries.conf"
+    # No registry is reachable: never expand short names, never search.
+    registries.write_text('unqualified-search-registries = []\nshort-name-mode = "disabled"\n')
+    policy = root / "policy.json"
+    policy.write_text(json.dumps({"default": [{"type": "insecureAcceptAnything"}]}))
+    containers = root / "containers.conf"
+    containers.write_text(
+        '[engine]\ncgroup_manager = "cgroupfs"\nevents_logger = "file"\n'
+        f'events_logfile_path = "{root / "events.log"}"\n'
+    )
+    return {
+        **os.environ,
+        "CONTAINERS_STORAGE_CONF": str(storage),
+        "CONTAINERS_REGISTRIES_CONF": str(registries),
+        "CONTAINERS_CONF": str(containers),
+        "TMPDIR": str(root / "tmp"),
+        "BUILDAH_ISOLATION": "chroot",
+    }
+
+
+def _policy_flag() -> str:
+    return f"--signature-policy={cache_root() / 'buildah' / 'policy.json'}"
+
+
+def _run(argv: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> str:
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=cwd, check=False)
+    if done.returncode != 0:
+        out = (done.stdout + done.stderr)[-4000:]
+        raise ImageBuildError(f"{' '.join(argv[:3])} … exited {done.returncode}:\n{out}")
+    return done.stdout
+
+
+def oci_archive(layer_tar: Path, name: str, out: Path, *, entrypoint: list[str], user: str) -> Path:
+    """Wrap one uncompressed layer into an OCI image layout tarball (what ``ctr images import``
+    and ``buildah pull oci-archive:`` read)."""
+    layer = layer_tar.read_bytes()
+    layer_hex = hashlib.sha256(layer).hexdigest()
+    config = {
+        "architecture": "amd64",
+        "os": "linux",
+        "config": {
+            "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+            "Entrypoint": entrypoint,
+            "User": user,
+            "WorkingDir": "/",
+        },
+        "rootfs": {"type": "layers", "diff_ids": [f"sha256:{layer_hex}"]},
+        # One history entry per layer: buildah's layer cache checks that they agree.
+        "history": [{"created_by": f"tidal.sandbox.images: {name}"}],
+    }
+    config_b = json.dumps(config, separators=(",", ":")).encode()
+    config_hex = hashlib.sha256(config_b).hexdigest()
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {
+            "mediaType": "application/vnd.oci.image.config.v1+json",
+            "digest": f"sha256:{config_hex}",
+            "size": len(config_b),
+        },
+        "layers": [
+            {
+                "mediaType": "application/vnd.oci.image.layer.v1.tar",
+                "digest": f"sha256:{layer_hex}",
+                "size": len(layer),
+            }
+        ],
+    }
+    manifest_b = json.dumps(manifest, separators=(",", ":")).encode()
+    manifest_hex = hashlib.sha256(manifest_b).hexdigest()
+    index = {
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": [
+            {
+                "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "digest": f"sha256:{manifest_hex}",
+                "size": len(manifest_b),
+                "platform": {"architecture": "amd64", "os": "linux"},
+                "annotations": {
+                    "io.containerd.image.name": name,
+                    "org.opencontainers.image.ref.name": name.rsplit(":", 1)[-1],
+                },
+            }
+        ],
+    }
+    tmp = out.with_suffix(".partial")
+    with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as t:
+        for path, data in (
+            ("oci-layout", b'{"imageLayoutVersion":"1.0.0"}'),
+            ("index.json", json.dumps(index).encode()),
+            (f"blobs/sha256/{config_hex}", config_b),
+            (f"blobs/sha256/{manifest_hex}", manifest_b),
+            (f"blobs/sha256/{layer_hex}", layer),
+        ):
+            info = tarfile.TarInfo(path)
+            info.size, info.mode = len(data), 0o644
+            t.addfile(info, io.BytesIO(data))
+    tmp.replace(out)
+    return out
+
+
+def binary_image(binary: Path, name: str, *, user: str = "65532:65532") -> BuiltImage:
+    """An image holding one static binary at ``/<name of the binary>``."""
+    digest = hashlib.sha256(binary.read_bytes() + name.encode()).hexdigest()[:16]
+    out = images_dir() / f"{binary.name}-{digest}.oci.tar"
+    if out.exists():
+        return BuiltImage(name, out, 0.0)
+    t0 = time.monotonic()
+    layer = out.with_suffix(".layer")
+    with tarfile.open(layer, "w", format=tarfile.PAX_FORMAT) as t:
+        info = t.gettarinfo(str(binary), arcname=binary.name)
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        info.mode = 0o755
+        with binary.open("rb") as f:
+            t.addfile(info, f)
+    try:
+        oci_archive(layer, name, out, entrypoint=[f"/{binary.name}"], user=user)
+    finally:
+        layer.unlink(missing_ok=True)
+    return BuiltImage(name, out, time.monotonic() - t0)
+
+
+def base_image() -> BuiltImage:
+    """Debian bookworm minbase with Python 3, from the mirror apt already uses (mmdebstrap)."""
+    digest = hashlib.sha256(BASE_RECIPE.encode()).hexdigest()[:16]
+    out = images_dir() / f"debian-python-{digest}.oci.tar"
+    if out.exists():
+        return BuiltImage(BASE_IMAGE, out, 0.0)
+    t0 = time.monotonic()
+    rootfs = out.with_suffix(".rootfs.tar")
+    mirror = _apt_mirror()
+    env = {**os.environ, "TMPDIR": str(images_dir())}
+    _run(
+        [
+            "mmdebstrap",
+            "--variant=minbase",
+            "--mode=root",
+            "--include=python3,python3-venv,python-is-python3,ca-certificates",
+            '--aptopt=Acquire::Check-Valid-Until "false"',
+            "--dpkgopt=path-exclude=/usr/share/doc/*",
+            "--dpkgopt=path-exclude=/usr/share/man/*",
+            "--dpkgopt=path-exclude=/usr/share/locale/*",
+            '--customize-hook=rm -f "$1"/etc/apt/apt.conf.d/99mmdebstrap',
+            "bookworm",
+            str(rootfs),
+            f"deb {mirror} bookworm main",
+        ],
+        env=env,
+    )
+    try:
+        oci_archive(rootfs, BASE_IMAGE, out, entrypoint=[], user="")
+    finally:
+        rootfs.unlink(missing_ok=True)
+    return BuiltImage(BASE_IMAGE, out, time.monotonic() - t0)
+
+
+def _apt_mirror() -> str:
+    """The Debian mirror this machine's apt uses (nothing else is contacted)."""
+    for path in sorted(Path("/etc/apt/sources.list.d").glob("*.sources")):
+        for line in path.read_text().splitlines():
+            if line.startswith("URIs:"):
+                return line.split()[1]
+    for line in Path("/etc/apt/sources.list").read_text().splitlines():
+        parts = line.split()
+        if parts[:1] == ["deb"]:
+            return parts[1] if not parts[1].startswith("[") else parts[2]
+    raise ImageBuildError("no Debian mirror found in apt's sources")
+
+
+def context_digest(dockerfile: Path) -> str:
+    """A digest of the Dockerfile and every file its build context lets in (``git ls-files``
+    filtered by the ``.dockerignore`` beside it: ``*`` then ``!path`` lines)."""
+    ignore = dockerfile.with_name(dockerfile.name + ".dockerignore")
+    allowed = [line[1:] for line in ignore.read_text().splitlines() if line.startswith("!")]
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "--", *allowed],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=True,
+    ).stdout.split()
+    h = hashlib.sha256(dockerfile.read_bytes())
+    for rel in sorted(files):
+        path = REPO / rel
+        if path.is_file() and "__pycache__" not in rel:
+            h.update(rel.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _pip_conf() -> Path:
+    """pip inside the build trusts what this machine's pip trusts (its CA bundle, its index)."""
+    conf = cache_root() / "buildah" / "pip.conf"
+    lines = ["[global]", "cert = /etc/ssl/certs/ca-certificates.crt", "timeout = 180"]
+    if os.environ.get("PIP_INDEX_URL"):
+        lines.append(f"index-url = {os.environ['PIP_INDEX_URL']}")
+    conf.write_text("\n".join(lines) + "\n")
+    return conf
+
+
+def dockerfile_image(dockerfile: Path, repository: str, base: BuiltImage) -> BuiltImage:
+    """``buildah bud`` of one of the project's Dockerfiles on the local base image."""
+    tag = context_digest(dockerfile)
+    name = f"{repository}:{tag}"
+    out = images_dir() / f"{repository.rsplit('/', 1)[-1]}-{tag}.oci.tar"
+    if out.exists():
+        return BuiltImage(name, out, 0.0)
+    t0 = time.monotonic()
+    env = _buildah_env()
+    policy = _policy_flag()
+    _run(["buildah", "pull", policy, f"oci-archive:{base.archive}"], env=env)
+    _run(["buildah", "tag", _image_id(base.archive, env), base.name], env=env)
+    ca = "/etc/ssl/certs/ca-certificates.crt"
+    _run(
+        [
+            "buildah",
+            "bud",
+            policy,
+            "--pull=never",
+            "--network=host",
+            "--isolation=chroot",
+            "--layers=true",
+            "--format=oci",
+            f"--volume={ca}:{ca}:ro",
+            f"--volume={_pip_conf()}:/etc/pip.conf:ro",
+            f"--build-arg=PYTHON_IMAGE={base.name}",
+            "-f",
+            str(dockerfile),
+            "-t",
+            name,
+            ".",
+        ],
+        env=env,
+        cwd=REPO,
+    )
+    tmp = out.with_suffix(".partial")
+    tmp.unlink(missing_ok=True)
+    _run(["buildah", "push", policy, name, f"oci-archive:{tmp}:{name}"], env=env)
+    tmp.replace(out)
+    _run(["buildah", "rmi", name], env=env)
+    return BuiltImage(name, out, time.monotonic() - t0)
+
+
+def _image_id(archive: Path, env: dict[str, str]) -> str:
+    """The id buildah gave an image pulled from ``archive`` (its config digest)."""
+    with tarfile.open(archive) as t:
+        index = json.load(t.extractfile("index.json"))  # type: ignore[arg-type]
+        manifest_digest = index["manifests"][0]["digest"].split(":")[1]
+        manifest = json.load(t.extractfile(f"blobs/sha256/{manifest_digest}"))  # type: ignore[arg-type]
+    return str(manifest["config"]["digest"].split(":")[1])
+
+
+@dataclass(frozen=True)
+class ProjectImages:
+    pause: BuiltImage
+    coredns: BuiltImage
+    base: BuiltImage
+    operator: BuiltImage
+    runtime_cpu: BuiltImage
+
+    def archives(self) -> list[Path]:
+        return [
+            self.pause.archive,
+            self.coredns.archive,
+            self.base.archive,
+            self.operator.archive,
+            self.runtime_cpu.archive,
+        ]
+
+    def timings(self) -> dict[str, float]:
+        return {
+            k: round(getattr(self, k).seconds, 1)
+            for k in ("pause", "coredns", "base", "operator", "runtime_cpu")
+        }
+
+
+def build_project_images(node_bin: Path) -> ProjectImages:
+    from tidal.sandbox.realnode import PAUSE_IMAGE
+
+    base = base_image()
+    return ProjectImages(
+        pause=binary_image(node_bin / "pause", PAUSE_IMAGE),
+        coredns=binary_image(node_bin / "coredns", "localhost/tidal/coredns:sandbox"),
+        base=base,
+        operator=dockerfile_image(REPO / "images" / "operator.Dockerfile", OPERATOR_IMAGE, base),
+        runtime_cpu=dockerfile_image(
+            REPO / "images" / "runtime-cpu.Dockerfile", RUNTIME_CPU_IMAGE, base
+        ),
+    )

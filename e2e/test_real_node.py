@@ -1,0 +1,636 @@
+"""The user's journey on a real node: built images, kubelet + containerd, kube-proxy, CoreDNS.
+
+One sandbox with a real node (``SandboxConfig(real_node=True)``: no node agent) for this module.
+The steps run in order and build on each other, as a user's first hour does:
+
+1. the node is a real kubelet with ``nvidia.com/gpu``; pods resolve names through CoreDNS and have
+   no default route; every console script of both images starts, as non-root on a read-only
+   root filesystem, and neither image holds the sandbox;
+2. ``helm install`` of the chart with the built operator image: the operator runs in a pod with
+   the chart's RBAC and in-cluster config, leader election on;
+3. ``kubectl apply`` of the single-model example (engines fetched over HTTP from a model store
+   in the cluster into the node-local engine cache): Ready, and answered through the Service's
+   ClusterIP from a client pod;
+4. a replaced pod finds its engine in the node cache (no second download);
+5. a surge is scaled up, new replicas get traffic only once kubelet's readiness probe passes,
+   and the scale-down after it drains on SIGTERM: no request lost;
+6. a runtime container OOM-killed under its memory limit, and a kubelet restart: the service
+   keeps answering;
+7. the fleet example behind its gateway; the rollout example rolled back to its baseline;
+8. ``kubectl logs`` of every component.
+
+Client pods retry a refused or reset connection once, as client libraries do when an endpoint
+goes away mid-update; every other failure counts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tidal.runtime.modelgen import write_mlp
+from tidal.runtime.storage import sha256_file
+from tidal.sandbox import Sandbox, SandboxConfig
+from tidal.sandbox.incluster import client_pod, command_pod, last_json_line, model_store
+from tidal.sandbox.operatorproc import condition, get_isvc
+from tidal.sandbox.realnode import GPU_RESOURCE, NODE_NAME, STATE_DIR
+from tidal.sandbox.wait import wait_for
+
+pytestmark = [pytest.mark.sandbox, pytest.mark.realnode, pytest.mark.timeout(900)]
+
+REPO = Path(__file__).resolve().parents[1]
+NS = "journey"
+RELEASE_NS = "tidal-system"
+MODELS_DIR = STATE_DIR / "journey-models"  # on the node: hostPath of the model store
+CACHE_DIR = STATE_DIR / "engine-cache"  # on the node: the runtime pods' engine cache
+RUNTIME_UID = 65532
+INFER = {"inputs": [{"name": "input", "shape": [1, 16], "datatype": "FP32", "data": [0.5] * 16}]}
+
+
+# -- fixtures --------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
+    keep = os.environ.get("TIDAL_KEEP_SANDBOX") == "1"
+    state = tmp_path_factory.mktemp("realnode") if keep else None
+    config = SandboxConfig(nodes=0, fake_nodes=0, real_node=True, state_dir=state, keep_state=keep)
+    with Sandbox(config) as sb:
+        sb.kubectl("create", "namespace", NS)
+        wait_for(
+            lambda: sb.kubectl("get", "sa", "default", "-n", NS, check=False).returncode == 0,
+            timeout=60,
+            what="the journey namespace's default service account",
+        )
+        yield sb
+
+
+@pytest.fixture(scope="module")
+def models(real: Sandbox) -> dict[str, str]:
+    """Engine files on the node, served by the in-cluster model store: name -> sha256."""
+    MODELS_DIR.mkdir(parents=True, exist_ok=True)
+    MODELS_DIR.chmod(0o755)
+    out = {}
+    for i, name in enumerate(
+        ["mlp-small", "search", "recommend", "fraud", "classifier-v1", "classifier-v2"]
+    ):
+        path = MODELS_DIR / f"{name}.onnx"
+        write_mlp(path, seed=i + 1)
+        path.chmod(0o644)
+        out[name] = sha256_file(path)
+    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    os.chown(CACHE_DIR, RUNTIME_UID, RUNTIME_UID)
+    runtime_image = real.images.runtime_cpu.name
+    apply_docs(real, model_store(runtime_image, str(MODELS_DIR)), NS)
+    real.kubectl("-n", NS, "rollout", "status", "deployment/models", "--timeout=120s", timeout=150)
+    return out
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+def apply_docs(sb: Sandbox, docs: list[dict[str, Any]], namespace: str) -> None:
+    sb.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump_all(docs))
+
+
+def run_pod(sb: Sandbox, pod: dict[str, Any], timeout: float) -> str:
+    """Run a pod to completion in the journey namespace; its log (assert it Succeeded)."""
+    name = pod["metadata"]["name"]
+    sb.kubectl("delete", "pod", name, "-n", NS, "--ignore-not-found", "--wait=true")
+    apply_docs(sb, [pod], NS)
+
+    def finished() -> str | None:
+        phase = sb.kubectl(
+            "get", "pod", name, "-n", NS, "-o", "jsonpath={.status.phase}", check=False
+        ).stdout
+        return phase if phase in ("Succeeded", "Failed") else None
+
+    phase = wait_for(finished, timeout=timeout, interval=0.5, what=f"pod {name} to finish")
+    log = sb.kubectl("logs", "-n", NS, name, check=False).stdout
+    assert phase == "Succeeded", f"pod {name} {phase}:\n{log[-3000:]}\n{describe(sb, name)}"
+    return log
+
+
+def start_client(
+    sb: Sandbox, name: str, url: str, body: dict[str, Any], rate: float, seconds: float
+) -> None:
+    sb.kubectl("delete", "pod", name, "-n", NS, "--ignore-not-found", "--wait=true")
+    apply_docs(
+        sb,
+        [client_pod(name, sb.images.runtime_cpu.name, url, body, rate=rate, seconds=seconds)],
+        NS,
+    )
+    wait_for(
+        lambda: (
+            sb.kubectl(
+                "get", "pod", name, "-n", NS, "-o", "jsonpath={.status.phase}", check=False
+            ).stdout
+            in ("Running", "Succeeded")
+        ),
+        timeout=60,
+        interval=0.3,
+        what=f"client pod {name} running",
+    )
+
+
+def client_summary(sb: Sandbox, name: str, timeout: float) -> dict[str, Any]:
+    def finished() -> str | None:
+        phase = sb.kubectl(
+            "get", "pod", name, "-n", NS, "-o", "jsonpath={.status.phase}", check=False
+        ).stdout
+        return phase if phase in ("Succeeded", "Failed") else None
+
+    phase = wait_for(finished, timeout=timeout, interval=0.5, what=f"client {name} to finish")
+    log = sb.kubectl("logs", "-n", NS, name, check=False).stdout
+    assert phase == "Succeeded", f"client {name} {phase}:\n{log[-3000:]}"
+    return last_json_line(log)
+
+
+def assert_all_answered(summary: dict[str, Any], what: str, context: str = "") -> None:
+    codes = summary["codes"]
+    assert set(codes) == {"200"} and codes["200"] == summary["sent"], (
+        f"{what}: not every request was answered 200: {codes}; first failures "
+        f"{summary['failed'][:10]}; per second {summary['per_second']}\n{context}"
+    )
+
+
+def describe(sb: Sandbox, *pods: str) -> str:
+    return sb.kubectl("describe", "pod", "-n", NS, *pods, check=False).stdout[-4000:]
+
+
+def isvc_url(name: str, model: str, port: int = 8080) -> str:
+    return f"http://{name}.{NS}.svc.cluster.local:{port}/v2/models/{model}/infer"
+
+
+def model_uri(name: str) -> str:
+    return f"http://models.{NS}.svc.cluster.local:8000/{name}.onnx"
+
+
+def example(sb: Sandbox, file: str, models: dict[str, str]) -> dict[str, Any]:
+    """An example manifest as a user adapts it to this cluster: the runtime image built here,
+    engines served by the model store (with their sha256), the node-local engine cache, CPU
+    requests that fit one 2-core node, and one ONNX Runtime thread per pod."""
+    doc = yaml.safe_load((REPO / "examples" / file).read_text())
+    spec = doc["spec"]
+    runtime = spec.setdefault("runtime", {})
+    runtime["image"] = sb.images.runtime_cpu.name
+    runtime["engineCache"] = {"hostPath": str(CACHE_DIR)}
+    runtime["resources"] = {
+        "requests": {"cpu": "100m", "memory": "256Mi"},
+        "limits": {"memory": "1Gi"},
+    }
+    env = {e["name"]: e["value"] for e in runtime.get("env", [])}
+    env["OMP_NUM_THREADS"] = "1"
+    runtime["env"] = [{"name": k, "value": v} for k, v in env.items()]
+
+    def rewrite(model_list: list[dict[str, Any]]) -> None:
+        for model in model_list:
+            for engine in model["engines"]:
+                stem = engine["uri"].rsplit("/", 1)[-1].removesuffix(".onnx")
+                engine["uri"] = model_uri(stem)
+                engine["sha256"] = models[stem]
+
+    rewrite(spec["models"])
+    baseline = (spec.get("rollout") or {}).get("baseline") or {}
+    rewrite(baseline.get("models") or [])
+    return doc
+
+
+def wait_ready(sb: Sandbox, name: str, timeout: float = 240) -> dict[str, Any]:
+    def ready() -> dict[str, Any] | None:
+        body = get_isvc(sb, NS, name)
+        return body if condition(body, "Ready").get("status") == "True" else None
+
+    try:
+        return wait_for(ready, timeout=timeout, interval=1.0, what=f"{name} Ready")
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}\n{diagnostics(sb, name)}") from None
+
+
+def diagnostics(sb: Sandbox, name: str) -> str:
+    status = json.dumps(get_isvc(sb, NS, name).get("status"), indent=1)[-3000:]
+    pods = sb.kubectl("get", "pods", "-n", NS, "-o", "wide", check=False).stdout
+    events = sb.kubectl("get", "events", "-n", NS, "--sort-by=.lastTimestamp", check=False).stdout[
+        -3000:
+    ]
+    return f"status: {status}\npods:\n{pods}\nevents:\n{events}\noperator:\n{operator_log(sb)}"
+
+
+def operator_log(sb: Sandbox) -> str:
+    return sb.kubectl(
+        "logs", "-n", RELEASE_NS, "-l", "app.kubernetes.io/name=tidal", "--tail=60", check=False
+    ).stdout
+
+
+def runtime_pods(sb: Sandbox, name: str, pool: str = "primary") -> list[dict[str, Any]]:
+    out = sb.kubectl(
+        "get",
+        "pods",
+        "-n",
+        NS,
+        "-l",
+        f"serving.tidal.dev/inferenceservice={name},serving.tidal.dev/pool={pool}",
+        "-o",
+        "json",
+    )
+    return [
+        p for p in json.loads(out.stdout)["items"] if not p["metadata"].get("deletionTimestamp")
+    ]
+
+
+def pod_ready(pod: dict[str, Any]) -> bool:
+    return any(
+        c["type"] == "Ready" and c["status"] == "True"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
+
+
+def downloads(sb: Sandbox, file: str) -> int:
+    log = sb.kubectl("logs", "-n", NS, "deployment/models", check=False).stdout
+    return sum(1 for line in log.splitlines() if f"GET /{file} " in line and '" 200 ' in line)
+
+
+# -- 1. the node and the images --------------------------------------------------------------------
+def test_node_is_a_real_kubelet_with_gpus_dns_and_no_way_out(real: Sandbox) -> None:
+    node = json.loads(real.kubectl("get", "node", NODE_NAME, "-o", "json").stdout)
+    info = node["status"]["nodeInfo"]
+    assert info["containerRuntimeVersion"].startswith("containerd://2."), info
+    assert info["kubeletVersion"].startswith("v1."), info
+    wait_for(
+        lambda: (
+            json.loads(real.kubectl("get", "node", NODE_NAME, "-o", "json").stdout)["status"][
+                "allocatable"
+            ].get(GPU_RESOURCE)
+            == "2"
+        ),
+        timeout=60,
+        what="nvidia.com/gpu in the node's allocatable",
+    )
+    script = (
+        "import socket, json;"
+        "routes = [l.split()[1] for l in open('/proc/net/route').read().splitlines()[1:]];"
+        "name = socket.gethostbyname;"
+        "print(json.dumps({'kubernetes': name('kubernetes.default.svc.cluster.local'),"
+        " 'dns': name('kube-dns.kube-system.svc.cluster.local'),"
+        " 'default_route': '00000000' in routes}))"
+    )
+    log = run_pod(
+        real,
+        command_pod("netcheck", real.images.runtime_cpu.name, ["python", "-c", script]),
+        timeout=120,
+    )
+    facts = last_json_line(log)
+    assert facts == {"kubernetes": "10.96.0.1", "dns": "10.96.0.10", "default_route": False}, log
+
+
+@pytest.mark.parametrize("image", ["operator", "runtime_cpu"])
+def test_every_console_script_starts_non_root_read_only_and_no_sandbox(
+    real: Sandbox, image: str
+) -> None:
+    ref = getattr(real.images, image).name
+    check = (
+        "import importlib.util as u, json, os, sys;"
+        "print(json.dumps({'uid': os.getuid(), 'sandbox': u.find_spec('tidal.sandbox') is not None,"
+        " 'tests': u.find_spec('tests') is not None}))"
+    )
+    command = [
+        "sh",
+        "-ec",
+        "for s in tidal-operator tidal-runtime tidal-gateway; do "
+        '$s --help > /dev/null; echo "$s ok"; done; '
+        "touch /cannot-write 2>/dev/null && echo root-writable || echo root-read-only; "
+        f'python -c "{check}"',
+    ]
+    log = run_pod(
+        real, command_pod(f"scripts-{image.replace('_', '-')}", ref, command), timeout=180
+    )
+    for script in ("tidal-operator", "tidal-runtime", "tidal-gateway"):
+        assert f"{script} ok" in log, log
+    assert "root-read-only" in log, log
+    assert last_json_line(log) == {"uid": RUNTIME_UID, "sandbox": False, "tests": False}, log
+
+
+# -- 2. helm install -------------------------------------------------------------------------------
+def helm_binary() -> str:
+    out = subprocess.run(
+        ["bash", str(REPO / "e2e/helm/build-helm.sh")], capture_output=True, text=True, check=True
+    )
+    return out.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def operator_installed(real: Sandbox) -> None:
+    image = real.images.operator.name
+    repository, tag = image.rsplit(":", 1)
+    result = subprocess.run(
+        [
+            helm_binary(),
+            "install",
+            "tidal",
+            str(REPO / "charts/tidal"),
+            f"--kubeconfig={real.kubeconfig}",
+            "--namespace",
+            RELEASE_NS,
+            "--create-namespace",
+            "--set",
+            f"image.repository={repository}",
+            "--set",
+            f"image.tag={tag}",
+            "--set",
+            "image.pullPolicy=Never",
+            "--set",
+            "prometheus.url=http://prometheus.tidal-sandbox:9090",
+            "--set",
+            "operator.leaderElection.enabled=true",
+            "--set",
+            "operator.logFormat=plain",
+            "--wait",
+            "--timeout",
+            "4m",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    if result.returncode != 0:
+        pods = real.kubectl("get", "pods", "-A", "-o", "wide", check=False).stdout
+        raise AssertionError(f"helm install failed: {result.stderr}\n{pods}\n{operator_log(real)}")
+
+
+def test_helm_install_runs_the_operator_in_a_pod_with_leader_election(
+    real: Sandbox, operator_installed: None
+) -> None:
+    wait_for(
+        lambda: "leading:" in operator_log(real),
+        timeout=90,
+        what="the operator pod to take the leader Lease",
+    )
+    pod = json.loads(real.kubectl("get", "pods", "-n", RELEASE_NS, "-o", "json").stdout)["items"][0]
+    container = pod["spec"]["containers"][0]
+    assert container["image"] == real.images.operator.name
+    assert pod["spec"]["serviceAccountName"].endswith("tidal"), pod["spec"]["serviceAccountName"]
+    log = operator_log(real)
+    assert "403" not in log and "Forbidden" not in log, log
+
+
+# -- 3. the single-model example -------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def single(real: Sandbox, operator_installed: None, models: dict[str, str]) -> str:
+    doc = example(real, "onnx-cpu.yaml", models)
+    doc["spec"]["autoscaling"] = {
+        "minReplicas": 2,
+        "maxReplicas": 4,
+        "targetQueueDepth": 2,
+        "scaleDownDelaySeconds": 10,
+    }
+    # A capacity per replica, as on a GPU: each batch of at most 2 holds the one execution slot
+    # for 100 ms (20 requests a second a replica), without eating the node's two CPUs.
+    doc["spec"]["models"][0]["maxBatchSize"] = 2
+    doc["spec"]["models"][0]["batching"] = {"maxQueueDelayMs": 5}
+    doc["spec"]["models"][0]["warmup"] = {"batchSizes": [1, 2], "iterations": 1}
+    doc["spec"]["runtime"]["env"] += [
+        {"name": "TIDAL_FAULT_SERVICE_TIME_MS", "value": "100"},
+        {"name": "TIDAL_FAULT_MAX_CONCURRENT_BATCHES", "value": "1"},
+    ]
+    apply_docs(real, [doc], NS)
+    wait_ready(real, "mlp-small")
+    return "mlp-small"
+
+
+def test_single_model_example_is_ready_and_answers_through_its_cluster_ip(
+    real: Sandbox, single: str
+) -> None:
+    pods = runtime_pods(real, single)
+    assert len(pods) == 2 and all(pod_ready(p) for p in pods), [p["status"] for p in pods]
+    for pod in pods:
+        container = pod["spec"]["containers"][0]
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        assert pod["status"]["containerStatuses"][0]["image"].endswith(
+            real.images.runtime_cpu.name.split("/", 1)[1]
+        ), pod["status"]["containerStatuses"][0]
+    start_client(real, "client-steady", isvc_url(single, single), INFER, rate=10, seconds=8)
+    assert_all_answered(
+        client_summary(real, "client-steady", 120), "steady traffic", diagnostics(real, single)
+    )
+
+
+# -- 4. the node-local engine cache ----------------------------------------------------------------
+def test_a_replaced_pod_takes_its_engine_from_the_node_cache(real: Sandbox, single: str) -> None:
+    before = downloads(real, "mlp-small.onnx")
+    assert 1 <= before <= 2, f"{before} downloads for two pods on one node"
+    assert any(CACHE_DIR.iterdir()), f"nothing in the node cache {CACHE_DIR}"
+    victim = runtime_pods(real, single)[0]["metadata"]["name"]
+    real.kubectl("delete", "pod", victim, "-n", NS, "--wait=false")
+
+    def replaced() -> bool:
+        pods = runtime_pods(real, single)
+        names = {p["metadata"]["name"] for p in pods}
+        return victim not in names and len(pods) == 2 and all(pod_ready(p) for p in pods)
+
+    wait_for(replaced, timeout=180, interval=0.5, what="a Ready replacement pod")
+    assert downloads(real, "mlp-small.onnx") == before, "the replacement downloaded the engine"
+
+
+# -- 5. surge and drain ----------------------------------------------------------------------------
+def test_surge_scales_up_and_the_scale_down_drains_losing_nothing(
+    real: Sandbox, single: str
+) -> None:
+    start_client(real, "client-surge", isvc_url(single, single), INFER, rate=55, seconds=40)
+
+    def scaled() -> int | None:
+        n = len([p for p in runtime_pods(real, single) if pod_ready(p)])
+        return n if n >= 3 else None
+
+    try:
+        wait_for(scaled, timeout=90, interval=0.5, what="a third ready replica during the surge")
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}\n{diagnostics(real, single)}") from None
+    assert_all_answered(
+        client_summary(real, "client-surge", 180), "the surge", diagnostics(real, single)
+    )
+    # After the surge: light traffic while the autoscaler removes the extra replicas, which
+    # drain (not-ready, serve what they have, then exit) on SIGTERM.
+    start_client(real, "client-drain", isvc_url(single, single), INFER, rate=8, seconds=45)
+
+    def scaled_down() -> bool:
+        return len(runtime_pods(real, single)) == 2
+
+    try:
+        wait_for(scaled_down, timeout=120, interval=0.5, what="back to 2 replicas")
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}\n{diagnostics(real, single)}") from None
+    assert_all_answered(
+        client_summary(real, "client-drain", 180), "the scale-down", diagnostics(real, single)
+    )
+
+
+# -- 6. an OOM kill and a kubelet restart ----------------------------------------------------------
+def test_runtime_oom_killed_under_its_limit_leaves_the_service_serving(
+    real: Sandbox, single: str
+) -> None:
+    pods = runtime_pods(real, single)
+    victim = pods[0]["metadata"]["name"]
+    restarts = pods[0]["status"]["containerStatuses"][0]["restartCount"]
+    start_client(real, "client-oom", isvc_url(single, single), INFER, rate=8, seconds=30)
+    # The runtime is the container's PID 1: make it the OOM killer's first choice (raising a
+    # process's oom_score_adj needs no privilege), then fill the container's 1 GiB limit.
+    hog = (
+        "open('/proc/1/oom_score_adj', 'w').write('1000'); "
+        "chunks = [b'x' * (64 << 20) for _ in range(40)]"
+    )
+    real.kubectl(
+        "exec",
+        "-n",
+        NS,
+        victim,
+        "-c",
+        "runtime",
+        "--",
+        "python",
+        "-c",
+        hog,
+        check=False,
+        timeout=120,
+    )
+
+    def oom_killed() -> dict[str, Any] | None:
+        pod = json.loads(real.kubectl("get", "pod", victim, "-n", NS, "-o", "json").stdout)
+        status = pod["status"]["containerStatuses"][0]
+        last = (status.get("lastState") or {}).get("terminated") or {}
+        return (
+            status
+            if status["restartCount"] > restarts and last.get("reason") == "OOMKilled"
+            else None
+        )
+
+    try:
+        wait_for(oom_killed, timeout=120, interval=0.5, what=f"{victim} OOMKilled and restarted")
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}\n{describe(real, victim)}") from None
+    assert_all_answered(
+        client_summary(real, "client-oom", 120), "the OOM kill", diagnostics(real, single)
+    )
+    wait_for(
+        lambda: all(pod_ready(p) for p in runtime_pods(real, single)),
+        timeout=120,
+        what="the OOM-killed pod Ready again",
+    )
+
+
+def test_kubelet_restart_leaves_the_service_serving(real: Sandbox, single: str) -> None:
+    before = {
+        p["metadata"]["name"]: p["status"]["containerStatuses"][0]["restartCount"]
+        for p in runtime_pods(real, single)
+    }
+    start_client(real, "client-kubelet", isvc_url(single, single), INFER, rate=8, seconds=25)
+    real.node.restart_kubelet()
+    from kubernetes import client
+
+    from tidal.sandbox.realnode import advertise_gpus, wait_node_ready
+
+    api = client.CoreV1Api(real.api_client())
+    wait_node_ready(api, timeout=120)
+    advertise_gpus(api, 2)
+    assert_all_answered(
+        client_summary(real, "client-kubelet", 120),
+        "the kubelet restart",
+        diagnostics(real, single),
+    )
+    after = {
+        p["metadata"]["name"]: p["status"]["containerStatuses"][0]["restartCount"]
+        for p in runtime_pods(real, single)
+    }
+    assert after == before, f"containers restarted with kubelet: {before} -> {after}"
+
+
+# -- 7. a fleet behind its gateway, a rollout rolled back ------------------------------------------
+def test_fleet_example_serves_every_model_through_its_gateway(
+    real: Sandbox, operator_installed: None, models: dict[str, str]
+) -> None:
+    doc = example(real, "fleet.yaml", models)
+    doc["spec"]["autoscaling"] = {"minReplicas": 2, "maxReplicas": 2}
+    doc["spec"]["models"] = [m for m in doc["spec"]["models"] if m["name"] != "translate-de"]
+    apply_docs(real, [doc], NS)
+    wait_ready(real, "catalog")
+    wait_for(
+        lambda: (
+            real.kubectl(
+                "get",
+                "deployment",
+                "catalog-gateway",
+                "-n",
+                NS,
+                "-o",
+                "jsonpath={.status.readyReplicas}",
+                check=False,
+            ).stdout
+            == "1"
+        ),
+        timeout=120,
+        what="the catalog gateway ready",
+    )
+    for model in ("search", "recommend", "fraud"):
+        name = f"client-fleet-{model}"
+        start_client(real, name, isvc_url("catalog", model), INFER, rate=4, seconds=6)
+        assert_all_answered(
+            client_summary(real, name, 150), f"fleet model {model}", diagnostics(real, "catalog")
+        )
+
+
+def test_rollout_example_with_a_bad_primary_is_rolled_back_to_its_baseline(
+    real: Sandbox, operator_installed: None, models: dict[str, str]
+) -> None:
+    doc = example(real, "rollout-baseline.yaml", models)
+    spec = doc["spec"]
+    spec["autoscaling"] = {"minReplicas": 1, "maxReplicas": 1}
+    spec["rollout"]["slo"] = {"p99Ms": 150, "errorRate": 0.01, "for": "5s"}
+    # The new version is slow: every answer takes 400 ms more (the baseline has no fault).
+    spec["runtime"]["env"].append({"name": "TIDAL_FAULT_ADDED_LATENCY_MS", "value": "400"})
+    spec["rollout"]["baseline"]["runtime"] = {
+        "image": real.images.runtime_cpu.name,
+        "env": [{"name": "OMP_NUM_THREADS", "value": "1"}],
+    }
+    apply_docs(real, [doc], NS)
+    wait_ready(real, "classifier")
+    start_client(
+        real, "client-rollback", isvc_url("classifier", "classifier"), INFER, rate=6, seconds=60
+    )
+
+    def rolled_back() -> dict[str, Any] | None:
+        body = get_isvc(real, NS, "classifier")
+        return body if condition(body, "RolledBack").get("status") == "True" else None
+
+    try:
+        body = wait_for(rolled_back, timeout=120, interval=1.0, what="classifier RolledBack")
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}\n{diagnostics(real, 'classifier')}") from None
+    assert body["status"]["activePool"] == "baseline", body["status"]
+    selector = json.loads(real.kubectl("get", "svc", "classifier", "-n", NS, "-o", "json").stdout)[
+        "spec"
+    ]["selector"]
+    assert selector.get("serving.tidal.dev/pool") == "baseline", selector
+    summary = client_summary(real, "client-rollback", 150)
+    assert set(summary["codes"]) == {"200"}, summary
+
+
+# -- 8. kubectl logs of every component ------------------------------------------------------------
+def test_kubectl_logs_of_every_component(real: Sandbox, single: str) -> None:
+    logs = {
+        "operator": operator_log(real),
+        "runtime": real.kubectl(
+            "logs", "-n", NS, runtime_pods(real, single)[0]["metadata"]["name"], check=False
+        ).stdout,
+        "gateway": real.kubectl("logs", "-n", NS, "deployment/catalog-gateway", check=False).stdout,
+        "model store": real.kubectl("logs", "-n", NS, "deployment/models", check=False).stdout,
+        "coredns": real.kubectl(
+            "logs", "-n", "kube-system", "deployment/coredns", check=False
+        ).stdout,
+    }
+    empty = [k for k, v in logs.items() if not v.strip()]
+    assert not empty, f"no log from {empty}"
+    assert "mlp-small" in logs["runtime"], logs["runtime"][-2000:]
+    assert "CoreDNS" in logs["coredns"], logs["coredns"][-2000:]
