@@ -17,6 +17,7 @@ COPY pyproject.toml README.md ./
 COPY tidal/ tidal/
 COPY operator/ operator/
 COPY runtime/ runtime/
+COPY common/ common/
 COPY e2e/sandbox/ e2e/sandbox/
 # No extras: the operator needs only the base dependencies (the gpu extra is for runtime pods).
 RUN python -m venv /opt/tidal \

@@ -21,6 +21,7 @@ COPY pyproject.toml README.md ./
 COPY tidal/ tidal/
 COPY operator/ operator/
 COPY runtime/ runtime/
+COPY common/ common/
 COPY e2e/sandbox/ e2e/sandbox/
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 

@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from tidal.common import body as common_body
+from tidal.common.body import BodyError
 from tidal.runtime.errors import InvalidInput, InvalidRequest
 
 try:  # bfloat16 for numpy; a dependency of onnx, optional here
@@ -95,11 +97,9 @@ class InferRequest:
 def parse_json(raw: bytes, what: str) -> Any:
     """``json.loads`` whose every failure is a client error (400), nesting depth included."""
     try:
-        return json.loads(raw)
-    except RecursionError:
-        raise InvalidRequest(f"{what} is nested too deeply") from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidRequest(f"{what} is not valid JSON: {exc}") from None
+        return common_body.parse_json(raw, what)
+    except BodyError as error:
+        raise InvalidRequest(error.message) from None
 
 
 def _as_dict(value: Any, what: str) -> dict[str, Any]:

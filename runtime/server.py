@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.web_protocol import RequestPayloadError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from tidal.common import http as common_http
+from tidal.common.http import BodyError, JsonErrorRunner, declared_too_large, quiet_logger
 from tidal.runtime import __version__
 from tidal.runtime.backends import Backend, TensorSpec, make_backend
 from tidal.runtime.batcher import ModelBatcher
@@ -71,21 +71,7 @@ VERSIONS = ("1",)  # every model has one version
 MAX_REQUEST_BYTES = web.AppKey("max_request_bytes", int)  # for the middleware's early check
 
 
-class _QuietClientFaults(logging.Filter):
-    """aiohttp logs a client's malformed HTTP (answered 400) or a reset connection as an ERROR
-    with a traceback; neither is the server's fault, so they become one DEBUG line."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        if isinstance(exc, HttpProcessingError | RequestPayloadError | ConnectionResetError):
-            record.msg, record.args = f"{record.getMessage()}: {exc!r:.200}", None
-            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
-            record.exc_info = record.exc_text = None
-        return True
-
-
-http_log = logging.getLogger("tidal.runtime.http")  # aiohttp's protocol-level errors
-http_log.addFilter(_QuietClientFaults())
+http_log = quiet_logger("tidal.runtime.http")  # aiohttp's protocol-level errors
 
 
 def _error_response(error: ServingError) -> web.Response:
@@ -114,11 +100,14 @@ def _from_http_exception(request: web.Request, exc: web.HTTPException) -> Servin
 @web.middleware
 async def error_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
     limit = request.app.get(MAX_REQUEST_BYTES)
-    length = request.content_length
-    if limit is not None and length is not None and length > limit:
-        return _error_response(
-            PayloadTooLarge(f"request body of {length} bytes exceeds maxRequestBytes {limit}")
-        )
+    # Infer refuses it itself, inside its accounting, so that the 413 is counted per model.
+    refused = (
+        declared_too_large(request, limit)
+        if limit is not None and not request.path.endswith("/infer")
+        else None
+    )
+    if refused is not None:
+        return _error_response(as_body_error(refused))
     try:
         response: web.StreamResponse = await handler(request)
         return response
@@ -142,26 +131,25 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
         return _error_response(mapped)
 
 
+_BODY_ERRORS: dict[int, type[ServingError]] = {
+    400: InvalidRequest,
+    408: RequestTimeout,
+    413: PayloadTooLarge,
+    ClientDisconnected.status: ClientDisconnected,
+}
+
+
+def as_body_error(error: BodyError) -> ServingError:
+    """The runtime's error for a request that could not be read (:mod:`tidal.common.http`)."""
+    return _BODY_ERRORS.get(error.status, InvalidRequest)(error.message)
+
+
 async def read_body(request: web.Request, limit: int, within_s: float) -> bytes:
     """The whole body, or the error saying why not (413, 408, 499, 400)."""
-    length = request.content_length
-    if length is not None and length > limit:
-        raise PayloadTooLarge(f"request body of {length} bytes exceeds maxRequestBytes {limit}")
     try:
-        if request.content.is_eof():  # already received: no timer needed
-            return await request.read()
-        async with asyncio.timeout(within_s):
-            return await request.read()
-    except TimeoutError:
-        raise RequestTimeout(f"the request body did not arrive within {within_s:g} s") from None
-    except ConnectionResetError:  # aiohttp's ClientConnectionResetError too
-        raise ClientDisconnected("the client closed the connection mid-upload") from None
-    except web.HTTPRequestEntityTooLarge:
-        raise PayloadTooLarge(f"request body exceeds maxRequestBytes {limit}") from None
-    except (HttpProcessingError, RequestPayloadError) as exc:  # chunking, compression
-        cause = exc.__cause__ if isinstance(exc, RequestPayloadError) else exc
-        detail = getattr(cause, "message", None) or str(exc)
-        raise InvalidRequest(f"malformed request body: {detail}".strip()) from None
+        return await common_http.read_body(request, limit, within_s)
+    except BodyError as error:
+        raise as_body_error(error) from None
 
 
 def _validate(
@@ -644,6 +632,9 @@ class RuntimeServer:
             return response
 
     async def _infer(self, name: str, request: web.Request) -> tuple[web.Response, bool]:
+        refused = declared_too_large(request, self.config.max_request_bytes)
+        if refused is not None:
+            raise as_body_error(refused)
         version = self._version(request)
         spec = self.cache.slot(name).spec
         if not self.ready and spec.preload:
@@ -705,7 +696,7 @@ async def serve(
     ``shutdownDrainSeconds`` (endpoints and client balancers catch up meanwhile), then it exits.
     """
     server = RuntimeServer(config, backend)
-    runner = web.AppRunner(server.build_app(), access_log=None, handle_signals=False)
+    runner = JsonErrorRunner(server.build_app(), access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
