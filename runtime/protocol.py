@@ -108,6 +108,11 @@ def _as_dict(value: Any, what: str) -> dict[str, Any]:
     return value
 
 
+def _parameters(value: Any, what: str) -> dict[str, Any]:
+    """A ``parameters`` object: absent or null is empty; ``[]``, ``0``, ``""`` are refused."""
+    return {} if value is None else _as_dict(value, what)
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -151,9 +156,13 @@ def _json_array(
         if kind != "b":
             raise InvalidInput(f"input {name!r}: BOOL data must be true/false values")
     elif dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        if kind == "O" and all(_is_int(v) for v in array.flat):  # past 64 bits: Python ints
+            raise InvalidInput(
+                f"input {name!r}: a value is outside {datatype}'s range {info.min}..{info.max}"
+            )
         if kind not in "iu":
             raise InvalidInput(f"input {name!r}: {datatype} data must be integers")
-        info = np.iinfo(dtype)
         lo, hi = _extremes(data, array)
         if lo < info.min or hi > info.max:
             raise InvalidInput(
@@ -253,7 +262,7 @@ def _decode_tensor(
     if len(shape) > MAX_DIMS:
         raise InvalidInput(f"input {name!r}: {len(shape)} dimensions; at most {MAX_DIMS}")
     count = math.prod(shape)  # Python ints: a huge shape cannot overflow to a small count
-    params = _as_dict(tensor.get("parameters") or {}, f"input {name!r} parameters")
+    params = _parameters(tensor.get("parameters"), f"input {name!r} parameters")
     size = params.get("binary_data_size")
     if size is None:
         if "data" not in tensor:
@@ -304,7 +313,7 @@ def decode_request(body: bytes, header_length: int | None) -> InferRequest:
         raise InvalidRequest(
             f"{len(binary) - offset} bytes of binary data are not claimed by any input"
         )
-    parameters = _as_dict(header.get("parameters") or {}, "'parameters'")
+    parameters = _parameters(header.get("parameters"), "'parameters'")
     binary_default = _bool_param(parameters, "binary_data_output", False, "parameters")
     timeout_us = parameters.get("timeout")
     if timeout_us is not None and (not _is_int(timeout_us) or timeout_us < 0):
@@ -323,7 +332,7 @@ def decode_request(body: bytes, header_length: int | None) -> InferRequest:
             out_name = out.get("name")
             if not isinstance(out_name, str):
                 raise InvalidRequest("each requested output needs a string 'name'")
-            out_params = _as_dict(out.get("parameters") or {}, f"output {out_name!r} parameters")
+            out_params = _parameters(out.get("parameters"), f"output {out_name!r} parameters")
             if "classification" in out_params:
                 raise InvalidRequest(
                     f"output {out_name!r}: the classification extension is not supported"

@@ -63,10 +63,6 @@ from tidal.runtime.storage import EngineStore
 log = logging.getLogger("tidal.runtime.server")
 
 MAX_LONG_POLL_S = 30.0  # longest a GET /v2/tidal/models?since=… waits for a change
-# Longest a request body may take to arrive once its headers are in (slow or stalled uploads
-# would otherwise hold a connection and its buffer forever). A config field would be better:
-# `requestReadTimeoutSeconds` is read when RuntimeConfig has it.
-BODY_READ_TIMEOUT_S = 30.0
 VERSIONS = ("1",)  # every model has one version
 MAX_REQUEST_BYTES = web.AppKey("max_request_bytes", int)  # for the middleware's early check
 
@@ -267,9 +263,9 @@ class RuntimeServer:
         self.config = config
         self.clock = clock
         self.wall = wall  # wall-clock seconds, only for the statistics' last_inference
-        self.body_read_timeout_s = float(
-            getattr(config, "request_read_timeout_seconds", None) or BODY_READ_TIMEOUT_S
-        )
+        # Longest a request body may take once its headers are in (then 408): a stalled upload
+        # would otherwise hold a connection and its buffer forever.
+        self.body_read_timeout_s = config.request_read_timeout_seconds
         self.started_at = clock.now()
         self.metrics = RuntimeMetrics()
         self.backend = backend if backend is not None else make_backend(config)
@@ -509,7 +505,8 @@ class RuntimeServer:
 
     async def repository_load(self, request: web.Request) -> web.Response:
         body = await self._json_body(request, {"parameters"})
-        parameters = body.get("parameters") or {}
+        parameters = body.get("parameters")
+        parameters = {} if parameters is None else parameters
         if not isinstance(parameters, dict):
             raise InvalidRequest("'parameters' must be a JSON object")
         if parameters:
@@ -522,7 +519,8 @@ class RuntimeServer:
 
     async def repository_unload(self, request: web.Request) -> web.Response:
         body = await self._json_body(request, {"parameters"})
-        parameters = body.get("parameters") or {}
+        parameters = body.get("parameters")
+        parameters = {} if parameters is None else parameters
         if not isinstance(parameters, dict) or set(parameters) - {"unload_dependents"}:
             raise InvalidRequest("'parameters' may only hold 'unload_dependents'")
         if not isinstance(parameters.get("unload_dependents", False), bool):

@@ -581,6 +581,7 @@ def test_a_stalled_body_times_out_and_an_oversized_one_is_refused_before_reading
         status, body = status_and_json(answer)
         assert status == 413 and "exceeds maxRequestBytes 4096" in body["error"], path
     assert rt.metric("tidal_requests_total", model="mlp", code="408") == 1
+    assert rt.metric("tidal_requests_total", model="mlp", code="413") == 1  # refused early too
 
 
 def test_unknown_routes_and_methods_answer_json(serve, models, model_entry) -> None:
@@ -607,6 +608,9 @@ def test_repository_bodies_are_checked(serve, models, model_entry) -> None:
         (load, b'{"parameters": {"config": "{}"}}', "not supported"),
         (load, b"[1]", "must be a JSON object"),
         (unload, b'{"parameters": {"unload_dependents": "no"}}', "true or false"),
+        (load, b'{"parameters": []}', "'parameters' must be a JSON object"),
+        (load, b'{"parameters": 0}', "'parameters' must be a JSON object"),
+        (unload, b'{"parameters": ""}', "'parameters' may only hold"),
     ]
     for url, payload, message in cases:
         status, _, answer = post(url, payload)
