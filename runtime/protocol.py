@@ -372,6 +372,12 @@ def _bytes_json(name: str, array: np.ndarray[Any, Any]) -> list[str]:
         ) from None
 
 
+def _finite_or_string(value: float) -> float | str:
+    if math.isfinite(value):
+        return value
+    return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+
+
 def encode_response(
     model_name: str,
     outputs: dict[str, np.ndarray[Any, Any]],
@@ -379,11 +385,16 @@ def encode_response(
     binary_default: bool,
     request_id: str | None = None,
     model_version: str = "1",
+    non_finite: str = "tokens",
 ) -> tuple[bytes, int | None]:
-    """Encode outputs; returns the body and the JSON header length when binary data follows."""
+    """Encode outputs; returns the body and the JSON header length when binary data follows.
+
+    ``non_finite``: ``tokens`` writes NaN/Infinity/-Infinity as bare tokens (Triton's
+    rapidjson does; not strict JSON), ``strings`` as the strings ``"NaN"``, ``"Infinity"``,
+    ``"-Infinity"`` (strict JSON; the OIP schema allows strings in tensor data)."""
     wanted = (
         requested
-        if requested is not None
+        if requested  # none named (absent or []): every output, as over gRPC
         else [RequestedOutput(name, binary_default) for name in outputs]
     )
     tensors: list[dict[str, Any]] = []
@@ -409,6 +420,9 @@ def encode_response(
             entry["data"] = array.astype(np.float32).ravel().tolist()
         else:
             entry["data"] = array.ravel().tolist()
+        strict = non_finite == "strings" and "data" in entry and array.dtype.kind == "f"
+        if strict and not np.isfinite(array).all():
+            entry["data"] = [_finite_or_string(v) for v in entry["data"]]
         tensors.append(entry)
     response: dict[str, Any] = {
         "model_name": model_name,

@@ -436,8 +436,13 @@ class RuntimeServer:
                 "platform": slot.platform,
                 "inputs": tensors(slot.inputs),
                 "outputs": tensors(slot.outputs),
+                "properties": self.model_properties(slot),
             }
         )
+
+    def model_properties(self, slot: Any) -> dict[str, str]:
+        """The protocol's optional model ``properties`` (strings): how this model is served."""
+        return {"backend": self.config.backend, "max_batch_size": str(slot.spec.max_batch_size)}
 
     async def model_config(self, request: web.Request) -> web.Response:
         name = request.match_info["model"]
@@ -472,7 +477,9 @@ class RuntimeServer:
         self._version(request)
         slot = self.cache.slot(request.match_info["model"])
         ready = slot.state == READY
-        return web.json_response({"ready": ready}, status=200 if ready else 400)
+        return web.json_response(
+            {"name": request.match_info["model"], "ready": ready}, status=200 if ready else 400
+        )
 
     async def model_stats(self, request: web.Request) -> web.Response:
         """The statistics extension: Triton's ``model_stats`` list (all models without a name)."""
@@ -663,7 +670,13 @@ class RuntimeServer:
         finally:
             self.cache.release(name)
         payload, header_len = encode_response(
-            name, outputs, decoded.outputs, decoded.binary_default, decoded.id, version
+            name,
+            outputs,
+            decoded.outputs,
+            decoded.binary_default,
+            decoded.id,
+            version,
+            self.config.non_finite_json,
         )
         if faults.added_latency_ms:
             await asyncio.sleep(faults.added_latency_ms / 1000.0)

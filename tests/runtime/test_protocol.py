@@ -244,6 +244,22 @@ def test_non_finite_outputs_are_written_as_triton_writes_them() -> None:
     assert np.isnan(data[0]) and data[1:] == [np.inf, -np.inf, 1.0]
 
 
+def test_strict_json_writes_non_finite_outputs_as_strings() -> None:
+    out = np.array([np.nan, np.inf, -np.inf, 1.0], dtype=np.float32)
+    body, _ = encode_response("m", {"y": out}, None, False, None, "1", non_finite="strings")
+    data = json.loads(body, parse_constant=lambda token: pytest.fail(f"bare {token}"))
+    assert data["outputs"][0]["data"] == ["NaN", "Infinity", "-Infinity", 1.0]
+    finite, _ = encode_response("m", {"y": out[3:]}, None, False, None, "1", non_finite="strings")
+    assert json.loads(finite)["outputs"][0]["data"] == [1.0]
+
+
+def test_an_empty_outputs_list_asks_for_every_output_as_over_grpc() -> None:
+    outputs = {"a": np.zeros(2, np.float32), "b": np.ones(2, np.float32)}
+    request = decode_request(tensor_body("FP32", [1], [1], outputs=[]), None)
+    body, _ = encode_response("m", outputs, request.outputs, request.binary_default)
+    assert [o["name"] for o in json.loads(body)["outputs"]] == ["a", "b"]
+
+
 def test_binary_outputs_follow_the_json_header() -> None:
     out = np.arange(4, dtype=np.float32).reshape(2, 2)
     body, length = encode_response("m", {"y": out}, [RequestedOutput("y", True)], False, "42")

@@ -655,3 +655,32 @@ def test_non_finite_outputs_reach_tritonclient_as_in_triton(serve, models, model
         wanted = triton.InferRequestedOutput("y", binary_data=binary)
         y = client.infer("gate", [tensor], outputs=[wanted]).as_numpy("y")
         assert np.isnan(y[0, 0]) and y[0, 1] == np.inf
+
+
+def test_strict_json_mode_writes_non_finite_outputs_as_strings(serve, models, model_entry) -> None:
+    rt = serve(
+        {"models": [model_entry(models["mlp"], "gate")], "nonFiniteJson": "strings"},
+        GateBackend(),
+    )
+    body = {
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [1.0, 1.0]}],
+        "outputs": [],  # every output, as over gRPC
+    }
+    status, _, answer = post(f"{rt.url}/v2/models/gate/infer", json.dumps(body).encode())
+    assert status == 200, answer
+    assert [o["name"] for o in answer["outputs"]] == ["y"]
+    body["inputs"][0]["data"] = ["NaN", 1.0]  # not a number: refused, strings are outputs only
+    assert post(f"{rt.url}/v2/models/gate/infer", json.dumps(body).encode())[0] == 400
+    raw = b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [NaN, -1e999]}]}'
+    status, _, answer = post(f"{rt.url}/v2/models/gate/infer", raw)
+    assert status == 200 and answer["outputs"][0]["data"] == ["NaN", "-Infinity"], answer
+
+
+def test_model_ready_names_the_model_and_metadata_has_properties(
+    serve, models, model_entry
+) -> None:
+    rt = serve({"models": [model_entry(models["mlp"], "mlp", maxBatchSize=4)]})
+    status, _, body = post(f"{rt.url}/v2/models/mlp/ready", None, method="GET")
+    assert (status, body) == (200, {"name": "mlp", "ready": True})
+    status, _, body = post(f"{rt.url}/v2/models/mlp", None, method="GET")
+    assert body["properties"] == {"backend": "onnxruntime", "max_batch_size": "4"}, body
