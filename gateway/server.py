@@ -638,7 +638,6 @@ class Gateway:
     async def infer(self, request: web.Request) -> web.Response:
         started = self.loop.time()
         model = request.match_info["model"]
-        request[COUNTED] = True
         held = False
         try:
             body = await self._read(request)
@@ -651,6 +650,7 @@ class Gateway:
         self.metrics.answered(
             self._model_label(model), response.status, held, self.loop.time() - started
         )
+        request[COUNTED] = True  # (a crash before this point is counted by the middleware)
         return response
 
     async def _read(self, request: web.Request) -> bytes:
