@@ -42,7 +42,7 @@ helm:
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy tidal/operator tidal/runtime tidal/gateway tidal/sandbox
+	$(BIN)/mypy tidal/operator tidal/runtime tidal/gateway tidal/common tidal/sandbox
 	$(BIN)/lint-imports
 
 # Regenerate crds/ from the pydantic models (a test fails when they drift).

@@ -50,7 +50,12 @@ class GatewayConfig(_Model):
     shutdown_drain_seconds: float = Field(
         default=5.0, ge=0, le=300, description="after SIGTERM: not ready, still serving"
     )
-    max_request_bytes: int = Field(default=64 * 2**20, gt=0, description="larger bodies: 413")
+    max_request_bytes: int = Field(
+        default=64 * 2**20, gt=0, description="larger bodies: 413 (a declared length: at once)"
+    )
+    request_read_timeout_seconds: float = Field(
+        default=30.0, gt=0, le=600, description="a body that has not arrived by then: 408"
+    )
     max_connections_per_replica: int = Field(
         default=512, gt=0, description="keep-alive connections to one replica"
     )

@@ -34,6 +34,16 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 
+from tidal.common.http import (
+    CLIENT_CLOSED,
+    BodyError,
+    JsonErrorRunner,
+    declared_too_large,
+    json_error,
+    parse_json,
+    quiet_logger,
+    read_body,
+)
 from tidal.gateway import __version__
 from tidal.gateway.config import GatewayConfig, ReplicaList, ReplicaRef, format_validation_error
 from tidal.gateway.core.routing import LoadBudget, ReplicaView, Route, choose_route
@@ -41,10 +51,13 @@ from tidal.gateway.metrics import GatewayMetrics
 from tidal.gateway.upstream import UpstreamError, UpstreamPool
 
 log = logging.getLogger("tidal.gateway")
+http_log = quiet_logger("tidal.gateway.http")  # aiohttp's protocol-level errors
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 # Headers that carry the meaning of a body: forwarded both ways, nothing else is.
 REQUEST_HEADERS = ("Content-Type", HEADER_LENGTH, "Content-Encoding", "Accept-Encoding", "Accept")
+# Raw (lower-case) name -> the name forwarded; values go on byte for byte (latin-1 both ways).
+FORWARDED = {name.lower().encode(): name for name in REQUEST_HEADERS}
 RETRIED_STATUSES = frozenset({502, 503})  # from a replica, before any byte of an answer
 WATCH_BACKOFF_FIRST_S = 0.05
 WATCH_BACKOFF_MAX_S = 2.0
@@ -56,26 +69,64 @@ UNKNOWN_LABEL = "(unknown)"  # metrics label of names no replica serves (bounded
 
 def error(status: int, message: str, retry_after: int | None = None) -> web.Response:
     headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
-    return web.json_response({"error": message}, status=status, headers=headers)
+    return json_error(status, message, headers)
+
+
+def body_error(exc: BodyError) -> web.Response:
+    response = error(exc.status, exc.message)
+    if exc.status in (408, 413, CLIENT_CLOSED):
+        response.force_close()  # what is left of the body is not worth reading
+    return response
+
+
+COUNTED = web.RequestKey("tidal_counted", bool)  # the handler counted its answer itself
+MAX_REQUEST_BYTES = web.AppKey("tidal_max_request_bytes", int)
+NO_MODEL_LABEL = "(none)"  # metrics label of answers on routes that name no model
 
 
 @web.middleware
 async def json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
-    """Every answer is JSON, also aiohttp's own (no route, body too large) and crashes."""
+    """Every answer is JSON (no route, wrong method, body too large, crashes) and every answer
+    a handler did not count itself (errors of the other routes) is counted here."""
+    started = asyncio.get_running_loop().time()
+    response: web.StreamResponse
+    refused = declared_too_large(request, request.app[MAX_REQUEST_BYTES])
     try:
-        response: web.StreamResponse = await handler(request)
-        return response
+        if refused is not None:  # before reading a byte of it
+            raise refused
+        response = await handler(request)
+    except BodyError as exc:
+        if exc.status == CLIENT_CLOSED:
+            log.debug("%s %s: %s", request.method, request.path, exc.message)
+        response = body_error(exc)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        if exc.status == 413:
-            return error(413, "request body is larger than maxRequestBytes")
-        return error(exc.status, f"{exc.reason}: {request.method} {request.path}")
+        if isinstance(exc, web.HTTPMethodNotAllowed):
+            allowed = ", ".join(sorted(exc.allowed_methods))
+            response = error(405, f"{request.method} is not allowed on {request.path}: {allowed}")
+            response.headers["Allow"] = ",".join(sorted(exc.allowed_methods))
+        elif isinstance(exc, web.HTTPNotFound):
+            response = error(404, f"no endpoint {request.method} {request.path}")
+        elif exc.status == 413:
+            response = error(413, "request body is larger than maxRequestBytes")
+        else:
+            response = error(exc.status, f"{exc.reason}: {request.method} {request.path}")
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # the process must survive anything a client sends
         log.exception("unhandled error on %s %s", request.method, request.path)
-        return error(500, f"internal error: {exc}")
+        response = error(500, f"internal error: {exc}")
+    if response.status >= 400 and not request.get(COUNTED):
+        gateway: Gateway = request.app[GATEWAY]
+        model = request.match_info.get("model")
+        gateway.metrics.answered(
+            gateway._model_label(model) if model else NO_MODEL_LABEL,
+            response.status,
+            False,
+            asyncio.get_running_loop().time() - started,
+        )
+    return response
 
 
 class Changes:
@@ -205,8 +256,12 @@ class Gateway:
 
     def build_app(self) -> web.Application:
         app = web.Application(
-            client_max_size=self.config.max_request_bytes, middlewares=[json_errors]
+            client_max_size=self.config.max_request_bytes,
+            middlewares=[json_errors],
+            handler_args={"logger": http_log},
         )
+        app[GATEWAY] = self
+        app[MAX_REQUEST_BYTES] = self.config.max_request_bytes
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)
         r = app.router
@@ -583,16 +638,26 @@ class Gateway:
     async def infer(self, request: web.Request) -> web.Response:
         started = self.loop.time()
         model = request.match_info["model"]
-        body = await request.read()
-        h = request.headers
-        headers = [(k, v) for k in REQUEST_HEADERS if (v := h.get(k)) is not None]
-        response, held = await self.dispatch(
-            model, "POST", request.raw_path, body, headers, hold=True
-        )
+        held = False
+        try:
+            body = await self._read(request)
+        except BodyError as exc:
+            response = body_error(exc)
+        else:
+            response, held = await self.dispatch(
+                model, "POST", request.raw_path, body, forwarded_headers(request), hold=True
+            )
         self.metrics.answered(
             self._model_label(model), response.status, held, self.loop.time() - started
         )
+        request[COUNTED] = True  # (a crash before this point is counted by the middleware)
         return response
+
+    async def _read(self, request: web.Request) -> bytes:
+        config = self.config
+        return await read_body(
+            request, config.max_request_bytes, config.request_read_timeout_seconds
+        )
 
     async def proxy_metadata(self, request: web.Request) -> web.Response:
         """Model metadata and config: from a replica that has (or is getting) the model."""
@@ -638,11 +703,16 @@ class Gateway:
 
     async def repository_index(self, request: web.Request) -> web.Response:
         """Every model of the fleet: READY when hot on a healthy replica, LOADING, UNAVAILABLE."""
-        raw = await request.read()
-        try:
-            only_ready = bool(json.loads(raw).get("ready", False)) if raw else False
-        except (ValueError, AttributeError):
-            return error(400, "body must be a JSON object")
+        raw = await self._read(request)
+        body = parse_json(raw, "the body") if raw else {}
+        if not isinstance(body, dict):
+            raise BodyError(400, "the body must be a JSON object")
+        unknown = sorted(set(body) - {"ready"})
+        if unknown:
+            raise BodyError(400, f"unknown fields {unknown}; expected ['ready']")
+        only_ready = body.get("ready", False)
+        if not isinstance(only_ready, bool):
+            raise BodyError(400, "'ready' must be true or false")
         live = [r for r in self.replicas.values() if r.healthy]
         names = set(self.known) or {n for r in self.replicas.values() for n in r.models}
         index = []
@@ -667,7 +737,7 @@ class Gateway:
         )
 
     async def put_replicas(self, request: web.Request) -> web.Response:
-        raw = await request.read()
+        raw = await self._read(request)
         try:
             update = ReplicaList.model_validate_json(raw)
         except ValidationError as exc:
@@ -681,6 +751,19 @@ class Gateway:
         )
 
 
+GATEWAY = web.AppKey("tidal_gateway", Gateway)
+
+
+def forwarded_headers(request: web.BaseRequest) -> list[tuple[str, str]]:
+    """The headers that carry a body's meaning, first of each name, exactly as they came."""
+    found: dict[str, str] = {}
+    for raw_name, raw_value in request.raw_headers:
+        name = FORWARDED.get(raw_name.lower())
+        if name is not None and name not in found:
+            found[name] = raw_value.decode("latin-1")
+    return list(found.items())
+
+
 async def serve(
     config: GatewayConfig,
     host: str,
@@ -690,7 +773,7 @@ async def serve(
 ) -> None:
     """Run the gateway until cancelled or until ``stop`` is set, then drain like the runtime."""
     gateway = Gateway(config, replicas)
-    runner = web.AppRunner(
+    runner = JsonErrorRunner(
         gateway.build_app(), access_log=None, handle_signals=False, auto_decompress=False
     )
     await runner.setup()

@@ -11,8 +11,8 @@ FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-# Only what the package is built from (tidal/ holds the links giving operator/, runtime/ and
-# gateway/ their import names; see pyproject.toml). The sandbox is not part of it.
+# Only what the package is built from (tidal/ holds the links giving operator/, runtime/,
+# gateway/ and common/ their import names; see pyproject.toml). The sandbox is not part of it.
 COPY pyproject.toml README.md ./
 # The dependencies first, in a layer of their own (listed in pyproject.toml): a change to the
 # code rebuilds only the last step.
@@ -23,6 +23,7 @@ COPY tidal/ tidal/
 COPY operator/ operator/
 COPY runtime/ runtime/
 COPY gateway/ gateway/
+COPY common/ common/
 RUN /opt/tidal/bin/pip install --no-cache-dir --no-deps . \
  && /opt/tidal/bin/tidal-operator --help > /dev/null
 

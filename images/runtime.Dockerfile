@@ -22,6 +22,7 @@ COPY tidal/ tidal/
 COPY operator/ operator/
 COPY runtime/ runtime/
 COPY gateway/ gateway/
+COPY common/ common/
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 # --- final: the TensorRT image plus the runtime ---------------------------------------------

@@ -217,6 +217,10 @@ class RuntimeConfig(_Model):
     request_read_timeout_seconds: float = Field(
         default=30.0, gt=0, le=3600, description="longest wait for a request body (then 408)"
     )
+    # How a NaN or an infinity of an output is written in a JSON response: "tokens" (bare NaN,
+    # Infinity, -Infinity, as Triton writes them; not strict JSON) or "strings" (the strings
+    # "NaN", "Infinity", "-Infinity": strict JSON). Binary outputs carry any value either way.
+    non_finite_json: Literal["tokens", "strings"] = "tokens"
     cache_dir: str | None = Field(
         default=None, description="where downloaded engines are kept; None: a temp dir"
     )

@@ -53,6 +53,9 @@ from tidal.runtime.server import VERSIONS, RequestAccounting, RuntimeServer, _va
 log = logging.getLogger("tidal.runtime.grpc")
 
 SERVICE = "inference.GRPCInferenceService"
+# The same service under the name runtime/grpc/oip_v2.proto declares (package tidal.oip.v2),
+# so that a client stub generated from that file reaches it too.
+STUB_SERVICE = "tidal.oip.v2.GRPCInferenceService"
 MAX_DIMS = 64  # numpy's limit, and Triton's (as over HTTP)
 
 Arrays = dict[str, np.ndarray[Any, Any]]
@@ -311,6 +314,7 @@ class GrpcInference:
                 meta.TensorMetadata(name=s.name, datatype=s.datatype, shape=s.shape)
                 for s in slot.outputs
             ],
+            properties=self.runtime.model_properties(slot),
         )
 
     async def model_config(self, request: Any) -> Any:
@@ -453,25 +457,23 @@ def _unary(call: Call, request_type: Any, *, deadline: bool = False) -> grpc.Rpc
     return grpc.unary_unary_rpc_method_handler(handle)
 
 
-def service_handler(service: GrpcInference) -> grpc.GenericRpcHandler:
-    """The ``inference.GRPCInferenceService`` calls the runtime answers."""
-    return grpc.method_handlers_generic_handler(
-        SERVICE,
-        {
-            "ServerLive": _unary(service.server_live, pb.ServerLiveRequest),
-            "ServerReady": _unary(service.server_ready, pb.ServerReadyRequest),
-            "ServerMetadata": _unary(service.server_metadata, pb.ServerMetadataRequest),
-            "ModelReady": _unary(service.model_ready, pb.ModelReadyRequest),
-            "ModelMetadata": _unary(service.model_metadata, pb.ModelMetadataRequest),
-            "ModelConfig": _unary(service.model_config, pb.ModelConfigRequest),
-            "ModelStatistics": _unary(service.model_statistics, pb.ModelStatisticsRequest),
-            "ModelInfer": _unary(service.model_infer, pb.ModelInferRequest, deadline=True),
-            "RepositoryIndex": _unary(service.repository_index, pb.RepositoryIndexRequest),
-            "RepositoryModelLoad": _unary(service.repository_load, pb.RepositoryModelLoadRequest),
-            "RepositoryModelUnload": _unary(
-                service.repository_unload, pb.RepositoryModelUnloadRequest
-            ),
-        },
+def service_handlers(service: GrpcInference) -> tuple[grpc.GenericRpcHandler, ...]:
+    """The ``GRPCInferenceService`` calls the runtime answers, under both service names."""
+    methods = {
+        "ServerLive": _unary(service.server_live, pb.ServerLiveRequest),
+        "ServerReady": _unary(service.server_ready, pb.ServerReadyRequest),
+        "ServerMetadata": _unary(service.server_metadata, pb.ServerMetadataRequest),
+        "ModelReady": _unary(service.model_ready, pb.ModelReadyRequest),
+        "ModelMetadata": _unary(service.model_metadata, pb.ModelMetadataRequest),
+        "ModelConfig": _unary(service.model_config, pb.ModelConfigRequest),
+        "ModelStatistics": _unary(service.model_statistics, pb.ModelStatisticsRequest),
+        "ModelInfer": _unary(service.model_infer, pb.ModelInferRequest, deadline=True),
+        "RepositoryIndex": _unary(service.repository_index, pb.RepositoryIndexRequest),
+        "RepositoryModelLoad": _unary(service.repository_load, pb.RepositoryModelLoadRequest),
+        "RepositoryModelUnload": _unary(service.repository_unload, pb.RepositoryModelUnloadRequest),
+    }
+    return tuple(
+        grpc.method_handlers_generic_handler(name, methods) for name in (SERVICE, STUB_SERVICE)
     )
 
 
@@ -494,7 +496,7 @@ async def start_grpc(runtime: RuntimeServer, host: str, port: int) -> tuple[grpc
             ("grpc.so_reuseport", 0),
         ]
     )
-    server.add_generic_rpc_handlers((service_handler(GrpcInference(runtime)),))
+    server.add_generic_rpc_handlers(service_handlers(GrpcInference(runtime)))
     try:
         bound = server.add_insecure_port(_address(host, port))
     except RuntimeError as exc:  # grpcio raises this when the address is taken

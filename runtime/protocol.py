@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from tidal.common import body as common_body
+from tidal.common.body import BodyError
 from tidal.runtime.errors import InvalidInput, InvalidRequest
 
 try:  # bfloat16 for numpy; a dependency of onnx, optional here
@@ -95,17 +97,20 @@ class InferRequest:
 def parse_json(raw: bytes, what: str) -> Any:
     """``json.loads`` whose every failure is a client error (400), nesting depth included."""
     try:
-        return json.loads(raw)
-    except RecursionError:
-        raise InvalidRequest(f"{what} is nested too deeply") from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidRequest(f"{what} is not valid JSON: {exc}") from None
+        return common_body.parse_json(raw, what)
+    except BodyError as error:
+        raise InvalidRequest(error.message) from None
 
 
 def _as_dict(value: Any, what: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise InvalidRequest(f"{what} must be a JSON object")
     return value
+
+
+def _parameters(value: Any, what: str) -> dict[str, Any]:
+    """A ``parameters`` object: absent or null is empty; ``[]``, ``0``, ``""`` are refused."""
+    return {} if value is None else _as_dict(value, what)
 
 
 def _is_int(value: Any) -> bool:
@@ -151,9 +156,13 @@ def _json_array(
         if kind != "b":
             raise InvalidInput(f"input {name!r}: BOOL data must be true/false values")
     elif dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        if kind == "O" and all(_is_int(v) for v in array.flat):  # past 64 bits: Python ints
+            raise InvalidInput(
+                f"input {name!r}: a value is outside {datatype}'s range {info.min}..{info.max}"
+            )
         if kind not in "iu":
             raise InvalidInput(f"input {name!r}: {datatype} data must be integers")
-        info = np.iinfo(dtype)
         lo, hi = _extremes(data, array)
         if lo < info.min or hi > info.max:
             raise InvalidInput(
@@ -253,7 +262,7 @@ def _decode_tensor(
     if len(shape) > MAX_DIMS:
         raise InvalidInput(f"input {name!r}: {len(shape)} dimensions; at most {MAX_DIMS}")
     count = math.prod(shape)  # Python ints: a huge shape cannot overflow to a small count
-    params = _as_dict(tensor.get("parameters") or {}, f"input {name!r} parameters")
+    params = _parameters(tensor.get("parameters"), f"input {name!r} parameters")
     size = params.get("binary_data_size")
     if size is None:
         if "data" not in tensor:
@@ -304,7 +313,7 @@ def decode_request(body: bytes, header_length: int | None) -> InferRequest:
         raise InvalidRequest(
             f"{len(binary) - offset} bytes of binary data are not claimed by any input"
         )
-    parameters = _as_dict(header.get("parameters") or {}, "'parameters'")
+    parameters = _parameters(header.get("parameters"), "'parameters'")
     binary_default = _bool_param(parameters, "binary_data_output", False, "parameters")
     timeout_us = parameters.get("timeout")
     if timeout_us is not None and (not _is_int(timeout_us) or timeout_us < 0):
@@ -323,7 +332,7 @@ def decode_request(body: bytes, header_length: int | None) -> InferRequest:
             out_name = out.get("name")
             if not isinstance(out_name, str):
                 raise InvalidRequest("each requested output needs a string 'name'")
-            out_params = _as_dict(out.get("parameters") or {}, f"output {out_name!r} parameters")
+            out_params = _parameters(out.get("parameters"), f"output {out_name!r} parameters")
             if "classification" in out_params:
                 raise InvalidRequest(
                     f"output {out_name!r}: the classification extension is not supported"
@@ -363,6 +372,12 @@ def _bytes_json(name: str, array: np.ndarray[Any, Any]) -> list[str]:
         ) from None
 
 
+def _finite_or_string(value: float) -> float | str:
+    if math.isfinite(value):
+        return value
+    return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+
+
 def encode_response(
     model_name: str,
     outputs: dict[str, np.ndarray[Any, Any]],
@@ -370,11 +385,16 @@ def encode_response(
     binary_default: bool,
     request_id: str | None = None,
     model_version: str = "1",
+    non_finite: str = "tokens",
 ) -> tuple[bytes, int | None]:
-    """Encode outputs; returns the body and the JSON header length when binary data follows."""
+    """Encode outputs; returns the body and the JSON header length when binary data follows.
+
+    ``non_finite``: ``tokens`` writes NaN/Infinity/-Infinity as bare tokens (Triton's
+    rapidjson does; not strict JSON), ``strings`` as the strings ``"NaN"``, ``"Infinity"``,
+    ``"-Infinity"`` (strict JSON; the OIP schema allows strings in tensor data)."""
     wanted = (
         requested
-        if requested is not None
+        if requested  # none named (absent or []): every output, as over gRPC
         else [RequestedOutput(name, binary_default) for name in outputs]
     )
     tensors: list[dict[str, Any]] = []
@@ -400,6 +420,9 @@ def encode_response(
             entry["data"] = array.astype(np.float32).ravel().tolist()
         else:
             entry["data"] = array.ravel().tolist()
+        strict = non_finite == "strings" and "data" in entry and array.dtype.kind == "f"
+        if strict and not np.isfinite(array).all():
+            entry["data"] = [_finite_or_string(v) for v in entry["data"]]
         tensors.append(entry)
     response: dict[str, Any] = {
         "model_name": model_name,

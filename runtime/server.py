@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.web_protocol import RequestPayloadError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from tidal.common import http as common_http
+from tidal.common.http import BodyError, JsonErrorRunner, declared_too_large, quiet_logger
 from tidal.runtime import __version__
 from tidal.runtime.backends import Backend, TensorSpec, make_backend
 from tidal.runtime.batcher import ModelBatcher
@@ -63,29 +63,11 @@ from tidal.runtime.storage import EngineStore
 log = logging.getLogger("tidal.runtime.server")
 
 MAX_LONG_POLL_S = 30.0  # longest a GET /v2/tidal/models?since=… waits for a change
-# Longest a request body may take to arrive once its headers are in (slow or stalled uploads
-# would otherwise hold a connection and its buffer forever). A config field would be better:
-# `requestReadTimeoutSeconds` is read when RuntimeConfig has it.
-BODY_READ_TIMEOUT_S = 30.0
 VERSIONS = ("1",)  # every model has one version
 MAX_REQUEST_BYTES = web.AppKey("max_request_bytes", int)  # for the middleware's early check
 
 
-class _QuietClientFaults(logging.Filter):
-    """aiohttp logs a client's malformed HTTP (answered 400) or a reset connection as an ERROR
-    with a traceback; neither is the server's fault, so they become one DEBUG line."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        if isinstance(exc, HttpProcessingError | RequestPayloadError | ConnectionResetError):
-            record.msg, record.args = f"{record.getMessage()}: {exc!r:.200}", None
-            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
-            record.exc_info = record.exc_text = None
-        return True
-
-
-http_log = logging.getLogger("tidal.runtime.http")  # aiohttp's protocol-level errors
-http_log.addFilter(_QuietClientFaults())
+http_log = quiet_logger("tidal.runtime.http")  # aiohttp's protocol-level errors
 
 
 def _error_response(error: ServingError) -> web.Response:
@@ -114,11 +96,14 @@ def _from_http_exception(request: web.Request, exc: web.HTTPException) -> Servin
 @web.middleware
 async def error_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
     limit = request.app.get(MAX_REQUEST_BYTES)
-    length = request.content_length
-    if limit is not None and length is not None and length > limit:
-        return _error_response(
-            PayloadTooLarge(f"request body of {length} bytes exceeds maxRequestBytes {limit}")
-        )
+    # Infer refuses it itself, inside its accounting, so that the 413 is counted per model.
+    refused = (
+        declared_too_large(request, limit)
+        if limit is not None and not request.path.endswith("/infer")
+        else None
+    )
+    if refused is not None:
+        return _error_response(as_body_error(refused))
     try:
         response: web.StreamResponse = await handler(request)
         return response
@@ -142,26 +127,25 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
         return _error_response(mapped)
 
 
+_BODY_ERRORS: dict[int, type[ServingError]] = {
+    400: InvalidRequest,
+    408: RequestTimeout,
+    413: PayloadTooLarge,
+    ClientDisconnected.status: ClientDisconnected,
+}
+
+
+def as_body_error(error: BodyError) -> ServingError:
+    """The runtime's error for a request that could not be read (:mod:`tidal.common.http`)."""
+    return _BODY_ERRORS.get(error.status, InvalidRequest)(error.message)
+
+
 async def read_body(request: web.Request, limit: int, within_s: float) -> bytes:
     """The whole body, or the error saying why not (413, 408, 499, 400)."""
-    length = request.content_length
-    if length is not None and length > limit:
-        raise PayloadTooLarge(f"request body of {length} bytes exceeds maxRequestBytes {limit}")
     try:
-        if request.content.is_eof():  # already received: no timer needed
-            return await request.read()
-        async with asyncio.timeout(within_s):
-            return await request.read()
-    except TimeoutError:
-        raise RequestTimeout(f"the request body did not arrive within {within_s:g} s") from None
-    except ConnectionResetError:  # aiohttp's ClientConnectionResetError too
-        raise ClientDisconnected("the client closed the connection mid-upload") from None
-    except web.HTTPRequestEntityTooLarge:
-        raise PayloadTooLarge(f"request body exceeds maxRequestBytes {limit}") from None
-    except (HttpProcessingError, RequestPayloadError) as exc:  # chunking, compression
-        cause = exc.__cause__ if isinstance(exc, RequestPayloadError) else exc
-        detail = getattr(cause, "message", None) or str(exc)
-        raise InvalidRequest(f"malformed request body: {detail}".strip()) from None
+        return await common_http.read_body(request, limit, within_s)
+    except BodyError as error:
+        raise as_body_error(error) from None
 
 
 def _validate(
@@ -279,9 +263,9 @@ class RuntimeServer:
         self.config = config
         self.clock = clock
         self.wall = wall  # wall-clock seconds, only for the statistics' last_inference
-        self.body_read_timeout_s = float(
-            getattr(config, "request_read_timeout_seconds", None) or BODY_READ_TIMEOUT_S
-        )
+        # Longest a request body may take once its headers are in (then 408): a stalled upload
+        # would otherwise hold a connection and its buffer forever.
+        self.body_read_timeout_s = config.request_read_timeout_seconds
         self.started_at = clock.now()
         self.metrics = RuntimeMetrics()
         self.backend = backend if backend is not None else make_backend(config)
@@ -452,8 +436,13 @@ class RuntimeServer:
                 "platform": slot.platform,
                 "inputs": tensors(slot.inputs),
                 "outputs": tensors(slot.outputs),
+                "properties": self.model_properties(slot),
             }
         )
+
+    def model_properties(self, slot: Any) -> dict[str, str]:
+        """The protocol's optional model ``properties`` (strings): how this model is served."""
+        return {"backend": self.config.backend, "max_batch_size": str(slot.spec.max_batch_size)}
 
     async def model_config(self, request: web.Request) -> web.Response:
         name = request.match_info["model"]
@@ -488,7 +477,9 @@ class RuntimeServer:
         self._version(request)
         slot = self.cache.slot(request.match_info["model"])
         ready = slot.state == READY
-        return web.json_response({"ready": ready}, status=200 if ready else 400)
+        return web.json_response(
+            {"name": request.match_info["model"], "ready": ready}, status=200 if ready else 400
+        )
 
     async def model_stats(self, request: web.Request) -> web.Response:
         """The statistics extension: Triton's ``model_stats`` list (all models without a name)."""
@@ -521,7 +512,8 @@ class RuntimeServer:
 
     async def repository_load(self, request: web.Request) -> web.Response:
         body = await self._json_body(request, {"parameters"})
-        parameters = body.get("parameters") or {}
+        parameters = body.get("parameters")
+        parameters = {} if parameters is None else parameters
         if not isinstance(parameters, dict):
             raise InvalidRequest("'parameters' must be a JSON object")
         if parameters:
@@ -534,7 +526,8 @@ class RuntimeServer:
 
     async def repository_unload(self, request: web.Request) -> web.Response:
         body = await self._json_body(request, {"parameters"})
-        parameters = body.get("parameters") or {}
+        parameters = body.get("parameters")
+        parameters = {} if parameters is None else parameters
         if not isinstance(parameters, dict) or set(parameters) - {"unload_dependents"}:
             raise InvalidRequest("'parameters' may only hold 'unload_dependents'")
         if not isinstance(parameters.get("unload_dependents", False), bool):
@@ -644,6 +637,9 @@ class RuntimeServer:
             return response
 
     async def _infer(self, name: str, request: web.Request) -> tuple[web.Response, bool]:
+        refused = declared_too_large(request, self.config.max_request_bytes)
+        if refused is not None:
+            raise as_body_error(refused)
         version = self._version(request)
         spec = self.cache.slot(name).spec
         if not self.ready and spec.preload:
@@ -674,7 +670,13 @@ class RuntimeServer:
         finally:
             self.cache.release(name)
         payload, header_len = encode_response(
-            name, outputs, decoded.outputs, decoded.binary_default, decoded.id, version
+            name,
+            outputs,
+            decoded.outputs,
+            decoded.binary_default,
+            decoded.id,
+            version,
+            self.config.non_finite_json,
         )
         if faults.added_latency_ms:
             await asyncio.sleep(faults.added_latency_ms / 1000.0)
@@ -705,7 +707,7 @@ async def serve(
     ``shutdownDrainSeconds`` (endpoints and client balancers catch up meanwhile), then it exits.
     """
     server = RuntimeServer(config, backend)
-    runner = web.AppRunner(server.build_app(), access_log=None, handle_signals=False)
+    runner = JsonErrorRunner(server.build_app(), access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

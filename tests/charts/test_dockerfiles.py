@@ -181,6 +181,10 @@ def test_wheel_built_the_dockerfiles_way_holds_operator_runtime_gateway_and_no_s
     assert result.returncode == 0, result.stdout + result.stderr
     (wheel,) = (tmp_path / "wheels").glob("tidal-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
+    for package in ("operator", "runtime", "gateway", "common"):
+        assert f"tidal/{package}/__init__.py" in names or any(
+            n.startswith(f"tidal/{package}/") for n in names
+        ), f"tidal.{package} is not in the wheel built as {DOCKERFILES[name].name} builds it"
     for script, target in SCRIPTS.items():
         module = target.split(":")[0].replace(".", "/")
         assert f"{module}.py" in names or f"{module}/__init__.py" in names, (

@@ -23,6 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
+from tidal.common.http import JsonErrorRunner
 from tidal.gateway.config import GatewayConfig, ReplicaRef
 from tidal.gateway.server import Gateway
 
@@ -140,7 +141,9 @@ class ServedGateway:
         async def run() -> None:
             self._loop = asyncio.get_running_loop()
             self._stop = asyncio.Event()
-            runner = web.AppRunner(self.gateway.build_app(), access_log=None, auto_decompress=False)
+            runner = JsonErrorRunner(
+                self.gateway.build_app(), access_log=None, auto_decompress=False
+            )
             await runner.setup()
             site = web.TCPSite(runner, "127.0.0.1", 0)
             await site.start()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from typing import Any
@@ -108,11 +109,13 @@ def test_an_unknown_model_is_404_naming_it(runtimes, runtime_config, gateway) ->
         status, _, body = http("GET", f"{gw.url}/v2/models/{model}")
         assert status == 404 and model in body["error"]
     assert reported.infer("m1")[0] == 200
-    assert reported.metric("tidal_gateway_requests_total", model="(unknown)", code="404") == 1
+    # Every client mistake is counted: the infer and the metadata request for "nope".
+    assert reported.metric("tidal_gateway_requests_total", model="(unknown)", code="404") == 2
     assert http("GET", f"{reported.url}/v2/no/such/route")[0:3:2] == (
         404,
-        {"error": "Not Found: GET /v2/no/such/route"},
+        {"error": "no endpoint GET /v2/no/such/route"},
     )
+    assert reported.metric("tidal_gateway_requests_total", model="(none)", code="404") == 1
 
 
 def test_a_replica_killed_mid_request_is_retried_elsewhere_and_nothing_fails(
@@ -313,3 +316,111 @@ def test_a_replica_without_room_refuses_and_the_load_goes_elsewhere(
     assert gw.metric("tidal_gateway_loads_total", result="ok") == 1
     assert (a.state("m0"), a.state("m1"), b.state("m1")) == ("READY", "UNAVAILABLE", "READY")
     assert "m1" in gw.replicas()["rt-a"]["refused"]
+
+
+def raw_exchange(port: int, data: bytes, patience: float = 10.0) -> tuple[int, bytes, float]:
+    """Send raw bytes, read until the server closes or the answer is complete: (status, head
+    and body, seconds it took)."""
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=patience) as sock:
+        sock.sendall(data)
+        answer = b""
+        while True:
+            head, sep, body = answer.partition(b"\r\n\r\n")
+            length = [
+                int(x.split(b":")[1])
+                for x in head.split(b"\r\n")
+                if x.lower().startswith(b"content-length:")
+            ]
+            if sep and length and len(body) >= length[0]:
+                break
+            try:
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                raise AssertionError(f"no answer within {patience} s to {data[:200]!r}") from None
+            if not chunk:
+                break
+            answer += chunk
+    assert answer.startswith(b"HTTP/1."), answer[:300]
+    return int(answer.split(b" ", 2)[1]), answer, time.monotonic() - started
+
+
+def test_client_mistakes_get_a_counted_json_4xx_and_never_hang(
+    runtimes, runtime_config, gateway
+) -> None:
+    (a,) = runtimes(("rt-a", runtime_config(preload=("m0",))))
+    gw = gateway([a], maxRequestBytes=4096, requestReadTimeoutSeconds=0.5)
+    deep = b"[" * 100_000 + b"]" * 100_000
+    head = "POST /v2/models/m0/infer HTTP/1.1\r\nHost: x\r\n"
+    cases = [  # (what, raw request, status, words of the error)
+        (
+            "a deeply nested index body",
+            b"POST /v2/repository/index HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+            % (4000, deep[:2000] + deep[-2000:]),
+            400,
+            "nested too deeply",
+        ),
+        (
+            "an index body the runtime would refuse",
+            b"POST /v2/repository/index HTTP/1.1\r\nHost: x\r\nContent-Length: 15\r\n\r\n"
+            b'{"ready": "no"}',
+            400,
+            "'ready' must be true or false",
+        ),
+        (
+            "an unknown index field",
+            b"POST /v2/repository/index HTTP/1.1\r\nHost: x\r\nContent-Length: 11\r\n\r\n"
+            b'{"x": true}',
+            400,
+            "unknown fields ['x']",
+        ),
+        (
+            "a header past latin-1, forwarded byte for byte",
+            (
+                head + "Content-Type: application/json; x=\u2192\r\nContent-Length: 2\r\n\r\n{}"
+            ).encode(),
+            400,
+            "",
+        ),
+        (
+            "a declared length over maxRequestBytes",
+            (head + "Content-Length: 1000000\r\n\r\n").encode(),
+            413,
+            "exceeds maxRequestBytes 4096",
+        ),
+        (
+            "a stalled upload",
+            (head + "Content-Length: 100\r\n\r\n{").encode(),
+            408,
+            "did not arrive within 0.5 s",
+        ),
+        (
+            "a wrong method",
+            b"DELETE /v2/repository/index HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
+            405,
+            "not allowed",
+        ),
+        (
+            "malformed HTTP (aiohttp's own 400)",
+            (head + "Transfer-Encoding: chunked\r\n\r\nzz\r\n").encode(),
+            400,
+            "malformed HTTP request",
+        ),
+    ]
+    for what, data, status, words in cases:
+        got, answer, seconds = raw_exchange(gw.port, data)
+        head_text, _, body = answer.partition(b"\r\n\r\n")
+        assert got == status, (what, answer[:400])
+        assert b"application/json" in head_text.lower(), (what, answer[:400])
+        assert words in json.loads(body)["error"], (what, answer[:400])
+        if status == 405:
+            assert b"\r\nAllow: POST" in head_text, (what, head_text)
+        assert seconds < 8, (what, seconds)
+    for code in ("400", "405", "408", "413"):
+        counted = sum(
+            gw.metric("tidal_gateway_requests_total", model=model, code=code)
+            for model in ("m0", "(none)")
+        )
+        assert counted >= 1, (code, "not counted in tidal_gateway_requests_total")
+    assert gw.metric("tidal_gateway_requests_total", model="m0", code="500") == 0
+    assert gw.infer("m0")[0] == 200  # and the gateway still serves

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from tidal.common.http import JsonErrorRunner
 from tidal.runtime.backends import Backend
 from tidal.runtime.config import RuntimeConfig, parse_config
 from tidal.runtime.server import RuntimeServer
@@ -47,7 +48,7 @@ class ServedRuntime:
             self._loop = asyncio.get_running_loop()
             self._stop = asyncio.Event()
             self.server = RuntimeServer(self.config, self._backend)
-            runner = web.AppRunner(self.server.build_app(), access_log=None)
+            runner = JsonErrorRunner(self.server.build_app(), access_log=None)
             await runner.setup()
             site = web.TCPSite(runner, "127.0.0.1", 0)
             await site.start()

@@ -1,27 +1,39 @@
-"""A bounded, loopback-only fuzz of the runtime's HTTP API (issue 14, "bad input").
+"""A bounded, loopback-only fuzz of the runtime's and the gateway's HTTP APIs (issues 14, 22).
 
-A seeded generator sends a few hundred malformed requests over raw sockets — mutated OIP
-bodies (JSON and the binary extension), wrong Inference-Header-Content-Length and
+A seeded generator sends a few hundred malformed requests over raw sockets, to the runtime and
+to a gateway in front of one (the public entry of a fleet, as strict as the runtime): mutated
+OIP bodies (JSON and the binary extension), wrong Inference-Header-Content-Length and
 binary_data_size values, BYTES length prefixes, random bytes, deep nesting, odd paths, methods
 and headers, bodies shorter or longer than declared, broken chunked and gzip encodings, a
-decompression bomb, clients that hang up mid-upload — and checks that nothing is answered 5xx,
-that the process's memory stays bounded, and that the server still answers correctly after.
+decompression bomb, clients that hang up mid-upload, stalled uploads, header values that are
+not latin-1 — and checks that nothing is answered 5xx, that no request goes unanswered past the
+read timeout, that every error is JSON, that client faults are not logged as errors, that the
+process's memory stays bounded, and that the server still answers correctly after.
 """
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import os
 import random
 import socket
 import struct
+import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+import pytest
 import tritonclient.http as triton
+from aiohttp import web
+
+from tidal.common.http import JsonErrorRunner
+from tidal.gateway.config import GatewayConfig, ReplicaRef
+from tidal.gateway.server import Gateway
 
 SEED = int(os.environ.get("TIDAL_FUZZ_SEED", "20261203"))  # another seed explores further
 CASES = int(os.environ.get("TIDAL_FUZZ_CASES", "420"))
@@ -39,6 +51,19 @@ ROUTES = [
     ("GET", "/v2/models/mlp/stats"),
     ("GET", "/v2/tidal/models"),
 ]
+GATEWAY_ROUTES = [
+    ("POST", "/v2/models/mlp/infer"),
+    ("POST", "/v2/models/mlp/versions/1/infer"),
+    ("POST", "/v2/models/words/infer"),
+    ("POST", "/v2/repository/index"),
+    ("PUT", "/v2/tidal/replicas"),
+    ("GET", "/v2/models/mlp"),
+    ("GET", "/v2/models/mlp/ready"),
+    ("GET", "/v2/health/ready"),
+    ("GET", "/v2"),
+]
+HANG = -1  # no answer before the client's patience ran out (the server held the connection)
+PATIENCE_S = 10.0  # far above STALL_S (and a loaded machine): later than this is a hang
 
 
 def rss_bytes() -> int:
@@ -48,7 +73,7 @@ def rss_bytes() -> int:
 
 def exchange(port: int, data: bytes, *, hang_up: bool = False) -> int | None:
     """Send raw bytes; the answer's status, or None when there is none (or we hang up)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=3) as sock:
+    with socket.create_connection(("127.0.0.1", port), timeout=PATIENCE_S) as sock:
         try:
             sock.sendall(data)
         except OSError:
@@ -68,21 +93,31 @@ def exchange(port: int, data: bytes, *, hang_up: bool = False) -> int | None:
                     break
             try:
                 chunk = sock.recv(65536)
-            except (TimeoutError, ConnectionResetError):
+            except TimeoutError:
+                if not sep:
+                    return HANG
+                break
+            except ConnectionResetError:
                 break
             if not chunk:
                 break
             answer += chunk
     if not answer.startswith(b"HTTP/1."):
         return None
-    return int(answer.split(b" ", 2)[1])
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status = int(answer.split(b" ", 2)[1])
+    if status >= 400:
+        assert b"application/json" in head.lower(), f"error {status} is not JSON: {answer[:300]!r}"
+        assert "error" in json.loads(body), answer[:300]
+    return status
 
 
 class Generator:
     """Malformed requests from one seed: each call returns (raw bytes, hang up?)."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, routes: list[tuple[str, str]] = ROUTES) -> None:
         self.rng = random.Random(seed)
+        self.routes = routes
 
     def json_value(self, depth: int = 0) -> Any:
         r = self.rng
@@ -202,7 +237,7 @@ class Generator:
 
     def request(self) -> tuple[bytes, bool]:
         r = self.rng
-        method, path = r.choice(ROUTES)
+        method, path = r.choice(self.routes)
         body, headers = self.body(path)
         mutation = r.randrange(14)
         hang_up = False
@@ -246,11 +281,15 @@ class Generator:
         elif mutation == 10:
             headers["Content-Length"] = str(MAX_BODY * 4)  # refused before reading
             body = b""
+        elif mutation == 11:  # UTF-8 on the wire: a value aiohttp decodes past latin-1
+            headers[r.choice(["Content-Type", "Accept", "Inference-Header-Content-Length"])] = (
+                r.choice(["application/json; x=\u2192", "\u4e2d", "1\u20ac"])
+            )
         if "Content-Length" not in headers:
             headers["Content-Length"] = str(len(body))
         head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
         head += "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-        return head.encode("latin-1") + b"\r\n" + body, hang_up
+        return head.encode() + b"\r\n" + body, hang_up
 
     def chunked(self, method: str, path: str, body: bytes) -> bytes:
         r = self.rng
@@ -258,6 +297,23 @@ class Generator:
         size = r.choice([f"{len(body):x}", "zz", f"{len(body) + 5:x}", "-1", "1" * 20])
         tail = r.choice([b"\r\n0\r\n\r\n", b"", b"\r\n", b"\r\n5\r\nab"])
         return head.encode() + size.encode() + b"\r\n" + body + tail
+
+
+def fuzz(port: int, routes: list[tuple[str, str]]) -> tuple[Counter[int | None], float, int]:
+    """Send CASES seeded cases; (statuses, seconds, RSS growth after warm-up)."""
+    generator = Generator(SEED, routes)
+    statuses: Counter[int | None] = Counter()
+    started = time.monotonic()
+    baseline = 0
+    for index in range(CASES):
+        if index == 40:  # after warm-up: allocator pools, first-use imports, caches
+            baseline = rss_bytes()
+        data, hang_up = generator.request()
+        status = exchange(port, data, hang_up=hang_up)
+        statuses[status] += 1
+        assert status != HANG, f"case {index}: no answer within {PATIENCE_S} s: {data[:300]!r}"
+        assert status is None or status < 500, (index, status, data[:300])
+    return statuses, time.monotonic() - started, rss_bytes() - baseline
 
 
 def test_fuzzed_requests_get_no_5xx_and_leave_a_live_bounded_server(
@@ -275,19 +331,7 @@ def test_fuzzed_requests_get_no_5xx_and_leave_a_live_bounded_server(
         rt.server.body_read_timeout_s = STALL_S
 
     rt.call(short_timeout)
-    generator = Generator(SEED)
-    statuses: Counter[int | None] = Counter()
-    started = time.monotonic()
-    baseline = 0
-    for index in range(CASES):
-        if index == 40:  # after warm-up: allocator pools, first-use imports, caches
-            baseline = rss_bytes()
-        data, hang_up = generator.request()
-        status = exchange(rt.port, data, hang_up=hang_up)
-        statuses[status] += 1
-        assert status is None or status < 500, (index, status, data[:300])
-    elapsed = time.monotonic() - started
-    growth = rss_bytes() - baseline
+    statuses, elapsed, growth = fuzz(rt.port, ROUTES)
 
     client = triton.InferenceServerClient(rt.url)
     assert client.is_server_live() and client.is_server_ready()
@@ -309,10 +353,99 @@ def test_fuzzed_requests_get_no_5xx_and_leave_a_live_bounded_server(
     assert not server_errors, server_errors
     answered = sum(n for s, n in statuses.items() if s is not None)
     assert answered > CASES // 2, statuses  # most cases were answered, not dropped
-    assert {400, 404, 413} <= set(statuses), statuses  # the generator reached each refusal
+    assert {400, 404, 408, 413} <= set(statuses), statuses  # the generator reached each refusal
     errors = [r for r in caplog.records if r.levelno >= 40]  # client faults are not logged loud
     assert not errors, [r.getMessage() for r in errors[:3]]
+    tracebacks = [r for r in caplog.records if r.exc_info]
+    assert not tracebacks, [r.getMessage() for r in tracebacks[:3]]
     assert rt.metric("tidal_requests_total", model="mlp", code="499") > 0  # hang-ups counted
+    assert rt.metric("tidal_requests_total", model="mlp", code="413") > 0  # early 413s too
     assert growth < 64 * 2**20, f"RSS grew {growth / 2**20:.1f} MiB over {CASES} cases"
     assert elapsed < 60, f"{elapsed:.1f} s"
     print(f"fuzz: {CASES} cases in {elapsed:.1f} s, RSS +{growth / 2**20:.1f} MiB, {statuses}")
+
+
+@pytest.fixture
+def served_gateway() -> Iterator[Any]:
+    """Serve a Gateway from a background thread's event loop (as the runtime fixture does)."""
+    started: list[tuple[asyncio.AbstractEventLoop, asyncio.Event, threading.Thread]] = []
+
+    def start(config: dict[str, Any], replicas: list[ReplicaRef]) -> tuple[Gateway, int]:
+        gateway = Gateway(GatewayConfig.model_validate(config), replicas)
+        ready = threading.Event()
+        box: dict[str, Any] = {}
+
+        async def run() -> None:
+            box["loop"], box["stop"] = asyncio.get_running_loop(), asyncio.Event()
+            runner = JsonErrorRunner(gateway.build_app(), access_log=None, auto_decompress=False)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            box["port"] = runner.addresses[0][1]
+            ready.set()
+            await box["stop"].wait()
+            await runner.cleanup()
+
+        thread = threading.Thread(target=asyncio.run, args=(run(),), daemon=True)
+        thread.start()
+        assert ready.wait(30), "the gateway did not start"
+        started.append((box["loop"], box["stop"], thread))
+        return gateway, box["port"]
+
+    yield start
+    for loop, stop, thread in started:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(20)
+
+
+def test_fuzzed_requests_through_the_gateway_get_no_5xx_and_no_hang(
+    serve, models, model_entry, served_gateway, caplog
+) -> None:
+    caplog.set_level("INFO")
+    rt = serve(
+        {
+            "models": [model_entry(models["mlp"], "mlp"), model_entry(models["mlp_b"], "words")],
+            "maxRequestBytes": MAX_BODY,
+        }
+    )
+    rt.call(lambda: setattr(rt.server, "body_read_timeout_s", STALL_S))
+    gateway, port = served_gateway(
+        {
+            "maxRequestBytes": MAX_BODY,
+            "requestReadTimeoutSeconds": STALL_S,
+            "holdTimeoutSeconds": 5,
+        },
+        [ReplicaRef(name="rt", url=f"http://{rt.url}")],
+    )
+    deadline = time.monotonic() + 30
+    while not all(r.healthy for r in gateway.replicas.values()):
+        assert time.monotonic() < deadline, [r.describe() for r in gateway.replicas.values()]
+        time.sleep(0.02)
+
+    statuses, elapsed, growth = fuzz(port, GATEWAY_ROUTES)
+
+    client = triton.InferenceServerClient(f"127.0.0.1:{port}")
+    assert client.is_server_live() and client.is_server_ready()
+    tensor = triton.InferInput("input", [2, 16], "FP32")
+    tensor.set_data_from_numpy(np.ones((2, 16), np.float32))
+    answer = client.infer("mlp", [tensor]).as_numpy("output")
+    assert answer is not None and answer.shape == (2, 4) and np.isfinite(answer).all()
+
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        text = b"".join(iter(lambda: sock.recv(65536), b"")).decode()
+    counted = [
+        line for line in text.splitlines() if line.startswith("tidal_gateway_requests_total")
+    ]
+    server_errors = [line for line in counted if 'code="5' in line]
+    assert not server_errors, server_errors
+    for code in ("400", "404", "405", "408", "413"):  # client mistakes are counted
+        assert any(f'code="{code}"' in line for line in counted), (code, counted)
+    answered = sum(n for s, n in statuses.items() if s is not None)
+    assert answered > CASES // 2, statuses
+    assert {400, 404, 405, 408, 413} <= set(statuses), statuses
+    loud = [r for r in caplog.records if r.levelno > 20 or r.exc_info]  # at most INFO, no trace
+    assert not loud, [(r.levelname, r.getMessage()) for r in loud[:3]]
+    assert growth < 64 * 2**20, f"RSS grew {growth / 2**20:.1f} MiB over {CASES} cases"
+    assert elapsed < 60, f"{elapsed:.1f} s"
+    print(f"gateway fuzz: {CASES} cases in {elapsed:.1f} s, {statuses}")

@@ -330,17 +330,24 @@ def _fields(message: Any) -> dict[str, tuple[int, int, bool]]:
     return {f.name: (f.number, f.type, f.is_repeated) for f in message.fields}
 
 
+# Fields of the protocol's own proto (kserve/open-inference-protocol,
+# open_inference_grpc.proto) that Triton's copy lacks: a Triton client skips them (proto3).
+UPSTREAM_ONLY = {"ModelMetadataResponse": {"properties": (6, 11, True)}}  # map<string,string>
+
+
 def test_messages_are_wire_compatible_with_tritonclients() -> None:
     """Every field tidal's .proto declares has the protocol's number and type."""
     theirs = {**service_pb2.DESCRIPTOR.message_types_by_name}
     theirs.update(model_config_pb2.DESCRIPTOR.message_types_by_name)
 
     def compare(mine: Any, other: Any) -> None:
-        want = _fields(other)
+        want = {**_fields(other), **UPSTREAM_ONLY.get(mine.name, {})}
         for name, shape in _fields(mine).items():
             assert want.get(name) == shape, f"{mine.full_name}.{name}"
         nested = {n.name: n for n in other.nested_types}
         for inner in mine.nested_types:
+            if inner.name not in nested and inner.GetOptions().map_entry:
+                continue  # the entry type of an UPSTREAM_ONLY map, checked above
             compare(inner, nested[inner.name])
 
     for name, mine in oip_v2_pb2.DESCRIPTOR.message_types_by_name.items():
@@ -348,6 +355,44 @@ def test_messages_are_wire_compatible_with_tritonclients() -> None:
     their_types = model_config_pb2.DESCRIPTOR.enum_types_by_name["DataType"].values_by_name
     for value in oip_v2_pb2.DESCRIPTOR.enum_types_by_name["DataType"].values:
         assert their_types[value.name].number == value.number
+
+
+def test_the_protos_service_is_served_where_a_generated_stub_calls_it(
+    serve_grpc, models, model_entry
+) -> None:
+    """runtime/grpc/oip_v2.proto declares GRPCInferenceService like the protocol's own proto,
+    with the same calls (same request and response types); a stub generated from it calls
+    /tidal.oip.v2.GRPCInferenceService/<Method>, which the runtime answers as it answers the
+    protocol's name. The stub is built from the descriptors, as protoc's plugin builds it."""
+    service = oip_v2_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    theirs = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    for method in service.methods:
+        other = theirs.methods_by_name[method.name]
+        assert (method.input_type.name, method.output_type.name) == (
+            other.input_type.name,
+            other.output_type.name,
+        ), method.name
+    _, address = serve_grpc({"models": [model_entry(models["mlp"], "mlp")]})
+    channel = grpc.insecure_channel(address)
+
+    def stub(name: str) -> Callable[[Any], Any]:
+        method = service.methods_by_name[name]
+        response_class = getattr(oip_v2_pb2, method.output_type.name)
+        return channel.unary_unary(
+            f"/{service.full_name}/{name}",
+            request_serializer=lambda message: message.SerializeToString(),
+            response_deserializer=response_class.FromString,
+        )
+
+    assert stub("ServerReady")(oip_v2_pb2.ServerReadyRequest(), timeout=10).ready
+    meta = stub("ModelMetadata")(oip_v2_pb2.ModelMetadataRequest(name="mlp"), timeout=10)
+    assert meta.name == "mlp" and meta.properties["backend"] == "onnxruntime"
+    request = oip_v2_pb2.ModelInferRequest(model_name="mlp")
+    tensor = request.inputs.add(name="input", datatype="FP32", shape=[1, 16])
+    tensor.contents.fp32_contents.extend([0.5] * 16)
+    answer = stub("ModelInfer")(request, timeout=30)
+    assert [o.name for o in answer.outputs] == ["output"] and answer.raw_output_contents
+    channel.close()
 
 
 def _free_port() -> int:

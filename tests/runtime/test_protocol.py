@@ -122,6 +122,16 @@ def output(name: str, **parameters: object) -> dict[str, object]:
         (tensor_body("INT32", [1], [1.5]), "INT32 data must be integers"),
         (tensor_body("UINT8", [1], [300]), r"outside UINT8's range 0\.\.255"),
         (tensor_body("INT8", [1], [-129]), "outside INT8's range"),
+        (tensor_body("INT64", [2], [1, 2**64]), r"outside INT64's range -9223372036854775808\.\."),
+        (tensor_body("INT64", [1], [-(2**70)]), "outside INT64's range"),
+        (tensor_body("UINT64", [1], [2**64]), "outside UINT64's range"),
+        (tensor_body("FP32", [1], [1], parameters=[]), "'parameters' must be a JSON object"),
+        (tensor_body("FP32", [1], [1], parameters=0), "'parameters' must be a JSON object"),
+        (tensor_body("FP32", [1], [1], parameters=""), "'parameters' must be a JSON object"),
+        (
+            tensor_body("FP32", [1], [1], outputs=[{"name": "y", "parameters": []}]),
+            "output 'y' parameters must be a JSON object",
+        ),
         (tensor_body("BOOL", [1], [1]), "BOOL data must be true/false"),
         (tensor_body("FP32", [2, 3], [[1, 2], [3, 4], [5, 6]]), "nested exactly as shape"),
         (tensor_body("FP32", [2, 2], [[1, 2], [3]]), "nested exactly as shape"),
@@ -232,6 +242,22 @@ def test_non_finite_outputs_are_written_as_triton_writes_them() -> None:
     assert b"[NaN,Infinity,-Infinity,1.0]" in body  # rapidjson's kWriteNanAndInfFlag spelling
     data = json.loads(body)["outputs"][0]["data"]
     assert np.isnan(data[0]) and data[1:] == [np.inf, -np.inf, 1.0]
+
+
+def test_strict_json_writes_non_finite_outputs_as_strings() -> None:
+    out = np.array([np.nan, np.inf, -np.inf, 1.0], dtype=np.float32)
+    body, _ = encode_response("m", {"y": out}, None, False, None, "1", non_finite="strings")
+    data = json.loads(body, parse_constant=lambda token: pytest.fail(f"bare {token}"))
+    assert data["outputs"][0]["data"] == ["NaN", "Infinity", "-Infinity", 1.0]
+    finite, _ = encode_response("m", {"y": out[3:]}, None, False, None, "1", non_finite="strings")
+    assert json.loads(finite)["outputs"][0]["data"] == [1.0]
+
+
+def test_an_empty_outputs_list_asks_for_every_output_as_over_grpc() -> None:
+    outputs = {"a": np.zeros(2, np.float32), "b": np.ones(2, np.float32)}
+    request = decode_request(tensor_body("FP32", [1], [1], outputs=[]), None)
+    body, _ = encode_response("m", outputs, request.outputs, request.binary_default)
+    assert [o["name"] for o in json.loads(body)["outputs"]] == ["a", "b"]
 
 
 def test_binary_outputs_follow_the_json_header() -> None:

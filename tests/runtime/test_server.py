@@ -581,6 +581,7 @@ def test_a_stalled_body_times_out_and_an_oversized_one_is_refused_before_reading
         status, body = status_and_json(answer)
         assert status == 413 and "exceeds maxRequestBytes 4096" in body["error"], path
     assert rt.metric("tidal_requests_total", model="mlp", code="408") == 1
+    assert rt.metric("tidal_requests_total", model="mlp", code="413") == 1  # refused early too
 
 
 def test_unknown_routes_and_methods_answer_json(serve, models, model_entry) -> None:
@@ -607,6 +608,9 @@ def test_repository_bodies_are_checked(serve, models, model_entry) -> None:
         (load, b'{"parameters": {"config": "{}"}}', "not supported"),
         (load, b"[1]", "must be a JSON object"),
         (unload, b'{"parameters": {"unload_dependents": "no"}}', "true or false"),
+        (load, b'{"parameters": []}', "'parameters' must be a JSON object"),
+        (load, b'{"parameters": 0}', "'parameters' must be a JSON object"),
+        (unload, b'{"parameters": ""}', "'parameters' may only hold"),
     ]
     for url, payload, message in cases:
         status, _, answer = post(url, payload)
@@ -651,3 +655,32 @@ def test_non_finite_outputs_reach_tritonclient_as_in_triton(serve, models, model
         wanted = triton.InferRequestedOutput("y", binary_data=binary)
         y = client.infer("gate", [tensor], outputs=[wanted]).as_numpy("y")
         assert np.isnan(y[0, 0]) and y[0, 1] == np.inf
+
+
+def test_strict_json_mode_writes_non_finite_outputs_as_strings(serve, models, model_entry) -> None:
+    rt = serve(
+        {"models": [model_entry(models["mlp"], "gate")], "nonFiniteJson": "strings"},
+        GateBackend(),
+    )
+    body = {
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [1.0, 1.0]}],
+        "outputs": [],  # every output, as over gRPC
+    }
+    status, _, answer = post(f"{rt.url}/v2/models/gate/infer", json.dumps(body).encode())
+    assert status == 200, answer
+    assert [o["name"] for o in answer["outputs"]] == ["y"]
+    body["inputs"][0]["data"] = ["NaN", 1.0]  # not a number: refused, strings are outputs only
+    assert post(f"{rt.url}/v2/models/gate/infer", json.dumps(body).encode())[0] == 400
+    raw = b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [NaN, -1e999]}]}'
+    status, _, answer = post(f"{rt.url}/v2/models/gate/infer", raw)
+    assert status == 200 and answer["outputs"][0]["data"] == ["NaN", "-Infinity"], answer
+
+
+def test_model_ready_names_the_model_and_metadata_has_properties(
+    serve, models, model_entry
+) -> None:
+    rt = serve({"models": [model_entry(models["mlp"], "mlp", maxBatchSize=4)]})
+    status, _, body = post(f"{rt.url}/v2/models/mlp/ready", None, method="GET")
+    assert (status, body) == (200, {"name": "mlp", "ready": True})
+    status, _, body = post(f"{rt.url}/v2/models/mlp", None, method="GET")
+    assert body["properties"] == {"backend": "onnxruntime", "max_batch_size": "4"}, body

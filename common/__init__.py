@@ -1,0 +1,7 @@
+"""Code shared by the runtime and the gateway, below both (``tidal.common``).
+
+The runtime, the gateway and the operator are independent (an import-linter contract); what
+the two HTTP servers must do alike (read a request body within limits, refuse client mistakes
+with a JSON error, keep client faults out of the error log) lives here, imports neither of them,
+and is imported by both.
+"""
