@@ -1,0 +1,243 @@
+"""Scale to zero and wake ahead (``core.idle``): tables and properties with injected time."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tidal.operator.core.autoscaler import Observation, ScalerState, ScalingPolicy
+from tidal.operator.core.idle import (
+    REASON_AT_ZERO,
+    REASON_BUSY,
+    REASON_HOLD_FORECAST,
+    REASON_WAIT_ZERO,
+    REASON_WAKE_FORECAST,
+    REASON_WAKE_REQUEST,
+    REASON_ZERO_IDLE,
+    IdleSignals,
+    IdleState,
+    ZeroPolicy,
+    decide_scale_zero,
+    decide_zero,
+    wake_lead,
+)
+
+ZERO = ZeroPolicy(after_seconds=300.0, wake_margin_seconds=30.0)
+WAKE = ZERO.wake_threshold  # 1 request per 300 s
+
+
+@pytest.mark.parametrize(
+    ("at_zero", "state", "signals", "floor", "reason"),
+    [
+        # Awake: the idle timer runs from the last request.
+        (False, IdleState(active_at=0.0), IdleSignals(299.0, active=False), 1, REASON_WAIT_ZERO),
+        (False, IdleState(active_at=0.0), IdleSignals(300.0, active=False), 0, REASON_ZERO_IDLE),
+        (False, IdleState(active_at=0.0), IdleSignals(400.0, active=True), 1, REASON_BUSY),
+        # Unknown metrics count as busy; a held request or a due forecast blocks zero.
+        (False, IdleState(active_at=0.0), IdleSignals(400.0, active=None), 1, REASON_BUSY),
+        (False, IdleState(active_at=0.0), IdleSignals(400.0, False, held=1), 1, REASON_BUSY),
+        (
+            False,
+            IdleState(active_at=0.0),
+            IdleSignals(400.0, False, forecast_rate=WAKE),
+            1,
+            REASON_HOLD_FORECAST,
+        ),
+        # A forecast below the wake rate is no demand.
+        (
+            False,
+            IdleState(active_at=0.0),
+            IdleSignals(400.0, False, forecast_rate=WAKE / 2),
+            0,
+            REASON_ZERO_IDLE,
+        ),
+        # First tick (or a lost state): the timer starts now, nothing goes to zero at once.
+        (False, IdleState(), IdleSignals(1000.0, active=False), 1, REASON_WAIT_ZERO),
+        # At zero: quiet stays; a held request or arrivals wake at once; a due forecast wakes.
+        (True, IdleState(0.0, 300.0), IdleSignals(5000.0, active=False), 0, REASON_AT_ZERO),
+        (True, IdleState(0.0, 300.0), IdleSignals(5000.0, False, held=1), 1, REASON_WAKE_REQUEST),
+        (True, IdleState(0.0, 300.0), IdleSignals(5000.0, active=True), 1, REASON_WAKE_REQUEST),
+        (
+            True,
+            IdleState(0.0, 300.0),
+            IdleSignals(5000.0, False, forecast_rate=2 * WAKE),
+            1,
+            REASON_WAKE_FORECAST,
+        ),
+        # At zero an unknown tick is not a request: nothing is served, nothing to measure.
+        (True, IdleState(0.0, 300.0), IdleSignals(5000.0, active=None), 0, REASON_AT_ZERO),
+    ],
+)
+def test_zero_verdict_table(
+    at_zero: bool, state: IdleState, signals: IdleSignals, floor: int, reason: str
+) -> None:
+    verdict, _ = decide_zero(ZERO, signals, state, at_zero)
+    assert (verdict.floor, verdict.reason) == (floor, reason), verdict
+
+
+def test_wake_lead_is_measured_time_to_routable_plus_margin() -> None:
+    assert wake_lead(ZERO, 42.0) == 72.0
+    assert wake_lead(ZERO, None) == ZERO.default_routable_seconds + 30.0
+    assert wake_lead(ZERO, float("nan")) == ZERO.default_routable_seconds + 30.0
+
+
+def test_wake_rate_defaults_to_one_request_per_idle_window() -> None:
+    assert ZeroPolicy(after_seconds=600.0).wake_threshold == pytest.approx(1 / 600)
+    assert ZeroPolicy(wake_rate=0.5).wake_threshold == 0.5
+    with pytest.raises(ValueError, match="after_seconds"):
+        ZeroPolicy(after_seconds=-1.0)
+
+
+# ------------------------------------------------------------------------------------------
+# Through decide_scale: a pool with minReplicas 0.
+
+POLICY = ScalingPolicy(min_replicas=0, max_replicas=8, scale_down_delay_seconds=60.0)
+
+
+def obs(now: float, ready: int, rate: float = 0.0, queue: float = 0.0) -> Observation:
+    return Observation(now=now, ready_serving=ready, queue_depth=queue, arrival_rate=rate)
+
+
+def test_quiet_pool_goes_to_zero_releases_standby_and_stays() -> None:
+    policy = ScalingPolicy(
+        min_replicas=0, max_replicas=8, standby_replicas=2, scale_down_delay_seconds=60.0
+    )
+    scaler, idle = ScalerState(desired_serving=1), IdleState()
+    reasons = []
+    for t in range(0, 700, 10):
+        ready = 0 if scaler.desired_serving == 0 else 1
+        sig = IdleSignals(float(t), active=False)
+        decision, scaler, idle = decide_scale_zero(
+            policy, ZERO, obs(float(t), ready), scaler, sig, idle
+        )
+        reasons.append((t, decision.desired_serving, decision.desired_standby, decision.reason))
+    went = [r for r in reasons if r[3] == REASON_ZERO_IDLE]
+    assert went and went[0][0] == 300, reasons
+    assert all(r[1:3] == (0, 0) for r in reasons if r[0] >= 300), reasons
+    assert all(r[1] == 1 for r in reasons if r[0] < 300), reasons
+    assert reasons[-1][3] == REASON_AT_ZERO
+
+
+def test_burst_held_at_zero_wakes_at_once_sized_by_the_held_requests() -> None:
+    scaler, idle = ScalerState(desired_serving=0), IdleState(0.0, 300.0)
+    sig = IdleSignals(1000.0, active=False, held=100)
+    decision, scaler, idle = decide_scale_zero(POLICY, ZERO, obs(1000.0, 0), scaler, sig, idle)
+    assert decision.desired_serving >= 1, decision
+    assert decision.reason.startswith(("wake:", "surge:", "rate-limited")), decision
+    assert idle.active_at == 1000.0 and idle.zero_since is None
+
+
+def test_single_held_request_wakes_one_replica_with_the_wake_reason() -> None:
+    scaler, idle = ScalerState(desired_serving=0), IdleState(0.0, 300.0)
+    sig = IdleSignals(1000.0, active=False, held=1)
+    policy = ScalingPolicy(min_replicas=0, max_replicas=8, fallback_queue_depth=4.0)
+    decision, _, _ = decide_scale_zero(policy, ZERO, obs(1000.0, 0), scaler, sig, idle)
+    assert (decision.desired_serving, decision.reason) == (1, REASON_WAKE_REQUEST), decision
+
+
+def test_forecast_wake_comes_before_the_rise_by_the_lead() -> None:
+    """A daily rise at t=10,000 s, forecast by its bucket: the pool wakes once the rise is within
+    the lead (time-to-routable 40 s + 30 s) and is routable before it."""
+    rise_at, routable = 10_000.0, 40.0
+    lead = wake_lead(ZERO, routable)
+    scaler, idle = ScalerState(desired_serving=0), IdleState(0.0, 300.0)
+    woke_at = None
+    for t in range(9_000, 10_001, 5):
+        now = float(t)
+        peak = 1.0 if now + lead >= rise_at else 0.0  # the forecast's peak over the lead
+        sig = IdleSignals(now, active=False, forecast_rate=peak)
+        ready = 0 if scaler.desired_serving == 0 else 1
+        decision, scaler, idle = decide_scale_zero(POLICY, ZERO, obs(now, ready), scaler, sig, idle)
+        if woke_at is None and decision.desired_serving > 0:
+            woke_at = now
+            assert decision.reason == REASON_WAKE_FORECAST, decision
+    assert woke_at is not None
+    assert rise_at - lead <= woke_at <= rise_at - routable, woke_at
+
+
+def test_min_replicas_one_is_decide_scale_unchanged() -> None:
+    policy = ScalingPolicy(min_replicas=1, max_replicas=8)
+    scaler, idle = ScalerState(desired_serving=1), IdleState(0.0)
+    sig = IdleSignals(10_000.0, active=False)
+    decision, _, idle2 = decide_scale_zero(policy, ZERO, obs(10_000.0, 1), scaler, sig, idle)
+    assert decision.desired_serving == 1 and idle2 == idle
+
+
+# ------------------------------------------------------------------------------------------
+# Properties over random traces of ticks.
+
+tick = st.tuples(
+    st.floats(min_value=0.5, max_value=200.0),  # seconds since the previous tick
+    st.sampled_from([True, False, False, False, None]),  # requests seen
+    st.sampled_from([0, 0, 0, 0, 1, 50]),  # held at the gateway
+    st.sampled_from([None, 0.0, 0.0, WAKE / 10, WAKE, 1.0]),  # forecast peak over the lead
+)
+
+
+def _run(
+    trace: list[tuple[float, bool | None, int, float | None]],
+) -> list[tuple[float, int, str, IdleSignals]]:
+    scaler, idle = ScalerState(desired_serving=1), IdleState()
+    now, out = 0.0, []
+    for dt, active, held, forecast in trace:
+        now += dt
+        ready = 0 if scaler.desired_serving == 0 else 1
+        rate = 1.0 if active else 0.0
+        o = Observation(now=now, ready_serving=ready, queue_depth=0.0, arrival_rate=rate)
+        sig = IdleSignals(now, active=active, held=held, forecast_rate=forecast)
+        decision, scaler, idle = decide_scale_zero(POLICY, ZERO, o, scaler, sig, idle)
+        out.append((now, decision.desired_serving, decision.reason, sig))
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(tick, min_size=1, max_size=80))
+def test_never_zero_while_a_request_is_held_or_forecast_demand_is_due(
+    trace: list[tuple[float, bool | None, int, float | None]],
+) -> None:
+    for now, desired, reason, sig in _run(trace):
+        due = sig.forecast_rate is not None and sig.forecast_rate >= WAKE
+        if sig.held > 0 or due or sig.active:
+            assert desired >= 1, (now, desired, reason, sig)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(tick, min_size=1, max_size=80))
+def test_never_flaps_between_zero_and_one(
+    trace: list[tuple[float, bool | None, int, float | None]],
+) -> None:
+    """Once up from zero, a pool stays up at least `after_seconds`; at zero it only leaves on a
+    request or a due forecast."""
+    out = _run(trace)
+    up_since: float | None = None
+    prev = 1
+    for now, desired, reason, sig in out:
+        if prev == 0 and desired > 0:
+            assert reason in (REASON_WAKE_REQUEST, REASON_WAKE_FORECAST) or sig.held > 0, reason
+            up_since = now
+        if prev > 0 and desired == 0 and up_since is not None:
+            assert now - up_since >= ZERO.after_seconds, (now, up_since, reason)
+        prev = desired
+
+
+quiet_tick = st.tuples(
+    st.floats(min_value=0.5, max_value=5000.0),
+    st.sampled_from([False, None]),  # no request seen (or nothing to measure at zero)
+    st.sampled_from([None, 0.0, WAKE / 10, WAKE * 0.99]),  # a forecast below the wake rate
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(quiet_tick, min_size=1, max_size=40))
+def test_a_quiet_pool_at_zero_stays_at_zero(
+    trace: list[tuple[float, bool | None, float | None]],
+) -> None:
+    scaler, idle, now = ScalerState(desired_serving=0), IdleState(0.0, 0.0), 0.0
+    for dt, active, forecast in trace:
+        now += dt
+        sig = IdleSignals(now, active=active, forecast_rate=forecast)
+        decision, scaler, idle = decide_scale_zero(POLICY, ZERO, obs(now, 0), scaler, sig, idle)
+        assert (decision.desired_serving, decision.desired_standby) == (0, 0), (now, decision)
+        assert decision.reason == REASON_AT_ZERO, decision
+    assert idle.zero_since == 0.0
