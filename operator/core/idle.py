@@ -33,7 +33,9 @@ replica go to zero, so it is the rate at which waking ahead is worth a replica.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 from tidal.operator.core.autoscaler import (
     REASON_FLOOR_MIN,
@@ -42,6 +44,14 @@ from tidal.operator.core.autoscaler import (
     ScalerState,
     ScalingPolicy,
     decide_scale,
+)
+from tidal.operator.core.forecast import (
+    ForecastPolicy,
+    ModelForecast,
+    forecasts_from_json,
+    forecasts_to_json,
+    observe,
+    predict_peak,
 )
 
 REASON_ZERO_IDLE = "scale-to-zero:idle"
@@ -197,3 +207,86 @@ def decide_scale_zero(
     elif verdict.reason in (REASON_WAIT_ZERO, REASON_HOLD_FORECAST):
         decision = replace(decision, notes=(*decision.notes, verdict.reason))
     return decision, new_scaler, new_idle
+
+
+# ------------------------------------------------------------------------------------------
+# The service's own demand forecast (the fleet's forecast core, one "model" per service) and
+# what of it all survives an operator restart (status.autoscaler.state, key "zero").
+
+FORECAST_NAME = "service"
+
+
+@dataclass(frozen=True, slots=True)
+class ZeroMemory:
+    """The idle timer and the service's learned demand (`forecast`, on wall time)."""
+
+    idle: IdleState = IdleState()
+    forecast: ModelForecast | None = None
+
+
+def learn_demand(
+    policy: ForecastPolicy, memory: ZeroMemory, rate: float | None, wall: float
+) -> ZeroMemory:
+    """Fold this tick's arrival rate into the forecast, at most once per
+    `policy.sample_interval_seconds` (its smoothing weights are per that interval); a missing
+    rate is no sample (a pool at zero measures 0 requests/s, which is a sample)."""
+    if rate is None:
+        return memory
+    last = memory.forecast.last_at if memory.forecast is not None else None
+    if last is not None and 0 <= wall - last < policy.sample_interval_seconds:
+        return memory
+    return replace(memory, forecast=observe(policy, memory.forecast, rate, wall))
+
+
+def forecast_peak(
+    policy: ForecastPolicy, memory: ZeroMemory, wall: float, lead_seconds: float
+) -> float | None:
+    """The largest rate the forecast expects over the next `lead_seconds` (None: none yet)."""
+    if memory.forecast is None:
+        return None
+    return predict_peak(policy, memory.forecast, wall, lead_seconds)
+
+
+def dump_zero(policy: ForecastPolicy, memory: ZeroMemory, clock_offset: float) -> dict[str, Any]:
+    """JSON-ready form; monotonic times are written as `time + clock_offset` (wall)."""
+
+    def at(t: float | None) -> float | None:
+        return None if t is None else round(t + clock_offset, 3)
+
+    # Only whether (since when) the pool is at zero: the idle timer of an awake pool restarts
+    # with the operator (a written time would be stale: it moves with every request).
+    out: dict[str, Any] = {"zeroSince": at(memory.idle.zero_since)}
+    if memory.forecast is not None:
+        out["forecast"] = forecasts_to_json(policy, {FORECAST_NAME: memory.forecast})
+    return out
+
+
+def load_zero(policy: ForecastPolicy, data: Any, clock_offset: float) -> ZeroMemory:
+    """The inverse of `dump_zero`; never raises (what does not parse starts afresh)."""
+    if not isinstance(data, Mapping):
+        return ZeroMemory()
+
+    def at(value: Any) -> float | None:
+        if isinstance(value, int | float) and math.isfinite(value):
+            return float(value) - clock_offset
+        return None
+
+    text = data.get("forecast")
+    forecast = None
+    if isinstance(text, str):
+        forecast = forecasts_from_json(policy, text).get(FORECAST_NAME)
+    idle = IdleState(zero_since=at(data.get("zeroSince")))
+    return ZeroMemory(idle=idle, forecast=forecast)
+
+
+def zero_persist_key(memory: ZeroMemory) -> tuple[Any, ...]:
+    """What a restarted operator would decide differently from: whether the pool is at zero,
+    and the forecast's learned profile (it moves once per bucket, at most every 15 minutes,
+    and not at all once a quiet bucket's visits are counted). The idle timer is not written
+    (it moves with every request); a restart restarts it, so the pool waits one more
+    `after_seconds` before zero: the safe side."""
+    f = memory.forecast
+    return (
+        memory.idle.zero_since is not None,
+        None if f is None else (f.profile, f.counts),
+    )

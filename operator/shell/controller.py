@@ -87,7 +87,21 @@ from tidal.operator.core.control import (
     scaling_condition,
     scaling_policy_of,
     status_decision,
+    stored_zero_memory,
     to_wall_signals,
+)
+from tidal.operator.core.forecast import ForecastPolicy
+from tidal.operator.core.idle import (
+    IdleSignals,
+    ZeroMemory,
+    ZeroPolicy,
+    decide_scale_zero,
+    dump_zero,
+    forecast_peak,
+    learn_demand,
+    load_zero,
+    wake_lead,
+    zero_persist_key,
 )
 from tidal.operator.core.podfaults import PodFaults, due, not_ready_pods
 from tidal.operator.core.resources import (
@@ -179,9 +193,14 @@ class ServiceState:
     primary_hash: str | None = None
     # When status.autoscaler was last refreshed, and for which desired count.
     autoscaler_key: tuple[Any, ...] | None = None
+    # minReplicas 0: the idle timer and the service's demand forecast (``core.idle``).
+    zero: ZeroMemory = field(default_factory=ZeroMemory)
 
 
 _labels, _ready = pod_labels, pod_ready
+# The per-service demand forecast of a scale-to-zero service: the fleet's defaults (a daily
+# profile of 96 x 15 min buckets, sampled every 5 s).
+ZERO_FORECAST = ForecastPolicy()
 
 
 def _annotations(pod: Mapping[str, Any]) -> Mapping[str, str]:
@@ -418,6 +437,9 @@ class Controller:
         if not st.scaler_loaded:
             st.stored_autoscaler = _stored_autoscaler(body)
             st.scaler_loaded = True
+            st.zero = load_zero(
+                ZERO_FORECAST, stored_zero_memory(st.stored_autoscaler), wall - mono
+            )
             restored = restore_scaler_state(st.stored_autoscaler, serving, mono, wall)
             if restored is not None:
                 st.scalers[serving] = restored
@@ -433,7 +455,12 @@ class Controller:
             if scaler is None:
                 have = [current[p] for p in serving if p in current]
                 scaler = initial_scaler_state(policy, sum(have) if have else None)
-            decision, st.scalers[serving] = decide_scale(policy, observation, scaler)
+            if policy.min_replicas == 0:
+                decision, st.scalers[serving] = self._decide_zero(
+                    st, isvc, policy, observation, scaler, serving, mono, wall
+                )
+            else:
+                decision, st.scalers[serving] = decide_scale(policy, observation, scaler)
             autoscaler = self._persisted(st, policy, serving, st.scalers[serving], mono, wall)
         desired_serving = isvc.spec.replicas if manual else decision.desired_serving  # type: ignore[union-attr]
 
@@ -674,6 +701,44 @@ class Controller:
                     self._to_host(st, name, urls[name]), name=f"host-tier {name}"
                 )
 
+    def _decide_zero(
+        self,
+        st: ServiceState,
+        isvc: InferenceService,
+        policy: ScalingPolicy,
+        observation: Observation,
+        scaler: ScalerState,
+        serving: tuple[PoolName, ...],
+        mono: float,
+        wall: float,
+    ) -> tuple[ScaleDecision, ScalerState]:
+        """decide_scale for a pool that may reach zero: the service's forecast learns this
+        tick's rate, is asked for its peak over the wake lead, and ``core.idle`` decides."""
+        zero = ZeroPolicy(after_seconds=float(isvc.spec.autoscaling.scale_to_zero_after_seconds))
+        fresh = (
+            observation.queue_depth is not None
+            and observation.metrics_age_seconds is not None
+            and observation.metrics_age_seconds <= policy.max_metrics_age_seconds
+        )
+        rate = observation.arrival_rate if fresh else None
+        st.zero = learn_demand(ZERO_FORECAST, st.zero, rate, wall)
+        routable = st.routable.get(serving[0])
+        lead = wake_lead(zero, routable.total_seconds if routable is not None else None)
+        active = None
+        if fresh:
+            active = (observation.queue_depth or 0.0) > 0 or (observation.arrival_rate or 0.0) > 0
+        signals = IdleSignals(
+            mono,
+            active=active,
+            held=0,  # no activator yet: requests at zero are not held (README)
+            forecast_rate=forecast_peak(ZERO_FORECAST, st.zero, wall, lead),
+        )
+        decision, new_scaler, idle = decide_scale_zero(
+            policy, zero, observation, scaler, signals, st.zero.idle
+        )
+        st.zero = ZeroMemory(idle=idle, forecast=st.zero.forecast)
+        return decision, new_scaler
+
     def _persisted(
         self,
         st: ServiceState,
@@ -689,9 +754,14 @@ class Controller:
         every service's status every second in a quiet cluster."""
         previous = st.view.status.autoscaler if st.view is not None else None
         key = autoscaler_persist_key(state, estimate_capacity(policy, state.capacity))
+        if policy.min_replicas == 0:
+            key = (*key, zero_persist_key(st.zero))
         if previous is None or key != st.autoscaler_key:
             st.autoscaler_key = key
-            return autoscaler_status(policy, serving, state, mono, wall)
+            zero = None
+            if policy.min_replicas == 0:
+                zero = dump_zero(ZERO_FORECAST, st.zero, wall - mono)
+            return autoscaler_status(policy, serving, state, mono, wall, zero)
         return previous
 
     async def _put_tier(self, url: str, tier: str) -> bool:

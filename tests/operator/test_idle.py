@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tidal.operator.core.api import PoolName
 from tidal.operator.core.autoscaler import Observation, ScalerState, ScalingPolicy
+from tidal.operator.core.control import autoscaler_status, scale_event, stored_zero_memory
+from tidal.operator.core.forecast import ForecastPolicy
 from tidal.operator.core.idle import (
     REASON_AT_ZERO,
     REASON_BUSY,
@@ -17,10 +23,16 @@ from tidal.operator.core.idle import (
     REASON_ZERO_IDLE,
     IdleSignals,
     IdleState,
+    ZeroMemory,
     ZeroPolicy,
     decide_scale_zero,
     decide_zero,
+    dump_zero,
+    forecast_peak,
+    learn_demand,
+    load_zero,
     wake_lead,
+    zero_persist_key,
 )
 
 ZERO = ZeroPolicy(after_seconds=300.0, wake_margin_seconds=30.0)
@@ -241,3 +253,92 @@ def test_a_quiet_pool_at_zero_stays_at_zero(
         assert (decision.desired_serving, decision.desired_standby) == (0, 0), (now, decision)
         assert decision.reason == REASON_AT_ZERO, decision
     assert idle.zero_since == 0.0
+
+
+# ------------------------------------------------------------------------------------------
+# The service's own forecast: learned from the arrival history, kept across restarts.
+
+DAY = 86_400.0
+FORECAST = ForecastPolicy()
+
+
+def _morning(t: float) -> float:
+    """A daily trace: quiet (0 req/s) until 9:00, then 5 req/s until 17:00."""
+    hour = (t % DAY) / 3600.0
+    return 5.0 if 9.0 <= hour < 17.0 else 0.0
+
+
+def _learn_days(days: int) -> ZeroMemory:
+    memory = ZeroMemory()
+    t = 0.0
+    while t < days * DAY:
+        memory = learn_demand(FORECAST, memory, _morning(t), t)
+        t += 60.0
+    return memory
+
+
+def test_learned_daily_rise_wakes_ahead_by_the_lead_and_not_at_night() -> None:
+    memory = _learn_days(3)
+    lead = wake_lead(ZERO, 40.0)
+    rise = 3 * DAY + 9 * 3600.0
+    # Night: the quiet profile and a stale short term say nothing is due.
+    night = 3 * DAY + 3 * 3600.0
+    assert (forecast_peak(FORECAST, memory, night, lead) or 0.0) < WAKE
+    # Within the lead of the rise: due, so a pool at zero wakes.
+    before = rise - lead + 1.0
+    peak = forecast_peak(FORECAST, memory, before, lead)
+    assert peak is not None and peak >= WAKE, peak
+    verdict, _ = decide_zero(ZERO, IdleSignals(0.0, False, forecast_rate=peak), IdleState(), True)
+    assert verdict.reason == REASON_WAKE_FORECAST
+
+
+def test_learn_demand_samples_at_most_once_per_interval_and_skips_missing_rates() -> None:
+    m1 = learn_demand(FORECAST, ZeroMemory(), 1.0, 100.0)
+    assert m1.forecast is not None
+    assert learn_demand(FORECAST, m1, 2.0, 101.0) is m1
+    assert learn_demand(FORECAST, m1, None, 200.0) is m1
+    assert learn_demand(FORECAST, m1, 2.0, 100.0 + FORECAST.sample_interval_seconds) is not m1
+
+
+def test_zero_memory_survives_a_restart() -> None:
+    """Dumped on one process's clocks (offset 1,000), loaded on another's (offset 5,000)."""
+    memory = replace(_learn_days(2), idle=IdleState(active_at=10.0, zero_since=20.0))
+    data = json.loads(json.dumps(dump_zero(FORECAST, memory, 1_000.0)))
+    back = load_zero(FORECAST, data, 5_000.0)
+    assert back.forecast == memory.forecast
+    # At zero since the same wall time; the idle timer of an awake pool restarts.
+    assert back.idle == IdleState(active_at=None, zero_since=20.0 + 1_000.0 - 5_000.0)
+    assert zero_persist_key(back) == zero_persist_key(memory)
+    assert load_zero(FORECAST, "garbage", 0.0) == ZeroMemory()
+    assert load_zero(FORECAST, {"forecast": "{", "zeroSince": "x"}, 0.0) == ZeroMemory()
+
+
+def test_status_keeps_the_zero_memory_and_events_name_zero() -> None:
+    policy = ScalingPolicy(min_replicas=0, max_replicas=4)
+    memory = ZeroMemory(idle=IdleState(zero_since=5.0))
+    stored = autoscaler_status(
+        policy,
+        (PoolName.PRIMARY,),
+        ScalerState(desired_serving=0),
+        100.0,
+        1_000.0,
+        dump_zero(FORECAST, memory, 900.0),
+    )
+    assert load_zero(FORECAST, stored_zero_memory(stored), 900.0) == memory
+    assert stored_zero_memory(None) is None
+    scaler, idle = ScalerState(desired_serving=1), IdleState(0.0)
+    down, _, _ = decide_scale_zero(
+        POLICY, ZERO, obs(400.0, 1), scaler, IdleSignals(400.0, False), idle
+    )
+    event = scale_event(PoolName.PRIMARY, 1, down)
+    assert event is not None and event[:2] == ("Normal", "ScaledToZero"), event
+    up, _, _ = decide_scale_zero(
+        POLICY,
+        ZERO,
+        obs(500.0, 0),
+        ScalerState(desired_serving=0),
+        IdleSignals(500.0, False, held=1),
+        IdleState(0.0, 400.0),
+    )
+    event = scale_event(PoolName.PRIMARY, 0, up)
+    assert event is not None and event[:2] == ("Normal", "ScaledFromZero"), event
