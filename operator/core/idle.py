@@ -241,10 +241,29 @@ def learn_demand(
 def forecast_peak(
     policy: ForecastPolicy, memory: ZeroMemory, wall: float, lead_seconds: float
 ) -> float | None:
-    """The largest rate the forecast expects over the next `lead_seconds` (None: none yet)."""
-    if memory.forecast is None:
+    """The largest rate expected over the next `lead_seconds` (None: no forecast yet): the
+    forecast's own peak, or the usual rate of those hours (the learned profile, as far as it
+    is trusted), whichever is more.
+
+    Why the usual rate too: the forecast puts the short term where the rate is now and the
+    profile's change on top; inside the bucket of a rise that has not come yet today (it is
+    jittered by minutes) it reads "quieter than usual" and says 0, so a pool woken for the
+    rise would go back to zero minutes before it. For a pool at or near zero, an hour that
+    usually brings requests is the evidence worth a replica."""
+    forecast = memory.forecast
+    if forecast is None:
         return None
-    return predict_peak(policy, memory.forecast, wall, lead_seconds)
+    peak = predict_peak(policy, forecast, wall, lead_seconds)
+    if forecast.period_seconds != policy.period_seconds or forecast.slots != policy.slots:
+        return peak
+    width = policy.slot_seconds
+    first = math.floor(wall / width)
+    last = math.floor((wall + min(max(lead_seconds, 0.0), policy.period_seconds)) / width)
+    for k in range(first, last + 1):
+        slot = k % policy.slots
+        trust = min(1.0, forecast.counts[slot] / policy.profile_min_periods)
+        peak = max(peak, trust * forecast.profile[slot])
+    return peak
 
 
 def dump_zero(policy: ForecastPolicy, memory: ZeroMemory, clock_offset: float) -> dict[str, Any]:
