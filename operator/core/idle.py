@@ -191,6 +191,9 @@ def decide_scale_zero(
         decision, new_scaler = decide_scale(policy, observation, scaler)
         return decision, new_scaler, idle
     at_zero = scaler.desired_serving == 0
+    if not at_zero and (observation.warming > 0 or observation.pending_unschedulable > 0):
+        # A replica still starting is not idle: the timer starts once it could serve.
+        signals = replace(signals, active=True)
     verdict, new_idle = decide_zero(zero, signals, idle, at_zero)
     obs = observation
     if signals.held > 0:

@@ -342,3 +342,12 @@ def test_status_keeps_the_zero_memory_and_events_name_zero() -> None:
     )
     event = scale_event(PoolName.PRIMARY, 0, up)
     assert event is not None and event[:2] == ("Normal", "ScaledFromZero"), event
+
+
+def test_a_replica_still_starting_is_not_idle() -> None:
+    """Woken (or new) and still warming for longer than the idle window: not sent to zero."""
+    scaler, idle = ScalerState(desired_serving=1), IdleState(active_at=0.0)
+    warming = Observation(now=1000.0, ready_serving=0, warming=1, queue_depth=0.0)
+    sig = IdleSignals(1000.0, active=False)
+    decision, _, idle = decide_scale_zero(POLICY, ZERO, warming, scaler, sig, idle)
+    assert decision.desired_serving == 1 and idle.active_at == 1000.0, decision
