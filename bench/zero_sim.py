@@ -196,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     fc, od = results[2], results[1]
     saved = 1 - fc.gpu_seconds / base.gpu_seconds
     print(
-        f"goal >= 50 % fewer GPU-hours than minReplicas 1: {saved:.0%} fewer "
+        f"goal >= 50 % fewer GPU-hours than minReplicas 1: {saved:.1%} fewer "
         f"({'met' if saved >= 0.5 else 'NOT met'}); "
         f"no more late requests than minReplicas 1 ({base.late}): forecast {fc.late} "
         f"({'met' if fc.late <= base.late else 'NOT met'}); "
