@@ -312,3 +312,38 @@ def zero_persist_key(memory: ZeroMemory) -> tuple[Any, ...]:
         memory.idle.zero_since is not None,
         None if f is None else (f.profile, f.counts),
     )
+
+
+# ------------------------------------------------------------------------------------------
+# Quiet services: what the control loop need not look at every second.
+
+QUIET_REASONS = frozenset({"steady", REASON_FLOOR_MIN, REASON_AT_ZERO})
+
+
+def is_quiet(decision: ScaleDecision, observation: Observation, max_age_seconds: float) -> bool:
+    """Whether a pool has nothing going on: no request seen (fresh metrics, nothing queued or
+    in flight, no arrivals), every replica asked for ready and none on its way, and a decision
+    with nothing pending (steady, at its floor, or at zero: no scale-down delay running). The
+    idle timer towards zero may run: on a slow tick it ends late by at most one period, on a
+    timer of minutes.
+
+    The shell may then tick it on a slow timer and on events instead of every second; a busy
+    pool, or one with a decision under way, keeps the one-second loop."""
+    obs = observation
+    fresh = (
+        obs.queue_depth is not None
+        and obs.metrics_age_seconds is not None
+        and obs.metrics_age_seconds <= max_age_seconds
+    )
+    return (
+        fresh
+        and obs.queue_depth == 0
+        and not obs.arrival_rate
+        and not decision.hold
+        and decision.reason in QUIET_REASONS
+        and decision.promote_standby == 0
+        and obs.warming == 0
+        and obs.pending_unschedulable == 0
+        and obs.ready_serving == decision.desired_serving
+        and obs.ready_standby == decision.desired_standby
+    )

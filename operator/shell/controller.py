@@ -98,6 +98,7 @@ from tidal.operator.core.idle import (
     decide_scale_zero,
     dump_zero,
     forecast_peak,
+    is_quiet,
     learn_demand,
     load_zero,
     wake_lead,
@@ -154,6 +155,10 @@ class ControllerSettings:
     # A loop's first decision waits at most this long for the pod cache to show the ready
     # pods the Deployments report (see Controller.tick).
     sync_timeout_seconds: float = 10.0
+    # A quiet service (``core.idle.is_quiet``: no request, nothing pending, nothing changing)
+    # is ticked this often, and at once on a watch event of it or its children (``poke``);
+    # busy ones every ``tick_seconds``. <= tick_seconds: every service every tick.
+    quiet_tick_seconds: float = 5.0
 
 
 @dataclass
@@ -195,6 +200,11 @@ class ServiceState:
     autoscaler_key: tuple[Any, ...] | None = None
     # minReplicas 0: the idle timer and the service's demand forecast (``core.idle``).
     zero: ZeroMemory = field(default_factory=ZeroMemory)
+    # The last tick found nothing going on: the loop waits for `wake` or the slow timer.
+    quiet: bool = False
+    # A view change not handed to the reconciler yet (status writes are rate-limited).
+    unsent: bool = False
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 _labels, _ready = pod_labels, pod_ready
@@ -269,6 +279,12 @@ class Controller:
         }
         return provisional_view(_stored_status(body), deployments)
 
+    def poke(self, key: Key) -> None:
+        """Something about the service changed (its spec, a child): a quiet loop ticks now."""
+        state = self.states.get(key)
+        if state is not None:
+            state.wake.set()
+
     def ensure(self, key: Key) -> None:
         """Start the key's loop unless it runs."""
         task = self.tasks.get(key)
@@ -336,6 +352,13 @@ class Controller:
             except Exception:  # one bad tick must not end the loop; the next one retries
                 log.exception("control tick of %s/%s failed", *key)
             metrics.TICK_DURATION.observe(self.mono() - started)
+            st = self.states.get(key)
+            if st is not None and st.quiet and self.settings.quiet_tick_seconds > period:
+                # Nothing going on: the next tick on an event or the slow timer.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(st.wake.wait(), self.settings.quiet_tick_seconds)
+                next_at = self.mono()
+                continue
             next_at += period
             now = self.mono()
             if next_at < now:  # a slow tick: skip the missed ticks rather than bunching up
@@ -350,6 +373,11 @@ class Controller:
     # -- one tick ----------------------------------------------------------------------------
 
     async def tick(self, key: Key) -> None:
+        known = self.states.get(key)
+        if known is not None:
+            # Events from here on wake the next wait; those before are seen by this tick.
+            known.wake.clear()
+            known.quiet = False
         body = self.store.services.get(key)
         if body is None or body["metadata"].get("deletionTimestamp"):
             return
@@ -514,6 +542,15 @@ class Controller:
             hold_primary_template=rollout.hold_primary_template if rollout else False,
         )
         await self._publish(key, st, view, mono)
+        st.quiet = (
+            decision is not None
+            and spec is None
+            and not helping
+            and not events
+            and not st.unsent
+            and not self._busy_in_background(st)
+            and is_quiet(decision, observation, policy.max_metrics_age_seconds)
+        )
         for e in events:
             log.info("%s/%s %s: %s", key[0], key[1], e.reason, e.message)
         await asyncio.gather(*(self.kube.post_event(body, e, now) for e in events))
@@ -615,7 +652,10 @@ class Controller:
         )
         if urgent or mono - st.enqueued_at >= self.settings.status_interval:
             st.enqueued_at = mono
+            st.unsent = False
             await self.enqueue(key)
+        else:
+            st.unsent = True  # written with a later change, or once the loop is not quiet
 
     # -- pods ----------------------------------------------------------------------------------
 
@@ -700,6 +740,16 @@ class Controller:
                 st.tier_tasks[name] = asyncio.create_task(
                     self._to_host(st, name, urls[name]), name=f"host-tier {name}"
                 )
+
+    @staticmethod
+    def _busy_in_background(st: ServiceState) -> bool:
+        """Readiness probes or tier moves under way, or standby pods waiting for their move to
+        the host tier (a timer of its own): the loop must come back to them."""
+        if st.probing is not None and not st.probing.done():
+            return True
+        if any(not t.done() for t in st.tier_tasks.values()):
+            return True
+        return any(name not in st.host_tier for name in st.standby_since)
 
     def _decide_zero(
         self,

@@ -169,6 +169,7 @@ async def on_event_inference_service(event: dict[str, Any], body: kopf.Body, **_
     if not body.get("metadata", {}).get("deletionTimestamp"):
         if RUNTIME.controller is not None:
             RUNTIME.controller.ensure(key)
+            RUNTIME.controller.poke(key)
         if RUNTIME.fleet is not None:
             RUNTIME.fleet.ensure(key)
     if event.get("type") is None:
@@ -184,6 +185,8 @@ async def _on_child(event: dict[str, Any], body: kopf.Body, kind: str) -> None:
     plain = _plain(body)
     plain["kind"] = kind  # items of an initial LIST carry no kind
     owner = RUNTIME.store.put_child(plain, deleted=event.get("type") == "DELETED")
+    if owner is not None and RUNTIME.controller is not None:
+        RUNTIME.controller.poke(owner)  # a quiet control loop looks again at once
     if owner is not None and owner in RUNTIME.store.services:
         await _enqueue(owner)
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tidal.operator.core.api import PoolName
-from tidal.operator.core.autoscaler import Observation, ScalerState, ScalingPolicy
+from tidal.operator.core.autoscaler import Observation, ScalerState, ScalingPolicy, decide_scale
 from tidal.operator.core.control import autoscaler_status, scale_event, stored_zero_memory
 from tidal.operator.core.forecast import ForecastPolicy
 from tidal.operator.core.idle import (
@@ -29,6 +30,7 @@ from tidal.operator.core.idle import (
     decide_zero,
     dump_zero,
     forecast_peak,
+    is_quiet,
     learn_demand,
     load_zero,
     wake_lead,
@@ -351,3 +353,53 @@ def test_a_replica_still_starting_is_not_idle() -> None:
     sig = IdleSignals(1000.0, active=False)
     decision, _, idle = decide_scale_zero(POLICY, ZERO, warming, scaler, sig, idle)
     assert decision.desired_serving == 1 and idle.active_at == 1000.0, decision
+
+
+# ------------------------------------------------------------------------------------------
+# Quiet pools: ticked on events and a slow timer.
+
+
+@pytest.mark.parametrize(
+    ("change", "quiet"),
+    [
+        ({}, True),
+        ({"arrival_rate": 0.5}, False),  # traffic
+        ({"queue_depth": 1.0}, False),
+        ({"queue_depth": None}, False),  # metrics missing: not known to be quiet
+        ({"metrics_age_seconds": 30.0}, False),  # stale
+        ({"warming": 1}, False),  # a replica on its way
+        ({"pending_unschedulable": 1}, False),
+    ],
+)
+def test_quiet_pool_table(change: dict[str, Any], quiet: bool) -> None:
+    fields: dict[str, Any] = {"queue_depth": 0.0, "arrival_rate": 0.0, **change}
+    o = Observation(now=10_000.0, ready_serving=1, **fields)
+    policy = ScalingPolicy(min_replicas=1, max_replicas=8)
+    decision, _ = decide_scale(policy, o, ScalerState(desired_serving=1))
+    assert is_quiet(decision, o, policy.max_metrics_age_seconds) is quiet, (decision, o)
+
+
+def test_pending_scale_down_is_not_quiet_an_idle_timer_and_zero_are() -> None:
+    policy = ScalingPolicy(min_replicas=1, max_replicas=8, scale_down_delay_seconds=60.0)
+    o = obs(10_000.0, 3)
+    decision, _ = decide_scale(policy, o, ScalerState(desired_serving=3))
+    assert decision.reason == "wait:scale-down-delay" and not is_quiet(decision, o, 5.0)
+    waiting, _, _ = decide_scale_zero(
+        POLICY,
+        ZERO,
+        obs(100.0, 1),
+        ScalerState(desired_serving=1),
+        IdleSignals(100.0, False),
+        IdleState(active_at=0.0),
+    )
+    # The idle timer towards zero runs on the slow tick: late by at most its period.
+    assert REASON_WAIT_ZERO in waiting.notes and is_quiet(waiting, obs(100.0, 1), 5.0), waiting
+    at_zero, _, _ = decide_scale_zero(
+        POLICY,
+        ZERO,
+        obs(900.0, 0),
+        ScalerState(desired_serving=0),
+        IdleSignals(900.0, False),
+        IdleState(0.0, 400.0),
+    )
+    assert at_zero.reason == REASON_AT_ZERO and is_quiet(at_zero, obs(900.0, 0), 5.0)
