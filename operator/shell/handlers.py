@@ -48,6 +48,8 @@ class OperatorSettings:
     resync_seconds: float = 300.0
     # Control loop: tick period (<= 1 s), Prometheus (None: pod scrapes only, no SLO signals).
     tick_seconds: float = 1.0
+    # A quiet service's period (ticked on its watch events too); <= tick_seconds: off.
+    quiet_tick_seconds: float = 5.0
     prometheus_url: str | None = None
     # PromQL matchers narrowing every query (e.g. namespace=~"a|b" when watching namespaces).
     prometheus_matchers: str = ""
@@ -100,7 +102,9 @@ async def on_startup_configure(settings: kopf.OperatorSettings, **_: Any) -> Non
         RUNTIME.store,
         _enqueue,
         SignalCollector(prometheus),
-        ControllerSettings(tick_seconds=config.tick_seconds),
+        ControllerSettings(
+            tick_seconds=config.tick_seconds, quiet_tick_seconds=config.quiet_tick_seconds
+        ),
     )
     RUNTIME.fleet = FleetController(kube, RUNTIME.store, _enqueue, RUNTIME.controller.view)
     RUNTIME.reconciler = Reconciler(
