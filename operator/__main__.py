@@ -23,6 +23,10 @@ flag                        environment                          default
 
 Credentials: in-cluster service account, else ``KUBECONFIG``.
 
+``--quiet-tick-seconds S`` (``TIDAL_OPERATOR_QUIET_TICK_SECONDS``, default 5): the period of a
+service with nothing going on, which is also ticked at once on any watch event of it or its
+children; at most ``--tick-seconds`` ticks every service every tick.
+
 With ``--leader-elect`` several processes may run for one scope (the whole cluster, or the same
 ``--namespace`` set: a shard): they elect one leader through a ``coordination.k8s.io`` Lease
 (named after the scope, so each shard elects its own), the others wait without watching or
@@ -73,6 +77,13 @@ def parse_args(argv: list[str] | None, env: Mapping[str, str]) -> argparse.Names
         type=float,
         default=float(env.get("TIDAL_OPERATOR_TICK_SECONDS", "") or 1.0),
         help="control loop period per InferenceService (at most 1)",
+    )
+    p.add_argument(
+        "--quiet-tick-seconds",
+        type=float,
+        default=float(env.get("TIDAL_OPERATOR_QUIET_TICK_SECONDS", "") or 5.0),
+        help="period of a service with nothing going on (also ticked on its watch events); "
+        "at most --tick-seconds: every service every tick",
     )
     p.add_argument(
         "--prometheus-url",
@@ -176,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
             workers=args.workers,
             resync_seconds=args.resync_seconds,
             tick_seconds=args.tick_seconds,
+            quiet_tick_seconds=args.quiet_tick_seconds,
             prometheus_url=args.prometheus_url,
             prometheus_matchers=matchers,
         )

@@ -1010,6 +1010,15 @@ class Autoscaling(ApiModel):
         le=86400,
         description="How long demand must stay low before replicas are removed.",
     )
+    scale_to_zero_after_seconds: int = Field(
+        default=300,
+        ge=0,
+        le=86400,
+        description="With minReplicas 0: seconds without any request before the last replica "
+        "(and the standby) is removed. A request held at the gateway or demand the service's "
+        "forecast expects within one time-to-routable (plus 30 s) keeps it, and brings a "
+        "service at zero back.",
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> Autoscaling:

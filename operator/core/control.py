@@ -488,15 +488,19 @@ def autoscaler_status(
     state: ScalerState,
     mono_now: float,
     wall_now: float,
+    zero: Mapping[str, Any] | None = None,
 ) -> AutoscalerStatus:
     """The autoscaler's memory for status: learned capacity, and the state as JSON for the
-    traffic set `pools` (times on the wall clock, so another process can read them)."""
+    traffic set `pools` (times on the wall clock, so another process can read them); `zero`:
+    a scale-to-zero pool's memory (``core.idle.dump_zero``), kept beside it."""
     capacity = estimate_capacity(policy, state.capacity)
-    text = json.dumps(
-        {"pools": [p.value for p in pools], "scaler": dump_state(state, wall_now - mono_now)},
-        sort_keys=True,
-        separators=(",", ":"),
-    )
+    doc: dict[str, Any] = {
+        "pools": [p.value for p in pools],
+        "scaler": dump_state(state, wall_now - mono_now),
+    }
+    if zero is not None:
+        doc["zero"] = dict(zero)
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
     return AutoscalerStatus(
         capacity_per_replica=None if capacity is None else _round(capacity.per_replica_rate, 2),
         knee_concurrency=None if capacity is None else _round(capacity.knee_concurrency, 2),
@@ -536,6 +540,17 @@ def autoscaler_persist_key(state: ScalerState, capacity: Capacity | None) -> tup
     )
 
 
+def stored_zero_memory(raw: AutoscalerStatus | None) -> Any:
+    """The scale-to-zero memory an earlier operator stored (``core.idle.load_zero`` reads it);
+    None when absent or unreadable."""
+    if raw is None or not raw.state:
+        return None
+    try:
+        return json.loads(raw.state).get("zero")
+    except (ValueError, AttributeError):
+        return None
+
+
 def restore_scaler_state(
     raw: AutoscalerStatus | None,
     pools: Sequence[PoolName],
@@ -573,6 +588,10 @@ def scale_event(
         parts.append(f"p99 {inputs.hot_p99_ms:.0f}ms")
     parts.append(f"warm-up {inputs.warmup_seconds:.1f}s")
     kind = "ScaledUp" if after > before else "ScaledDown"
+    if after == 0:
+        kind = "ScaledToZero"  # minReplicas 0: not an error, the GPUs are released
+    elif before == 0:
+        kind = "ScaledFromZero"
     type_ = "Warning" if decision.unschedulable else "Normal"
     message = (
         f"pool {pool.value}: {before} -> {after} replicas ({decision.desired_serving} serving, "

@@ -284,7 +284,10 @@ def desired_replicas(isvc: InferenceService, pool: PoolName, observed: Observed)
     if pool is PoolName.PRIMARY:
         if isvc.spec.replicas is not None:
             return isvc.spec.replicas
-        initial = min(scaling.min_replicas + scaling.standby_replicas, scaling.max_replicas)
+        # A new service with minReplicas 0 starts with one replica, as Knative's initial
+        # scale: it goes to zero once idle (``core.idle``), not before its first request.
+        first = max(scaling.min_replicas, 1)
+        initial = min(first + scaling.standby_replicas, scaling.max_replicas)
         wanted = initial if asked is None else asked
         return max(scaling.min_replicas, min(scaling.max_replicas, wanted))
     baseline = isvc.spec.rollout.baseline

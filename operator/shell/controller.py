@@ -87,7 +87,22 @@ from tidal.operator.core.control import (
     scaling_condition,
     scaling_policy_of,
     status_decision,
+    stored_zero_memory,
     to_wall_signals,
+)
+from tidal.operator.core.forecast import ForecastPolicy
+from tidal.operator.core.idle import (
+    IdleSignals,
+    ZeroMemory,
+    ZeroPolicy,
+    decide_scale_zero,
+    dump_zero,
+    forecast_peak,
+    is_quiet,
+    learn_demand,
+    load_zero,
+    wake_lead,
+    zero_persist_key,
 )
 from tidal.operator.core.podfaults import PodFaults, due, not_ready_pods
 from tidal.operator.core.resources import (
@@ -140,6 +155,10 @@ class ControllerSettings:
     # A loop's first decision waits at most this long for the pod cache to show the ready
     # pods the Deployments report (see Controller.tick).
     sync_timeout_seconds: float = 10.0
+    # A quiet service (``core.idle.is_quiet``: no request, nothing pending, nothing changing)
+    # is ticked this often, and at once on a watch event of it or its children (``poke``);
+    # busy ones every ``tick_seconds``. <= tick_seconds: every service every tick.
+    quiet_tick_seconds: float = 5.0
 
 
 @dataclass
@@ -179,9 +198,19 @@ class ServiceState:
     primary_hash: str | None = None
     # When status.autoscaler was last refreshed, and for which desired count.
     autoscaler_key: tuple[Any, ...] | None = None
+    # minReplicas 0: the idle timer and the service's demand forecast (``core.idle``).
+    zero: ZeroMemory = field(default_factory=ZeroMemory)
+    # The last tick found nothing going on: the loop waits for `wake` or the slow timer.
+    quiet: bool = False
+    # A view change not handed to the reconciler yet (status writes are rate-limited).
+    unsent: bool = False
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 _labels, _ready = pod_labels, pod_ready
+# The per-service demand forecast of a scale-to-zero service: the fleet's defaults (a daily
+# profile of 96 x 15 min buckets, sampled every 5 s).
+ZERO_FORECAST = ForecastPolicy()
 
 
 def _annotations(pod: Mapping[str, Any]) -> Mapping[str, str]:
@@ -250,6 +279,12 @@ class Controller:
         }
         return provisional_view(_stored_status(body), deployments)
 
+    def poke(self, key: Key) -> None:
+        """Something about the service changed (its spec, a child): a quiet loop ticks now."""
+        state = self.states.get(key)
+        if state is not None:
+            state.wake.set()
+
     def ensure(self, key: Key) -> None:
         """Start the key's loop unless it runs."""
         task = self.tasks.get(key)
@@ -317,6 +352,13 @@ class Controller:
             except Exception:  # one bad tick must not end the loop; the next one retries
                 log.exception("control tick of %s/%s failed", *key)
             metrics.TICK_DURATION.observe(self.mono() - started)
+            st = self.states.get(key)
+            if st is not None and st.quiet and self.settings.quiet_tick_seconds > period:
+                # Nothing going on: the next tick on an event or the slow timer.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(st.wake.wait(), self.settings.quiet_tick_seconds)
+                next_at = self.mono()
+                continue
             next_at += period
             now = self.mono()
             if next_at < now:  # a slow tick: skip the missed ticks rather than bunching up
@@ -331,6 +373,11 @@ class Controller:
     # -- one tick ----------------------------------------------------------------------------
 
     async def tick(self, key: Key) -> None:
+        known = self.states.get(key)
+        if known is not None:
+            # Events from here on wake the next wait; those before are seen by this tick.
+            known.wake.clear()
+            known.quiet = False
         body = self.store.services.get(key)
         if body is None or body["metadata"].get("deletionTimestamp"):
             return
@@ -418,6 +465,9 @@ class Controller:
         if not st.scaler_loaded:
             st.stored_autoscaler = _stored_autoscaler(body)
             st.scaler_loaded = True
+            st.zero = load_zero(
+                ZERO_FORECAST, stored_zero_memory(st.stored_autoscaler), wall - mono
+            )
             restored = restore_scaler_state(st.stored_autoscaler, serving, mono, wall)
             if restored is not None:
                 st.scalers[serving] = restored
@@ -433,7 +483,12 @@ class Controller:
             if scaler is None:
                 have = [current[p] for p in serving if p in current]
                 scaler = initial_scaler_state(policy, sum(have) if have else None)
-            decision, st.scalers[serving] = decide_scale(policy, observation, scaler)
+            if policy.min_replicas == 0:
+                decision, st.scalers[serving] = self._decide_zero(
+                    st, isvc, policy, observation, scaler, serving, mono, wall
+                )
+            else:
+                decision, st.scalers[serving] = decide_scale(policy, observation, scaler)
             autoscaler = self._persisted(st, policy, serving, st.scalers[serving], mono, wall)
         desired_serving = isvc.spec.replicas if manual else decision.desired_serving  # type: ignore[union-attr]
 
@@ -487,6 +542,15 @@ class Controller:
             hold_primary_template=rollout.hold_primary_template if rollout else False,
         )
         await self._publish(key, st, view, mono)
+        st.quiet = (
+            decision is not None
+            and spec is None
+            and not helping
+            and not events
+            and not st.unsent
+            and not self._busy_in_background(st)
+            and is_quiet(decision, observation, policy.max_metrics_age_seconds)
+        )
         for e in events:
             log.info("%s/%s %s: %s", key[0], key[1], e.reason, e.message)
         await asyncio.gather(*(self.kube.post_event(body, e, now) for e in events))
@@ -588,7 +652,10 @@ class Controller:
         )
         if urgent or mono - st.enqueued_at >= self.settings.status_interval:
             st.enqueued_at = mono
+            st.unsent = False
             await self.enqueue(key)
+        else:
+            st.unsent = True  # written with a later change, or once the loop is not quiet
 
     # -- pods ----------------------------------------------------------------------------------
 
@@ -674,6 +741,54 @@ class Controller:
                     self._to_host(st, name, urls[name]), name=f"host-tier {name}"
                 )
 
+    @staticmethod
+    def _busy_in_background(st: ServiceState) -> bool:
+        """Readiness probes or tier moves under way, or standby pods waiting for their move to
+        the host tier (a timer of its own): the loop must come back to them."""
+        if st.probing is not None and not st.probing.done():
+            return True
+        if any(not t.done() for t in st.tier_tasks.values()):
+            return True
+        return any(name not in st.host_tier for name in st.standby_since)
+
+    def _decide_zero(
+        self,
+        st: ServiceState,
+        isvc: InferenceService,
+        policy: ScalingPolicy,
+        observation: Observation,
+        scaler: ScalerState,
+        serving: tuple[PoolName, ...],
+        mono: float,
+        wall: float,
+    ) -> tuple[ScaleDecision, ScalerState]:
+        """decide_scale for a pool that may reach zero: the service's forecast learns this
+        tick's rate, is asked for its peak over the wake lead, and ``core.idle`` decides."""
+        zero = ZeroPolicy(after_seconds=float(isvc.spec.autoscaling.scale_to_zero_after_seconds))
+        fresh = (
+            observation.queue_depth is not None
+            and observation.metrics_age_seconds is not None
+            and observation.metrics_age_seconds <= policy.max_metrics_age_seconds
+        )
+        rate = observation.arrival_rate if fresh else None
+        st.zero = learn_demand(ZERO_FORECAST, st.zero, rate, wall)
+        routable = st.routable.get(serving[0])
+        lead = wake_lead(zero, routable.total_seconds if routable is not None else None)
+        active = None
+        if fresh:
+            active = (observation.queue_depth or 0.0) > 0 or (observation.arrival_rate or 0.0) > 0
+        signals = IdleSignals(
+            mono,
+            active=active,
+            held=0,  # no activator yet: requests at zero are not held (README)
+            forecast_rate=forecast_peak(ZERO_FORECAST, st.zero, wall, lead),
+        )
+        decision, new_scaler, idle = decide_scale_zero(
+            policy, zero, observation, scaler, signals, st.zero.idle
+        )
+        st.zero = ZeroMemory(idle=idle, forecast=st.zero.forecast)
+        return decision, new_scaler
+
     def _persisted(
         self,
         st: ServiceState,
@@ -689,9 +804,14 @@ class Controller:
         every service's status every second in a quiet cluster."""
         previous = st.view.status.autoscaler if st.view is not None else None
         key = autoscaler_persist_key(state, estimate_capacity(policy, state.capacity))
+        if policy.min_replicas == 0:
+            key = (*key, zero_persist_key(st.zero))
         if previous is None or key != st.autoscaler_key:
             st.autoscaler_key = key
-            return autoscaler_status(policy, serving, state, mono, wall)
+            zero = None
+            if policy.min_replicas == 0:
+                zero = dump_zero(ZERO_FORECAST, st.zero, wall - mono)
+            return autoscaler_status(policy, serving, state, mono, wall, zero)
         return previous
 
     async def _put_tier(self, url: str, tier: str) -> bool:

@@ -48,6 +48,8 @@ class OperatorSettings:
     resync_seconds: float = 300.0
     # Control loop: tick period (<= 1 s), Prometheus (None: pod scrapes only, no SLO signals).
     tick_seconds: float = 1.0
+    # A quiet service's period (ticked on its watch events too); <= tick_seconds: off.
+    quiet_tick_seconds: float = 5.0
     prometheus_url: str | None = None
     # PromQL matchers narrowing every query (e.g. namespace=~"a|b" when watching namespaces).
     prometheus_matchers: str = ""
@@ -100,7 +102,9 @@ async def on_startup_configure(settings: kopf.OperatorSettings, **_: Any) -> Non
         RUNTIME.store,
         _enqueue,
         SignalCollector(prometheus),
-        ControllerSettings(tick_seconds=config.tick_seconds),
+        ControllerSettings(
+            tick_seconds=config.tick_seconds, quiet_tick_seconds=config.quiet_tick_seconds
+        ),
     )
     RUNTIME.fleet = FleetController(kube, RUNTIME.store, _enqueue, RUNTIME.controller.view)
     RUNTIME.reconciler = Reconciler(
@@ -169,6 +173,7 @@ async def on_event_inference_service(event: dict[str, Any], body: kopf.Body, **_
     if not body.get("metadata", {}).get("deletionTimestamp"):
         if RUNTIME.controller is not None:
             RUNTIME.controller.ensure(key)
+            RUNTIME.controller.poke(key)
         if RUNTIME.fleet is not None:
             RUNTIME.fleet.ensure(key)
     if event.get("type") is None:
@@ -184,6 +189,8 @@ async def _on_child(event: dict[str, Any], body: kopf.Body, kind: str) -> None:
     plain = _plain(body)
     plain["kind"] = kind  # items of an initial LIST carry no kind
     owner = RUNTIME.store.put_child(plain, deleted=event.get("type") == "DELETED")
+    if owner is not None and RUNTIME.controller is not None:
+        RUNTIME.controller.poke(owner)  # a quiet control loop looks again at once
     if owner is not None and owner in RUNTIME.store.services:
         await _enqueue(owner)
 

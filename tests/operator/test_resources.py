@@ -188,6 +188,9 @@ def test_config_change_changes_the_template_hash_but_scale_does_not() -> None:
         ({}, Observed(replicas={PRIMARY: 7}), PRIMARY, 7),  # the autoscaler's decision
         ({"autoscaling": {"maxReplicas": 3}}, Observed(replicas={PRIMARY: 7}), PRIMARY, 3),
         ({"autoscaling": {"minReplicas": 2}}, Observed(replicas={PRIMARY: 0}), PRIMARY, 2),
+        # minReplicas 0: a new service starts with one replica; the autoscaler's zero stands.
+        ({"autoscaling": {"minReplicas": 0}}, Observed(), PRIMARY, 1),
+        ({"autoscaling": {"minReplicas": 0}}, Observed(replicas={PRIMARY: 0}), PRIMARY, 0),
         ({"replicas": 4}, Observed(replicas={PRIMARY: 7}), PRIMARY, 4),  # manual wins
         ({"rollout": BASELINE_SPEC}, Observed(), BASELINE, 1),
         ({"rollout": BASELINE_SPEC}, Observed(replicas={BASELINE: 3}), BASELINE, 3),

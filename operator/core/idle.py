@@ -1,0 +1,349 @@
+"""Scale to zero and wake ahead: when a pool that may reach zero goes there and comes back (pure).
+
+Owns `decide_zero` (the floor of serving replicas this tick, 0 or 1, with its reason) and
+`decide_scale_zero`, which wraps `autoscaler.decide_scale` with it for a pool whose
+`autoscaling.minReplicas` is 0. Time is an argument (monotonic seconds from the shell; the
+forecast, learned on wall time, reaches this module as the peak rate it predicts over the wake
+lead). Nothing here reads a clock or does I/O.
+
+The rules, each one a guard against a way of getting zero wrong:
+
+* To zero only after `after_seconds` without any request: no arrivals, nothing queued or in
+  flight, nothing held at the gateway, and metrics known (an unknown tick counts as busy).
+* Never to zero while a request is held or forecast demand is due: a forecast peak over the
+  wake lead of at least `wake_rate` counts as activity, so the idle timer restarts with it.
+* At zero, a held request (or arrivals seen anyway) wakes the pool at once; a forecast peak of
+  at least `wake_rate` within the lead wakes it ahead of the rise. lead = the measured
+  time-to-routable of one replica (until measured, `default_routable_seconds`) + the margin.
+* No flapping: zero -> one needs a request or a forecast, one -> zero needs `after_seconds`
+  with neither, and a wake restarts the idle timer, so a pool woken stays up at least
+  `after_seconds` and a quiet pool at zero stays there.
+
+Why 300 s by default: Knative's KPA goes to zero after its 60 s stable window plus a 30 s
+grace period, KEDA after a 300 s cooldown. A GPU replica's cold start is tens of seconds to
+minutes (engine load and warm-up), not Knative's sub-second container start, so a wrong zero
+costs the next caller far more; 300 s matches KEDA and our own `scaleDownDelaySeconds`, and
+costs at most 5 GPU-minutes per idle spell. The forecast wake makes the predictable returns
+cheap, which is what the longer window would otherwise buy.
+
+`wake_rate` defaults to one request per `after_seconds`: a forecast that busy would not let a
+replica go to zero, so it is the rate at which waking ahead is worth a replica.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from tidal.operator.core.autoscaler import (
+    REASON_FLOOR_MIN,
+    Observation,
+    ScaleDecision,
+    ScalerState,
+    ScalingPolicy,
+    decide_scale,
+)
+from tidal.operator.core.forecast import (
+    ForecastPolicy,
+    ModelForecast,
+    forecasts_from_json,
+    forecasts_to_json,
+    observe,
+    predict_peak,
+)
+
+REASON_ZERO_IDLE = "scale-to-zero:idle"
+REASON_AT_ZERO = "scaled-to-zero"
+REASON_WAIT_ZERO = "wait:scale-to-zero"
+REASON_WAKE_REQUEST = "wake:request"
+REASON_WAKE_FORECAST = "wake:forecast"
+REASON_HOLD_FORECAST = "hold:forecast-due"
+REASON_BUSY = "busy"
+
+DEFAULT_SCALE_TO_ZERO_AFTER_SECONDS = 300
+
+
+@dataclass(frozen=True, slots=True)
+class ZeroPolicy:
+    """How a pool with `minReplicas: 0` reaches zero and wakes."""
+
+    after_seconds: float = float(DEFAULT_SCALE_TO_ZERO_AFTER_SECONDS)
+    # Added to the measured time-to-routable: the forecast wake's safety margin.
+    wake_margin_seconds: float = 30.0
+    # Time-to-routable assumed until one is measured (a GPU replica: load + warm-up).
+    default_routable_seconds: float = 60.0
+    # A forecast peak at or above this (requests/s) is demand due; None: 1 / after_seconds.
+    wake_rate: float | None = None
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not (math.isfinite(self.after_seconds) and self.after_seconds >= 0):
+            problems.append("after_seconds must be finite and >= 0")
+        if not self.wake_margin_seconds >= 0 or not self.default_routable_seconds >= 0:
+            problems.append("wake_margin_seconds and default_routable_seconds must be >= 0")
+        if self.wake_rate is not None and not self.wake_rate > 0:
+            problems.append("wake_rate must be > 0")
+        if problems:
+            raise ValueError("invalid ZeroPolicy: " + "; ".join(problems))
+
+    @property
+    def wake_threshold(self) -> float:
+        if self.wake_rate is not None:
+            return self.wake_rate
+        return 1.0 / max(self.after_seconds, 1.0)
+
+
+def wake_lead(policy: ZeroPolicy, routable_seconds: float | None) -> float:
+    """How far ahead the forecast is asked: time-to-routable of one replica plus the margin."""
+    routable = routable_seconds
+    if routable is None or not math.isfinite(routable) or routable < 0:
+        routable = policy.default_routable_seconds
+    return routable + policy.wake_margin_seconds
+
+
+@dataclass(frozen=True, slots=True)
+class IdleSignals:
+    """What the shell knows this tick of a pool's demand.
+
+    `active`: requests arrived, are queued or in flight (None: unknown, metrics missing);
+    `held`: requests held at the gateway for this service; `forecast_rate`: the forecast's
+    peak rate over the wake lead (None: no forecast).
+    """
+
+    now: float
+    active: bool | None
+    held: int = 0
+    forecast_rate: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.held < 0:
+            raise ValueError("held must be >= 0")
+        if self.forecast_rate is not None and not self.forecast_rate >= 0:
+            raise ValueError("forecast_rate must be >= 0 (or None)")
+
+
+@dataclass(frozen=True, slots=True)
+class IdleState:
+    """`active_at`: when demand (or an unknown tick, a wake, a due forecast) was last seen;
+    `zero_since`: when the pool went to zero (None: not at zero)."""
+
+    active_at: float | None = None
+    zero_since: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ZeroVerdict:
+    """The fewest serving replicas this tick (0 or 1) and why. `to_zero`: the pool goes (or
+    stays) at zero now; `wake`: it leaves zero now."""
+
+    floor: int
+    reason: str
+    to_zero: bool = False
+    wake: bool = False
+
+
+def decide_zero(
+    policy: ZeroPolicy, signals: IdleSignals, state: IdleState, at_zero: bool
+) -> tuple[ZeroVerdict, IdleState]:
+    """The zero/wake decision for one tick; deterministic, pure."""
+    now = signals.now
+    due = signals.forecast_rate is not None and signals.forecast_rate >= policy.wake_threshold
+    if at_zero:
+        if signals.held > 0 or signals.active:
+            return ZeroVerdict(1, REASON_WAKE_REQUEST, wake=True), IdleState(active_at=now)
+        if due:
+            return ZeroVerdict(1, REASON_WAKE_FORECAST, wake=True), IdleState(active_at=now)
+        since = state.zero_since if state.zero_since is not None else now
+        return ZeroVerdict(0, REASON_AT_ZERO, to_zero=True), replace(state, zero_since=since)
+    busy = signals.held > 0 or signals.active is not False
+    if busy or due or state.active_at is None or state.active_at > now:
+        active_at = now
+    else:
+        active_at = state.active_at
+    awake = IdleState(active_at=active_at)
+    if due:
+        return ZeroVerdict(1, REASON_HOLD_FORECAST), awake
+    if busy:
+        return ZeroVerdict(1, REASON_BUSY), awake
+    if now - active_at >= policy.after_seconds:
+        return ZeroVerdict(0, REASON_ZERO_IDLE, to_zero=True), IdleState(active_at, now)
+    return ZeroVerdict(1, REASON_WAIT_ZERO), awake
+
+
+def decide_scale_zero(
+    policy: ScalingPolicy,
+    zero: ZeroPolicy,
+    observation: Observation,
+    scaler: ScalerState,
+    signals: IdleSignals,
+    idle: IdleState,
+) -> tuple[ScaleDecision, ScalerState, IdleState]:
+    """`decide_scale` for a pool that may reach zero (`policy.min_replicas == 0`).
+
+    Awake, the pool scales as with `minReplicas: 1`; the zero verdict alone takes it to zero
+    (with no standby: its GPUs are released) and keeps it there; a wake starts one replica, or
+    more when the requests held at the gateway (counted as queued) ask for them. With
+    `min_replicas > 0` this is `decide_scale` unchanged.
+    """
+    if policy.min_replicas > 0:
+        decision, new_scaler = decide_scale(policy, observation, scaler)
+        return decision, new_scaler, idle
+    at_zero = scaler.desired_serving == 0
+    if not at_zero and (observation.warming > 0 or observation.pending_unschedulable > 0):
+        # A replica still starting is not idle: the timer starts once it could serve.
+        signals = replace(signals, active=True)
+    verdict, new_idle = decide_zero(zero, signals, idle, at_zero)
+    obs = observation
+    if signals.held > 0:
+        obs = replace(obs, queue_depth=(obs.queue_depth or 0.0) + signals.held)
+    floored = replace(policy, min_replicas=verdict.floor)
+    decision, new_scaler = decide_scale(floored, obs, scaler)
+    if verdict.to_zero:
+        decision = replace(
+            decision, desired_serving=0, desired_standby=0, promote_standby=0, reason=verdict.reason
+        )
+        new_scaler = replace(new_scaler, desired_serving=0, down_window=())
+    elif verdict.wake and decision.reason == REASON_FLOOR_MIN:
+        decision = replace(decision, reason=verdict.reason)
+    elif verdict.reason in (REASON_WAIT_ZERO, REASON_HOLD_FORECAST):
+        decision = replace(decision, notes=(*decision.notes, verdict.reason))
+    return decision, new_scaler, new_idle
+
+
+# ------------------------------------------------------------------------------------------
+# The service's own demand forecast (the fleet's forecast core, one "model" per service) and
+# what of it all survives an operator restart (status.autoscaler.state, key "zero").
+
+FORECAST_NAME = "service"
+
+
+@dataclass(frozen=True, slots=True)
+class ZeroMemory:
+    """The idle timer and the service's learned demand (`forecast`, on wall time)."""
+
+    idle: IdleState = IdleState()
+    forecast: ModelForecast | None = None
+
+
+def learn_demand(
+    policy: ForecastPolicy, memory: ZeroMemory, rate: float | None, wall: float
+) -> ZeroMemory:
+    """Fold this tick's arrival rate into the forecast, at most once per
+    `policy.sample_interval_seconds` (its smoothing weights are per that interval); a missing
+    rate is no sample (a pool at zero measures 0 requests/s, which is a sample)."""
+    if rate is None:
+        return memory
+    last = memory.forecast.last_at if memory.forecast is not None else None
+    if last is not None and 0 <= wall - last < policy.sample_interval_seconds:
+        return memory
+    return replace(memory, forecast=observe(policy, memory.forecast, rate, wall))
+
+
+def forecast_peak(
+    policy: ForecastPolicy, memory: ZeroMemory, wall: float, lead_seconds: float
+) -> float | None:
+    """The largest rate expected over the next `lead_seconds` (None: no forecast yet): the
+    forecast's own peak, or the usual rate of those hours (the learned profile, as far as it
+    is trusted), whichever is more.
+
+    Why the usual rate too: the forecast puts the short term where the rate is now and the
+    profile's change on top; inside the bucket of a rise that has not come yet today (it is
+    jittered by minutes) it reads "quieter than usual" and says 0, so a pool woken for the
+    rise would go back to zero minutes before it. For a pool at or near zero, an hour that
+    usually brings requests is the evidence worth a replica."""
+    forecast = memory.forecast
+    if forecast is None:
+        return None
+    peak = predict_peak(policy, forecast, wall, lead_seconds)
+    if forecast.period_seconds != policy.period_seconds or forecast.slots != policy.slots:
+        return peak
+    width = policy.slot_seconds
+    first = math.floor(wall / width)
+    last = math.floor((wall + min(max(lead_seconds, 0.0), policy.period_seconds)) / width)
+    for k in range(first, last + 1):
+        slot = k % policy.slots
+        trust = min(1.0, forecast.counts[slot] / policy.profile_min_periods)
+        peak = max(peak, trust * forecast.profile[slot])
+    return peak
+
+
+def dump_zero(policy: ForecastPolicy, memory: ZeroMemory, clock_offset: float) -> dict[str, Any]:
+    """JSON-ready form; monotonic times are written as `time + clock_offset` (wall)."""
+
+    def at(t: float | None) -> float | None:
+        return None if t is None else round(t + clock_offset, 3)
+
+    # Only whether (since when) the pool is at zero: the idle timer of an awake pool restarts
+    # with the operator (a written time would be stale: it moves with every request).
+    out: dict[str, Any] = {"zeroSince": at(memory.idle.zero_since)}
+    if memory.forecast is not None:
+        out["forecast"] = forecasts_to_json(policy, {FORECAST_NAME: memory.forecast})
+    return out
+
+
+def load_zero(policy: ForecastPolicy, data: Any, clock_offset: float) -> ZeroMemory:
+    """The inverse of `dump_zero`; never raises (what does not parse starts afresh)."""
+    if not isinstance(data, Mapping):
+        return ZeroMemory()
+
+    def at(value: Any) -> float | None:
+        if isinstance(value, int | float) and math.isfinite(value):
+            return float(value) - clock_offset
+        return None
+
+    text = data.get("forecast")
+    forecast = None
+    if isinstance(text, str):
+        forecast = forecasts_from_json(policy, text).get(FORECAST_NAME)
+    idle = IdleState(zero_since=at(data.get("zeroSince")))
+    return ZeroMemory(idle=idle, forecast=forecast)
+
+
+def zero_persist_key(memory: ZeroMemory) -> tuple[Any, ...]:
+    """What a restarted operator would decide differently from: whether the pool is at zero,
+    and the forecast's learned profile (it moves once per bucket, at most every 15 minutes,
+    and not at all once a quiet bucket's visits are counted). The idle timer is not written
+    (it moves with every request); a restart restarts it, so the pool waits one more
+    `after_seconds` before zero: the safe side."""
+    f = memory.forecast
+    return (
+        memory.idle.zero_since is not None,
+        None if f is None else (f.profile, f.counts),
+    )
+
+
+# ------------------------------------------------------------------------------------------
+# Quiet services: what the control loop need not look at every second.
+
+QUIET_REASONS = frozenset({"steady", REASON_FLOOR_MIN, REASON_AT_ZERO})
+
+
+def is_quiet(decision: ScaleDecision, observation: Observation, max_age_seconds: float) -> bool:
+    """Whether a pool has nothing going on: no request seen (fresh metrics, nothing queued or
+    in flight, no arrivals), every replica asked for ready and none on its way, and a decision
+    with nothing pending (steady, at its floor, or at zero: no scale-down delay running). The
+    idle timer towards zero may run: on a slow tick it ends late by at most one period, on a
+    timer of minutes.
+
+    The shell may then tick it on a slow timer and on events instead of every second; a busy
+    pool, or one with a decision under way, keeps the one-second loop."""
+    obs = observation
+    fresh = (
+        obs.queue_depth is not None
+        and obs.metrics_age_seconds is not None
+        and obs.metrics_age_seconds <= max_age_seconds
+    )
+    return (
+        fresh
+        and obs.queue_depth == 0
+        and not obs.arrival_rate
+        and not decision.hold
+        and decision.reason in QUIET_REASONS
+        and decision.promote_standby == 0
+        and obs.warming == 0
+        and obs.pending_unschedulable == 0
+        and obs.ready_serving == decision.desired_serving
+        and obs.ready_standby == decision.desired_standby
+    )

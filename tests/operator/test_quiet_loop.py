@@ -1,0 +1,88 @@
+"""The control loop's schedule: a quiet service is ticked on a slow timer and at once when
+poked (a watch event of it or its children); a busy one every tick. Real asyncio, short
+periods, bounds loose enough for a loaded machine."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tidal.operator.shell.controller import Controller, ControllerSettings, ServiceState
+from tidal.operator.shell.reconciler import Key, Store
+from tidal.sandbox.wait import wait_for
+
+KEY: Key = ("ns", "svc")
+
+
+class NoCollector:
+    def forget(self, key: object) -> None:
+        return None
+
+
+class Recording(Controller):
+    """The real loop (`_run`) around a tick that only records when it ran; `quiet` says what
+    the tick finds."""
+
+    def __init__(self, settings: ControllerSettings) -> None:
+        store = Store()
+        store.services[KEY] = {"metadata": {"namespace": "ns", "name": "svc"}}
+
+        async def enqueue(key: Key) -> None:
+            return None
+
+        super().__init__(None, store, enqueue, NoCollector(), settings)  # type: ignore[arg-type]
+        self.ticks: list[float] = []
+        self.quiet = False
+
+    async def tick(self, key: Key) -> None:
+        st = self.states.setdefault(key, ServiceState())
+        body = self.store.services.pop(key)
+        await super().tick(key)  # clears the wake-up and the quiet flag, finds no body
+        self.store.services[key] = body
+        self.ticks.append(self.mono())
+        st.quiet = self.quiet
+
+
+async def _ticks_during(ctl: Recording, seconds: float) -> int:
+    before = len(ctl.ticks)
+    await asyncio.sleep(seconds)
+    return len(ctl.ticks) - before
+
+
+async def test_quiet_service_ticks_slowly_and_at_once_when_poked() -> None:
+    ctl = Recording(ControllerSettings(tick_seconds=0.05, quiet_tick_seconds=3.0))
+    ctl.ensure(KEY)
+    try:
+        busy = await _ticks_during(ctl, 1.0)
+        assert busy >= 5, f"a busy service ticks every 50 ms: {busy} ticks in 1 s"
+        ctl.quiet = True
+        await asyncio.sleep(0.2)  # the tick that finds it quiet
+        quiet = await _ticks_during(ctl, 1.0)
+        assert quiet <= 1, f"a quiet service waits for the 3 s timer: {quiet} ticks in 1 s"
+        # An event: the next tick comes at once, not at the slow timer.
+        n = len(ctl.ticks)
+        ctl.poke(KEY)
+        await asyncio.to_thread(
+            wait_for, lambda: len(ctl.ticks) > n, timeout=2.0, what="a tick after the poke"
+        )
+        # Busy again (traffic seen): every tick again.
+        ctl.quiet = False
+        ctl.poke(KEY)
+        await asyncio.sleep(0.2)
+        again = await _ticks_during(ctl, 1.0)
+        assert again >= 5, f"busy again: {again} ticks in 1 s"
+    finally:
+        await ctl.stop(KEY)
+
+
+async def test_slow_timer_ticks_a_quiet_service_without_events() -> None:
+    ctl = Recording(ControllerSettings(tick_seconds=0.05, quiet_tick_seconds=0.3))
+    ctl.quiet = True
+    ctl.ensure(KEY)
+    try:
+        await asyncio.to_thread(
+            wait_for, lambda: len(ctl.ticks) >= 4, timeout=10.0, what="four slow ticks"
+        )
+        gaps = [b - a for a, b in zip(ctl.ticks, ctl.ticks[1:], strict=False)]
+        assert min(gaps) >= 0.25, gaps
+    finally:
+        await ctl.stop(KEY)
