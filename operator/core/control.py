@@ -109,6 +109,7 @@ def slo_policy_of(isvc: InferenceService) -> SloPolicy:
         p99_ms=slo.p99_ms,
         error_rate=slo.error_rate,
         cold_start_ms=slo.cold_start_ms,
+        transfer_wait_ms=slo.transfer_wait_ms,
         gpu_memory_headroom=None if headroom is None else headroom / 100.0,
         for_seconds=duration_seconds(slo.for_),
         on_breach=action,
