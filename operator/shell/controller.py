@@ -464,8 +464,9 @@ class Controller:
             if event is not None:
                 events.append(EventSpec(*event))  # type: ignore[arg-type]
             st.last_total[serving] = decision.desired_total
-            targets = role_targets(serving, decision, helping)
+            targets = role_targets(serving, decision, helping, rollout)
             for pool, (want_serving, want_standby) in targets.items():
+                split = rollout is not None and rollout.traffic is Traffic.SPLIT
                 await self._assign_roles(
                     key,
                     st,
@@ -473,7 +474,8 @@ class Controller:
                     readings[pool],
                     want_serving,
                     want_standby,
-                    isvc.spec.autoscaling.standby_tier,
+                    # The baseline's rollback reserve stays on the device: an abort is instant.
+                    StandbyTier.DEVICE if split else isvc.spec.autoscaling.standby_tier,
                 )
             for pool in serving:
                 if observed.replicas.get(pool, 0) < sum(1 for p in pods[pool] if _live(p)):
