@@ -398,7 +398,8 @@ class _Plan:
         need = self.load()
         if pool is Pool.PRIMARY:
             return need
-        reserve = self.state.reserve
+        st = self.state
+        reserve = st.reserve if st.applied_hash != st.promoted_hash else None
         if reserve is not None:
             # Rule 6e: back to the baseline the rollout left, as soon as it has what carried the
             # traffic then -- not what the autoscaler asks since (a breaching primary's queue).
@@ -552,7 +553,7 @@ def _plan_traffic(plan: _Plan, pv: SloVerdict, bv: SloVerdict) -> None:
             plan.update(applied_hash=spec.primary_hash, primary_slo=SloState(), step=None)
             plan.released = True
         if plan.move_all_to(Pool.PRIMARY, "activePool=primary"):
-            plan.update(promoted_hash=spec.primary_hash, rollback=None, step=None)
+            plan.update(promoted_hash=spec.primary_hash, rollback=None, step=None, reserve=None)
             plan.action, plan.reason = Action.STEADY, f"pinned:primary; slo {pv.reason}"
         return
 

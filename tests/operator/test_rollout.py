@@ -376,6 +376,22 @@ def test_an_abort_flips_when_its_window_ends_on_the_reserve(
     assert decisions[-1].desired_replicas.baseline == max(during, 1)
 
 
+def test_a_pinned_primary_gives_the_reserve_up() -> None:
+    sim = Sim(make_spec(steps=(50, 100)))
+    to_first_step(sim)
+    sim.spec = sim.spec.model_copy(update={"active_pool": ActivePool.PRIMARY})
+    sim.run_for(60)
+    assert sim.state is not None and sim.state.reserve is None
+    assert sim.state.promoted_hash == "h2"
+    # Back on auto, a regression of the accepted template is a plain rollback: the baseline is
+    # scaled to the whole load first (rule 1), no reserve shortcut.
+    sim.spec = sim.spec.model_copy(update={"active_pool": ActivePool.AUTO})
+    decisions = sim.run_for(120, primary=SLOW, load=6)
+    assert any(d.action is Action.PREPARE_BASELINE for d in decisions)
+    i_flip = first(decisions, Action.FLIP_TO_BASELINE)
+    assert sim.log[-len(decisions) + i_flip][1].baseline.ready_replicas >= 6
+
+
 def test_pending_breach_or_missing_samples_hold_a_step() -> None:
     sim = Sim(make_spec())
     sim.run_for(200, primary=SLOW)
