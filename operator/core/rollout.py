@@ -311,6 +311,9 @@ class RolloutDecision(Frozen):
     primary_slo: SloVerdict
     baseline_slo: SloVerdict
     events: tuple[RolloutEvent, ...] = ()
+    # When the primary's earliest pending breach will have lasted `slo.for` (same clock as
+    # `now`): the shell evaluates again at that moment, so a rollback waits for no tick.
+    verdict_due_at: float | None = None
 
 
 def initial_state(spec: RolloutSpec) -> RolloutState:
@@ -849,4 +852,12 @@ def _decide(plan: _Plan, pv: SloVerdict, bv: SloVerdict) -> RolloutDecision:
         primary_slo=pv,
         baseline_slo=bv,
         events=tuple(plan.events),
+        verdict_due_at=min(
+            (
+                r.breaching_since + spec.slo.for_seconds
+                for r in pv.with_status(SignalStatus.PENDING)
+                if r.breaching_since is not None
+            ),
+            default=None,
+        ),
     )

@@ -376,6 +376,17 @@ def test_an_abort_flips_when_its_window_ends_on_the_reserve(
     assert decisions[-1].desired_replicas.baseline == max(during, 1)
 
 
+def test_a_pending_breach_says_when_its_verdict_is_due() -> None:
+    # The shell ticks again at that moment: the flip then waits for no period (rule 6e).
+    sim = Sim(make_spec(), dt=1.0)
+    assert sim.tick().verdict_due_at is None
+    since = sim.now
+    pending = sim.tick(primary=SLOW)
+    assert pending.verdict_due_at == since + SLO.for_seconds
+    assert sim.tick(primary=SLOW).verdict_due_at == since + SLO.for_seconds  # the same window
+    assert sim.tick(primary=GOOD).verdict_due_at is None  # recovered: nothing due
+
+
 def test_a_pinned_primary_gives_the_reserve_up() -> None:
     sim = Sim(make_spec(steps=(50, 100)))
     to_first_step(sim)
