@@ -26,12 +26,16 @@ def test_demo_scales_on_the_surge_and_rolls_back_the_bad_primary(tmp_path: Path)
     assert summary["surge_to_decision_s"] <= 3.0, story
     assert summary["surge_to_warm_capacity_s"] is not None, story
     assert summary["rolled_back"], story
-    # Never before the SLO window has passed (the marks are sampled every ~0.6 s); then as soon
-    # as the baseline, scaled down with the load earlier, is warm again — pod start-up time on
-    # a busy 2-core machine, so only a loose upper bound here (e2e/test_rollback.py holds the
-    # warm-baseline flip to slo.for + 5 s).
+    # Never before the SLO window has passed (the marks are sampled every ~0.6 s); the baseline
+    # kept its rollback reserve warm, so the flip follows the window (only a loose upper bound
+    # here: a busy 2-core machine; the figure is reported, and recorded in bench/RESULTS.md).
     flip = summary["breach_onset_to_flip_s"]
     assert flip is not None, story
     assert SLO_FOR_SECONDS - 1.0 <= flip <= SLO_FOR_SECONDS + 40, story
+    # The summary reports the flip delay from the operator's own rollback record: the signal
+    # that breached, and a delay that cannot be negative (no flip before the window ends).
+    delay = summary["window_end_to_flip_s"]
+    assert delay is not None and delay >= 0, story
+    assert summary["rollback_signal"] == "p99", story
     assert (tmp_path / "demo.png").stat().st_size > 10_000
     assert "RolledBack" in (tmp_path / "demo-events.log").read_text()

@@ -10,8 +10,9 @@ series exist for real:
   load then a step up — SLO breach, rollback, scale decisions, cold starts;
 * ``fleet``: ``spec.fleet`` with 8 models on 2 replicas whose budgets hold about 3 each, one of
   them a corrupt engine — the gateway, placement, evictions (thrash) and failed loads;
-* ``lru``: two models and room for one, asked in turn — cold requests and cold starts all along,
-  and a seeded 10 % of 500s (non-200 series);
+* ``lru``: two models and room for one, asked in turn — cold requests, cold starts and (a 50 ms
+  emulated host->device transfer on each load) transfer waits all along, and a seeded 10 % of
+  500s (non-200 series);
 * ``crowded``: asks for 64 CPUs a pod — unschedulable replicas;
 * ``ghost``: runs on the sandbox's fake node, whose pods are Ready but serve nothing — metrics
   stale (the autoscaler holds; Prometheus cannot scrape it).
@@ -185,7 +186,13 @@ def services(root: Path) -> list[dict[str, Any]]:
         },
         "rollout": {
             "baseline": {"runtime": runtime(), "minReplicas": 1},
-            "slo": {"p99Ms": 100, "errorRate": 0.05, "coldStartMs": 5000, "for": "5s"},
+            "slo": {
+                "p99Ms": 100,
+                "errorRate": 0.05,
+                "coldStartMs": 5000,
+                "transferWaitMs": 5000,  # the SLO line of the transfer wait panel
+                "for": "5s",
+            },
             "drainSeconds": 5,
         },
     }
@@ -232,7 +239,13 @@ def services(root: Path) -> list[dict[str, Any]]:
         # 10 % answered 500, from a fixed seed: non-200 series exist whatever the canary's
         # share of errors was before its rollback (on a fast machine it rolls back after a
         # handful of requests, and 2 % of them may be none).
-        "runtime": runtime(TIDAL_FAULT_ERROR_RATE="0.1", TIDAL_FAULT_SEED="1"),
+        # Each load also moves its weights over an (emulated) slow host->device path: requests
+        # that wait for a load record their transfer wait.
+        "runtime": runtime(
+            TIDAL_FAULT_ERROR_RATE="0.1",
+            TIDAL_FAULT_SEED="1",
+            TIDAL_FAULT_EXTRA_TRANSFER_SECONDS="0.05",
+        ),
         "models": [
             model("lru-a", root / "mlp.onnx", preload=False),
             model("lru-b", root / "rare.onnx", preload=False),

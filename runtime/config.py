@@ -160,6 +160,12 @@ class FaultSpec(_Model):
     added_latency_ms: float = Field(default=0.0, ge=0, description="added to every infer")
     error_rate: float = Field(default=0.0, ge=0, le=1, description="fraction answered 500")
     extra_warmup_seconds: float = Field(default=0.0, ge=0, description="added to each warm-up")
+    extra_transfer_seconds: float = Field(
+        default=0.0,
+        ge=0,
+        le=3600,
+        description="added to each engine load's host->device transfer (phase h2d)",
+    )
     seed: int | None = Field(default=None, description="seed of the error draw")
     # An emulated device: a batch occupies one of `maxConcurrentBatches` execution slots for at
     # least serviceTimeMs + serviceTimePerRowMs x rows (the engine runs, then the slot waits out
@@ -245,6 +251,7 @@ FAULT_ENV: dict[str, str] = {
     "TIDAL_FAULT_ADDED_LATENCY_MS": "addedLatencyMs",
     "TIDAL_FAULT_ERROR_RATE": "errorRate",
     "TIDAL_FAULT_EXTRA_WARMUP_SECONDS": "extraWarmupSeconds",
+    "TIDAL_FAULT_EXTRA_TRANSFER_SECONDS": "extraTransferSeconds",
     "TIDAL_FAULT_SEED": "seed",
     "TIDAL_FAULT_SERVICE_TIME_MS": "serviceTimeMs",
     "TIDAL_FAULT_SERVICE_TIME_PER_ROW_MS": "serviceTimePerRowMs",

@@ -4,13 +4,17 @@ Owns one :class:`Slot` per configured model and the budget.  Loads run at most
 ``maxConcurrentLoads`` at a time, in phases (fetch, deserialize, warmup) that are timed into
 ``tidal_engine_load_seconds``; a backend whose engines report finer phases (``load_phases``,
 e.g. the torch backend's deserialize, stage, h2d and profile) has those observed instead of
-one ``deserialize``.  The budget is the configured one less ``reserveBytes``, capped by the
-device's free memory at start when the backend has a device
-(:func:`~tidal.runtime.core.engines.plan_cache_budget`).  Which engines to evict comes from the pure
-:func:`~tidal.runtime.core.cache.plan_admission`; budget planning and reservation happen without
-an ``await`` in between, so concurrent loads cannot overcommit.  Engines with requests queued or
-running (``refs > 0``) are never evicted.  A failed load (missing file, checksum mismatch,
-incompatible or corrupt engine) releases its reservation and leaves the slot unloaded.
+one ``deserialize``.  A request that waits for a load observes, in
+``tidal_transfer_wait_seconds``, how much of its wait overlapped the load's host->device weight
+transfer (the ``stage`` and ``h2d`` phases, and ``faults.extraTransferSeconds``); backends
+without a device transfer (ONNX Runtime on CPU) observe nothing there.  The budget is the
+configured one less ``reserveBytes``, capped by the device's free memory at start when the
+backend has a device (:func:`~tidal.runtime.core.engines.plan_cache_budget`).  Which engines to
+evict comes from the pure :func:`~tidal.runtime.core.cache.plan_admission`; budget planning and
+reservation happen without an ``await`` in between, so concurrent loads cannot overcommit.
+Engines with requests queued or running (``refs > 0``) are never evicted.  A failed load
+(missing file, checksum mismatch, incompatible or corrupt engine) releases its reservation and
+leaves the slot unloaded.
 
 Fleet additions (the gateway and the operator's placement): a :class:`ChangeFeed` whose
 generation bumps on every change of a model's state, of the pins or of a load starting or ending,
@@ -92,6 +96,9 @@ class Slot:
     requests: int = 0  # infer requests answered, cumulative
     last_size_bytes: int = 0  # measured size of the last successful load (kept after eviction)
     last_load_seconds: float = 0.0  # wall time of the last successful load, every phase
+    # When the current (or last) load moved weights host->device: (start, end) on the cache's
+    # clock, for the transfer wait of the requests that waited for it.
+    transfers: list[tuple[float, float]] = field(default_factory=list)
 
     @property
     def fleet_state(self) -> str:
@@ -210,7 +217,9 @@ class EngineCache:
         try:
             if cold:
                 self.metrics.cache_misses.labels(name).inc()
+                waited_from = self.clock.now()
                 await self.ensure_loaded(name, on_demand=True)
+                self._observe_transfer_wait(slot, waited_from, self.clock.now())
             else:
                 self.metrics.cache_hits.labels(name).inc()
         except BaseException:
@@ -220,6 +229,13 @@ class EngineCache:
         slot.uses += 1
         assert slot.engine is not None
         return slot.engine, cold
+
+    def _observe_transfer_wait(self, slot: Slot, start: float, end: float) -> None:
+        """The part of a request's wait for a load spent on the load's weight transfer."""
+        if not slot.transfers:
+            return  # no device transfer (a CPU backend): no sample rather than a zero
+        waited = sum(max(0.0, min(b, end) - max(a, start)) for a, b in slot.transfers)
+        self.metrics.transfer_wait.labels(slot.spec.name).observe(waited)
 
     def release(self, name: str) -> None:
         self.slots[name].refs -= 1
@@ -266,12 +282,31 @@ class EngineCache:
                 self.clock.now() - started
             )
             raise
+        ended = self.clock.now()
         phases = getattr(engine, "load_phases", None)
         if not phases:
-            phases = {"deserialize": self.clock.now() - started}
+            phases = {"deserialize": ended - started}
         for phase, seconds in phases.items():
             self.metrics.engine_load.labels(slot.spec.name, phase).observe(seconds)
+        # The torch backend stages and copies the weights last, then profiles: the transfer
+        # ends `profile` seconds before backend.load returned.
+        transfer = phases.get("stage", 0.0) + phases.get("h2d", 0.0)
+        if transfer > 0:
+            end = ended - phases.get("profile", 0.0)
+            slot.transfers.append((end - transfer, end))
         return engine
+
+    async def _slow_transfer(self, slot: Slot) -> None:
+        """``faults.extraTransferSeconds``: a slow or contended host->device path."""
+        seconds = self.config.faults.extra_transfer_seconds
+        if not seconds:
+            return
+        started = self.clock.now()
+        await asyncio.sleep(seconds)
+        ended = self.clock.now()
+        slot.load_seconds += ended - started
+        slot.transfers.append((started, ended))
+        self.metrics.engine_load.labels(slot.spec.name, "h2d").observe(ended - started)
 
     def _entries(self, exclude: str) -> list[CacheEntry]:
         return [
@@ -312,6 +347,7 @@ class EngineCache:
         try:
             async with self._loads:
                 slot.load_seconds = 0.0
+                slot.transfers = []
                 load_started = self.clock.now()
                 chosen, sha, selection = self._choose(spec)
                 staged = slot.staged is not None and slot.staged[0] == chosen.uri
@@ -330,6 +366,7 @@ class EngineCache:
                 if engine.size_bytes > estimate:
                     self._reserve(slot, engine.size_bytes)
                 slot.size_bytes = engine.size_bytes
+                await self._slow_transfer(slot)
                 await self._phase(slot, "warmup", self._warm_up, engine, spec)
                 if self.config.faults.extra_warmup_seconds and not staged:
                     # The emulated cold cost (a large engine's deserialize and first runs): a

@@ -24,6 +24,8 @@ LATENCY_BUCKETS = (
     0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0,
 )  # fmt: skip
 LOAD_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+# A transfer wait is milliseconds on a pinned PCIe path, minutes for a large engine on a bad one.
+TRANSFER_BUCKETS = (*LATENCY_BUCKETS, 15.0, 30.0, 60.0, 120.0, 300.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
@@ -67,6 +69,14 @@ class RuntimeMetrics:
             "Latency of the first request served by an engine it had to wait to load.",
             ["model"],
             buckets=LOAD_BUCKETS,
+            registry=r,
+        )
+        self.transfer_wait = Histogram(
+            "tidal_transfer_wait_seconds",
+            "Time a request waited on host->device weight transfer (the stage and h2d phases "
+            "of the engine load it waited for).",
+            ["model"],
+            buckets=TRANSFER_BUCKETS,
             registry=r,
         )
         self.cache_hits = Counter(

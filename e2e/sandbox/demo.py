@@ -6,7 +6,10 @@
    get traffic only once warm;
 4. roll out a bad primary (its runtime adds latency): the SLO is breached, traffic flips to the
    warm baseline, the flip is recorded (RolledBack condition, Event);
-5. print a summary of the measured times and write a plot to ``out/demo.png``.
+5. print a summary of the measured times and write a plot to ``out/demo.png``; among them the
+   flip delay, from the end of the breach's ``for`` window to the Service leaving the primary,
+   as the operator recorded it (``status.rollout``'s rollback record; goal: at most a second,
+   because the baseline keeps its rollback reserve warm through the staged rollout).
 
 A live table shows replicas per pool, queue depth, P99 and the active pool while it runs.
 """
@@ -321,6 +324,7 @@ def _drive(sb: Sandbox, console: Console, isvc: dict[str, Any], out_dir: Path) -
     thread = threading.Thread(target=run_load, daemon=True)
     thread.start()
     bad_applied = False
+    flip: dict[str, Any] = {}
     last_decision = ""
     last_rollout = ""
     with Live(_view(None, events), console=console, refresh_per_second=2) as live:
@@ -382,6 +386,8 @@ def _drive(sb: Sandbox, console: Console, isvc: dict[str, Any], out_dir: Path) -
                 events.append(
                     f"{t:5.1f}s  applied a bad primary (+{BAD_LATENCY_MS} ms per request)"
                 )
+            if rolled and not flip:
+                flip = flip_record(status)
             if rolled and "rolled back" not in timeline.marks:
                 timeline.mark("rolled back", t)
                 events.append(
@@ -407,6 +413,9 @@ def _drive(sb: Sandbox, console: Console, isvc: dict[str, Any], out_dir: Path) -
         "bad_rollout_to_flip_s": _diff(marks, "bad rollout", "rolled back"),
         "breach_onset_to_flip_s": _diff(marks, "SLO breach begins", "rolled back"),
         "slo_window_s": SLO_FOR_SECONDS,
+        # The operator's own record (its clock, ms): window end -> the Service left the primary.
+        "window_end_to_flip_s": flip.get("window_end_to_flip_s"),
+        "rollback_signal": flip.get("signal"),
         "rolled_back": "rolled back" in marks,
         "p99_before_surge_ms": report.p99(5, SURGE_AT) * 1000,
         "p99_during_surge_ms": report.p99(SURGE_AT, SURGE_END) * 1000,
@@ -421,6 +430,23 @@ def _drive(sb: Sandbox, console: Console, isvc: dict[str, Any], out_dir: Path) -
     console.print(table)
     console.print(f"plot written to [bold]{png}[/]")
     return summary
+
+
+def flip_record(status: dict[str, Any]) -> dict[str, Any]:
+    """From ``status.rollout.state``'s rollback record: the breached signal and how long after
+    its ``for`` window ended the Service stopped selecting the primary ({} until it has)."""
+    try:
+        state = json.loads((status.get("rollout") or {}).get("state") or "{}")
+    except ValueError:
+        return {}
+    record = state.get("rollback") or {}
+    switched = record.get("switchedAt")
+    breaches = [b for b in record.get("breaches") or [] if b.get("breachingSince") is not None]
+    if switched is None or not breaches:
+        return {}
+    first = min(breaches, key=lambda b: b["breachingSince"])
+    window_end = first["breachingSince"] + SLO_FOR_SECONDS
+    return {"window_end_to_flip_s": round(switched - window_end, 3), "signal": first["signal"]}
 
 
 def _diff(marks: dict[str, float], start: str, end: str) -> float | None:

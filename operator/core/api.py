@@ -1078,9 +1078,9 @@ class Slo(ApiModel):
         json_schema_extra=_rules(
             cel(
                 "has(self.p99Ms) || has(self.errorRate) || has(self.coldStartMs) || "
-                "has(self.gpuMemoryHeadroom)",
-                "spec.rollout.slo needs at least one objective (p99Ms, errorRate, coldStartMs "
-                "or gpuMemoryHeadroom)",
+                "has(self.gpuMemoryHeadroom) || has(self.transferWaitMs)",
+                "spec.rollout.slo needs at least one objective (p99Ms, errorRate, coldStartMs, "
+                "gpuMemoryHeadroom or transferWaitMs)",
             ),
             cel(
                 f"!{_matches('self.__for__', DURATION_PATTERN)} || "
@@ -1115,6 +1115,13 @@ class Slo(ApiModel):
     gpu_memory_headroom: Percent | None = Field(
         default=None, description="GPU memory that must stay free, as a percentage, e.g. 10%."
     )
+    transfer_wait_ms: float | None = Field(
+        default=None,
+        gt=0,
+        le=3600000,
+        description="P99 bound on the time requests wait for host->device weight transfer "
+        "(requests held by an engine load; separate from the hot P99), ms.",
+    )
     min_requests: int = Field(
         default=20,
         ge=1,
@@ -1134,10 +1141,11 @@ class Slo(ApiModel):
             and self.error_rate is None
             and self.cold_start_ms is None
             and self.gpu_memory_headroom is None
+            and self.transfer_wait_ms is None
         ):
             raise ValueError(
-                "spec.rollout.slo needs at least one objective (p99Ms, errorRate, coldStartMs "
-                "or gpuMemoryHeadroom)"
+                "spec.rollout.slo needs at least one objective (p99Ms, errorRate, coldStartMs, "
+                "gpuMemoryHeadroom or transferWaitMs)"
             )
         if not 1 <= duration_seconds(self.for_) <= 86400:
             raise ValueError("spec.rollout.slo.for must be a duration between 1s and 24h")

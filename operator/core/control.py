@@ -109,6 +109,7 @@ def slo_policy_of(isvc: InferenceService) -> SloPolicy:
         p99_ms=slo.p99_ms,
         error_rate=slo.error_rate,
         cold_start_ms=slo.cold_start_ms,
+        transfer_wait_ms=slo.transfer_wait_ms,
         gpu_memory_headroom=None if headroom is None else headroom / 100.0,
         for_seconds=duration_seconds(slo.for_),
         on_breach=action,
@@ -223,21 +224,30 @@ UNBOUNDED_SERVING = 1 << 30
 
 
 def role_targets(
-    serving: Sequence[PoolName], decision: ScaleDecision, helping: Sequence[PoolName] = ()
+    serving: Sequence[PoolName],
+    decision: ScaleDecision,
+    helping: Sequence[PoolName] = (),
+    rollout: RolloutDecision | None = None,
 ) -> dict[PoolName, tuple[int, int]]:
     """(serving, standby) pods each serving pool's ready pods are labelled for.
 
     The pool that alone takes the traffic gets the autoscaler's split. A split step keeps no
-    standby (``plan_children`` sizes both pools for their share): every ready pod of both pools
-    serves, so a pod demoted while one pool served alone is promoted again — left standby, it
-    would leave a pool of one pod with no endpoint and its share of the step with no traffic
-    (and no samples for the step's verdict). A ``helping`` pool (the baseline in an overflow)
-    serves with every ready pod beside the pool the autoscaler sizes.
+    autoscaler standby (``plan_children`` sizes both pools for their share): every ready pod of
+    both pools serves, so a pod demoted while one pool served alone is promoted again — left
+    standby, it would leave a pool of one pod with no endpoint and its share of the step with no
+    traffic (and no samples for the step's verdict). The one exception is the baseline's
+    rollback reserve (rollout rule 6e, ``rollout.baseline_standby``): those pods beyond its
+    share wait ready out of the Service, and serving pods fill first. A ``helping`` pool (the
+    baseline in an overflow) serves with every ready pod beside the pool the autoscaler sizes.
     """
     if len(serving) == 1:
         targets = {serving[0]: (decision.desired_serving, decision.desired_standby)}
     else:
         targets = {pool: (UNBOUNDED_SERVING, 0) for pool in serving}
+        reserve = rollout.baseline_standby if rollout is not None else 0
+        if reserve > 0 and PoolName.BASELINE in targets and rollout is not None:
+            share = max(rollout.desired_replicas.baseline - reserve, 1)
+            targets[PoolName.BASELINE] = (share, reserve)
     for pool in helping:
         targets.setdefault(pool, (UNBOUNDED_SERVING, 0))
     return targets

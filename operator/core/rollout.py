@@ -50,7 +50,8 @@ share is the proportion of ready replicas). Rules:
    ``max(1, round(N*p/100))`` primary and ``max(1, N - that)`` baseline replicas; the real
    share is ``primary / (primary + baseline)`` and is reported (``N = 1`` gives 50 % for every
    intermediate step; kube-proxy balances per connection, so the share is approximate). The
-   baseline shrinks only after the primary's new replicas are ready (no capacity dip). A step's
+   baseline's *serving* replicas shrink only after the primary's new replicas are ready (no
+   capacity dip). A step's
    clock starts when its primary replicas are ready; the next step comes after ``stepSeconds``
    with no primary signal over its objective (pending or sustained) and, unless
    ``advanceWithoutSamples``, with enough samples for p99 and errorRate. The 100 % step selects
@@ -58,6 +59,16 @@ share is the proportion of ready replicas). Rules:
    ``Promoted``; the baseline keeps its last share until then for a fast abort. (d) A sustained
    breach at any step aborts back to the baseline by rule 2 (``RolloutAborted``). Steps only
    move forward; an abort or a newer spec starts over from the baseline.
+   (e) **Rollback reserve.** While the rollout is unproven (from its first step until
+   ``Promoted``) the baseline keeps enough ready replicas to carry all the traffic again: the
+   ``reserve`` (what the traffic needed when it left the baseline, ``load()`` then) or the
+   autoscaler's current ask, whichever is larger. Those beyond its serving share wait as standby
+   (``baseline_standby``: ready, out of the Service), so the step's share is unchanged. A move
+   back to the baseline (an abort) then needs only ``min(load, reserve)`` ready: it does not wait
+   for replicas the autoscaler asked after the rollout began -- a breaching primary's own queue
+   inflates that ask -- so the abort flips on the tick its window ends. The cost: up to
+   ``reserve`` extra baseline replicas for the length of the rollout (``len(steps) *
+   stepSeconds`` and the warm-ups) instead of a baseline shrunk to its share.
 7. **Drain.** A pool that just stopped receiving traffic keeps its ready replicas for
    ``drainSeconds`` before it shrinks or its template changes, so connections that were routed
    to it before the endpoints update can finish (zero failed requests during a switch).
@@ -275,6 +286,7 @@ class RolloutState(Frozen):
     preparing_since: float | None = None
     prepare_warned: bool = False
     rollback: RollbackRecord | None = None
+    reserve: int | None = None  # rule 6e: baseline replicas kept ready while a rollout is unproven
     primary_slo: SloState = SloState()
     baseline_slo: SloState = SloState()
 
@@ -289,6 +301,7 @@ class RolloutDecision(Frozen):
     service_pools: tuple[Pool, ...]  # pools the Service selects
     desired_replicas: PoolCounts
     serving_replicas: PoolCounts  # replicas meant to serve behind the Service, per pool
+    baseline_standby: int = 0  # rule 6e: baseline replicas kept ready but out of the Service
     primary_traffic_percent: float  # expected share by replica proportion
     applied_primary_hash: str  # template the primary Deployment should carry
     hold_primary_template: bool  # True: leave the primary's pod template as it is
@@ -298,6 +311,9 @@ class RolloutDecision(Frozen):
     primary_slo: SloVerdict
     baseline_slo: SloVerdict
     events: tuple[RolloutEvent, ...] = ()
+    # When the primary's earliest pending breach will have lasted `slo.for` (same clock as
+    # `now`): the shell evaluates again at that moment, so a rollback waits for no tick.
+    verdict_due_at: float | None = None
 
 
 def initial_state(spec: RolloutSpec) -> RolloutState:
@@ -383,9 +399,19 @@ class _Plan:
 
     def required(self, pool: Pool) -> int:
         need = self.load()
-        return max(need, self.spec.baseline_min_replicas) if pool is Pool.BASELINE else need
+        if pool is Pool.PRIMARY:
+            return need
+        st = self.state
+        reserve = st.reserve if st.applied_hash != st.promoted_hash else None
+        if reserve is not None:
+            # Rule 6e: back to the baseline the rollout left, as soon as it has what carried the
+            # traffic then -- not what the autoscaler asks since (a breaching primary's queue).
+            need = min(need, reserve)
+        return max(need, self.spec.baseline_min_replicas)
 
     def switch(self, to: Traffic, action: Action, reason: str) -> None:
+        if to is Traffic.BASELINE:
+            self.update(reserve=None)  # the baseline carries everything again
         self.update(
             previous_traffic=self.state.traffic,
             traffic=to,
@@ -530,7 +556,7 @@ def _plan_traffic(plan: _Plan, pv: SloVerdict, bv: SloVerdict) -> None:
             plan.update(applied_hash=spec.primary_hash, primary_slo=SloState(), step=None)
             plan.released = True
         if plan.move_all_to(Pool.PRIMARY, "activePool=primary"):
-            plan.update(promoted_hash=spec.primary_hash, rollback=None, step=None)
+            plan.update(promoted_hash=spec.primary_hash, rollback=None, step=None, reserve=None)
             plan.action, plan.reason = Action.STEADY, f"pinned:primary; slo {pv.reason}"
         return
 
@@ -641,8 +667,9 @@ def _plan_steps(plan: _Plan, pv: SloVerdict) -> None:
             )
             return
         to = Traffic.PRIMARY if first == 100 else Traffic.SPLIT
+        reserve = plan.load()  # what the baseline carries alone now (rule 6e)
         plan.switch(to, Action.ADVANCE_STEP, f"advance-step: 1/{len(steps)} {first}%")
-        plan.update(step=0, step_ready_at=now)  # its replicas are ready: checked above
+        plan.update(step=0, step_ready_at=now, reserve=reserve)  # replicas ready: checked above
         plan.event(EventType.NORMAL, "RolloutStep", _step_message(0, steps, total))
         return
 
@@ -690,6 +717,7 @@ def _plan_steps(plan: _Plan, pv: SloVerdict) -> None:
             rollback=None,
             step=None,
             step_ready_at=None,
+            reserve=None,
         )
         plan.action = Action.PROMOTE
         plan.reason = f"promote: primary {plan.state.applied_hash} passed {len(steps)} steps"
@@ -726,13 +754,18 @@ def _decide(plan: _Plan, pv: SloVerdict, bv: SloVerdict) -> RolloutDecision:
     def capped(value: int) -> int:
         return min(value, cap) if cap is not None else value
 
+    unproven = st.applied_hash != st.promoted_hash and spec.active_pool is ActivePool.AUTO
+    reserve = max(st.reserve or 0, n) if unproven and st.reserve is not None else 0
+    baseline_standby = 0
     if st.traffic is Traffic.SPLIT:
         index = st.step if st.step is not None else 0
         share = step_shares(n, spec.steps[index])
         serving = share
-        # Surge first: the baseline shrinks only as the primary's new replicas become ready.
+        # Surge first: the baseline serves less only as the primary's new replicas are ready.
         baseline = max(share.baseline, max(n, 1) - plan.ready(Pool.PRIMARY))
-        desired = PoolCounts(primary=share.primary, baseline=baseline)
+        # Rule 6e: the rest of the reserve stays ready as standby, out of the Service.
+        baseline_standby = max(reserve - baseline, 0)
+        desired = PoolCounts(primary=share.primary, baseline=baseline + baseline_standby)
     elif st.traffic is Traffic.OVERFLOW:
         # The baseline keeps what serves now: it is not grown for a surge, nor shrunk in one.
         helping = obs.baseline.ready_replicas
@@ -744,7 +777,7 @@ def _decide(plan: _Plan, pv: SloVerdict, bv: SloVerdict) -> RolloutDecision:
         if st.step is not None and st.promoted_hash != st.applied_hash:
             # 100 % step under evaluation: the baseline keeps its last share for a fast abort.
             last = spec.steps[-2] if len(spec.steps) > 1 else 0
-            standby = max(standby, n if last == 0 else step_shares(n, last).baseline)
+            standby = max(standby, n if last == 0 else step_shares(n, last).baseline, reserve)
         desired = PoolCounts(primary=n, baseline=standby)
     else:
         serving = PoolCounts(primary=0, baseline=n)
@@ -809,6 +842,7 @@ def _decide(plan: _Plan, pv: SloVerdict, bv: SloVerdict) -> RolloutDecision:
         service_pools=_pools_of(st.traffic),
         desired_replicas=desired,
         serving_replicas=serving,
+        baseline_standby=min(baseline_standby, desired.baseline),
         primary_traffic_percent=percent,
         applied_primary_hash=st.applied_hash,
         hold_primary_template=st.applied_hash != spec.primary_hash,
@@ -818,4 +852,12 @@ def _decide(plan: _Plan, pv: SloVerdict, bv: SloVerdict) -> RolloutDecision:
         primary_slo=pv,
         baseline_slo=bv,
         events=tuple(plan.events),
+        verdict_due_at=min(
+            (
+                r.breaching_since + spec.slo.for_seconds
+                for r in pv.with_status(SignalStatus.PENDING)
+                if r.breaching_since is not None
+            ),
+            default=None,
+        ),
     )

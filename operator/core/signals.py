@@ -724,6 +724,14 @@ def pool_signals_query(
             f" / {by} ({_increase(f'tidal_cold_start_seconds_count{sel()}', cw)})"
         ),
         "cold_samples": f"{by} ({_increase(f'tidal_cold_start_seconds_count{sel()}', cw)})",
+        # Requests held by an engine load, waiting on its weight transfer: a cold signal.
+        "transfer_wait": (
+            "histogram_quantile(0.99, sum by ("
+            f"{_GROUP}, le) ({_increase(f'tidal_transfer_wait_seconds_bucket{sel()}', cw)}))"
+        ),
+        "transfer_samples": (
+            f"{by} ({_increase(f'tidal_transfer_wait_seconds_count{sel()}', cw)})"
+        ),
         "startup": f"avg by ({_GROUP}) (tidal_startup_seconds{sel()} > 0)",
         "engine_load": (
             f"{by} (tidal_engine_load_seconds_sum{sel()})"
@@ -746,7 +754,8 @@ class PromPoolSignals:
     `age_seconds` is how old the pool's freshest ``tidal_inflight_requests`` sample was when
     Prometheus evaluated the query (its own clock); `queried_at` when the shell sent it (the
     shell's monotonic clock). Latencies in ms; `requests`/`errors` are counts over the latency
-    window, `cold_samples` over the cold window. GPU memory is the pod with the least headroom.
+    window, `cold_samples` and `transfer_samples` (with the transfer wait's P99) over the cold
+    window. GPU memory is the pod with the least headroom.
     """
 
     key: PoolKey
@@ -757,6 +766,8 @@ class PromPoolSignals:
     errors: float | None = None
     cold_start_ms: float | None = None
     cold_samples: float | None = None
+    transfer_wait_ms: float | None = None
+    transfer_samples: float | None = None
     startup_seconds: float | None = None
     engine_load_seconds: float | None = None
     in_flight: float | None = None
@@ -779,7 +790,7 @@ class PromPoolSignals:
         return self.queried_at - (self.age_seconds or 0.0)
 
 
-_MS = {"p99_hot", "p99_cold", "cold_start"}
+_MS = {"p99_hot", "p99_cold", "cold_start", "transfer_wait"}
 _FIELDS = {
     "p99_hot": "p99_hot_ms",
     "p99_cold": "p99_cold_ms",
@@ -787,6 +798,8 @@ _FIELDS = {
     "errors": "errors",
     "cold_start": "cold_start_ms",
     "cold_samples": "cold_samples",
+    "transfer_wait": "transfer_wait_ms",
+    "transfer_samples": "transfer_samples",
     "startup": "startup_seconds",
     "engine_load": "engine_load_seconds",
     "in_flight": "in_flight",
@@ -977,5 +990,9 @@ def pool_signals_from_prometheus(prom: PromPoolSignals | None) -> PoolSignals:
         gpu_memory_total_bytes=int(total) if total is not None else None,
         requests=round(prom.requests) if prom.requests is not None else None,
         cold_samples=round(prom.cold_samples) if prom.cold_samples is not None else None,
+        transfer_wait_ms=prom.transfer_wait_ms,
+        transfer_samples=(
+            round(prom.transfer_samples) if prom.transfer_samples is not None else None
+        ),
         observed_at=prom.observed_at,
     )

@@ -11,13 +11,18 @@ Signals and their objectives (each optional; an objective left unset is ``disabl
   signal and must not be folded into it (DESIGN §6).
 * ``errorRate``: fraction of requests that failed (5xx and timeouts) must stay ``<= errorRate``.
 * ``coldStart``: latency of the first request after a model load, ms, ``<= coldStartMs``.
+* ``transferWait``: P99 of the time requests waited on host->device weight transfer, ms,
+  ``<= transferWaitMs`` (the runtime's ``tidal_transfer_wait_seconds``: a request held by an
+  engine load waits out its ``stage``/``h2d`` phases). Only requests that waited on a transfer
+  are samples, so, like ``coldStart``, it never mixes with the hot P99; ``minColdSamples``.
 * ``gpuMemoryHeadroom``: free GPU memory, ``1 - used/total``, must stay ``>= gpuMemoryHeadroom``
   (a fraction; or an absolute ``gpuMemoryHeadroomBytes``).
 
 Rules, and why:
 
 * **Missing data is never a breach by itself.** A signal without a value, with too few samples
-  (``minRequests`` for p99 and errorRate, ``minColdSamples`` for coldStart; an unknown sample
+  (``minRequests`` for p99 and errorRate, ``minColdSamples`` for coldStart and transferWait; an
+  unknown sample
   count counts as too few) or from a stale observation (older than ``staleAfterSeconds``) is
   reported as ``no-data`` / ``too-few-samples`` / ``stale`` and never trips the switch: a pool
   that served three requests, one of them slow, has not shown anything yet.
@@ -81,6 +86,7 @@ class Signal(StrEnum):
     ERROR_RATE = "errorRate"
     COLD_START = "coldStart"
     GPU_MEMORY_HEADROOM = "gpuMemoryHeadroom"
+    TRANSFER_WAIT = "transferWait"
 
 
 class SignalStatus(StrEnum):
@@ -130,6 +136,9 @@ class SloPolicy(Frozen):
     gpu_memory_headroom: float | None = Field(
         default=None, ge=0, le=1, description="Fraction of GPU memory that must stay free."
     )
+    transfer_wait_ms: float | None = Field(
+        default=None, gt=0, description="Bound on the P99 wait for host->device transfer, ms."
+    )
     gpu_memory_headroom_bytes: int | None = Field(
         default=None, ge=0, description="Bytes of GPU memory that must stay free (alternative)."
     )
@@ -141,7 +150,9 @@ class SloPolicy(Frozen):
         default=20, ge=1, description="Requests a window needs before p99/errorRate can breach."
     )
     min_cold_samples: int = Field(
-        default=1, ge=1, description="Cold starts a window needs before coldStart can breach."
+        default=1,
+        ge=1,
+        description="Cold samples a window needs before coldStart or transferWait can breach.",
     )
     max_gap_seconds: float = Field(
         default=30.0, ge=0, description="A data gap this short keeps a breach's onset."
@@ -178,20 +189,24 @@ class PoolSignals(Frozen):
     """What Prometheus says about one pool over the evaluation window; ``None`` means no data.
 
     ``requests`` is the sample size behind ``p99_hot_ms`` and ``error_rate`` (requests in the
-    window); ``cold_samples`` the number of cold starts behind ``cold_start_ms``. ``observed_at``
+    window); ``cold_samples`` the number of cold starts behind ``cold_start_ms``;
+    ``transfer_samples`` the number of requests that waited on a weight transfer behind
+    ``transfer_wait_ms`` (a P99). ``observed_at``
     is when the query ran (same clock as ``now``); ``None`` means "just now".
     """
 
     p99_hot_ms: float | None = Field(default=None, ge=0)
     error_rate: float | None = Field(default=None, ge=0, le=1)
     cold_start_ms: float | None = Field(default=None, ge=0)
+    transfer_wait_ms: float | None = Field(default=None, ge=0)
     gpu_memory_used_bytes: int | None = Field(default=None, ge=0)
     gpu_memory_total_bytes: int | None = Field(default=None, ge=0)
     requests: int | None = Field(default=None, ge=0)
     cold_samples: int | None = Field(default=None, ge=0)
+    transfer_samples: int | None = Field(default=None, ge=0)
     observed_at: float | None = None
 
-    @field_validator("p99_hot_ms", "error_rate", "cold_start_ms", mode="before")
+    @field_validator("p99_hot_ms", "error_rate", "cold_start_ms", "transfer_wait_ms", mode="before")
     @classmethod
     def _nan_is_no_data(cls, value: Any) -> Any:
         return _finite_or_none(value)
@@ -211,6 +226,7 @@ class SloState(Frozen):
     error_rate: SignalTrack = SignalTrack()
     cold_start: SignalTrack = SignalTrack()
     gpu_memory_headroom: SignalTrack = SignalTrack()
+    transfer_wait: SignalTrack = SignalTrack()
     breached: bool = False  # the verdict of the previous evaluation, to report onsets once
 
     def track(self, signal: Signal) -> SignalTrack:
@@ -219,6 +235,7 @@ class SloState(Frozen):
             Signal.ERROR_RATE: self.error_rate,
             Signal.COLD_START: self.cold_start,
             Signal.GPU_MEMORY_HEADROOM: self.gpu_memory_headroom,
+            Signal.TRANSFER_WAIT: self.transfer_wait,
         }[signal]
 
 
@@ -306,6 +323,10 @@ def _measure(
         value, limit = signals.cold_start_ms, policy.cold_start_ms
         over = value is not None and limit is not None and value > limit
         return value, limit, "ms", signals.cold_samples, policy.min_cold_samples, over
+    if signal is Signal.TRANSFER_WAIT:
+        value, limit = signals.transfer_wait_ms, policy.transfer_wait_ms
+        over = value is not None and limit is not None and value > limit
+        return value, limit, "ms", signals.transfer_samples, policy.min_cold_samples, over
     used, total = signals.gpu_memory_used_bytes, signals.gpu_memory_total_bytes
     if policy.gpu_memory_headroom_bytes is not None:
         free = None if used is None or total is None else float(max(total - used, 0))
@@ -379,6 +400,7 @@ def evaluate_slo(
         (Signal.ERROR_RATE, "error_rate"),
         (Signal.COLD_START, "cold_start"),
         (Signal.GPU_MEMORY_HEADROOM, "gpu_memory_headroom"),
+        (Signal.TRANSFER_WAIT, "transfer_wait"),
     ):
         reading, tracks[field] = _judge(policy, signals, signal, state.track(signal), now)
         readings.append(reading)
@@ -410,8 +432,7 @@ def evaluate_slo(
 
 def _why_missing(reading: SignalReading, policy: SloPolicy) -> str:
     if reading.status is SignalStatus.TOO_FEW_SAMPLES:
-        needed = (
-            policy.min_cold_samples if reading.signal is Signal.COLD_START else policy.min_requests
-        )
+        cold = reading.signal in (Signal.COLD_START, Signal.TRANSFER_WAIT)
+        needed = policy.min_cold_samples if cold else policy.min_requests
         return f"{reading.signal.value} {reading.samples or 0}<{needed} samples"
     return f"{reading.signal.value} {reading.status.value}"

@@ -161,6 +161,11 @@ class ControllerSettings:
     quiet_tick_seconds: float = 5.0
 
 
+# A verdict due at the end of a breach window is taken this long after it (clock skew between
+# the loop's monotonic sleep and the wall clock the planner judges on).
+VERDICT_SLACK = 0.02
+
+
 @dataclass
 class ServiceState:
     """What the loop remembers of one InferenceService between ticks (memory only, except the
@@ -178,6 +183,9 @@ class ServiceState:
     last_total: dict[tuple[PoolName, ...], int] = field(default_factory=dict)
     rollout: RolloutState | None = None
     rollout_loaded: bool = False
+    # When a pending SLO breach of the primary will have lasted `for` (monotonic): the loop
+    # ticks once more at that moment instead of at the next period (rollout rule 6e's flip).
+    verdict_due: float | None = None
     last_decision_key: tuple[str, int, int] | None = None
     view: ControlView | None = None
     enqueued_at: float = -1e9
@@ -339,21 +347,29 @@ class Controller:
         for target, message in zip(asked, answers, strict=True):
             st.pod_faults.record(target, message, now)
 
+    async def _tick_once(self, key: Key) -> None:
+        started = self.mono()
+        try:
+            await self.tick(key)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # one bad tick must not end the loop; the next one retries
+            log.exception("control tick of %s/%s failed", *key)
+        metrics.TICK_DURATION.observe(self.mono() - started)
+
     async def _run(self, key: Key) -> None:
         period = self.settings.tick_seconds
         next_at = self.mono()
         while key in self.store.services:
-            started = self.mono()
-            metrics.TICK_LAG.observe(max(started - next_at, 0.0))
-            try:
-                await self.tick(key)
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # one bad tick must not end the loop; the next one retries
-                log.exception("control tick of %s/%s failed", *key)
-            metrics.TICK_DURATION.observe(self.mono() - started)
+            metrics.TICK_LAG.observe(max(self.mono() - next_at, 0.0))
+            await self._tick_once(key)
             st = self.states.get(key)
-            if st is not None and st.quiet and self.settings.quiet_tick_seconds > period:
+            if (
+                st is not None
+                and st.quiet
+                and st.verdict_due is None
+                and self.settings.quiet_tick_seconds > period
+            ):
                 # Nothing going on: the next tick on an event or the slow timer.
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(st.wake.wait(), self.settings.quiet_tick_seconds)
@@ -366,7 +382,17 @@ class Controller:
                 if skipped := int((now - next_at) // period):
                     metrics.TICKS_SKIPPED.inc(skipped)
                 next_at = now
-            await asyncio.sleep(next_at - now)
+            # A breach whose window ends before the next tick is judged when it ends: the
+            # rollback then flips within a tick's duration of the window, not up to a period.
+            st = self.states.get(key)
+            due = None if st is None or st.verdict_due is None else st.verdict_due + VERDICT_SLACK
+            if due is not None and now < due < next_at:
+                await asyncio.sleep(due - now)
+                if key not in self.store.services:
+                    break
+                await self._tick_once(key)
+                now = self.mono()
+            await asyncio.sleep(max(next_at - now, 0.0))
         self.states.pop(key, None)
         self.tasks.pop(key, None)
 
@@ -508,6 +534,8 @@ class Controller:
                 autoscaler_desired=max(desired_serving or 0, 0),
             )
             rollout, st.rollout = plan_rollout(spec, obs, st.rollout, wall)
+            due = rollout.verdict_due_at
+            st.verdict_due = None if due is None else mono + (due - wall)
             events += [EventSpec(e.type.value, e.reason, e.message) for e in rollout.events]
             metrics.count_rollout_events(
                 isvc.namespace, isvc.name, (e.reason for e in rollout.events)
@@ -519,8 +547,9 @@ class Controller:
             if event is not None:
                 events.append(EventSpec(*event))  # type: ignore[arg-type]
             st.last_total[serving] = decision.desired_total
-            targets = role_targets(serving, decision, helping)
+            targets = role_targets(serving, decision, helping, rollout)
             for pool, (want_serving, want_standby) in targets.items():
+                split = rollout is not None and rollout.traffic is Traffic.SPLIT
                 await self._assign_roles(
                     key,
                     st,
@@ -528,7 +557,8 @@ class Controller:
                     readings[pool],
                     want_serving,
                     want_standby,
-                    isvc.spec.autoscaling.standby_tier,
+                    # The baseline's rollback reserve stays on the device: an abort is instant.
+                    StandbyTier.DEVICE if split else isvc.spec.autoscaling.standby_tier,
                 )
             for pool in serving:
                 if observed.replicas.get(pool, 0) < sum(1 for p in pods[pool] if _live(p)):

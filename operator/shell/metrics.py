@@ -29,7 +29,8 @@ InferenceService; labels ``namespace``, ``isvc``; no request is made to produce 
 - ``tidal_inferenceservice_queue_depth{pool}``, ``tidal_inferenceservice_arrival_rate{pool}``:
   the signals the autoscaler last saw (``status.pools.<pool>.metrics``).
 - ``tidal_inferenceservice_slo_p99_seconds``, ``..._slo_error_rate``,
-  ``..._slo_cold_start_seconds``, ``..._slo_for_seconds`` (``spec.rollout.slo``) and
+  ``..._slo_cold_start_seconds``, ``..._slo_transfer_wait_seconds``, ``..._slo_for_seconds``
+  (``spec.rollout.slo``) and
   ``tidal_inferenceservice_target_p99_seconds`` (``spec.autoscaling.targetP99Ms``): the lines the
   dashboard draws and the alerts compare with; absent when the spec leaves them unset.
 - ``tidal_inferenceservice_fleet_models{state=hot|total}``,
@@ -288,6 +289,7 @@ def service_samples(
             ("p99Ms", "slo_p99_seconds", 0.001),
             ("errorRate", "slo_error_rate", 1.0),
             ("coldStartMs", "slo_cold_start_seconds", 0.001),
+            ("transferWaitMs", "slo_transfer_wait_seconds", 0.001),
         ):
             if (value := _number(slo.get(field))) is not None:
                 add(name, value * scale)
@@ -320,6 +322,7 @@ HELP = {
     "slo_p99_seconds": "spec.rollout.slo.p99Ms, in seconds.",
     "slo_error_rate": "spec.rollout.slo.errorRate.",
     "slo_cold_start_seconds": "spec.rollout.slo.coldStartMs, in seconds.",
+    "slo_transfer_wait_seconds": "spec.rollout.slo.transferWaitMs, in seconds.",
     "slo_for_seconds": "spec.rollout.slo.for, in seconds.",
     "target_p99_seconds": "spec.autoscaling.targetP99Ms, in seconds.",
     "fleet_models": "Models hot on at least one replica, and all models (spec.fleet).",

@@ -148,6 +148,7 @@ def test_every_alert_has_a_runbook_in_the_readme(helm: Helm) -> None:
 ISVC = 'namespace="ns", isvc="a"'
 PRIMARY = ISVC + ', pool="primary"'
 EVICTING = PRIMARY + ', pod="p1", model="m1"'
+WAITING = PRIMARY + ', model="m"'  # requests held by a load, waiting on its weight transfer
 
 
 def series(name: str, labels: str, values: str) -> dict[str, str]:
@@ -172,6 +173,7 @@ def slo_lines() -> list[dict[str, str]]:
         series("tidal_inferenceservice_slo_p99_seconds", ISVC, "0.1x40"),
         series("tidal_inferenceservice_slo_error_rate", ISVC, "0.05x40"),
         series("tidal_inferenceservice_slo_cold_start_seconds", ISVC, "5x40"),
+        series("tidal_inferenceservice_slo_transfer_wait_seconds", ISVC, "0.5x40"),
         series("tidal_inferenceservice_active_pool", PRIMARY, "1x40"),
         series("tidal_inferenceservice_active_pool", ISVC + ', pool="baseline"', "0x40"),
     ]
@@ -220,6 +222,26 @@ CASES: dict[str, tuple[list[dict[str, str]], list[dict[str, Any]]]] = {
             *slo_lines(),
         ],
         [fires("TidalSloBreach", "25m", {**SEVERE, "pool": "primary", "signal": "coldStart"})],
+    ),
+    "transfer waits over the slo": (
+        [
+            series("tidal_transfer_wait_seconds_bucket", WAITING + ', le="0.5"', "0x40"),
+            series("tidal_transfer_wait_seconds_bucket", WAITING + ', le="5"', "0+2x40"),
+            series("tidal_transfer_wait_seconds_bucket", WAITING + ', le="+Inf"', "0+2x40"),
+            *slo_lines(),
+        ],
+        [
+            fires("TidalSloBreach", "4m", None),  # not yet sustained for 5m
+            fires("TidalSloBreach", "25m", {**SEVERE, "pool": "primary", "signal": "transferWait"}),
+        ],
+    ),
+    "transfer waits within the slo": (
+        [
+            series("tidal_transfer_wait_seconds_bucket", WAITING + ', le="0.05"', "0+2x40"),
+            series("tidal_transfer_wait_seconds_bucket", WAITING + ', le="+Inf"', "0+2x40"),
+            *slo_lines(),
+        ],
+        [fires("TidalSloBreach", "25m", None)],
     ),
     "rolled back": (
         [

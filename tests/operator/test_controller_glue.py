@@ -152,6 +152,36 @@ def test_role_targets_keep_the_autoscalers_standby_only_where_one_pool_serves() 
         assert assignment.standby == assignment.demote == (), pool
 
 
+def test_the_baselines_rollback_reserve_waits_as_standby_during_a_split() -> None:
+    from tidal.operator.core.rollout import RolloutSpec, RolloutState
+
+    spec = RolloutSpec(primary_hash="h2", steps=(50, 100))
+    state = RolloutState(
+        traffic=Traffic.SPLIT,
+        applied_hash="h2",
+        promoted_hash="h1",
+        step=0,
+        step_ready_at=0.0,
+        reserve=4,
+    )
+    obs = RolloutObservation(
+        primary=PoolObservation(ready_replicas=2),
+        baseline=PoolObservation(ready_replicas=4),
+        autoscaler_desired=4,
+    )
+    rollout, _ = plan_rollout(spec, obs, state, 1.0)
+    assert rollout.baseline_standby == 2 and rollout.desired_replicas.baseline == 4
+    decision = decision_for(Observation(now=0, ready_serving=4, queue_depth=0), ScalingPolicy())
+    targets = role_targets((PoolName.PRIMARY, PoolName.BASELINE), decision, (), rollout)
+    assert targets[PoolName.BASELINE] == (2, 2)
+    pods = [PodView(f"baseline-{i}", ready=True, ready_for_seconds=60) for i in range(4)]
+    assignment = choose_standby(pods, *targets[PoolName.BASELINE])
+    assert len(assignment.serving) == 2 and len(assignment.standby) == 2
+    # Without a reserve every ready pod of both pools serves, as before.
+    no_reserve = role_targets((PoolName.PRIMARY, PoolName.BASELINE), decision)
+    assert no_reserve[PoolName.BASELINE][1] == 0
+
+
 def test_overflow_observation_sizes_the_primary_for_all_demand_with_its_own_capacity() -> None:
     primary = Observation(now=5, ready_serving=4, warming=4, queue_depth=12, arrival_rate=80)
     baseline = Observation(now=5, ready_serving=2, queue_depth=3, arrival_rate=30)

@@ -52,6 +52,7 @@ class Sim:
     template: str = "h1"
     state: RolloutState | None = None
     log: list[tuple[float, RolloutObservation, RolloutDecision]] = field(default_factory=list)
+    reserves: list[int | None] = field(default_factory=list)  # state.reserve before each tick
 
     def observe(self, primary: PoolSignals, baseline: PoolSignals, load: int) -> RolloutObservation:
         return RolloutObservation(
@@ -66,6 +67,7 @@ class Sim:
         self, primary: PoolSignals = GOOD, baseline: PoolSignals = GOOD, load: int = 4
     ) -> RolloutDecision:
         obs = self.observe(primary, baseline, load)
+        self.reserves.append(self.state.reserve if self.state else None)
         decision, self.state = plan_rollout(self.spec, obs, self.state, self.now)
         self.log.append((self.now, obs, decision))
         if decision.applied_primary_hash != self.template:
@@ -300,9 +302,13 @@ def test_breach_during_a_step_aborts_back_to_the_baseline() -> None:
     sim.spec = make_spec(primary_hash="h2")
     while not (sim.state and sim.state.step == 1):
         sim.tick()
+    start = sim.now
     decisions = sim.run_for(200, primary=SLOW)
-    assert any(d.action is Action.PREPARE_BASELINE for d in decisions)
+    # Rule 6e: the baseline kept its reserve warm, so the abort flips on the tick the breach
+    # has lasted `for` -- nothing to prepare.
+    assert not any(d.action is Action.PREPARE_BASELINE for d in decisions)
     i_flip = first(decisions, Action.FLIP_TO_BASELINE)
+    assert sim.log[-len(decisions) + i_flip][0] == start + SLO.for_seconds
     assert sim.log[-len(decisions) + i_flip][1].baseline.ready_replicas >= 4
     assert decisions[-1].traffic is Traffic.BASELINE and decisions[-1].phase is Phase.ROLLED_BACK
     assert decisions[-1].rollback is not None and decisions[-1].rollback.during_rollout
@@ -312,6 +318,89 @@ def test_breach_during_a_step_aborts_back_to_the_baseline() -> None:
     sim.spec = make_spec(primary_hash="h3")
     decisions = sim.run_for(400)
     assert decisions[-1].phase is Phase.STABLE and decisions[-1].applied_primary_hash == "h3"
+
+
+def to_first_step(sim: Sim, load: int = 4) -> None:
+    """Roll a new primary template out until its first step serves traffic (split)."""
+    sim.run_for(20, load=load)
+    sim.spec = sim.spec.model_copy(update={"primary_hash": "h2"})
+    while not (sim.state and sim.state.traffic is Traffic.SPLIT):
+        sim.tick(load=load)
+
+
+def test_an_unproven_rollout_keeps_the_baseline_able_to_carry_the_load_as_standby() -> None:
+    sim = Sim(make_spec(steps=(50, 100)))
+    to_first_step(sim)
+    assert sim.state is not None and sim.state.reserve == 4
+    decision = sim.run_for(10)[-1]
+    # Half the serving replicas on each side, as the step says; two more baseline replicas
+    # stay ready out of the Service, so all four can take the traffic back at once.
+    assert decision.serving_replicas == PoolCounts(primary=2, baseline=2)
+    assert decision.desired_replicas == PoolCounts(primary=2, baseline=4)
+    assert decision.baseline_standby == 2 and decision.primary_traffic_percent == 50.0
+    # A real rise in load during the step grows the reserve with it.
+    assert sim.tick(load=6).desired_replicas.baseline == 6
+    # The 100 % step: the baseline serves nothing and still holds the load.
+    rest = sim.run_for(300)
+    hundred = next(d for d in rest if d.traffic is Traffic.PRIMARY)
+    assert hundred.desired_replicas.baseline == 4 and hundred.baseline_standby == 0
+    # Promoted: the reserve is given back (the baseline's minReplicas).
+    assert any(d.action is Action.PROMOTE for d in rest)
+    assert rest[-1].desired_replicas.baseline == 1 and sim.state.reserve is None
+
+
+@pytest.mark.parametrize(
+    ("before", "during", "ready_at_flip"),
+    [
+        (4, 4, 4),  # the load as it was: the reserve carries it
+        (4, 9, 4),  # the breaching primary's queue asks for 9: no wait for them
+        (4, 2, 2),  # the load fell: fewer are enough
+        (1, 1, 1),  # a one-replica service (baseline minReplicas 1)
+    ],
+)
+def test_an_abort_flips_when_its_window_ends_on_the_reserve(
+    before: int, during: int, ready_at_flip: int
+) -> None:
+    sim = Sim(make_spec(steps=(50, 100)), primary_ready=before)
+    to_first_step(sim, load=before)
+    sim.run_for(5, load=before)
+    start = sim.now
+    decisions = sim.run_for(120, primary=SLOW, load=during)
+    i_flip = first(decisions, Action.FLIP_TO_BASELINE)
+    at, obs, flip = sim.log[-len(decisions) + i_flip]
+    assert at == start + SLO.for_seconds, [d.reason for d in decisions[: i_flip + 1]]
+    assert obs.baseline.ready_replicas >= ready_at_flip
+    assert flip.phase is Phase.ROLLED_BACK and "RolledBack" in [e.reason for e in flip.events]
+    assert sim.state is not None and sim.state.reserve is None
+    # After the flip the baseline follows the autoscaler again (it may ask for more).
+    assert decisions[-1].desired_replicas.baseline == max(during, 1)
+
+
+def test_a_pending_breach_says_when_its_verdict_is_due() -> None:
+    # The shell ticks again at that moment: the flip then waits for no period (rule 6e).
+    sim = Sim(make_spec(), dt=1.0)
+    assert sim.tick().verdict_due_at is None
+    since = sim.now
+    pending = sim.tick(primary=SLOW)
+    assert pending.verdict_due_at == since + SLO.for_seconds
+    assert sim.tick(primary=SLOW).verdict_due_at == since + SLO.for_seconds  # the same window
+    assert sim.tick(primary=GOOD).verdict_due_at is None  # recovered: nothing due
+
+
+def test_a_pinned_primary_gives_the_reserve_up() -> None:
+    sim = Sim(make_spec(steps=(50, 100)))
+    to_first_step(sim)
+    sim.spec = sim.spec.model_copy(update={"active_pool": ActivePool.PRIMARY})
+    sim.run_for(60)
+    assert sim.state is not None and sim.state.reserve is None
+    assert sim.state.promoted_hash == "h2"
+    # Back on auto, a regression of the accepted template is a plain rollback: the baseline is
+    # scaled to the whole load first (rule 1), no reserve shortcut.
+    sim.spec = sim.spec.model_copy(update={"active_pool": ActivePool.AUTO})
+    decisions = sim.run_for(120, primary=SLOW, load=6)
+    assert any(d.action is Action.PREPARE_BASELINE for d in decisions)
+    i_flip = first(decisions, Action.FLIP_TO_BASELINE)
+    assert sim.log[-len(decisions) + i_flip][1].baseline.ready_replicas >= 6
 
 
 def test_pending_breach_or_missing_samples_hold_a_step() -> None:
@@ -422,13 +511,20 @@ def _switches(decisions: list[RolloutDecision]) -> list[Traffic]:
 
 
 def _check_flips(sim: Sim) -> None:
-    """Never switch to a pool alone unless it has the load's replicas ready."""
-    for (_, _, before), (_, obs, after) in zip(sim.log, sim.log[1:], strict=False):
+    """Never switch to a pool alone unless it has the load's replicas ready (back to the
+    baseline during an unproven rollout: the load's, or the reserve kept for it, rule 6e)."""
+    for (_, _, before), (_, obs, after), reserve in zip(
+        sim.log, sim.log[1:], sim.reserves[1:], strict=False
+    ):
         if after.traffic is before.traffic or after.traffic is Traffic.SPLIT:
             continue
         pool = Pool(after.traffic.value)
         ready = obs.pool(pool).ready_replicas
-        assert ready >= max(obs.autoscaler_desired, 1)
+        need = max(obs.autoscaler_desired, 1)
+        if pool is Pool.BASELINE and reserve is not None:
+            assert ready >= max(min(need, reserve), 1)
+            continue
+        assert ready >= need
         if before.traffic is not Traffic.SPLIT:
             assert ready >= obs.pool(Pool(before.traffic.value)).ready_replicas
 
@@ -561,8 +657,11 @@ def test_a_newer_spec_mid_rollout_starts_over_from_the_baseline() -> None:
     sim.spec = make_spec(primary_hash="h3")
     decisions = sim.run_for(400)
     assert decisions[0].hold_primary_template and decisions[0].applied_primary_hash == "h2"
+    # The baseline held its reserve through the unproven rollout: it takes the traffic back on
+    # the first tick, without being scaled up first (rule 6e).
+    assert decisions[0].action is Action.FLIP_TO_BASELINE
     traffic = _switches(decisions)
-    assert traffic == [Traffic.SPLIT, Traffic.BASELINE, Traffic.SPLIT, Traffic.PRIMARY]
+    assert traffic == [Traffic.BASELINE, Traffic.SPLIT, Traffic.PRIMARY]
     assert decisions[-1].phase is Phase.STABLE and decisions[-1].applied_primary_hash == "h3"
 
 

@@ -311,6 +311,8 @@ def test_query_groups_by_pool_and_tags_every_signal() -> None:
         "errors",
         "cold_start",
         "cold_samples",
+        "transfer_wait",
+        "transfer_samples",
         "startup",
         "engine_load",
         "in_flight",
@@ -320,7 +322,8 @@ def test_query_groups_by_pool_and_tags_every_signal() -> None:
     ):
         assert f'"signal", "{signal}"' in q
     assert 'cache="hot",isvc!="",namespace="ns"' in q and "[20s]" in q
-    assert q.count("label_replace(") == 13  # 12 pool signals + GPU memory per pod
+    assert q.count("label_replace(") == 15  # 14 pool signals + GPU memory per pod
+    assert "tidal_transfer_wait_seconds_bucket{" in q
     # Counters: series born inside the window count in full, role relabels do not.
     assert "(sum without (role) (tidal_requests_total{" in q
     assert (
@@ -342,6 +345,8 @@ def test_parse_pool_signals_converts_units_and_nan() -> None:
         sample("errors", "3"),
         sample("cold_start", "1.5"),
         sample("cold_samples", "1"),
+        sample("transfer_wait", "2.5"),
+        sample("transfer_samples", "3"),
         sample("startup", "4.2"),
         sample("engine_load", "0.8"),
         sample("in_flight", "7"),
@@ -363,6 +368,7 @@ def test_parse_pool_signals_converts_units_and_nan() -> None:
     assert p.p99_hot_ms == pytest.approx(12.0) and p.p99_cold_ms is None
     assert p.requests == 120.4 and p.errors == 3 and p.error_rate == pytest.approx(3 / 120.4)
     assert p.cold_start_ms == 1500.0 and p.cold_samples == 1
+    assert p.transfer_wait_ms == 2500.0 and p.transfer_samples == 3
     assert p.startup_seconds == 4.2 and p.engine_load_seconds == 0.8
     assert p.in_flight == 7 and p.arrival_rate == 33 and p.pods_reporting == 2
     assert p.age_seconds == 0.4 and p.observed_at == pytest.approx(49.6)
@@ -389,12 +395,15 @@ def test_pool_signals_for_the_slo_evaluator() -> None:
         errors=1.0,
         cold_start_ms=900.0,
         cold_samples=2.2,
+        transfer_wait_ms=1800.0,
+        transfer_samples=2.6,
         gpu_memory_used_bytes=7.0,
         gpu_memory_total_bytes=10.0,
         age_seconds=3.0,
     )
     signals = pool_signals_from_prometheus(prom)
     assert signals.p99_hot_ms == 42.0 and signals.requests == 100 and signals.cold_samples == 2
+    assert signals.transfer_wait_ms == 1800.0 and signals.transfer_samples == 3
     assert signals.error_rate == pytest.approx(1 / 99.6)
     assert (signals.gpu_memory_used_bytes, signals.gpu_memory_total_bytes) == (7, 10)
     assert signals.observed_at == 97.0

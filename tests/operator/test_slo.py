@@ -159,6 +159,93 @@ def test_cold_start_is_separate_from_hot_p99() -> None:
     assert not none_cold[-1][0].breached
 
 
+TRANSFER = SloPolicy(p99_ms=80, transfer_wait_ms=500, for_seconds=10, min_cold_samples=2)
+
+
+@pytest.mark.parametrize(
+    ("case", "trace", "status", "breached"),
+    [
+        (
+            "sustained for the window: breach",
+            [(t, sig(transfer_wait_ms=2000.0, transfer_samples=3)) for t in (0, 5, 10)],
+            SignalStatus.BREACHED,
+            True,
+        ),
+        (
+            "not yet for the window: pending",
+            [(t, sig(transfer_wait_ms=2000.0, transfer_samples=3)) for t in (0, 5, 9)],
+            SignalStatus.PENDING,
+            False,
+        ),
+        (
+            "at the objective: within it",
+            [(t, sig(transfer_wait_ms=500.0, transfer_samples=3)) for t in (0, 5, 10)],
+            SignalStatus.OK,
+            False,
+        ),
+        (
+            "one recovery restarts the window",
+            [
+                (0, sig(transfer_wait_ms=2000.0, transfer_samples=3)),
+                (5, sig(transfer_wait_ms=20.0, transfer_samples=3)),
+                (10, sig(transfer_wait_ms=2000.0, transfer_samples=3)),
+            ],
+            SignalStatus.PENDING,
+            False,
+        ),
+        (
+            "fewer waiting requests than minColdSamples: no verdict",
+            [(t, sig(transfer_wait_ms=9000.0, transfer_samples=1)) for t in (0, 5, 10)],
+            SignalStatus.TOO_FEW_SAMPLES,
+            False,
+        ),
+        (
+            "no request waited on a transfer (a CPU backend): no data",
+            [(t, sig(transfer_wait_ms=None, transfer_samples=None)) for t in (0, 5, 10)],
+            SignalStatus.NO_DATA,
+            False,
+        ),
+        (
+            "a short gap keeps the onset",
+            [
+                (0, sig(transfer_wait_ms=2000.0, transfer_samples=3)),
+                (5, sig(transfer_wait_ms=math.nan, transfer_samples=0)),
+                (10, sig(transfer_wait_ms=2000.0, transfer_samples=3)),
+            ],
+            SignalStatus.BREACHED,
+            True,
+        ),
+    ],
+)
+def test_transfer_wait_is_judged_like_the_other_triggers(
+    case: str,
+    trace: list[tuple[float, PoolSignals]],
+    status: SignalStatus,
+    breached: bool,
+) -> None:
+    verdict = run(TRANSFER, trace)[-1][0]
+    reading = verdict.reading(Signal.TRANSFER_WAIT)
+    assert reading.status is status, (case, verdict.reason)
+    assert verdict.breached is breached, (case, verdict.reason)
+    if breached:
+        assert verdict.reason == "breach:transferWait 2000ms > 500ms for 10s", case
+
+
+def test_transfer_wait_is_a_cold_signal_apart_from_the_hot_p99() -> None:
+    # Requests held by slow transfers breach transferWait; the hot P99 stays clean (DESIGN §6).
+    slow = sig(transfer_wait_ms=3000.0, transfer_samples=4, p99_hot_ms=20.0)
+    verdict = run(TRANSFER, every(5, 10, slow))[-1][0]
+    assert [r.signal for r in verdict.breaches] == [Signal.TRANSFER_WAIT]
+    assert verdict.reading(Signal.P99).status is SignalStatus.OK
+    # Without the objective it is reported, never judged.
+    assert (
+        run(POLICY, every(5, 10, slow))[-1][0].reading(Signal.TRANSFER_WAIT).status
+        is SignalStatus.DISABLED
+    )
+    (few, _), *_ = run(TRANSFER, [(0, sig(transfer_wait_ms=3000.0, transfer_samples=1))])
+    assert few.reason == "ok (no data: transferWait 1<2 samples)"
+
+
 def test_gpu_memory_headroom_fraction_and_bytes() -> None:
     tight = sig(gpu_memory_used_bytes=76 * GiB)  # 5 % free of 80 GiB
     verdict = run(POLICY, every(15, 60, tight))[-1][0]

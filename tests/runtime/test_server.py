@@ -302,6 +302,43 @@ def test_budget_evicts_least_recently_used_and_reloads_on_demand(
     assert rt.metric("tidal_engine_load_seconds_count", model="m0", phase="warmup") == 2
 
 
+def test_a_request_that_waits_for_a_load_observes_its_transfer_wait(
+    serve, models, model_entry
+) -> None:
+    # faults.extraTransferSeconds stands in for a slow host->device path: the cold request
+    # waits it out and says so; the preloaded model's load had nobody waiting (no sample).
+    rt = serve(
+        {
+            "models": [
+                model_entry(models["mlp"], "hot"),
+                model_entry(models["mlp_b"], "cold", preload=False),
+            ],
+            "faults": {"extraTransferSeconds": 0.3},
+        }
+    )
+    client = triton.InferenceServerClient(rt.url)
+    x = np.ones((1, 16), np.float32)
+    infer(client, "cold", x)
+    infer(client, "hot", x)
+    text = rt.metrics_text()
+    assert rt.metric("tidal_transfer_wait_seconds_count", model="cold") == 1, text
+    assert rt.metric("tidal_transfer_wait_seconds_sum", model="cold") >= 0.3, text
+    assert rt.metric("tidal_transfer_wait_seconds_count", model="hot") == 0, text
+    assert rt.metric("tidal_engine_load_seconds_count", model="cold", phase="h2d") == 1, text
+    infer(client, "cold", x)  # now resident: a hot request waits on no transfer
+    assert rt.metric("tidal_transfer_wait_seconds_count", model="cold") == 1
+
+
+def test_a_backend_without_device_transfer_observes_no_transfer_wait(
+    serve, models, model_entry
+) -> None:
+    rt = serve({"models": [model_entry(models["mlp"], "cold", preload=False)]})
+    infer(triton.InferenceServerClient(rt.url), "cold", np.ones((1, 16), np.float32))
+    text = rt.metrics_text()
+    assert rt.metric("tidal_cold_start_seconds_count", model="cold") == 1, text
+    assert "tidal_transfer_wait_seconds_count{" not in text, text
+
+
 def test_corrupt_engine_gives_a_clear_error_and_keeps_the_cache_consistent(
     serve, models, model_entry, tmp_path
 ) -> None:
@@ -430,6 +467,7 @@ def test_every_contract_metric_is_exposed(serve, models, model_entry) -> None:
         "tidal_batch_size_bucket",
         "tidal_requests_total",
         "tidal_cold_start_seconds",
+        "tidal_transfer_wait_seconds",
         "tidal_model_ready",
     ]:
         assert name in text, name
