@@ -653,7 +653,7 @@ class Engine(ApiModel):
     )
 
     uri: str = Field(
-        min_length=1,
+        # No min_length: the pattern needs a scheme and more, so an empty uri gets one error.
         max_length=2048,
         pattern=ENGINE_URI_PATTERN,
         description="Where the engine lives: file:///absolute/path or http(s)://; s3:// and "
