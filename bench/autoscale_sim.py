@@ -8,6 +8,7 @@ Run it with
     .venv/bin/python bench/autoscale_sim.py                 # the main table (W = 30 s)
     .venv/bin/python bench/autoscale_sim.py --sweep         # warm-up 5..60 s x start states
     .venv/bin/python bench/autoscale_sim.py --warmup 15 --start saturated --traces herd
+    .venv/bin/python bench/autoscale_sim.py --queue-mode    # also tidal with targetQueueDepth
 
 The model. Requests arrive as a Poisson process (seeded; every policy sees the same arrivals)
 and wait in one FIFO queue (the Service balances ideally). A ready serving replica works on
@@ -114,6 +115,9 @@ class SimConfig:
     # A warm baseline pool of this many replicas that tidal may use as overflow capacity while
     # its primary is short (rollout rule 8, `spec.rollout.baseline.overflow`); 0: none.
     tidal_overflow_replicas: int = 0
+    # tidal in queue mode (`autoscaling.targetQueueDepth`): this concurrency per replica
+    # instead of `targetUtilization`; None: utilisation mode.
+    tidal_target_queue_depth: float | None = None
     seed: int = 7
 
     @property
@@ -462,6 +466,7 @@ class Tidal:
             min_replicas=cfg.min_replicas,
             max_replicas=cfg.max_replicas,
             target_utilization=cfg.target_utilization,
+            target_queue_depth=cfg.tidal_target_queue_depth,
             target_p99_ms=cfg.latency_target_seconds * 1000,
             standby_replicas=cfg.tidal_standby,
             max_standby_replicas=cfg.tidal_max_standby,
@@ -474,6 +479,8 @@ class Tidal:
         self.last_tick: float | None = None
         if cfg.tidal_warmup_seconds is not None:
             self.name = f"tidal@W={cfg.tidal_warmup_seconds:g}s"
+        if cfg.tidal_target_queue_depth is not None:
+            self.name = f"tidal:queue={cfg.tidal_target_queue_depth:g}"
         # Overflow: the real rollout planner decides when the warm baseline helps.
         self.rollout_spec: RolloutSpec | None = None
         self.rollout_state: RolloutState | None = None
@@ -800,10 +807,13 @@ def run_all(
     traces: Sequence[Trace],
     what_if_warmup: float | None = None,
     overflow_replicas: int = 0,
+    queue_mode: bool = False,
 ) -> list[Result]:
     """Every policy on every trace; with `what_if_warmup`, also tidal with that warm-up (the
     labelled host-warm what-if), everything else unchanged; with `overflow_replicas`, also
-    tidal with a warm baseline of that many replicas as overflow capacity (rollout rule 8)."""
+    tidal with a warm baseline of that many replicas as overflow capacity (rollout rule 8);
+    with `queue_mode`, also tidal with `targetQueueDepth` set to the peers' concurrency target
+    (0.7 in flight per replica) instead of `targetUtilization`."""
     results = []
     for trace in traces:
         arrivals = make_arrivals(cfg, trace)
@@ -815,6 +825,9 @@ def run_all(
         if overflow_replicas > 0:
             helped = replace(cfg, tidal_overflow_replicas=overflow_replicas)
             results.append(simulate(helped, trace, Tidal(helped), arrivals))
+        if queue_mode:
+            queued = replace(cfg, tidal_target_queue_depth=cfg.target_concurrency)
+            results.append(simulate(queued, trace, Tidal(queued), arrivals))
     return results
 
 
@@ -979,6 +992,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=0,
         help="also run tidal with a warm baseline of this many replicas as overflow capacity",
     )
+    parser.add_argument(
+        "--queue-mode",
+        action="store_true",
+        help="also run tidal with targetQueueDepth (the peers' concurrency target)",
+    )
     parser.add_argument("--sweep", action="store_true", help="warm-up 5/15/30/60 s x starts")
     args = parser.parse_args(argv)
     cfg = SimConfig(
@@ -998,7 +1016,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sweep(cfg, traces, (5.0, 15.0, 30.0, 60.0))
         print(f"swept in {time.perf_counter() - started:.1f} s")
         return 0
-    results = run_all(cfg, traces, args.what_if_warmup, args.overflow)
+    results = run_all(cfg, traces, args.what_if_warmup, args.overflow, args.queue_mode)
     report(cfg, results, time.perf_counter() - started)
     return 0
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     AfterValidator,
@@ -69,6 +69,7 @@ MAX_MODELS = 512
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 MODEL_NAME_PATTERN = r"^[a-zA-Z0-9]([-a-zA-Z0-9_.]*[a-zA-Z0-9])?$"
 ENGINE_URI_PATTERN = r"^(file://.+|(s3|gs|https?)://[^/\s].*)$"
+URI_SCHEMES = ("file://", "s3://", "gs://", "http://", "https://")
 SHA256_PATTERN = r"^[a-f0-9]{64}$"
 GPU_ARCH_PATTERN = r"^sm[0-9]{2,3}$"
 ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
@@ -301,6 +302,10 @@ WHOLE_BYTES_RESOURCES_MESSAGE = (
     "resources: memory and ephemeral-storage must be whole numbers of bytes (no m suffix)"
 )
 GPU_RESOURCE_MESSAGE = "resources must not set nvidia.com/gpu: runtime.gpus sets it"
+GATEWAY_GPU_RESOURCE_MESSAGE = (
+    "spec.fleet.gateway.resources must not set nvidia.com/gpu: the gateway only routes "
+    "requests and needs no GPU (the runtime's GPUs are set by runtime.gpus)"
+)
 _STANDARD_RESOURCES = ("cpu", "memory", "ephemeral-storage")
 _BYTE_RESOURCES = ("memory", "ephemeral-storage")
 
@@ -329,43 +334,48 @@ def _not_overcommittable(name: str) -> bool:
     return "/" in name or name.startswith("hugepages-")
 
 
+def _resource_rules(gpu_message: str) -> dict[str, Any]:
+    """The CEL rules of a container's ``resources``; ``gpu_message`` says who sets GPUs."""
+    return _rules(
+        cel(
+            "!has(self.requests) || self.requests.all(k, "
+            "!(k.contains('/') || k.startsWith('hugepages-')) || "
+            "(has(self.limits) && k in self.limits && isQuantity(self.requests[k]) && "
+            "isQuantity(self.limits[k]) && "
+            "quantity(self.requests[k]).compareTo(quantity(self.limits[k])) == 0))",
+            EXTENDED_MESSAGE,
+        ),
+        cel(
+            "(!has(self.requests) || self.requests.all(k, "
+            f"!(k in {list(_BYTE_RESOURCES)}) || !isQuantity(self.requests[k]) || "
+            f"{_whole_bytes_cel('self.requests[k]')})) && "
+            "(!has(self.limits) || self.limits.all(k, "
+            f"!(k in {list(_BYTE_RESOURCES)}) || !isQuantity(self.limits[k]) || "
+            f"{_whole_bytes_cel('self.limits[k]')}))",
+            WHOLE_BYTES_RESOURCES_MESSAGE,
+        ),
+        cel(
+            "(!has(self.requests) || !('nvidia.com/gpu' in self.requests)) && "
+            "(!has(self.limits) || !('nvidia.com/gpu' in self.limits))",
+            gpu_message,
+        ),
+        cel(
+            "!has(self.requests) || !has(self.limits) || self.requests.all(k, "
+            "!(k in self.limits) || !isQuantity(self.requests[k]) || "
+            "!isQuantity(self.limits[k]) || "
+            "quantity(self.requests[k]).compareTo(quantity(self.limits[k])) <= 0)",
+            "resources.limits must be at least resources.requests for each resource (a "
+            "container cannot be created with a limit below its request)",
+        ),
+    )
+
+
 class ResourceRequirements(ApiModel):
     """CPU and memory for the runtime container, as in a Pod's ``resources``."""
 
-    model_config = ConfigDict(
-        json_schema_extra=_rules(
-            cel(
-                "!has(self.requests) || self.requests.all(k, "
-                "!(k.contains('/') || k.startsWith('hugepages-')) || "
-                "(has(self.limits) && k in self.limits && isQuantity(self.requests[k]) && "
-                "isQuantity(self.limits[k]) && "
-                "quantity(self.requests[k]).compareTo(quantity(self.limits[k])) == 0))",
-                EXTENDED_MESSAGE,
-            ),
-            cel(
-                "(!has(self.requests) || self.requests.all(k, "
-                f"!(k in {list(_BYTE_RESOURCES)}) || !isQuantity(self.requests[k]) || "
-                f"{_whole_bytes_cel('self.requests[k]')})) && "
-                "(!has(self.limits) || self.limits.all(k, "
-                f"!(k in {list(_BYTE_RESOURCES)}) || !isQuantity(self.limits[k]) || "
-                f"{_whole_bytes_cel('self.limits[k]')}))",
-                WHOLE_BYTES_RESOURCES_MESSAGE,
-            ),
-            cel(
-                "(!has(self.requests) || !('nvidia.com/gpu' in self.requests)) && "
-                "(!has(self.limits) || !('nvidia.com/gpu' in self.limits))",
-                GPU_RESOURCE_MESSAGE,
-            ),
-            cel(
-                "!has(self.requests) || !has(self.limits) || self.requests.all(k, "
-                "!(k in self.limits) || !isQuantity(self.requests[k]) || "
-                "!isQuantity(self.limits[k]) || "
-                "quantity(self.requests[k]).compareTo(quantity(self.limits[k])) <= 0)",
-                "resources.limits must be at least resources.requests for each resource (a "
-                "container cannot be created with a limit below its request)",
-            ),
-        )
-    )
+    # Who sets the container's GPUs, for the message refusing nvidia.com/gpu here.
+    _gpu_message: ClassVar[str] = GPU_RESOURCE_MESSAGE
+    model_config = ConfigDict(json_schema_extra=_resource_rules(GPU_RESOURCE_MESSAGE))
 
     requests: dict[str, Quantity] = Field(
         default_factory=dict,
@@ -386,7 +396,7 @@ class ResourceRequirements(ApiModel):
             if _bad_resource_names(entries):
                 raise ValueError(f"resources.{what} {RESOURCE_NAMES_MESSAGE}")
             if "nvidia.com/gpu" in entries:
-                raise ValueError(GPU_RESOURCE_MESSAGE)
+                raise ValueError(self._gpu_message)
             if any(k in _BYTE_RESOURCES and not is_whole_bytes(v) for k, v in entries.items()):
                 raise ValueError(WHOLE_BYTES_RESOURCES_MESSAGE)
         if any(
@@ -406,6 +416,13 @@ class ResourceRequirements(ApiModel):
                 f"container cannot be created with a limit below its request): {', '.join(below)}"
             )
         return self
+
+
+class GatewayResourceRequirements(ResourceRequirements):
+    """CPU and memory for the fleet gateway's container, as in a Pod's ``resources``."""
+
+    _gpu_message: ClassVar[str] = GATEWAY_GPU_RESOURCE_MESSAGE
+    model_config = ConfigDict(json_schema_extra=_resource_rules(GATEWAY_GPU_RESOURCE_MESSAGE))
 
 
 # Variables the operator sets in the runtime container (its contract with the runtime).
@@ -642,6 +659,9 @@ class Engine(ApiModel):
     model_config = ConfigDict(
         json_schema_extra=_rules(
             cel(
+                # A uri without a scheme (empty, say) gets its pattern's error only. (A regex
+                # match here would cost too much for the API server over 512 x 32 engines.)
+                f"!({' || '.join(f'self.uri.startsWith({s!r})' for s in URI_SCHEMES)}) || "
                 "has(self.backend) || self.uri.endsWith('.onnx') || "
                 "self.uri.endsWith('.engine') || self.uri.endsWith('.plan')",
                 "engines[].backend is required when engines[].uri does not end in .onnx, "
@@ -662,7 +682,7 @@ class Engine(ApiModel):
     )
 
     uri: str = Field(
-        min_length=1,
+        # No min_length: the pattern needs a scheme and more, so an empty uri gets one error.
         max_length=2048,
         pattern=ENGINE_URI_PATTERN,
         description="Where the engine lives: file:///absolute/path or http(s)://; s3:// and "
@@ -933,6 +953,11 @@ class Memory(ApiModel):
 # ---------------------------------------------------------------------------------------------
 # Autoscaling
 
+HOST_TIER_MESSAGE = (
+    "spec.autoscaling.standbyTier: host needs spec.autoscaling.standbyReplicas (or "
+    "maxStandbyReplicas) above 0: there is no standby replica to keep host-warm"
+)
+
 
 class Autoscaling(ApiModel):
     """Replica bounds and targets for the autoscaler (primary pool)."""
@@ -954,6 +979,12 @@ class Autoscaling(ApiModel):
                 "self.standbyReplicas && self.maxStandbyReplicas <= self.maxReplicas)",
                 "spec.autoscaling.maxStandbyReplicas must be >= standbyReplicas and <= maxReplicas",
                 ".maxStandbyReplicas",
+            ),
+            cel(
+                "self.standbyTier != 'host' || self.standbyReplicas > 0 || "
+                "(has(self.maxStandbyReplicas) && self.maxStandbyReplicas > 0)",
+                HOST_TIER_MESSAGE,
+                ".standbyTier",
             ),
         )
     )
@@ -1033,6 +1064,8 @@ class Autoscaling(ApiModel):
             raise ValueError(
                 "spec.autoscaling.maxStandbyReplicas must be >= standbyReplicas and <= maxReplicas"
             )
+        if self.standby_tier is StandbyTier.HOST and self.standby_replicas == 0 and not top:
+            raise ValueError(HOST_TIER_MESSAGE)
         return self
 
 
@@ -1040,8 +1073,20 @@ class Autoscaling(ApiModel):
 # Rollout
 
 
+OVERFLOW_MESSAGE = (
+    "spec.rollout.baseline.overflow needs spec.rollout.baseline.minReplicas of at least 1: a "
+    "baseline kept at zero replicas has none to share a surge with"
+)
+
+
 class Baseline(ApiModel):
     """The validated configuration kept warm for rollback; unset fields copy the primary's."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            cel("!self.overflow || self.minReplicas >= 1", OVERFLOW_MESSAGE, ".overflow")
+        )
+    )
 
     runtime: Runtime | None = Field(
         default=None, description="Runtime of the baseline pool; unset: the primary's."
@@ -1067,8 +1112,15 @@ class Baseline(ApiModel):
         description="During a surge, while the promoted primary is short of ready replicas "
         "(its new ones still warm), the Service also selects the baseline's ready replicas "
         "(they are warm and paid for), as long as the baseline meets the SLO. It serves the "
-        "baseline's version to part of the traffic for that time; off by default.",
+        "baseline's version to part of the traffic for that time; off by default. Needs "
+        "minReplicas >= 1.",
     )
+
+    @model_validator(mode="after")
+    def _overflow_has_replicas(self) -> Baseline:
+        if self.overflow and self.min_replicas < 1:
+            raise ValueError(OVERFLOW_MESSAGE)
+        return self
 
 
 class Slo(ApiModel):
@@ -1233,12 +1285,28 @@ class Rollout(ApiModel):
 # Fleet: many models per service, a model gateway and placement
 
 
+LOADS_TOTAL_MESSAGE = (
+    "spec.fleet.gateway.maxLoadsTotal must be >= spec.fleet.gateway.maxLoadsPerReplica: the "
+    "pool-wide limit would cut the per-replica one"
+)
+
+
 class FleetGateway(ApiModel):
     """The model gateway in front of the runtime pods (a Deployment of its own)."""
 
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            cel(
+                "self.maxLoadsTotal >= self.maxLoadsPerReplica",
+                LOADS_TOTAL_MESSAGE,
+                ".maxLoadsTotal",
+            )
+        )
+    )
+
     replicas: int = Field(default=1, ge=1, le=100, description="Gateway pods.")
-    resources: ResourceRequirements = Field(
-        default_factory=ResourceRequirements,
+    resources: GatewayResourceRequirements = Field(
+        default_factory=GatewayResourceRequirements,
         description="CPU and memory requests and limits of the gateway container.",
     )
     max_loads_per_replica: int = Field(
@@ -1268,6 +1336,18 @@ class FleetGateway(ApiModel):
         "the gateway loads the model on one more replica.",
     )
 
+    @model_validator(mode="after")
+    def _loads_total_covers_one_replica(self) -> FleetGateway:
+        if self.max_loads_total < self.max_loads_per_replica:
+            raise ValueError(LOADS_TOTAL_MESSAGE)
+        return self
+
+
+MIN_RATE_MESSAGE = (
+    "spec.fleet.placement.minRate must be <= spec.fleet.placement.ratePerCopy: a model busy "
+    "enough for a copy would be pinned nowhere"
+)
+
 
 class FleetPlacement(ApiModel):
     """How the operator spreads models over the runtime pods' engine budgets."""
@@ -1286,6 +1366,7 @@ class FleetPlacement(ApiModel):
                 "spec.fleet.placement.landingShare must be a percentage from 0% to 100%",
                 ".landingShare",
             ),
+            cel("self.minRate <= self.ratePerCopy", MIN_RATE_MESSAGE, ".minRate"),
         )
     )
 
@@ -1340,7 +1421,15 @@ class FleetPlacement(ApiModel):
             raise ValueError(
                 "spec.fleet.placement.landingShare must be a percentage from 0% to 100%"
             )
+        if self.min_rate > self.rate_per_copy:
+            raise ValueError(MIN_RATE_MESSAGE)
         return self
+
+
+LEAD_MESSAGE = (
+    "spec.fleet.forecast.leadSeconds must be shorter than spec.fleet.forecast.period: a lead "
+    "of a whole cycle or more preloads for a rise that has already come round"
+)
 
 
 class FleetForecast(ApiModel):
@@ -1354,6 +1443,12 @@ class FleetForecast(ApiModel):
                 "duration('168h'))",
                 "spec.fleet.forecast.period must be a duration between 1m and 168h",
                 ".period",
+            ),
+            cel(
+                f"!{_matches('self.period', DURATION_PATTERN)} || "
+                "self.leadSeconds < double(duration(self.period).getSeconds())",
+                LEAD_MESSAGE,
+                ".leadSeconds",
             ),
         )
     )
@@ -1378,6 +1473,8 @@ class FleetForecast(ApiModel):
     def _period_bounds(self) -> FleetForecast:
         if not 60 <= duration_seconds(self.period) <= 168 * 3600:
             raise ValueError("spec.fleet.forecast.period must be a duration between 1m and 168h")
+        if self.lead_seconds >= int(duration_seconds(self.period)):
+            raise ValueError(LEAD_MESSAGE)
         return self
 
 

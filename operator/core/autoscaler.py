@@ -23,8 +23,10 @@ How demand is estimated (in replicas):
   `projected_utilization` x capacity, whichever is more. When the user set
   `target_queue_depth`, its old meaning: concurrency per replica, with the seconds of
   concurrency one request holds learned from queue depth / arrival rate while not saturated
-  (until then the queue over the target, at most doubling the pool per decision); capacity
-  is learned and reported but does not size the pool.
+  (the queue within its target, or, capacity known, the execution slots less than half busy:
+  time held outside the batcher is no backlog); until then the learned capacity's service
+  time; without either, the queue over the target, at most doubling the pool per decision.
+  The backlog allowance and the bound below apply in both modes.
 * Backlog: requests waiting beyond what the ready replicas hold in service, plus what they
   fall behind by until the replicas on the way are warm, counting only requests that can
   still be served within their deadline (the runtime reports queued requests that cannot, and
@@ -164,6 +166,10 @@ class ScalingPolicy:
     max_headroom: float = 1.0
     # Without a known per-request time, a decision at most multiplies the pool by this.
     learning_max_factor: float = 2.0
+    # Queue mode, capacity known: the replicas' execution slots busier than this share of the
+    # last interval mean the queue beyond the target is a backlog; less busy, it is time
+    # requests hold concurrency outside the batcher, and teaches the per-request time.
+    busy_share_saturated: float = 0.5
     # Target concurrency per replica before capacity is learned (utilisation mode).
     fallback_queue_depth: float = 4.0
     # Capacity evidence: old batches fade as new ones arrive, e-fold per this many batches.
@@ -445,6 +451,9 @@ class ScalerState:
     rise_window: tuple[tuple[float, float], ...] = ()
     # The largest rise seen, (requests/s, when); it fades with `surge_memory_seconds`.
     surge: tuple[float, float] | None = None
+    # Ready serving replicas at the last decision: the batch work since then was done by no
+    # more than the fewer of these and the ready now (not persisted: a restart re-learns it).
+    last_ready: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -612,6 +621,7 @@ def decide_scale(
         capacity=memory,
         rise_window=rise_window,
         surge=surge,
+        last_ready=obs.ready_serving,
     )
     inputs = _inputs(obs, state, warmup, demand, p99_replicas, window_max, capacity)
     inputs = replace(inputs, surge_rate=_surge_now(policy, surge, obs.now))
@@ -680,6 +690,7 @@ def _hold(
         agreed_since=None,
         down_window=(),
         trend_samples=(),
+        last_ready=obs.ready_serving,
     )
     return decision, new_state
 
@@ -787,11 +798,12 @@ def _demand_replicas(
     queue_mode = policy.target_queue_depth is not None
     if queue_mode:
         # A queue target keeps its old meaning: concurrency per replica, whatever the batches
-        # say (time a request spends outside the batcher holds concurrency too). The capacity
-        # is learned and reported all the same.
+        # say (time a request spends outside the batcher holds concurrency too). The learned
+        # capacity still stands in for the per-request time until one is measured unsaturated,
+        # caps the backlog allowance and bounds every term, as in utilisation mode: a pool that
+        # starts saturated never learns that time, and must not double to max_replicas.
         assert policy.target_queue_depth is not None
         target = policy.target_queue_depth
-        capacity = None
     elif capacity is not None:
         target = policy.target_utilization * capacity.knee_concurrency
     else:
@@ -962,6 +974,11 @@ def _learn_seconds_per_request(
         return state.seconds_per_request
     if policy.target_queue_depth is not None:
         saturated_above = policy.target_queue_depth
+        busy = _busy_share(obs, state)
+        if capacity is not None and busy is not None:
+            if busy >= policy.busy_share_saturated:
+                return state.seconds_per_request
+            saturated_above = math.inf
     elif capacity is not None:
         saturated_above = policy.target_utilization * capacity.knee_concurrency
     else:
@@ -973,6 +990,20 @@ def _learn_seconds_per_request(
         return sample
     alpha = policy.seconds_per_request_smoothing
     return (1 - alpha) * state.seconds_per_request + alpha * sample
+
+
+def _busy_share(obs: Observation, state: ScalerState) -> float | None:
+    """Share of the ready replicas' execution slots busy since the last decision (None: not
+    measured). Replicas that turned ready since then did little of that work, so the share is
+    of the fewer ready then and now."""
+    sample = obs.work
+    if sample is None or state.last_decision_at is None or state.last_ready is None:
+        return None
+    replicas = min(obs.ready_serving, state.last_ready)
+    interval = obs.now - state.last_decision_at
+    if interval <= 0 or replicas <= 0:
+        return None
+    return sample.work.seconds / (sample.slots * replicas * interval)
 
 
 def _inputs(

@@ -158,6 +158,75 @@ def find_spec_problems(isvc: InferenceService) -> list[str]:
     return problems
 
 
+def _too_large_for_the_budget(pool: Pool, paths: _Paths) -> list[str]:
+    """Models declared (``models[].memory``) larger than a replica's engine budget."""
+    budget = engine_budget_bytes(pool.memory)
+    lower = f" or lower {paths.memory}.reserve" if quantity_bytes(pool.memory.reserve) else ""
+    found = []
+    for model in pool.models:
+        if model.memory is not None and quantity_bytes(model.memory) > budget > 0:
+            gap = quantity_bytes(model.memory) - budget
+            found.append(
+                f"model {model.name!r} needs {model.memory} "
+                f"({paths.models}[{model.name}].memory) but a replica's engine budget is "
+                f"{budget} bytes ({gap} bytes short): raise "
+                f"{paths.memory}.engineCacheBudget{lower}, or serve the model from a "
+                "service with larger replicas"
+            )
+    return found
+
+
+def find_spec_warnings(isvc: InferenceService) -> list[str]:
+    """Settings of a working spec that can never act as written, each saying what will not
+    happen and what to change (empty: none). The service is built and serves all the same;
+    the shell reports these as ``Degraded`` (reason ``IneffectiveSetting``) with an Event.
+
+    Contradictions that are wrong whatever the cluster holds are refused by the schema
+    instead (the CEL rules of :mod:`tidal.operator.core.api`); these are the ones a user may
+    mean for a while (a cap above reach, a standby squeezed at the floor), so refusing them
+    would be harsher than the mistake.
+    """
+    warnings: list[str] = []
+    if isvc.spec.fleet is None:
+        # Under a fleet placement plans on the declared size, so it is a spec problem there;
+        # without one the runtime measures what it loads, and the other models serve.
+        for pool in pools_of(isvc):
+            for text in _too_large_for_the_budget(pool, _paths_of(isvc, pool.name)):
+                warnings.append(f"{pool.name.value} pool: {text}; its load will be refused")
+    scaling = isvc.spec.autoscaling
+    standby, low, high = scaling.standby_replicas, scaling.min_replicas, scaling.max_replicas
+    if low == 0 and standby > 0:
+        warnings.append(
+            f"spec.autoscaling.standbyReplicas {standby} with minReplicas 0: at zero serving "
+            "replicas no request reaches the pool, so nothing promotes the standby and its "
+            "pods hold their GPUs idle; set spec.autoscaling.minReplicas to 1 or more, or "
+            "standbyReplicas to 0"
+        )
+    elif low + standby > high:
+        warnings.append(
+            f"spec.autoscaling.standbyReplicas {standby}: standby pods count against "
+            f"maxReplicas {high}, which leaves room for only {high - low} of them beside "
+            f"minReplicas {low} serving; raise spec.autoscaling.maxReplicas to {low + standby} "
+            "or lower standbyReplicas"
+        )
+    top = scaling.max_standby_replicas
+    if top is not None and top == standby and standby > 0:
+        warnings.append(
+            f"spec.autoscaling.maxStandbyReplicas {top} equals standbyReplicas: sizing the "
+            "standby from surges cannot change anything; raise maxStandbyReplicas above "
+            "standbyReplicas, or remove it"
+        )
+    fleet = isvc.spec.fleet
+    copies = fleet.placement.max_copies if fleet is not None else None
+    if copies is not None and copies > high:
+        warnings.append(
+            f"spec.fleet.placement.maxCopies {copies} never binds: a model has at most one "
+            f"copy per replica and spec.autoscaling.maxReplicas is {high}; lower maxCopies to "
+            f"{high} or less, or remove it"
+        )
+    return warnings
+
+
 def _config_env_bytes(pool: Pool, fleet: bool) -> int:
     text = _canonical_json(render_runtime_config(pool, fleet))
     return len(f"{RUNTIME_CONFIG_ENV}={text}".encode()) + 1
@@ -204,18 +273,7 @@ def _memory_problems(pool: Pool, paths: _Paths, fleet: Fleet | None) -> list[str
             f"{paths.memory}.reserve or set {paths.memory}.engineCacheBudget above it"
         )
     if fleet is not None:
-        reserve = quantity_bytes(memory.reserve)
-        lower = f" or lower {paths.memory}.reserve" if reserve else ""
-        for model in pool.models:
-            if model.memory is not None and quantity_bytes(model.memory) > budget > 0:
-                gap = quantity_bytes(model.memory) - budget
-                problems.append(
-                    f"model {model.name!r} needs {model.memory} "
-                    f"({paths.models}[{model.name}].memory) but a replica's engine budget is "
-                    f"{budget} bytes ({gap} bytes short): raise "
-                    f"{paths.memory}.engineCacheBudget{lower}, or serve the model from a "
-                    "service with larger replicas"
-                )
+        problems += _too_large_for_the_budget(pool, paths)
     if memory.weight_streaming_budget is not None and pool.runtime.backend is not Backend.TENSORRT:
         problems.append(
             f"{paths.memory}.weightStreamingBudget needs backend tensorrt; remove it or set "

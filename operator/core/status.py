@@ -3,7 +3,8 @@
 This module owns the meaning of the conditions (``Ready``, ``Progressing``, ``Degraded``), the
 replica counts, and which changes are worth an Event. It takes what the shell observed (the
 Deployments and pods of each pool), the spec problems found by
-:func:`tidal.operator.core.resources.find_spec_problems`, the previous status and the current
+:func:`tidal.operator.core.resources.find_spec_problems` (and the settings that cannot act,
+from ``find_spec_warnings``), the previous status and the current
 time, and returns the new status and Events. Conditions keep their ``lastTransitionTime`` while
 their status does not change, so writing the result again is a no-op (idempotence).
 
@@ -36,6 +37,8 @@ READY = "Ready"
 PROGRESSING = "Progressing"
 DEGRADED = "Degraded"
 OWNED_CONDITIONS = (READY, PROGRESSING, DEGRADED)
+# Degraded's reason for a working spec with settings that can never act as written.
+INEFFECTIVE_SETTING = "IneffectiveSetting"
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,8 @@ class StatusInput:
     fleet_enabled: bool = False
     fleet: FleetStatus | None = None
     fleet_problems: Sequence[str] = ()
+    # Settings that can never act as written (find_spec_warnings): Degraded, serving goes on.
+    warnings: Sequence[str] = ()
 
 
 @dataclass(frozen=True)
@@ -196,6 +201,8 @@ def _degraded(inp: StatusInput) -> tuple[ConditionStatus, str, str]:
         return ConditionStatus.TRUE, "EngineLoadFailed", "; ".join(inp.control.pod_problems)
     if inp.fleet_problems:
         return ConditionStatus.TRUE, "ModelTooLarge", "; ".join(inp.fleet_problems)
+    if inp.warnings:
+        return ConditionStatus.TRUE, INEFFECTIVE_SETTING, "; ".join(inp.warnings)
     return ConditionStatus.FALSE, "AsExpected", "no problems found"
 
 

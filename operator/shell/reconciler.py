@@ -46,6 +46,7 @@ from tidal.operator.core.resources import (
     deployment_name,
     desired_objects,
     find_spec_problems,
+    find_spec_warnings,
     object_key,
     pools_of,
     resolve_active_pool,
@@ -260,6 +261,7 @@ class Reconciler:
                 fleet_enabled=isvc.spec.fleet is not None,
                 fleet=fleet_view.status if fleet_view is not None else None,
                 fleet_problems=fleet_view.problems if fleet_view is not None else (),
+                warnings=find_spec_warnings(isvc),
             )
         )
         events += result.events

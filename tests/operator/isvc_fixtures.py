@@ -11,6 +11,7 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 INVALID = Path(__file__).resolve().parent / "invalid"
 DEGRADED = INVALID / "degraded"
+INEFFECTIVE = INVALID / "ineffective"
 ACCEPTED = INVALID / "accepted"
 EXAMPLE_MODEL_PREFIX = "file:///var/lib/tidal/models/"
 
@@ -51,6 +52,12 @@ def invalid_cases(
 def degraded_cases() -> list[tuple[Path, dict[str, str], dict[str, Any]]]:
     """Manifests the API server accepts and the operator reports Degraded (see above)."""
     return invalid_cases(DEGRADED)
+
+
+def ineffective_cases() -> list[tuple[Path, dict[str, str], dict[str, Any]]]:
+    """Manifests that work but hold a setting that can never act as written: the service is
+    built and serves, and is reported Degraded (``IneffectiveSetting``) naming the field."""
+    return invalid_cases(INEFFECTIVE)
 
 
 def accepted_paths() -> list[Path]:

@@ -227,6 +227,78 @@ def test_starting_saturated_does_not_run_to_max() -> None:
     assert max(sizes) < POLICY.max_replicas
 
 
+@pytest.mark.parametrize(
+    ("target_queue_depth", "rate", "expected_max"),
+    [
+        # The issue's case: a pool that starts busy (never an unsaturated sample, so no
+        # learned per-request time). 1500 req/s at 10 ms a request is 15 requests in service:
+        # at 4 a replica that is 3.75 replicas of flow, 5 with the 30 % backlog allowance;
+        # the capacity bound (15 replicas at full load x 2) is the larger: 30.
+        (4.0, 1500.0, 30),
+        # A tight queue target: flow 15 / 0.5 = 30 replicas, + 30 % backlog = 39.
+        (0.5, 1500.0, 39),
+        # A loose one: the capacity bound (3 x 2 = 6) holds.
+        (8.0, 300.0, 6),
+    ],
+)
+def test_queue_mode_starting_saturated_stays_within_the_capacity_bound(
+    target_queue_depth: float, rate: float, expected_max: int
+) -> None:
+    """Queue mode used to drop the learned capacity: a busy pool doubled each tick to
+    max_replicas (200 here) and held it for the scale-down delay."""
+    policy = replace(POLICY, target_queue_depth=target_queue_depth)
+    state = ScalerState()
+    sizes, bounds = [], []
+    backlog = 5000.0
+    for k in range(60):
+        decision, state = decide_scale(
+            policy, util_obs(k, 2, rate, queue=2 + backlog, warming=0), state
+        )
+        sizes.append(decision.desired_serving)
+        bounds.append(decision.inputs.bound_replicas)
+        backlog += rate - 200
+    assert state.seconds_per_request is None, "a saturated pool learned a per-request time"
+    assert max(sizes) <= expected_max, (sizes, bounds)
+    assert max(sizes) < policy.max_replicas, sizes
+    assert all(b is not None for b in bounds[1:]), bounds  # capacity known from the batches
+
+
+def test_queue_mode_counts_time_outside_the_batcher_when_the_slots_idle() -> None:
+    """Requests that hold concurrency outside the batcher (100 ms each, the batch itself 1 ms)
+    put 10 in flight on one replica at 100 req/s with its slot 90 % idle: that is not a
+    backlog, and a queue target of 1 asks for 10 replicas, not what the batches alone say."""
+    policy = replace(POLICY, target_queue_depth=1.0, max_scale_up_rate=2.0, max_scale_up_step=1)
+    state = ScalerState()
+    ready, sizes = 1, []
+    for k in range(12):
+        obs = Observation(
+            now=float(k),
+            ready_serving=ready,
+            queue_depth=100.0 * 0.1,
+            arrival_rate=100.0,
+            work=WorkSample(work_of([1] * 100, 0.0, 0.001), 1, 1),
+        )
+        decision, state = decide_scale(policy, obs, state)
+        sizes.append(decision.desired_serving)
+        ready = decision.desired_serving  # replicas are warm at once here
+    assert state.seconds_per_request == pytest.approx(0.1)
+    assert sizes[-1] == 10, sizes
+
+
+def test_queue_mode_sizes_for_the_queue_target_once_capacity_is_known() -> None:
+    """The bound does not replace the queue target: an unsaturated pool in queue mode is
+    sized on concurrency per replica, as before."""
+    policy = replace(POLICY, target_queue_depth=2.0)
+    state = ScalerState(desired_serving=10)
+    decision = None
+    for k in range(20):
+        decision, state = decide_scale(policy, util_obs(k, 10, 600.0), state)
+    assert decision is not None
+    # 600 req/s x 10 ms = 6 requests in service, at 2 a replica: 3 replicas.
+    assert decision.inputs.demand_replicas == pytest.approx(3.0)
+    assert decision.inputs.capacity_per_replica == pytest.approx(MU)
+
+
 def test_unknown_capacity_at_most_doubles_the_pool() -> None:
     decision, _ = decide_scale(
         POLICY,
@@ -361,6 +433,8 @@ util_policies = st.builds(
     min_replicas=st.integers(0, 3),
     max_replicas=st.integers(50, 400),
     target_utilization=st.floats(0.3, 1.0),
+    # Both modes: the default (a share of the learned capacity) and a queue target.
+    target_queue_depth=st.one_of(st.none(), st.floats(0.2, 50)),
     target_p99_ms=st.one_of(st.none(), st.floats(50, 2000)),
     max_scale_up_rate=st.floats(1, 100),
     max_scale_up_step=st.integers(1, 50),
@@ -380,7 +454,7 @@ util_policies = st.builds(
     deadline=st.one_of(st.none(), st.floats(1, 30)),
     p99=st.one_of(st.none(), st.floats(0, 10000)),
 )
-def test_starting_saturated_never_exceeds_arrivals_over_capacity_plus_a_bounded_backlog(
+def test_saturated_pool_never_exceeds_arrivals_over_capacity_plus_a_bounded_backlog_in_both_modes(
     policy: ScalingPolicy,
     start: int,
     mu: float,
@@ -393,13 +467,26 @@ def test_starting_saturated_never_exceeds_arrivals_over_capacity_plus_a_bounded_
     start = min(max(start, policy.min_replicas), policy.max_replicas)
     rate = start * mu * overload
     plant = SaturatedPlant(policy, start, mu, warmup, backlog)
-    flow = rate / (policy.target_utilization * mu)
+    if policy.target_queue_depth is None:
+        flow = rate / (policy.target_utilization * mu)
+    else:  # requests in service (rate x 1/mu each) over the concurrency target
+        flow = rate / mu / policy.target_queue_depth
     full = rate / mu
     bound = max(flow * (1 + policy.max_backlog_share), full * (1 + policy.max_headroom))
     limit = max(start, policy.min_replicas, math.ceil(bound - 1e-9))
+    # Until the first batches tell the capacity (a slow replica needs a few ticks to show
+    # enough of them) the pool at most doubles per decision; the bound holds from then on,
+    # above what the pool had reached by then (scale-down waits for its delay).
+    reached, before = limit, start
     for k in range(90):
         decision = plant.tick(float(k), rate, deadline_seconds=deadline, hot_p99_ms=p99)
-        assert decision.desired_serving <= limit, (k, decision)
+        if decision.inputs.capacity_per_replica is None:
+            doubled = max(math.ceil(before * policy.learning_max_factor - 1e-9), 1)
+            assert decision.desired_serving <= max(limit, doubled), (k, before, decision)
+            reached = max(reached, decision.desired_serving)
+        else:
+            assert decision.desired_serving <= reached, (k, limit, reached, decision)
+        before = decision.desired_serving
 
 
 # ------------------------------------------------------------------------------------------

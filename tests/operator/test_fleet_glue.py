@@ -33,6 +33,7 @@ from tidal.operator.core.resources import (
     desired_objects,
     engine_budget_bytes,
     find_spec_problems,
+    find_spec_warnings,
     gateway_config,
     placement_headroom,
 )
@@ -145,10 +146,12 @@ def test_a_declared_model_larger_than_the_budget_is_a_problem_naming_it_and_the_
     assert "spec.memory.engineCacheBudget" in problems[0]
 
 
-def test_declared_memory_is_only_checked_under_a_fleet() -> None:
+def test_declared_memory_blocks_only_under_a_fleet_and_warns_without_one() -> None:
     models = [{"name": "big", "memory": "2Gi", "engines": [{"uri": "file:///models/b.onnx"}]}]
     isvc = parse_inference_service(minimal(models=models, memory={"engineCacheBudget": "1Gi"}))
     assert find_spec_problems(isvc) == []
+    (warning,) = find_spec_warnings(isvc)
+    assert "spec.models[big].memory" in warning and "load will be refused" in warning
 
 
 # -- reports ---------------------------------------------------------------------------------

@@ -4,17 +4,26 @@
 its field. Here: the manifests whose header says ``errors: 1`` get that one error and no second,
 misleading one (CEL rules guard on the fields they read); and every ``invalid/degraded/*.yaml``,
 which the schema accepts, turns the service Degraded with the field in the condition and in an
-Event, without any child being created.
+Event, without any child being created; every ``invalid/ineffective/*.yaml`` (a working spec
+with a setting that can never act) is built all the same and turns Degraded
+(``IneffectiveSetting``) naming the field, with an Event.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
 import pytest
 import yaml
-from isvc_fixtures import accepted_paths, degraded_cases, invalid_cases, minimal
+from isvc_fixtures import (
+    accepted_paths,
+    degraded_cases,
+    ineffective_cases,
+    invalid_cases,
+    minimal,
+)
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
@@ -103,6 +112,63 @@ def test_schema_valid_spec_that_cannot_work_is_degraded_naming_the_field(
         "get", "deployments", "-n", namespace, "-l", api.LABEL_ISVC, "-o", "name"
     ).stdout
     assert deployments.strip() == ""
+
+
+def test_ineffective_setting_is_built_and_degraded_naming_the_field(
+    sandbox: Any, namespace: str, operator: OperatorProcess
+) -> None:
+    cases = ineffective_cases()
+    for _path, _header, manifest in cases:
+        # The pods stay Pending (no node has this label): a runtime that started would fail
+        # to load the corpus's made-up engine, and EngineLoadFailed outranks the warning.
+        body = copy.deepcopy(manifest)
+        body["spec"]["runtime"]["nodeSelector"] = {"tidal.dev/no-such-node": "none"}
+        sandbox.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(body))
+
+    def all_degraded() -> dict[str, dict[str, Any]] | None:
+        found = {}
+        for _path, _header, manifest in cases:
+            name = manifest["metadata"]["name"]
+            cond = condition(get_isvc(sandbox, namespace, name), "Degraded")
+            if cond.get("reason") != "IneffectiveSetting":
+                return None
+            found[name] = cond
+        return found
+
+    conditions = wait_for(all_degraded, timeout=90, what="every ineffective case Degraded")
+
+    def warnings_by_name() -> dict[str, list[str]] | None:
+        items = json.loads(
+            sandbox.kubectl(
+                "get",
+                "events",
+                "-n",
+                namespace,
+                "--field-selector",
+                "reason=IneffectiveSetting,type=Warning",
+                "-o",
+                "json",
+            ).stdout
+        )["items"]
+        found: dict[str, list[str]] = {}
+        for e in items:
+            found.setdefault(e["involvedObject"]["name"], []).append(e["message"])
+        names = {m["metadata"]["name"] for _p, _h, m in cases}
+        return found if names <= found.keys() else None
+
+    events = wait_for(warnings_by_name, timeout=60, what="a Warning Event for every case")
+    deployments = sandbox.kubectl(
+        "get", "deployments", "-n", namespace, "-l", api.LABEL_ISVC, "-o", "name"
+    ).stdout.split()
+    for path, header, manifest in cases:
+        name = manifest["metadata"]["name"]
+        cond = conditions[name]
+        assert cond["status"] == "True", (path.name, cond)
+        assert header["field"] in cond["message"], (path.name, cond["message"])
+        assert header["expect"] in cond["message"], (path.name, cond["message"])
+        assert any(header["field"] in m for m in events[name]), (path.name, events[name])
+        # Serving goes on: the children are built despite the warning.
+        assert f"deployment.apps/{name}-primary" in deployments, (path.name, deployments)
 
 
 # Quantities at the edges of the byte rules: both layers must give the same verdict.

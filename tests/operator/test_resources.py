@@ -5,9 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from isvc_fixtures import degraded_cases, example_paths, load, minimal
+from isvc_fixtures import (
+    accepted_paths,
+    degraded_cases,
+    example_paths,
+    ineffective_cases,
+    load,
+    minimal,
+)
 from pydantic import ValidationError
 
 from tidal.operator.core import api
@@ -18,6 +26,7 @@ from tidal.operator.core.resources import (
     desired_objects,
     desired_replicas,
     find_spec_problems,
+    find_spec_warnings,
     pools_of,
     render_runtime_config,
 )
@@ -347,6 +356,60 @@ def test_degraded_manifest_names_the_field_to_change(
 
 def test_degraded_corpus_is_not_empty() -> None:
     assert len(degraded_cases()) >= 10
+
+
+# -- Degraded (IneffectiveSetting): the spec works, but a setting can never act -----------------
+
+
+@pytest.mark.parametrize(
+    ("path", "header", "manifest"), ineffective_cases(), ids=lambda v: getattr(v, "stem", "")
+)
+def test_ineffective_setting_is_built_and_named_with_what_to_change(
+    path: Any, header: dict[str, str], manifest: dict[str, Any]
+) -> None:
+    isvc = api.parse_inference_service(manifest)
+    assert find_spec_problems(isvc) == [], path.name  # nothing blocks the children
+    warnings = find_spec_warnings(isvc)
+    assert len(warnings) == 1, (path.name, warnings)
+    assert header["field"] in warnings[0], warnings
+    assert header["expect"] in warnings[0], warnings
+    assert desired_objects(isvc, Observed()), path.name
+
+
+def test_ineffective_corpus_covers_every_warning() -> None:
+    assert len(ineffective_cases()) >= 4
+
+
+@pytest.mark.parametrize(
+    "path", [*example_paths(), *accepted_paths()], ids=lambda p: f"{p.parent.name}/{p.stem}"
+)
+def test_examples_and_edge_values_hold_no_ineffective_setting(path: Any) -> None:
+    """The warnings must not over-reach: every shipped example and every edge value next to
+    a rule is silent."""
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d and d.get("kind") == api.KIND]
+    assert docs, path
+    for doc in docs:
+        isvc = api.parse_inference_service(doc)
+        assert find_spec_warnings(isvc) == [], (path.name, find_spec_warnings(isvc))
+
+
+@pytest.mark.parametrize(
+    ("autoscaling", "warned"),
+    [
+        ({"minReplicas": 0, "standbyReplicas": 1}, True),
+        ({"minReplicas": 0, "standbyReplicas": 0}, False),  # scale to zero itself is fine
+        ({"minReplicas": 1, "maxReplicas": 2, "standbyReplicas": 1}, False),  # exactly fits
+        ({"minReplicas": 2, "maxReplicas": 2, "standbyReplicas": 1}, True),
+        ({"standbyReplicas": 1, "maxStandbyReplicas": 3}, False),
+        ({"standbyReplicas": 0, "maxStandbyReplicas": 0}, False),  # no standby at all
+        ({"standbyReplicas": 3, "maxStandbyReplicas": 3}, True),
+    ],
+)
+def test_standby_warnings_fire_only_where_the_setting_cannot_act(
+    autoscaling: dict[str, int], warned: bool
+) -> None:
+    warnings = find_spec_warnings(_isvc(autoscaling=autoscaling))
+    assert bool(warnings) is warned, warnings
 
 
 def test_baseline_problem_names_the_primary_field_the_baseline_copies() -> None:

@@ -10,6 +10,7 @@ from tidal.operator.core.api import ConditionStatus, InferenceServiceStatus, Poo
 from tidal.operator.core.control import ControlStatus
 from tidal.operator.core.status import (
     DEGRADED,
+    INEFFECTIVE_SETTING,
     PROGRESSING,
     READY,
     DeploymentState,
@@ -238,6 +239,25 @@ def test_degraded_event_names_the_problem_and_repeats_when_it_changes() -> None:
     assert [e for e in same.events if e.reason == "InvalidSpec"] == []
     other = compute_status(_input(previous=a.status, error="HTTP 500"))
     assert [e.reason for e in other.events if e.type == "Warning"] == ["ReconcileError"]
+
+
+def test_an_ineffective_setting_is_degraded_while_the_service_serves() -> None:
+    warning = "spec.autoscaling.maxStandbyReplicas 2 equals standbyReplicas: ..."
+    first = compute_status(_input())
+    warned = compute_status(_input(previous=first.status, warnings=[warning]))
+    by_type = {c.type: c for c in warned.status.conditions}
+    assert by_type[DEGRADED].status is ConditionStatus.TRUE
+    assert by_type[DEGRADED].reason == INEFFECTIVE_SETTING
+    assert warning in by_type[DEGRADED].message
+    assert by_type[READY].status is ConditionStatus.TRUE  # serving goes on
+    (event,) = [e for e in warned.events if e.reason == INEFFECTIVE_SETTING]
+    assert event.type == "Warning" and warning in event.message
+    # A spec problem outranks it (the children wait for a spec that can work).
+    both = compute_status(_input(previous=first.status, warnings=[warning], problems=["x"]))
+    assert {c.type: c for c in both.status.conditions}[DEGRADED].reason == "InvalidSpec"
+    # Fixing the setting clears Degraded.
+    fixed = compute_status(_input(previous=warned.status))
+    assert {c.type: c for c in fixed.status.conditions}[DEGRADED].status is ConditionStatus.FALSE
 
 
 def test_conditions_owned_by_others_are_kept() -> None:
