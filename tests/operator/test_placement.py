@@ -150,15 +150,15 @@ def test_replica_going_away_rehomes_its_pins() -> None:
 
 
 def test_stickiness_keeps_resident_model_under_small_ranking_change() -> None:
-    # One replica with room for one 5 GB model (8 GB pinnable).
+    # One replica with room for one 6 GB model (a hot model may pin the whole 10 GB).
     slot = replica("r0", 10, resident=["b"], pinned=["b"])
-    small_change = [model("a", rate=11.0, size_gb=5), model("b", rate=10.0, size_gb=5)]
+    small_change = [model("a", rate=11.0, size_gb=6), model("b", rate=10.0, size_gb=6)]
     p = place(POLICY, small_change, [slot], now=0.0)
     assert p.assignments["b"] == ("r0",)
     assert p.reasons["a"] == REASON_COLD_NO_ROOM
     assert p.loads() == []
     # A challenger well beyond the stickiness band takes the place.
-    big_change = [model("a", rate=20.0, size_gb=5), model("b", rate=10.0, size_gb=5)]
+    big_change = [model("a", rate=20.0, size_gb=6), model("b", rate=10.0, size_gb=6)]
     p = place(POLICY, big_change, [slot], now=0.0)
     assert p.assignments["a"] == ("r0",)
     assert p.reasons["b"] == REASON_COLD_NO_ROOM
@@ -245,7 +245,7 @@ def test_headroom_is_left_unpinned() -> None:
 
 def test_partial_copies_say_no_room() -> None:
     models = [model("m", rate=200.0, size_gb=5)]
-    p = place(POLICY, models, [replica("a", 10), replica("b", 10), replica("c", 5)], now=0.0)
+    p = place(POLICY, models, [replica("a", 10), replica("b", 10), replica("c", 4)], now=0.0)
     assert p.copies("m") == 2
     assert p.wanted["m"] == 3
     assert p.reasons["m"] == "copies=2/3:no-room"
@@ -344,12 +344,16 @@ def check_invariants(
     p: Placement,
 ) -> None:
     sizes = {m.name: m.size_bytes for m in models}
+    scores = {m.name: m.score for m in models}
     names = set(sizes)
     assert set(p.pinned) == {s.name for s in slots}
     assert set(p.assignments) == set(p.reasons) == set(p.wanted) == names
     for s in slots:
         pinned_bytes = sum(sizes[m] for m in p.pinned[s.name])
-        assert pinned_bytes <= s.budget_bytes * (1.0 - policy.headroom_fraction)
+        assert pinned_bytes <= s.budget_bytes
+        # Only hot models pin into the headroom: the colder ones keep within the pinnable share.
+        colder = sum(sizes[m] for m in p.pinned[s.name] if scores[m] < policy.hot_rate)
+        assert colder <= s.budget_bytes * (1.0 - policy.headroom_fraction)
         assert p.pinned[s.name] <= names
     limit = len(slots) if policy.max_copies is None else min(policy.max_copies, len(slots))
     for name, where in p.assignments.items():
