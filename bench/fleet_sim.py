@@ -909,7 +909,11 @@ class Tidal:
                 {self.names[k]: float(rates[k]) for k in self.served},
                 elapsed,
                 window,
-                rise_to=None if self.slow_rise else self.placement_policy.hot_rate,
+                rise_to=(
+                    None
+                    if self.slow_rise
+                    else self.placement_policy.hot_threshold(float(rates.sum()))
+                ),
             )
         known = list(self.sizes.values())
         fallback = float(np.median(known)) if known else DEFAULT_MODEL_BYTES

@@ -24,12 +24,14 @@ How it decides:
   (1 - tolerance). Demand noise within the tolerance moves nothing; a larger change re-sizes.
   Without any pins (first placement) the plain counts apply.
 * Room: each replica may pin `budget * (1 - headroom_fraction)` bytes; the headroom is for
-  on-demand loads of cold models. A hot model (score at or above `hot_rate`) may also pin into
+  on-demand loads of cold models. A hot model (score at or above `hot_threshold`: `hot_rate`,
+  or `hot_share` of all models' scores together when that is lower) may also pin into
   the headroom (up to the whole budget): the headroom is room for the tail that must not come
   out of the hot set, and a hot model larger than the pinnable share would otherwise never be
   pinned and be evicted by every on-demand tail load that needs its bytes (fleet simulator,
   seed 23: the busiest model, 4.0 GB on 4.7 GB budgets, P99 3-4 s instead of 40 ms). Colder
-  models never pin into the headroom, and the landing replicas keep their landing room.
+  models never pin into the headroom, the landing replicas keep their landing room, and with
+  fewer than two replicas (no landing replica) the headroom stays the tail's.
   A fractional headroom is smaller than a large engine, so
   (with two replicas or more) the landing replicas — `landing_share` of them rounded up, at
   least one; the largest budgets, then by name, so always the same ones — take a copy of a
@@ -109,6 +111,9 @@ class PlacementPolicy:
     # Whether models at or above hot_rate may pin into the headroom (see "Room"); False is the
     # earlier rule (every model within the pinnable share), kept for same-run comparisons.
     hot_in_headroom: bool = True
+    # A model is also hot when its score is at least this share of all models' scores together
+    # (scale-free: a fleet whose busiest model has 1 req/s still has hot models).
+    hot_share: float = 0.02
 
     def __post_init__(self) -> None:
         problems = []
@@ -128,10 +133,18 @@ class PlacementPolicy:
             problems.append("hot_rate must be >= 0")
         if self.hot_min_copies < 1:
             problems.append("hot_min_copies must be >= 1")
+        if not 0 <= self.hot_share <= 1:
+            problems.append("hot_share must be in [0, 1]")
         if not 0 <= self.landing_share <= 1:
             problems.append("landing_share must be in [0, 1]")
         if problems:
             raise ValueError("invalid PlacementPolicy: " + "; ".join(problems))
+
+    def hot_threshold(self, total_score: float) -> float:
+        """The score at or above which a model is hot, given all models' scores together:
+        hot_rate, or hot_share of the total when that is lower (and above zero)."""
+        share = self.hot_share * total_score
+        return min(self.hot_rate, share) if share > 0 else self.hot_rate
 
     def landing_replicas(self, replicas: int) -> int:
         """How many of `replicas` keep landing room (none with fewer than two)."""
@@ -266,7 +279,11 @@ def place(
     usable = {r.name: _usable_bytes(policy, r) for r in replicas}
     sizes = {m.name: m.size_bytes for m in models}
     # Hot models may pin up to the whole budget (see "Room").
-    hot = frozenset(m.name for m in models if policy.hot_in_headroom and m.score >= policy.hot_rate)
+    threshold = policy.hot_threshold(sum(m.score for m in models))
+    # Only where landing replicas keep room for the tail (two replicas or more); with one
+    # replica the headroom is the tail's only room.
+    headroom_for_hot = policy.hot_in_headroom and policy.landing_replicas(len(replicas)) > 0
+    hot = frozenset(m.name for m in models if headroom_for_hot and m.score >= threshold)
     budgets = {r.name: r.budget_bytes for r in replicas}
 
     def pin_cap(name: str, replica: str) -> int:

@@ -317,7 +317,7 @@ class FleetController:
                 rates,
                 elapsed,
                 fleet.placement.rate_window_seconds,
-                rise_to=PlacementPolicy().hot_rate,
+                rise_to=PlacementPolicy().hot_threshold(sum(rates.values())),
             )
         models = list(isvc.spec.models)
         names = {m.name for m in models}
