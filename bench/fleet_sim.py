@@ -267,9 +267,10 @@ def model_rates(cfg: FleetConfig, alpha: float, t: np.ndarray) -> np.ndarray:
         # Tail models (beyond the top 10) burst now and then: burst_factor x for burst_seconds.
         bursts = rng.poisson(cfg.duration / cfg.burst_gap_seconds, cfg.models)
         for m in range(10, cfg.models):
+            on = np.zeros(len(t), dtype=bool)  # overlapping bursts do not compound
             for start in rng.uniform(0.0, cfg.duration, bursts[m]):
-                on = (t >= start) & (t < start + cfg.burst_seconds)
-                rates[m, on] *= cfg.burst_factor
+                on |= (t >= start) & (t < start + cfg.burst_seconds)
+            rates[m, on] *= cfg.burst_factor
     return rates
 
 
