@@ -1343,17 +1343,37 @@ def _fmt(kind: str, x: float) -> str:
 
 
 def sweep(
-    families: Sequence[str], seeds: Sequence[int], quick: bool = False, workers: int = 2
+    families: Sequence[str],
+    seeds: Sequence[int],
+    quick: bool = False,
+    workers: int = 2,
+    log: str | None = None,
 ) -> list[dict[str, object]]:
+    """Every family on every seed (seed by seed, so that a run cut short still covers every
+    family); each trace's rows are appended to `log` (JSON lines) as it finishes."""
+    import json
     import multiprocessing
 
-    jobs = [(f, s, quick) for f in families for s in seeds]
+    jobs = [(f, s, quick) for s in seeds for f in families]
+    rows: list[dict[str, object]] = []
+
+    def keep(part: list[dict[str, object]]) -> None:
+        rows.extend(part)
+        if log:
+            with open(log, "a") as out:
+                for row in part:
+                    out.write(json.dumps(row) + "\n")
+
     if workers <= 1:
-        parts = [sweep_one(job) for job in jobs]
+        for job in jobs:
+            keep(sweep_one(job))
     else:
         with multiprocessing.get_context("fork").Pool(workers) as pool:
-            parts = pool.map(sweep_one, jobs, chunksize=1)
-    return [row for part in parts for row in part]
+            for part in pool.imap_unordered(sweep_one, jobs, chunksize=1):
+                keep(part)
+    order = {(f, s): k for k, (f, s, _) in enumerate(jobs)}
+    rows.sort(key=lambda r: order[(str(r["family"]), int(r["seed"]))])  # type: ignore[call-overload]
+    return rows
 
 
 def sweep_report(rows: Sequence[dict[str, object]], elapsed: float) -> list[str]:
@@ -1416,18 +1436,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="many traces: --seeds per family of --families, median and worst seed",
     )
     parser.add_argument(
-        "--seeds", default="1-4,5,6,7,8,11,23", help="sweep seeds, e.g. 1-10 or 5,7,11,23"
+        "--seeds", default="23,5,7,11,1-4,6,8", help="sweep seeds, e.g. 1-10 or 5,7,11,23"
     )
     parser.add_argument("--families", default=",".join(FAMILIES), help="sweep families")
     parser.add_argument("--workers", type=int, default=2, help="sweep worker processes")
+    parser.add_argument("--log", help="sweep: append each trace's rows here (JSON lines)")
+    parser.add_argument("--from-log", help="sweep: report the rows of a log instead of running")
     args = parser.parse_args(argv)
+    if args.from_log:
+        import json
+
+        with open(args.from_log) as f:
+            logged = [json.loads(line) for line in f if line.strip()]
+        sweep_report(logged, 0.0)
+        return 0
     if args.sweep:
         seeds: list[int] = []
         for part in args.seeds.split(","):
             lo, _, hi = part.partition("-")
             seeds.extend(range(int(lo), int(hi or lo) + 1))
         started = time.perf_counter()
-        rows = sweep(args.families.split(","), seeds, args.quick, args.workers)
+        rows = sweep(args.families.split(","), seeds, args.quick, args.workers, args.log)
         sweep_report(rows, time.perf_counter() - started)
         return 0
     cfg = FleetConfig(seed=args.seed)
