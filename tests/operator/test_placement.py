@@ -370,8 +370,13 @@ def check_invariants(
     for s in slots:
         pinned_bytes = sum(sizes[m] for m in p.pinned[s.name])
         assert pinned_bytes <= s.budget_bytes
-        # Only hot models pin into the headroom: the colder ones keep within the pinnable share.
-        colder = sum(sizes[m] for m in p.pinned[s.name] if scores[m] < threshold)
+        # Only hot models (or ones pinned before: hot status has hysteresis) pin into the
+        # headroom: the others keep within the pinnable share.
+        colder = sum(
+            sizes[m]
+            for m in p.pinned[s.name]
+            if scores[m] < threshold and not any(m in r.pinned for r in slots)
+        )
         assert colder <= s.budget_bytes * (1.0 - policy.headroom_fraction)
         assert p.pinned[s.name] <= names
     limit = len(slots) if policy.max_copies is None else min(policy.max_copies, len(slots))
