@@ -1440,6 +1440,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--families", default=",".join(FAMILIES), help="sweep families")
     parser.add_argument("--workers", type=int, default=2, help="sweep worker processes")
+    parser.add_argument("--tidal-only", action="store_true", help="sweep: no alternative")
     parser.add_argument("--log", help="sweep: append each trace's rows here (JSON lines)")
     parser.add_argument("--from-log", help="sweep: report the rows of a log instead of running")
     args = parser.parse_args(argv)
@@ -1451,6 +1452,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sweep_report(logged, 0.0)
         return 0
     if args.sweep:
+        if args.tidal_only:
+            global SWEEP_VARIANTS
+            SWEEP_VARIANTS = (Tidal,)
         seeds: list[int] = []
         for part in args.seeds.split(","):
             lo, _, hi = part.partition("-")

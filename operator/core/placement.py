@@ -281,7 +281,10 @@ def place(
     usable = {r.name: _usable_bytes(policy, r) for r in replicas}
     sizes = {m.name: m.size_bytes for m in models}
     # Hot models may pin up to the whole budget (see "Room").
-    threshold = policy.hot_threshold(sum(m.score for m in models))
+    # On the rates (not the scores: forecast peaks over each model's horizon inflate the sum),
+    # the same total the rate smoothing's fast attack uses, so a model taken at once as hot by
+    # the smoothing is hot here too.
+    threshold = policy.hot_threshold(sum(m.rate for m in models))
     # Only where landing replicas keep room for the tail (two replicas or more); with one
     # replica the headroom is the tail's only room.
     headroom_for_hot = policy.hot_in_headroom and policy.landing_replicas(len(replicas)) > 0

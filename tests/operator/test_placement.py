@@ -363,7 +363,7 @@ def check_invariants(
 ) -> None:
     sizes = {m.name: m.size_bytes for m in models}
     scores = {m.name: m.score for m in models}
-    threshold = policy.hot_threshold(sum(scores.values()))
+    threshold = policy.hot_threshold(sum(m.rate for m in models))
     names = set(sizes)
     assert set(p.pinned) == {s.name for s in slots}
     assert set(p.assignments) == set(p.reasons) == set(p.wanted) == names
@@ -675,7 +675,7 @@ def test_property_a_hot_models_copy_is_never_given_up_for_a_colder_model(
     p = place(policy, models, slots, now=0.0, history=True)
     sizes = {m.name: m.size_bytes for m in models}
     scores = {m.name: m.score for m in models}
-    threshold = policy.hot_threshold(sum(scores.values()))
+    threshold = policy.hot_threshold(sum(m.rate for m in models))
     into_headroom = policy.hot_in_headroom and policy.landing_replicas(len(slots)) > 0
     landing = _landing_names(policy, slots)
     for h in models:
