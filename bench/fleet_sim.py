@@ -4,6 +4,13 @@ Owns the fleet simulator (event-driven: request arrivals, engine loads and their
 the traces, four placement/routing policies and the comparison table. Run it with
 
     .venv/bin/python bench/fleet_sim.py [--alpha 0.8,1.1] [--seed 7] [--quick]
+    .venv/bin/python bench/fleet_sim.py --sweep [--seeds 1-10] [--families ...] [--quick]
+
+`--sweep` (issue 23) judges on many traces: every family of `FAMILIES` (Zipf 0.8 and 1.1, a
+rotating hot set, 3 viral models at once, a bursty tail, a small easy fleet) on every seed,
+with 200-s days, tidal and an alternative (`TidalPinnableOnly`) against ModelMesh-like and
+the optimum, over 2 worker processes; it prints the median and the worst seed of every metric
+and each goal not met on a family's worst seed with its value.
 
 The fleet. 200 models whose TensorRT engines weigh 0.2-4 GB (log-normal, median 1 GB, clipped);
 8 replicas whose engine budgets together hold 15 % of all engine bytes (each budget still holds
