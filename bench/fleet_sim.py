@@ -4,6 +4,13 @@ Owns the fleet simulator (event-driven: request arrivals, engine loads and their
 the traces, four placement/routing policies and the comparison table. Run it with
 
     .venv/bin/python bench/fleet_sim.py [--alpha 0.8,1.1] [--seed 7] [--quick]
+    .venv/bin/python bench/fleet_sim.py --sweep [--seeds 1-10] [--families ...] [--quick]
+
+`--sweep` (issue 23) judges on many traces: every family of `FAMILIES` (Zipf 0.8 and 1.1, a
+rotating hot set, 3 viral models at once, a bursty tail, a small easy fleet) on every seed,
+with 200-s days, tidal and an alternative (`TidalPinnableOnly`) against ModelMesh-like and
+the optimum, over 2 worker processes; it prints the median and the worst seed of every metric
+and each goal not met on a family's worst seed with its value.
 
 The fleet. 200 models whose TensorRT engines weigh 0.2-4 GB (log-normal, median 1 GB, clipped);
 8 replicas whose engine budgets together hold 15 % of all engine bytes (each budget still holds
@@ -135,6 +142,17 @@ class FleetConfig:
     forecast_slots: int = 96  # spec.fleet.forecast.slots
     lead_seconds: float = 5.0  # spec.fleet.forecast.leadSeconds
     seed: int = 7
+    # Trace family (issue 23): "zipf" (the daily cycle + one viral model), "rotating" (the top
+    # models change places with tail models every `rotate_seconds`), "viral" (`virals` tail
+    # models go viral at once), "bursty" (each tail model bursts to `burst_factor` x its rate
+    # for `burst_seconds`, on average every `burst_gap_seconds` of simulated time).
+    family: str = "zipf"
+    rotate_seconds: float = 600.0
+    rotate_top: int = 5
+    virals: int = 3
+    burst_factor: float = 30.0
+    burst_seconds: float = 20.0
+    burst_gap_seconds: float = 1800.0
 
     @property
     def duration(self) -> float:
@@ -234,7 +252,32 @@ def model_rates(cfg: FleetConfig, alpha: float, t: np.ndarray) -> np.ndarray:
     onset = cfg.viral_at_days * cfg.day_seconds
     ramp = np.clip((t - onset) / cfg.viral_ramp_seconds, 0.0, 1.0)
     fleet = 1.0 + cfg.fleet_swing * np.sin(2 * np.pi * t / cfg.day_seconds - np.pi / 2)
-    rates[v] = (1 - ramp) * rates[v] + ramp * cfg.mean_rate * shares[0] * fleet
+    virals = [v]
+    if cfg.family == "viral":  # more tail models go viral at the same moment
+        virals = [cfg.models - 1 - k * max(1, cfg.models // 8) for k in range(cfg.virals)]
+    for v in virals:
+        rates[v] = (1 - ramp) * rates[v] + ramp * cfg.mean_rate * shares[0] * fleet
+    rng = np.random.default_rng([cfg.seed, 5])
+    if cfg.family == "rotating":
+        # Every rotate_seconds the top models swap their popularity with random tail models.
+        epochs = (t // cfg.rotate_seconds).astype(np.int64)
+        base = rates.copy()
+        tail = np.arange(cfg.rotate_top * 2, cfg.models)
+        for e in np.unique(epochs):
+            if e == 0:
+                continue
+            cols = epochs == e
+            swap = rng.choice(tail, cfg.rotate_top, replace=False)
+            for top, other in zip(range(cfg.rotate_top), swap, strict=True):
+                rates[top, cols], rates[other, cols] = base[other, cols], base[top, cols]
+    if cfg.family == "bursty":
+        # Tail models (beyond the top 10) burst now and then: burst_factor x for burst_seconds.
+        bursts = rng.poisson(cfg.duration / cfg.burst_gap_seconds, cfg.models)
+        for m in range(10, cfg.models):
+            on = np.zeros(len(t), dtype=bool)  # overlapping bursts do not compound
+            for start in rng.uniform(0.0, cfg.duration, bursts[m]):
+                on |= (t >= start) & (t < start + cfg.burst_seconds)
+            rates[m, on] *= cfg.burst_factor
     return rates
 
 
@@ -251,7 +294,8 @@ def make_trace(cfg: FleetConfig, alpha: float) -> Trace:
     window = times >= cfg.measure_from
     per_model = np.bincount(models[window], minlength=cfg.models)
     hot = tuple(int(m) for m in np.argsort(-per_model, kind="stable")[: cfg.hot_models])
-    return Trace(f"zipf {alpha:g}", alpha, times, models, cfg.viral_rank - 1, hot)
+    name = f"zipf {alpha:g}" if cfg.family == "zipf" else f"{cfg.family} {alpha:g}"
+    return Trace(name, alpha, times, models, cfg.viral_rank - 1, hot)
 
 
 # ------------------------------------------------------------------------------------------
@@ -662,6 +706,9 @@ class Tidal:
     rate_window: float | None = None
     landing_share = 0.25  # spec.fleet.placement.landingShare
     pin_loads_count = False
+    # Issue 23: hot models may pin into the headroom; a rise to the hot rate is taken at once.
+    hot_in_headroom = True
+    slow_rise = False
 
     def __init__(self, cfg: FleetConfig, only_models_with_traffic: bool = False) -> None:
         self.cfg = cfg
@@ -673,6 +720,7 @@ class Tidal:
             min_rate=cfg.min_rate,
             headroom_fraction=cfg.headroom,
             landing_share=self.landing_share,
+            hot_in_headroom=self.hot_in_headroom,
         )
         self.forecast_policy = ForecastPolicy(
             period_seconds=cfg.day_seconds, slots=cfg.forecast_slots
@@ -869,6 +917,11 @@ class Tidal:
                 {self.names[k]: float(rates[k]) for k in self.served},
                 elapsed,
                 window,
+                rise_to=(
+                    None
+                    if self.slow_rise
+                    else self.placement_policy.hot_threshold(float(rates.sum()))
+                ),
             )
         known = list(self.sizes.values())
         fallback = float(np.median(known)) if known else DEFAULT_MODEL_BYTES
@@ -918,12 +971,24 @@ class Tidal:
         self.held = []
 
 
+class TidalPinnableOnly(Tidal):
+    """The alternative to hot models pinning into the headroom (issue 23), same run: every
+    model pins within the pinnable share (the headroom is the tail's alone) and placement ranks
+    by the smoothed rates only (a viral rise waits for the window)."""
+
+    name = "tidal, hot within pin share"
+    hot_in_headroom = False
+    slow_rise = True
+
+
 class TidalBefore(Tidal):
     """tidal as it was before these inputs (`--before`, for a same-run comparison): placement
     ranks by one interval's rates, keeps no landing room, and the gateway counts background pin
     loads in its per-replica load limit and knows no evictable room."""
 
     name = "tidal, before"
+    hot_in_headroom = False
+    slow_rise = True
     rate_window = 0.0
     landing_share = 0.0
     pin_loads_count = True
@@ -1193,6 +1258,174 @@ def report(cfg: FleetConfig, fleet: Fleet, results: Sequence[Result], elapsed: f
     return all(g.met for g in verdicts)
 
 
+# ------------------------------------------------------------------------------------------
+# Many traces (issue 23): seeds x families, median and worst seed of every metric
+
+
+# The families: (label, Zipf alpha, config changes). The sweep's base shortens the day to
+# 200 s (3 days, the first for warm-up; the forecast's period is the day) so that 60 traces
+# run in under half an hour on 2 shared cores.
+FAMILIES: dict[str, tuple[float, dict[str, object]]] = {
+    "zipf 0.8": (0.8, {}),
+    "zipf 1.1": (1.1, {}),
+    "rotating hot set": (1.0, {"family": "rotating"}),
+    "3 viral at once": (0.9, {"family": "viral"}),
+    "bursty tail": (0.9, {"family": "bursty"}),
+    "small easy fleet": (
+        1.0,
+        {"models": 30, "replicas": 4, "cache_share": 0.5, "mean_rate": 6.0, "viral_rank": 25},
+    ),
+}
+SWEEP_BASE: dict[str, object] = {"day_seconds": 200.0, "rotate_seconds": 60.0}
+SWEEP_QUICK: dict[str, object] = {
+    "day_seconds": 150.0,
+    "rotate_seconds": 25.0,
+    "mean_rate": 4.0,
+    "viral_ramp_seconds": 10.0,
+}
+SWEEP_VARIANTS = (Tidal, TidalPinnableOnly)
+
+
+def sweep_config(family: str, seed: int, quick: bool = False) -> tuple[FleetConfig, float]:
+    alpha, changes = FAMILIES[family]
+    cfg = replace(FleetConfig(seed=seed), **{**SWEEP_BASE, **changes})  # type: ignore[arg-type]
+    if quick:
+        small = {"models": min(cfg.models, 40), "viral_rank": min(cfg.viral_rank, 30)}
+        cfg = replace(cfg, **{**SWEEP_QUICK, **small})  # type: ignore[arg-type]
+    return cfg, alpha
+
+
+def sweep_one(job: tuple[str, int, bool]) -> list[dict[str, object]]:
+    """One trace of a family: every tidal variant against ModelMesh-like and the optimum."""
+    family, seed, quick = job
+    cfg, alpha = sweep_config(family, seed, quick)
+    fleet = make_fleet(cfg)
+    trace = make_trace(cfg, alpha)
+    quiet = trace.only(trace.hot, trace.name + HOT_ONLY)
+    mesh = simulate(cfg, fleet, trace, ModelMeshLike(cfg), trace.hot)
+    best = simulate(cfg, fleet, trace, Belady(), trace.hot)
+    rows: list[dict[str, object]] = []
+    for variant in SWEEP_VARIANTS:
+        full = simulate(cfg, fleet, trace, variant(cfg), trace.hot)
+        alone = simulate(cfg, fleet, quiet, variant(cfg, True), trace.hot)
+        rows.append(
+            {
+                "family": family,
+                "seed": seed,
+                "policy": variant.name,
+                "hot_p99": full.hot_p99,
+                "hot_p99_alone": alone.hot_p99,
+                "hot_ratio": full.hot_p99 / alone.hot_p99,
+                "p99": full.p99,
+                "mesh_p99": mesh.p99,
+                "p99_vs_mesh": full.p99 / mesh.p99,
+                "cold": full.cold_share,
+                "cold_vs_mesh": full.cold_share / mesh.cold_share if mesh.cold_share else 0.0,
+                "cold_vs_opt": full.cold_share / best.cold_share if best.cold_share else 0.0,
+                "max_used": full.max_used_share,
+                "lost": full.failed_share,
+            }
+        )
+    return rows
+
+
+# metric, label, goal bound on the worst seed (None: shown only), format
+SWEEP_METRICS: tuple[tuple[str, str, float | None, str], ...] = (
+    ("hot_ratio", "hot P99 with / without tail", 1.1, "{:.2f}x"),
+    ("hot_p99", "hot P99 ms", None, "ms"),
+    ("p99_vs_mesh", "all P99 / ModelMesh", 1.0, "{:.2f}x"),
+    ("cold_vs_mesh", "cold / ModelMesh", 0.75, "{:.2f}x"),
+    ("cold_vs_opt", "cold / optimum", 1.1, "{:.2f}x"),
+    ("max_used", "fullest budget", 1.0, "{:.3f}"),
+    ("lost", "lost", 0.0, "pct"),
+)
+
+
+def _fmt(kind: str, x: float) -> str:
+    if kind == "ms":
+        return f"{x * 1000:,.0f}"
+    if kind == "pct":
+        return f"{x * 100:.2f} %"
+    return kind.format(x)
+
+
+def sweep(
+    families: Sequence[str],
+    seeds: Sequence[int],
+    quick: bool = False,
+    workers: int = 2,
+    log: str | None = None,
+) -> list[dict[str, object]]:
+    """Every family on every seed (seed by seed, so that a run cut short still covers every
+    family); each trace's rows are appended to `log` (JSON lines) as it finishes."""
+    import json
+    import multiprocessing
+
+    jobs = [(f, s, quick) for s in seeds for f in families]
+    rows: list[dict[str, object]] = []
+
+    def keep(part: list[dict[str, object]]) -> None:
+        rows.extend(part)
+        if log:
+            with open(log, "a") as out:
+                for row in part:
+                    out.write(json.dumps(row) + "\n")
+
+    if workers <= 1:
+        for job in jobs:
+            keep(sweep_one(job))
+    else:
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            for part in pool.imap_unordered(sweep_one, jobs, chunksize=1):
+                keep(part)
+    order = {(f, s): k for k, (f, s, _) in enumerate(jobs)}
+    rows.sort(key=lambda r: order[(str(r["family"]), int(r["seed"]))])  # type: ignore[call-overload]
+    return rows
+
+
+def sweep_report(rows: Sequence[dict[str, object]], elapsed: float) -> list[str]:
+    """Median and worst seed of every metric per family and policy; the goals' verdicts on
+    the worst seed. Returns the unmet goals."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=200)
+    table = Table(title="fleet simulator over many traces: median / worst (seed)")
+    table.add_column("family", justify="left")
+    table.add_column("policy", justify="left")
+    for _, label, _, _ in SWEEP_METRICS:
+        table.add_column(label, justify="right")
+    unmet: list[str] = []
+    families = list(dict.fromkeys(str(r["family"]) for r in rows))
+    policies = list(dict.fromkeys(str(r["policy"]) for r in rows))
+    for family in families:
+        for policy in policies:
+            mine = [r for r in rows if r["family"] == family and r["policy"] == policy]
+            cells = []
+            for key, label, bound, kind in SWEEP_METRICS:
+                values = [float(r[key]) for r in mine]  # type: ignore[arg-type]
+                worst = max(mine, key=lambda r: float(r[key]))  # type: ignore[arg-type]
+                w = float(worst[key])  # type: ignore[arg-type]
+                cells.append(
+                    f"{_fmt(kind, float(np.median(values)))} / {_fmt(kind, w)} ({worst['seed']})"
+                )
+                if bound is not None and policy == Tidal.name and w > bound + 1e-9:
+                    unmet.append(
+                        f"{family}: {label} <= {_fmt(kind, bound)} not met on seed "
+                        f"{worst['seed']}: {_fmt(kind, w)}"
+                    )
+            table.add_row(family, policy, *cells)
+        table.add_section()
+    console.print(table)
+    seeds = sorted({int(r["seed"]) for r in rows})  # type: ignore[call-overload]
+    console.print(f"seeds {seeds}; {len(rows)} policy runs in {elapsed:.0f} s")
+    for line in unmet:
+        console.print("goal NOT met — " + line)
+    if not unmet:
+        console.print("every goal met on the worst seed of every family")
+    return unmet
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--alpha", default="0.8,1.1", help="comma-separated Zipf exponents")
@@ -1204,7 +1437,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="also run tidal as it was before smoothed rates, landing room and pin-load "
         "accounting (a same-run comparison)",
     )
+    parser.add_argument(
+        "--sweep",
+        action="store_true",
+        help="many traces: --seeds per family of --families, median and worst seed",
+    )
+    parser.add_argument(
+        "--seeds", default="23,5,7,11,1-4,6,8", help="sweep seeds, e.g. 1-10 or 5,7,11,23"
+    )
+    parser.add_argument("--families", default=",".join(FAMILIES), help="sweep families")
+    parser.add_argument("--workers", type=int, default=2, help="sweep worker processes")
+    parser.add_argument("--tidal-only", action="store_true", help="sweep: no alternative")
+    parser.add_argument("--log", help="sweep: append each trace's rows here (JSON lines)")
+    parser.add_argument("--from-log", help="sweep: report the rows of a log instead of running")
     args = parser.parse_args(argv)
+    if args.from_log:
+        import json
+
+        with open(args.from_log) as f:
+            logged = [json.loads(line) for line in f if line.strip()]
+        sweep_report(logged, 0.0)
+        return 0
+    if args.sweep:
+        if args.tidal_only:
+            global SWEEP_VARIANTS
+            SWEEP_VARIANTS = (Tidal,)
+        seeds: list[int] = []
+        for part in args.seeds.split(","):
+            lo, _, hi = part.partition("-")
+            seeds.extend(range(int(lo), int(hi or lo) + 1))
+        started = time.perf_counter()
+        rows = sweep(args.families.split(","), seeds, args.quick, args.workers, args.log)
+        sweep_report(rows, time.perf_counter() - started)
+        return 0
     cfg = FleetConfig(seed=args.seed)
     if args.quick:
         cfg = replace(cfg, **QUICK)  # type: ignore[arg-type]

@@ -99,7 +99,15 @@ def _load_target(
     placed: tuple[str, ...],
     model_bytes: int,
 ) -> tuple[ReplicaView | None, Reason]:
-    """Where a new copy should be loaded, or why nowhere."""
+    """Where a new copy should be loaded, or why nowhere.
+
+    A replica whose room (budget - pinned) is known to be smaller than the model's known size
+    is never asked: it could only refuse (503), and each refusal kept that replica from the
+    model for the refusal cooldown while the request waited. A model of unknown size goes first
+    where the room is largest, so that its first load lands wherever even the largest fits.
+    """
+    if model_bytes > 0:
+        candidates = [r for r in candidates if r.room_bytes is None or r.room_bytes >= model_bytes]
     if not candidates:
         return None, "unavailable:no-room"
     if fleet_loads >= loads.total:
@@ -110,12 +118,13 @@ def _load_target(
     in_placement = [r for r in eligible if r.name in placed]
     if in_placement:
         return min(in_placement, key=lambda r: (_rank(placed, r.name), r.name)), "cold:load-placed"
+    unknown = model_bytes <= 0
     best = min(
         eligible,
         key=lambda r: (
-            # first where it can fit at all (pinned engines are never evicted for it) ...
-            r.room_bytes is not None and r.room_bytes < model_bytes,
-            # ... then where it fits without evicting anything
+            # a model of unknown size: first where the room is largest ...
+            -(r.budget_bytes if r.room_bytes is None else r.room_bytes) if unknown else 0,
+            # ... else where it fits without evicting anything
             r.free_bytes < model_bytes,
             -r.free_bytes,
             r.loads_in_flight,

@@ -162,9 +162,16 @@ def smooth_rates(
     rates: Mapping[str, float],
     elapsed: float,
     window_seconds: float,
+    *,
+    rise_to: float | None = None,
 ) -> dict[str, float]:
     """Per-model rates averaged over about ``window_seconds`` (an exponentially weighted mean
     with that time constant), what placement ranks models by.
+
+    ``rise_to`` (placement's hot rate): an interval rate at or above it that is above the
+    smoothed value is taken at once (fast attack, slow decay). A model that goes viral is then
+    ranked by its new rate at the next placement instead of ~a window later; a tail model's
+    single request (far below the hot rate) still moves nothing.
 
     One placement interval is too short a window for a tail model: one request in 2 s reads
     as 0.5 req/s, 50x ``minRate``, and pins would follow single requests (churn, and hot models
@@ -180,7 +187,10 @@ def smooth_rates(
     for name in set(previous) | set(rates):
         now = max(rates.get(name, 0.0), 0.0)
         before = previous.get(name)
-        out[name] = now if before is None else before * keep + now * (1.0 - keep)
+        if before is None or (rise_to is not None and now >= rise_to and now > before):
+            out[name] = now
+        else:
+            out[name] = before * keep + now * (1.0 - keep)
     return out
 
 

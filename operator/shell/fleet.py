@@ -313,7 +313,11 @@ class FleetController:
         if not first:
             st.last_rates = rates
             st.smoothed_rates = smooth_rates(
-                st.smoothed_rates, rates, elapsed, fleet.placement.rate_window_seconds
+                st.smoothed_rates,
+                rates,
+                elapsed,
+                fleet.placement.rate_window_seconds,
+                rise_to=PlacementPolicy().hot_threshold(sum(rates.values())),
             )
         models = list(isvc.spec.models)
         names = {m.name for m in models}

@@ -298,3 +298,73 @@ def test_quick_run_prints_the_table_and_the_goals(
     assert out.count("goal zipf 1.1:") == 4
     for policy in ("random+LRU", "ModelMesh-like", "tidal", "optimum"):
         assert policy in out
+
+
+# -- many traces (issue 23) --------------------------------------------------------------------
+
+
+def test_trace_families_have_their_shapes(fs: ModuleType) -> None:
+    base = replace(fs.FleetConfig(), **TINY)
+    t = np.arange(0.0, base.duration, 1.0)
+    zipf = fs.model_rates(base, 1.0, t)
+    # Rotating: the top models trade places with tail models after the first epoch.
+    rotating = fs.model_rates(replace(base, family="rotating", rotate_seconds=60.0), 1.0, t)
+    first = t < 60.0
+    assert np.allclose(rotating[:, first], zipf[:, first])
+    later = t >= 60.0
+    assert not np.allclose(rotating[0, later], zipf[0, later])
+    assert np.allclose(rotating[:, later].sum(axis=0), zipf[:, later].sum(axis=0))
+    # Viral: several tail models become as popular as the top model at the same moment.
+    viral = fs.model_rates(replace(base, family="viral", virals=3), 1.0, t)
+    end = -1
+    top = zipf[0, end] / fs._daily_shape(base, t)[0, end]  # the top model's share, no bump
+    risen = [m for m in range(base.models) if viral[m, end] >= 0.5 * top and zipf[m, end] < top / 4]
+    assert len(risen) >= 3, risen
+    # Bursty: some tail model runs at burst_factor x its rate for a while, the top ones never.
+    bursty = fs.model_rates(replace(base, family="bursty", burst_gap_seconds=300.0), 1.0, t)
+    ratio = bursty / zipf
+    assert np.isclose(ratio[:10], 1.0).all()
+    assert np.isclose(ratio[10:].max(), base.burst_factor)
+
+
+def test_sweep_reports_median_and_worst_seed_and_the_unmet_goals(
+    fs: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def row(seed: int, hot_ratio: float, lost: float) -> dict[str, object]:
+        return {
+            "family": "f",
+            "seed": seed,
+            "policy": fs.Tidal.name,
+            "hot_p99": 0.04 * hot_ratio,
+            "hot_p99_alone": 0.04,
+            "hot_ratio": hot_ratio,
+            "p99": 0.3,
+            "mesh_p99": 0.4,
+            "p99_vs_mesh": 0.75,
+            "cold": 0.1,
+            "cold_vs_mesh": 0.5,
+            "cold_vs_opt": 1.05,
+            "max_used": 1.0,
+            "lost": lost,
+        }
+
+    rows = [row(1, 1.0, 0.0), row(2, 1.05, 0.0), row(3, 3.0, 0.001)]
+    unmet = fs.sweep_report(rows, 1.0)
+    out = capsys.readouterr().out
+    assert "1.05x / 3.00x (3)" in out  # median / worst (seed)
+    assert unmet == [
+        "f: hot P99 with / without tail <= 1.10x not met on seed 3: 3.00x",
+        "f: lost <= 0.00 % not met on seed 3: 0.10 %",
+    ]
+
+
+def test_quick_sweep_runs_every_policy_on_each_seed(
+    fs: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = fs.sweep(["small easy fleet"], [1, 2], quick=True, workers=1)
+    assert [(r["seed"], r["policy"]) for r in rows] == [
+        (seed, v.name) for seed in (1, 2) for v in fs.SWEEP_VARIANTS
+    ]
+    for r in rows:
+        assert r["max_used"] <= 1.0 + 1e-9, r
+        assert math.isfinite(r["hot_ratio"]) and r["hot_ratio"] > 0, r

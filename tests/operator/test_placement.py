@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tidal.operator.core.fleet import smooth_rates
 from tidal.operator.core.placement import (
     REASON_COLD_BELOW_MIN,
     REASON_COLD_NO_REPLICAS,
@@ -98,7 +99,8 @@ def test_hot_model_on_several_replicas_rare_on_one_rest_cold() -> None:
 
 def test_model_too_large_for_every_budget_names_the_gap() -> None:
     models = [model("huge", rate=100.0, size_gb=15), model("big", rate=5.0, size_gb=11)]
-    p = place(POLICY, models, [replica("a", 10), replica("b", 12)], now=0.0)
+    absolute = replace(POLICY, hot_share=0.0)  # "big" is not hot (5 < hot_rate)
+    p = place(absolute, models, [replica("a", 10), replica("b", 12)], now=0.0)
     assert p.too_large == {"huge": 3 * GB}
     assert p.reasons["huge"] == REASON_TOO_LARGE
     # 11 GB fits b's budget but not its pinnable 80 %: cold, served on demand, not Degraded.
@@ -106,6 +108,22 @@ def test_model_too_large_for_every_budget_names_the_gap() -> None:
     assert "big" not in p.too_large
     assert p.cold == ("big", "huge")
     assert placement_summary(p, models).too_large_models == 1
+
+
+def test_hot_model_larger_than_the_pinnable_share_pins_into_the_headroom() -> None:
+    # Issue 23, seed 23: the busiest model is larger than 80 % of every budget. Hot (its share
+    # of all demand is above hot_share), it is pinned into the headroom; a colder model of the
+    # same size is not.
+    models = [
+        model("busy", rate=2.5, size_gb=9),
+        model("tail", rate=0.2, size_gb=9),
+        *(model(f"m{k}", rate=2.0, size_gb=0.5) for k in range(10)),
+    ]
+    p = place(POLICY, models, replicas(4), now=0.0)
+    assert p.copies("busy") >= 1, p.reasons["busy"]
+    assert p.reasons["tail"] == REASON_COLD_OVER_PIN_BUDGET
+    off = place(replace(POLICY, hot_in_headroom=False), models, replicas(4), now=0.0)
+    assert off.reasons["busy"] == REASON_COLD_OVER_PIN_BUDGET
 
 
 def test_forecast_preloads_before_the_rise() -> None:
@@ -150,15 +168,15 @@ def test_replica_going_away_rehomes_its_pins() -> None:
 
 
 def test_stickiness_keeps_resident_model_under_small_ranking_change() -> None:
-    # One replica with room for one 5 GB model (8 GB pinnable).
+    # One replica with room for one 6 GB model (a hot model may pin the whole 10 GB).
     slot = replica("r0", 10, resident=["b"], pinned=["b"])
-    small_change = [model("a", rate=11.0, size_gb=5), model("b", rate=10.0, size_gb=5)]
+    small_change = [model("a", rate=11.0, size_gb=6), model("b", rate=10.0, size_gb=6)]
     p = place(POLICY, small_change, [slot], now=0.0)
     assert p.assignments["b"] == ("r0",)
     assert p.reasons["a"] == REASON_COLD_NO_ROOM
     assert p.loads() == []
     # A challenger well beyond the stickiness band takes the place.
-    big_change = [model("a", rate=20.0, size_gb=5), model("b", rate=10.0, size_gb=5)]
+    big_change = [model("a", rate=20.0, size_gb=6), model("b", rate=10.0, size_gb=6)]
     p = place(POLICY, big_change, [slot], now=0.0)
     assert p.assignments["a"] == ("r0",)
     assert p.reasons["b"] == REASON_COLD_NO_ROOM
@@ -245,7 +263,7 @@ def test_headroom_is_left_unpinned() -> None:
 
 def test_partial_copies_say_no_room() -> None:
     models = [model("m", rate=200.0, size_gb=5)]
-    p = place(POLICY, models, [replica("a", 10), replica("b", 10), replica("c", 5)], now=0.0)
+    p = place(POLICY, models, [replica("a", 10), replica("b", 10), replica("c", 4)], now=0.0)
     assert p.copies("m") == 2
     assert p.wanted["m"] == 3
     assert p.reasons["m"] == "copies=2/3:no-room"
@@ -344,12 +362,22 @@ def check_invariants(
     p: Placement,
 ) -> None:
     sizes = {m.name: m.size_bytes for m in models}
+    scores = {m.name: m.score for m in models}
+    threshold = policy.hot_threshold(sum(m.rate for m in models))
     names = set(sizes)
     assert set(p.pinned) == {s.name for s in slots}
     assert set(p.assignments) == set(p.reasons) == set(p.wanted) == names
     for s in slots:
         pinned_bytes = sum(sizes[m] for m in p.pinned[s.name])
-        assert pinned_bytes <= s.budget_bytes * (1.0 - policy.headroom_fraction)
+        assert pinned_bytes <= s.budget_bytes
+        # Only hot models (or ones pinned before: hot status has hysteresis) pin into the
+        # headroom: the others keep within the pinnable share.
+        colder = sum(
+            sizes[m]
+            for m in p.pinned[s.name]
+            if scores[m] < threshold and not any(m in r.pinned for r in slots)
+        )
+        assert colder <= s.budget_bytes * (1.0 - policy.headroom_fraction)
         assert p.pinned[s.name] <= names
     limit = len(slots) if policy.max_copies is None else min(policy.max_copies, len(slots))
     for name, where in p.assignments.items():
@@ -624,3 +652,86 @@ def test_some_replica_can_always_load_the_largest_unpinned_model(
     if loadable:
         largest = max(m.size_bytes for m in loadable)
         assert max(_room(placement, slots, by_name).values()) >= largest
+
+
+# -- issue 23: protection of hot models ------------------------------------------------------
+
+
+def _landing_names(policy: PlacementPolicy, slots: Sequence[ReplicaSlot]) -> set[str]:
+    ranked = sorted(slots, key=lambda r: (-r.budget_bytes, r.name))
+    return {r.name for r in ranked[: policy.landing_replicas(len(slots))]}
+
+
+@settings(max_examples=300, deadline=None)
+@given(fleets(), st.sampled_from([0.0, 0.02, 0.2]))
+def test_property_a_hot_models_copy_is_never_given_up_for_a_colder_model(
+    fleet: tuple[PlacementPolicy, list[ModelDemand], list[ReplicaSlot]], hot_share: float
+) -> None:
+    """A hot model that keeps wanting its copies keeps each one, unless hotter models alone
+    fill that replica: a colder model never takes a hot model's place (landing replicas, which
+    keep room for the tail by rule, are left out)."""
+    policy, models, slots = fleet
+    policy = replace(policy, hot_share=hot_share)
+    p = place(policy, models, slots, now=0.0, history=True)
+    sizes = {m.name: m.size_bytes for m in models}
+    scores = {m.name: m.score for m in models}
+    threshold = policy.hot_threshold(sum(m.rate for m in models))
+    into_headroom = policy.hot_in_headroom and policy.landing_replicas(len(slots)) > 0
+    landing = _landing_names(policy, slots)
+    for h in models:
+        if h.score < threshold or h.name in p.too_large or h.score < policy.min_rate:
+            continue
+
+        def cap(r: ReplicaSlot) -> int:
+            if into_headroom:
+                return r.budget_bytes
+            return math.floor(r.budget_bytes * (1.0 - policy.headroom_fraction))
+
+        hosts = [r for r in slots if h.name in r.pinned and h.size_bytes <= cap(r)]
+        if p.wanted[h.name] < len(hosts):
+            continue  # it wants fewer copies: some go by design
+        for r in hosts:
+            if r.name in landing or h.name in p.pinned[r.name]:
+                continue
+            hotter = sum(sizes[m] for m in p.pinned[r.name] if m != h.name and scores[m] >= h.score)
+            assert hotter + h.size_bytes > cap(r), (h, r, p.pinned[r.name], p.reasons)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(min_value=2, max_value=6),
+    st.lists(st.integers(min_value=1, max_value=8), min_size=3, max_size=14),
+    st.lists(st.floats(min_value=0.0, max_value=5.0), min_size=14, max_size=14),
+    st.integers(min_value=0, max_value=13),
+)
+def test_property_a_viral_rise_gets_a_copy_within_one_interval(
+    replica_count: int, sizes_gb: list[int], rates_before: list[float], pick: int
+) -> None:
+    """A cold model whose rate jumps above every other model's (and the hot threshold) has a
+    copy at the very next placement: the smoothing takes a rise to the hot threshold at once,
+    so the copy does not wait for the rate window."""
+    policy = PlacementPolicy(rate_per_copy=50.0, min_rate=0.1)
+    budget = 10 * GB
+    slots = [ReplicaSlot(f"r{k}", budget) for k in range(replica_count)]
+    names = [f"m{k:02d}" for k in range(len(sizes_gb))]
+    viral = names[pick % len(names)]
+    before = {n: (0.0 if n == viral else rates_before[k]) for k, n in enumerate(names)}
+
+    def demands(rates: dict[str, float]) -> list[ModelDemand]:
+        return [ModelDemand(n, sizes_gb[k] * GB, 1.0, rates[n], 0.0) for k, n in enumerate(names)]
+
+    smoothed = smooth_rates({}, before, 2.0, 60.0)
+    first = place(policy, demands(smoothed), slots, now=0.0)
+    settled = [
+        ReplicaSlot(r.name, r.budget_bytes, first.pinned[r.name], first.pinned[r.name])
+        for r in slots
+    ]
+    # One interval later the viral model is the busiest by a wide margin.
+    now_rates = dict(before)
+    now_rates[viral] = 2.0 * (1.0 + policy.stickiness) * (1.0 + max(before.values())) + 1.0
+    rise_to = policy.hot_threshold(sum(now_rates.values()))
+    assert now_rates[viral] >= rise_to
+    smoothed = smooth_rates(smoothed, now_rates, 2.0, 60.0, rise_to=rise_to)
+    assert smoothed[viral] == now_rates[viral]
+    after = place(policy, demands(smoothed), settled, now=2.0, history=True)
+    assert after.copies(viral) >= 1, (after.reasons[viral], after.pinned)
