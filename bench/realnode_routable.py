@@ -41,6 +41,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "e2e"))
 
+from tidal.operator.core.api import LABEL_ISVC  # noqa: E402
 from tidal.runtime.modelgen import write_mlp  # noqa: E402
 from tidal.runtime.storage import sha256_file  # noqa: E402
 from tidal.sandbox import Sandbox, SandboxConfig  # noqa: E402
@@ -78,7 +79,7 @@ def watch_pods(api: Any, timeline: Timeline, stop: threading.Event) -> None:
         for event in watch.Watch().stream(
             api.list_namespaced_pod,
             NS,
-            label_selector=f"serving.tidal.dev/inferenceservice={NAME}",
+            label_selector=f"{LABEL_ISVC}={NAME}",
             timeout_seconds=5,
         ):
             pod = event["object"]
@@ -191,7 +192,7 @@ def measure_round(timeline: Timeline, custom: Any, core: Any, svc_ip: str) -> di
         row["decided"] = round(decided - t0, 3)
     row.update({k: round(v, 3) for k, v in scrape(ip).items() if k != "requests"})
     set_min_replicas(custom, 1)
-    selector = f"serving.tidal.dev/inferenceservice={NAME}"
+    selector = f"{LABEL_ISVC}={NAME}"
     wait_for(
         lambda: len(core.list_namespaced_pod(NS, label_selector=selector).items) == 1,
         timeout=120,

@@ -35,11 +35,12 @@ from typing import Any
 import pytest
 import yaml
 
+from tidal.operator.core.api import LABEL_ISVC, LABEL_POOL
 from tidal.runtime.modelgen import write_mlp
 from tidal.runtime.storage import sha256_file
 from tidal.sandbox import Sandbox, SandboxConfig
 from tidal.sandbox.incluster import client_pod, command_pod, last_json_line, model_store
-from tidal.sandbox.operatorproc import condition, get_isvc
+from tidal.sandbox.operatorproc import condition, get_isvc, http_forbidden
 from tidal.sandbox.realnode import GPU_RESOURCE, NODE_NAME, STATE_DIR
 from tidal.sandbox.wait import wait_for
 
@@ -77,7 +78,15 @@ def models(real: Sandbox) -> dict[str, str]:
     MODELS_DIR.chmod(0o755)
     out = {}
     for i, name in enumerate(
-        ["mlp-small", "search", "recommend", "fraud", "classifier-v1", "classifier-v2"]
+        [
+            "mlp-small",
+            "search",
+            "recommend",
+            "fraud",
+            "translate-de",
+            "classifier-v1",
+            "classifier-v2",
+        ]
     ):
         path = MODELS_DIR / f"{name}.onnx"
         write_mlp(path, seed=i + 1)
@@ -232,7 +241,7 @@ def runtime_pods(sb: Sandbox, name: str, pool: str = "primary") -> list[dict[str
         "-n",
         NS,
         "-l",
-        f"serving.tidal.dev/inferenceservice={name},serving.tidal.dev/pool={pool}",
+        f"{LABEL_ISVC}={name},{LABEL_POOL}={pool}",
         "-o",
         "json",
     )
@@ -374,7 +383,7 @@ def test_helm_install_runs_the_operator_in_a_pod_with_leader_election(
     assert container["image"] == real.images.operator.name
     assert pod["spec"]["serviceAccountName"].endswith("tidal"), pod["spec"]["serviceAccountName"]
     log = operator_log(real)
-    assert "403" not in log and "Forbidden" not in log, log
+    assert http_forbidden(log) is None, log
 
 
 # -- 3. the single-model example -------------------------------------------------------------------
@@ -476,13 +485,16 @@ def test_runtime_oom_killed_under_its_limit_leaves_the_service_serving(
     victim = pods[0]["metadata"]["name"]
     restarts = pods[0]["status"]["containerStatuses"][0]["restartCount"]
     start_client(real, "client-oom", isvc_url(single, single), INFER, rate=8, seconds=30)
-    # The runtime is the container's PID 1: make it the OOM killer's first choice (raising a
-    # process's oom_score_adj needs no privilege), then fill the container's 1 GiB limit.
+    # Fill the container's 1 GiB limit with memory no process holds as its own (a memfd), so
+    # the OOM killer's choice is the runtime, the container's PID 1 (made its first choice too:
+    # raising a process's oom_score_adj needs no privilege); a hog process with the memory in
+    # its own pages would be killed instead, leaving the runtime up.
     hog = (
-        "open('/proc/1/oom_score_adj', 'w').write('1000'); "
-        "chunks = [b'x' * (64 << 20) for _ in range(40)]"
+        "import os; open('/proc/1/oom_score_adj', 'w').write('1000'); "
+        "fd = os.memfd_create('hog'); chunk = b'x' * (16 << 20)\n"
+        "for _ in range(160): os.write(fd, chunk)"
     )
-    real.kubectl(
+    exec_result = real.kubectl(
         "exec",
         "-n",
         NS,
@@ -510,7 +522,10 @@ def test_runtime_oom_killed_under_its_limit_leaves_the_service_serving(
     try:
         wait_for(oom_killed, timeout=120, interval=0.5, what=f"{victim} OOMKilled and restarted")
     except TimeoutError as exc:
-        raise AssertionError(f"{exc}\n{describe(real, victim)}") from None
+        raise AssertionError(
+            f"{exc}\nexec exited {exec_result.returncode}: {exec_result.stdout[-1000:]}"
+            f"{exec_result.stderr[-1000:]}\n{describe(real, victim)}"
+        ) from None
     assert_all_answered(
         client_summary(real, "client-oom", 120), "the OOM kill", diagnostics(real, single)
     )
@@ -553,7 +568,6 @@ def test_fleet_example_serves_every_model_through_its_gateway(
 ) -> None:
     doc = example(real, "fleet.yaml", models)
     doc["spec"]["autoscaling"] = {"minReplicas": 2, "maxReplicas": 2}
-    doc["spec"]["models"] = [m for m in doc["spec"]["models"] if m["name"] != "translate-de"]
     apply_docs(real, [doc], NS)
     wait_ready(real, "catalog")
     wait_for(
@@ -590,10 +604,10 @@ def test_rollout_example_with_a_bad_primary_is_rolled_back_to_its_baseline(
     spec["rollout"]["slo"] = {"p99Ms": 150, "errorRate": 0.01, "for": "5s"}
     # The new version is slow: every answer takes 400 ms more (the baseline has no fault).
     spec["runtime"]["env"].append({"name": "TIDAL_FAULT_ADDED_LATENCY_MS", "value": "400"})
-    spec["rollout"]["baseline"]["runtime"] = {
-        "image": real.images.runtime_cpu.name,
-        "env": [{"name": "OMP_NUM_THREADS", "value": "1"}],
-    }
+    # The baseline runs the validated version: the same runtime without the fault.
+    baseline_runtime = dict(spec["runtime"])
+    baseline_runtime["env"] = [{"name": "OMP_NUM_THREADS", "value": "1"}]
+    spec["rollout"]["baseline"]["runtime"] = baseline_runtime
     apply_docs(real, [doc], NS)
     wait_ready(real, "classifier")
     start_client(

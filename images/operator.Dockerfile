@@ -13,12 +13,13 @@ ENV PIP_NO_CACHE_DIR=1 \
 WORKDIR /src
 # Only what the package is built from (tidal/ holds the links giving operator/, runtime/,
 # gateway/ and common/ their import names; see pyproject.toml). The sandbox is not part of it.
-COPY pyproject.toml README.md ./
+COPY pyproject.toml ./
 # The dependencies first, in a layer of their own (listed in pyproject.toml): a change to the
-# code rebuilds only the last step.
+# code or the README rebuilds only the last step.
 RUN python -m venv /opt/tidal \
  && python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'], sep='\n')" > /tmp/requirements.txt \
  && /opt/tidal/bin/pip install --no-cache-dir -r /tmp/requirements.txt
+COPY README.md ./
 COPY tidal/ tidal/
 COPY operator/ operator/
 COPY runtime/ runtime/

@@ -47,7 +47,12 @@ import kopf
 from prometheus_client import start_http_server
 
 from tidal.operator.shell import handlers
-from tidal.operator.shell.leader import FollowerHealth, Leadership, LeaseSettings
+from tidal.operator.shell.leader import (
+    FollowerHealth,
+    Leadership,
+    LeaseSettings,
+    default_identity,
+)
 
 
 def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -202,6 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("tidal.operator").info("watching %s", scope)
     try:
         kopf.run(
+            # Given, not detected: kopf's detection reads the user name, and the images' numeric
+            # user (65532) has no passwd entry: getpwuid() raised and the operator pod crashed.
+            identity=default_identity(),
             standalone=True,
             clusterwide=not args.namespaces,
             namespaces=args.namespaces,

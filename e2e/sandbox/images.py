@@ -308,9 +308,9 @@ def dockerfile_image(dockerfile: Path, repository: str, base: BuiltImage) -> Bui
 def _image_id(archive: Path, env: dict[str, str]) -> str:
     """The id buildah gave an image pulled from ``archive`` (its config digest)."""
     with tarfile.open(archive) as t:
-        index = json.load(t.extractfile("index.json"))  # type: ignore[arg-type]
+        index = json.load(t.extractfile("index.json"))
         manifest_digest = index["manifests"][0]["digest"].split(":")[1]
-        manifest = json.load(t.extractfile(f"blobs/sha256/{manifest_digest}"))  # type: ignore[arg-type]
+        manifest = json.load(t.extractfile(f"blobs/sha256/{manifest_digest}"))
     return str(manifest["config"]["digest"].split(":")[1])
 
 

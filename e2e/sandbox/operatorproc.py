@@ -5,6 +5,7 @@ operator benchmark."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -95,3 +96,19 @@ def condition(body: Mapping[str, Any], kind: str) -> dict[str, Any]:
         if cond.get("type") == kind:
             return dict(cond)
     return {}
+
+
+_HTTP_403 = re.compile(
+    r"status=403|code['\"]?:\s*403|\(403\)|HTTP/1\.[01]\" 403 |-> 403|403 Forbidden|forbidden",
+    re.IGNORECASE,
+)
+
+
+def http_forbidden(log: str) -> str | None:
+    """The first HTTP 403 in an operator log, in the forms the kubernetes client, kopf and
+    aiohttp print it (``status=403``, ``'code': 403``, ``(403)``, ``-> 403``, ``Forbidden``);
+    not any "403": CI matched a timestamp's milliseconds, and a random identity's hex digits."""
+    found = _HTTP_403.search(log)
+    if found is None:
+        return None
+    return log[max(found.start() - 300, 0) : found.end() + 300]

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import re
+import signal
+import threading
 import uuid
 from collections.abc import Iterator
 
@@ -16,6 +18,17 @@ import pytest
 
 from tidal.sandbox import Sandbox, SandboxConfig
 from tidal.sandbox.wait import wait_for
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A SIGTERM (a CI time limit, ``kill``) ends the run like Ctrl-C, so fixtures tear down:
+    sandboxes stop their processes and the real node undoes its host changes."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, interrupt)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -278,12 +278,14 @@ class RealNode:
         log_dir: Path,
         gpus: int = 2,
         cpu_reserved: str = "200m",
+        lock_timeout: float = 2400.0,
     ) -> None:
         self.api_url = api_url
         self.pki = pki
         self.log_dir = log_dir
         self.gpus = gpus
         self.cpu_reserved = cpu_reserved
+        self.lock_timeout = lock_timeout
         self.bins = NodeBinaries.locate()
         self.etc = STATE_DIR / "etc"
         self.processes: dict[str, ManagedProcess] = {}
@@ -296,15 +298,33 @@ class RealNode:
         self.bins = ensure_node_binaries()
         LOCK_FILE.parent.mkdir(parents=True, exist_ok=True)
         self._lock = open(LOCK_FILE, "a+")  # noqa: SIM115 - held for the node's lifetime
-        try:
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._lock.close()
-            self._lock = None
-            raise RealNodeError(
-                f"another real sandbox node runs on this machine ({LOCK_FILE} is locked); "
-                "one at a time: its bridge, cgroups and kubelet paths are host-wide"
-            ) from None
+        lock = self._lock
+
+        def locked() -> bool:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            return True
+
+        if not locked():
+            # One real node per machine (its bridge, cgroups and kubelet paths are host-wide):
+            # a second sandbox waits its turn, e.g. two test runs side by side.
+            log.warning("another real sandbox node runs on this machine; waiting for it")
+            try:
+                wait_for(
+                    locked,
+                    timeout=self.lock_timeout,
+                    interval=2.0,
+                    what=f"the real node's lock {LOCK_FILE}",
+                )
+            except TimeoutError:
+                lock.close()
+                self._lock = None
+                raise RealNodeError(
+                    f"another real sandbox node has run on this machine for over "
+                    f"{self.lock_timeout:.0f} s ({LOCK_FILE} is locked); one at a time"
+                ) from None
         leftovers = cleanup_host()
         if leftovers:
             log.warning("cleared what a previous real node left: %s", "; ".join(leftovers))
