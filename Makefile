@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 demo: venv sandbox-binaries
 	$(BIN)/python -m tidal.sandbox demo
 
-test: venv sandbox-binaries node-binaries helm lint
+test: venv sandbox-binaries node-binaries images helm lint
 	$(BIN)/pytest
 
 venv: $(VENV)/.installed

@@ -263,6 +263,9 @@ def downloads(sb: Sandbox, file: str) -> int:
 
 
 # -- 1. the node and the images --------------------------------------------------------------------
+# The first test also starts the module's sandbox: building the images when `make images` has
+# not (make test builds them first) and waiting for another real node on the machine to stop.
+@pytest.mark.timeout(3000)
 def test_node_is_a_real_kubelet_with_gpus_dns_and_no_way_out(real: Sandbox) -> None:
     node = json.loads(real.kubectl("get", "node", NODE_NAME, "-o", "json").stdout)
     info = node["status"]["nodeInfo"]
