@@ -105,40 +105,44 @@ def apply_docs(sb: Sandbox, docs: list[dict[str, Any]], namespace: str) -> None:
     sb.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump_all(docs))
 
 
-def run_pod(sb: Sandbox, pod: dict[str, Any], timeout: float) -> str:
-    """Run a pod to completion in the journey namespace; its log (assert it Succeeded)."""
-    name = pod["metadata"]["name"]
-    sb.kubectl("delete", "pod", name, "-n", NS, "--ignore-not-found", "--wait=true")
-    apply_docs(sb, [pod], NS)
+def pod_phase(sb: Sandbox, name: str) -> str:
+    return sb.kubectl(
+        "get", "pod", name, "-n", NS, "-o", "jsonpath={.status.phase}", check=False
+    ).stdout
 
-    def finished() -> str | None:
-        phase = sb.kubectl(
-            "get", "pod", name, "-n", NS, "-o", "jsonpath={.status.phase}", check=False
-        ).stdout
-        return phase if phase in ("Succeeded", "Failed") else None
 
-    phase = wait_for(finished, timeout=timeout, interval=0.5, what=f"pod {name} to finish")
+def finished_log(sb: Sandbox, name: str, timeout: float) -> str:
+    """Wait for a pod of the journey namespace to finish; its log (assert it Succeeded)."""
+    phase = wait_for(
+        lambda: p if (p := pod_phase(sb, name)) in ("Succeeded", "Failed") else None,
+        timeout=timeout,
+        interval=0.5,
+        what=f"pod {name} to finish",
+    )
     log = sb.kubectl("logs", "-n", NS, name, check=False).stdout
     assert phase == "Succeeded", f"pod {name} {phase}:\n{log[-3000:]}\n{describe(sb, name)}"
     return log
 
 
+def start_pod(sb: Sandbox, pod: dict[str, Any]) -> str:
+    name = pod["metadata"]["name"]
+    sb.kubectl("delete", "pod", name, "-n", NS, "--ignore-not-found", "--wait=true")
+    apply_docs(sb, [pod], NS)
+    return str(name)
+
+
+def run_pod(sb: Sandbox, pod: dict[str, Any], timeout: float) -> str:
+    """Run a pod to completion in the journey namespace; its log."""
+    return finished_log(sb, start_pod(sb, pod), timeout)
+
+
 def start_client(
     sb: Sandbox, name: str, url: str, body: dict[str, Any], rate: float, seconds: float
 ) -> None:
-    sb.kubectl("delete", "pod", name, "-n", NS, "--ignore-not-found", "--wait=true")
-    apply_docs(
-        sb,
-        [client_pod(name, sb.images.runtime_cpu.name, url, body, rate=rate, seconds=seconds)],
-        NS,
-    )
+    image = sb.images.runtime_cpu.name
+    start_pod(sb, client_pod(name, image, url, body, rate=rate, seconds=seconds))
     wait_for(
-        lambda: (
-            sb.kubectl(
-                "get", "pod", name, "-n", NS, "-o", "jsonpath={.status.phase}", check=False
-            ).stdout
-            in ("Running", "Succeeded")
-        ),
+        lambda: pod_phase(sb, name) in ("Running", "Succeeded"),
         timeout=60,
         interval=0.3,
         what=f"client pod {name} running",
@@ -146,16 +150,7 @@ def start_client(
 
 
 def client_summary(sb: Sandbox, name: str, timeout: float) -> dict[str, Any]:
-    def finished() -> str | None:
-        phase = sb.kubectl(
-            "get", "pod", name, "-n", NS, "-o", "jsonpath={.status.phase}", check=False
-        ).stdout
-        return phase if phase in ("Succeeded", "Failed") else None
-
-    phase = wait_for(finished, timeout=timeout, interval=0.5, what=f"client {name} to finish")
-    log = sb.kubectl("logs", "-n", NS, name, check=False).stdout
-    assert phase == "Succeeded", f"client {name} {phase}:\n{log[-3000:]}"
-    return last_json_line(log)
+    return last_json_line(finished_log(sb, name, timeout))
 
 
 def assert_all_answered(summary: dict[str, Any], what: str, context: str = "") -> None:

@@ -42,6 +42,7 @@ import logging
 import os
 import sys
 from collections.abc import Mapping
+from typing import Any, cast
 
 import kopf
 from prometheus_client import start_http_server
@@ -209,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         kopf.run(
             # Given, not detected: kopf's detection reads the user name, and the images' numeric
             # user (65532) has no passwd entry: getpwuid() raised and the operator pod crashed.
-            identity=default_identity(),
+            identity=cast(Any, default_identity()),  # kopf's Identity: NewType(str), not exported
             standalone=True,
             clusterwide=not args.namespaces,
             namespaces=args.namespaces,
