@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tidal.operator.core.api import AutoscalerStatus, PoolName
@@ -444,6 +444,28 @@ util_policies = st.builds(
 
 
 @settings(max_examples=60, deadline=None)
+@example(  # regression: the tick a backlog drained taught queue / arrivals as the per-request
+    # time (0.3 s for 0.2 s of service: the drained backlog counted as time each request
+    # holds); queue mode then sized 12 > 8 replicas. The per-request time is now learned over
+    # the completions when they outrun the arrivals (Little's law over the throughput).
+    policy=ScalingPolicy(
+        min_replicas=0,
+        max_replicas=50,
+        target_utilization=1.0,
+        target_queue_depth=0.25,
+        max_scale_up_rate=2.0,
+        max_scale_up_step=1,
+        max_backlog_share=0.0,
+        max_headroom=0.0,
+    ),
+    start=1,
+    mu=5.0,
+    overload=2.0,
+    backlog=0.0,
+    warmup=27.0,
+    deadline=None,
+    p99=None,
+)
 @given(
     policy=util_policies,
     start=st.integers(1, 10),
