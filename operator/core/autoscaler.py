@@ -22,8 +22,7 @@ How demand is estimated (in replicas):
   its trend over `trend_window_seconds`, times the measured warm-up time) at
   `projected_utilization` x capacity, whichever is more. When the user set
   `target_queue_depth`, its old meaning: concurrency per replica, with the seconds of
-  concurrency one request holds learned from queue depth / arrival rate (the completion rate
-  when more completes, as when a backlog drains) while not saturated
+  concurrency one request holds learned from queue depth / arrival rate while not saturated
   (the queue within its target, or, capacity known, the execution slots less than half busy:
   time held outside the batcher is no backlog); until then the learned capacity's service
   time; without either, the queue over the target, at most doubling the pool per decision.
@@ -986,25 +985,11 @@ def _learn_seconds_per_request(
         saturated_above = policy.fallback_queue_depth
     if queue > obs.ready_serving * saturated_above:
         return state.seconds_per_request
-    # Little's law: concurrency over throughput. Arrivals stand in for the throughput, except
-    # while a backlog drains: then the replicas complete more than arrives, and the queue over
-    # the arrivals alone would take the drained backlog for time each request holds (a pool
-    # just out of saturation would learn a per-request time beyond its service time and
-    # overshoot the capacity bound in queue mode).
-    sample = queue / max(rate, _completion_rate(obs, state) or 0.0)
+    sample = queue / rate
     if state.seconds_per_request is None:
         return sample
     alpha = policy.seconds_per_request_smoothing
     return (1 - alpha) * state.seconds_per_request + alpha * sample
-
-
-def _completion_rate(obs: Observation, state: ScalerState) -> float | None:
-    """Requests completed per second since the last decision (None: not measured)."""
-    sample = obs.work
-    if sample is None or state.last_decision_at is None:
-        return None
-    interval = obs.now - state.last_decision_at
-    return sample.work.requests / interval if interval > 0 else None
 
 
 def _busy_share(obs: Observation, state: ScalerState) -> float | None:
