@@ -19,8 +19,9 @@ The steps run in order and build on each other, as a user's first hour does:
 7. the fleet example behind its gateway; the rollout example rolled back to its baseline;
 8. ``kubectl logs`` of every component.
 
-Client pods retry a refused or reset connection once, as client libraries do when an endpoint
-goes away mid-update; every other failure counts.
+Client pods retry a refused or reset connection for up to 5 s, as client libraries' connect-
+failure retries do (an endpoint that went away stays in kube-proxy's rules until kubelet
+reports it, and one retry may land on it again); every other failure counts.
 """
 
 from __future__ import annotations

@@ -11,17 +11,19 @@ from __future__ import annotations
 import json
 from typing import Any
 
-# A client: `rate` requests a second for `seconds` to `url` with `body`, one retry on a refused
-# or reset connection (what a client library does when an endpoint goes away mid-update); it
-# prints every second's answers and one summary line: {"codes": {...}, "failed": [...], ...}.
+# A client: `rate` requests a second for `seconds` to `url` with `body`. A refused or reset
+# connection is retried for up to 5 s (0.25 s apart), as client libraries' connect-failure
+# retries do: an endpoint that went away stays in kube-proxy's rules until kubelet reports it,
+# and a retry may land on it again. Every other failure counts. It prints one summary line:
+# {"codes": {...}, "failed": [...], "retried": n, ...}.
 CLIENT_SCRIPT = r"""
 import json, sys, time, threading, urllib.request, urllib.error, http.client
 url, rate, seconds, body = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4].encode()
 codes, failed, per_second, lock = {}, [], {}, threading.Lock()
-latencies = []
+latencies, retried = [], [0]
 def one(i):
     t0 = time.monotonic()
-    for attempt in (1, 2):
+    while True:
         try:
             headers = {"Content-Type": "application/json"}
             req = urllib.request.Request(url, data=body, headers=headers)
@@ -32,8 +34,9 @@ def one(i):
             code = e.code; break
         except (urllib.error.URLError, ConnectionError, http.client.HTTPException, OSError) as e:
             code = f"conn:{type(getattr(e, 'reason', e)).__name__}"
-            if attempt == 2: break
-            time.sleep(0.2)
+            if time.monotonic() - t0 > 5.0: break
+            with lock: retried[0] += 1
+            time.sleep(0.25)
     dt = time.monotonic() - t0
     with lock:
         codes[str(code)] = codes.get(str(code), 0) + 1
@@ -55,7 +58,7 @@ latencies.sort()
 def p(q):
     if not latencies: return None
     return round(latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000, 1)
-print(json.dumps({"sent": n, "codes": codes, "failed": failed[:50],
+print(json.dumps({"sent": n, "codes": codes, "failed": failed[:50], "retried": retried[0],
                   "p50_ms": p(0.5), "p99_ms": p(0.99),
                   "per_second": {str(k): v for k, v in sorted(per_second.items())}}), flush=True)
 """
