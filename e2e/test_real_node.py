@@ -412,8 +412,16 @@ def single(real: Sandbox, operator_installed: None, models: dict[str, str]) -> s
 def test_single_model_example_is_ready_and_answers_through_its_cluster_ip(
     real: Sandbox, single: str
 ) -> None:
-    pods = runtime_pods(real, single)
-    assert len(pods) == 2 and all(pod_ready(p) for p in pods), [p["status"] for p in pods]
+    # Ready says the service serves; both replicas ready is a moment later on a loaded node
+    # (a readiness probe that timed out once flips a pod for a second).
+    pods = wait_for(
+        lambda: (
+            ps if len(ps := runtime_pods(real, single)) == 2 and all(map(pod_ready, ps)) else None
+        ),
+        timeout=120,
+        interval=0.5,
+        what="both replicas ready",
+    )
     for pod in pods:
         container = pod["spec"]["containers"][0]
         assert container["securityContext"]["readOnlyRootFilesystem"] is True
