@@ -18,10 +18,11 @@ Network (host-wide, so one real node per machine: a lock in ``/run`` says whose 
 * an nftables table ``tidal_node_guard`` drops any packet from or to the pod or service ranges
   that would leave by another interface, and any forwarding out of the bridge.
 
-Everything the node changes on the host — the bridge and its routes, nftables tables (ours and
-kube-proxy's), mounts under the node's directories, ``kubepods`` cgroups, the sysctls kubelet
-sets (``vm.overcommit_memory``, ``kernel.panic``, ``kernel.panic_on_oops``), and paths kubelet
-and containerd hard-code (``/var/lib/kubelet``, ``/var/log/containers``, ``/var/lib/cni``) — is
+Everything the node changes on the host — the bridge and its routes, nftables tables (ours,
+kube-proxy's, kubelet's iptables chains such as KUBE-FIREWALL and the iptables tables it made),
+mounts under the node's directories, ``kubepods`` cgroups, the sysctls kubelet sets
+(``vm.overcommit_memory``, ``kernel.panic``, ``kernel.panic_on_oops``), and paths kubelet and
+containerd hard-code (``/var/lib/kubelet``, ``/var/log/containers``, ``/var/lib/cni``) — is
 undone by :func:`cleanup_host`, which runs on stop, at exit, and before the next start (so a
 killed test run leaves nothing behind for long). The sysctls' original values are saved once,
 before kubelet first runs, and restored from that file.
@@ -150,6 +151,53 @@ def record_host_state() -> None:
         _sysctl_file().write_text(json.dumps(values))
     if not _paths_file().exists():
         _paths_file().write_text(json.dumps({str(p): p.exists() for p in HARDCODED_PATHS}))
+    if not _tables_file().exists():
+        _tables_file().write_text(json.dumps(_nft_tables()))
+
+
+def _tables_file() -> Path:
+    return STATE_DIR / "nft-tables-before.json"
+
+
+def _nft_tables() -> list[str]:
+    """``family name`` of every nftables table now (iptables-nft's included)."""
+    out = _run("nft", "list", "tables", check=False).stdout
+    return [line.removeprefix("table ").strip() for line in out.splitlines() if line.strip()]
+
+
+def _undo_kubelet_iptables() -> list[str]:
+    """kubelet's own iptables chains (KUBE-FIREWALL and its jumps from INPUT/OUTPUT, the
+    canaries), written through iptables-nft where the host has iptables; then the iptables
+    tables that did not exist before the node ran."""
+    done: list[str] = []
+    for tool in ("iptables", "ip6tables"):
+        if shutil.which(tool) is None:
+            continue
+        for table in ("filter", "nat", "mangle"):
+            for chain in ("INPUT", "OUTPUT"):
+                while (
+                    _run(
+                        tool, "-t", table, "-D", chain, "-j", "KUBE-FIREWALL", check=False
+                    ).returncode
+                    == 0
+                ):
+                    done.append(f"{tool} -t {table} -D {chain} -j KUBE-FIREWALL")
+            for line in _run(tool, "-t", table, "-S", check=False).stdout.splitlines():
+                if line.startswith("-N KUBE-"):
+                    name = line.split()[1]
+                    _run(tool, "-t", table, "-F", name, check=False)
+                    if _run(tool, "-t", table, "-X", name, check=False).returncode == 0:
+                        done.append(f"{tool} -t {table} -X {name}")
+    if _tables_file().exists():
+        before = set(json.loads(_tables_file().read_text()))
+        for table in _nft_tables():
+            family, _, name = table.partition(" ")
+            kubelets = family in ("ip", "ip6") and name in ("filter", "nat", "mangle")
+            if table not in before and kubelets:
+                _run("nft", "delete", "table", family, name, check=False)
+                done.append(f"nft table {table}")
+        _tables_file().unlink()
+    return done
 
 
 def _kill_node_processes() -> None:
@@ -199,6 +247,7 @@ def cleanup_host() -> list[str]:
     for family, table in (("inet", GUARD_TABLE), ("ip", "kube-proxy"), ("ip6", "kube-proxy")):
         if _run("nft", "delete", "table", family, table, check=False).returncode == 0:
             done.append(f"nft table {family} {table}")
+    done += _undo_kubelet_iptables()
     if _run("ip", "link", "show", BRIDGE, check=False).returncode == 0:
         for line in _run(
             "ip", "-o", "link", "show", "master", BRIDGE, check=False
