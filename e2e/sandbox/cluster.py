@@ -53,6 +53,10 @@ class SandboxConfig:
     real_node_gpus: int = 2
 
 
+# Where a release publishes the project's images; the real node has the ones built here instead.
+PUBLISHED = "ghcr.io/tidal-serving/"
+
+
 class SandboxError(RuntimeError):
     """A component failed to start; the message carries the end of its log."""
 
@@ -77,6 +81,7 @@ class Sandbox:
         self.host = "127.0.0.1"
         self.node: Any = None
         self.images: Any = None
+        self.files: Any = None  # a FileServer on the real node's bridge (files.py)
 
     # -- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> Sandbox:
@@ -115,6 +120,9 @@ class Sandbox:
 
     def stop(self) -> None:
         """Stop every component, newest first; remove the state unless asked to keep it."""
+        if self.files is not None:
+            self.files.close()
+            self.files = None
         if self.node is not None:
             self.node.stop()
             self.node = None
@@ -139,6 +147,52 @@ class Sandbox:
             "realNode": self.node is not None,
             "images": {k: v.name for k, v in vars(self.images).items()} if self.images else None,
         }
+
+    # -- workloads -------------------------------------------------------------------------
+    @property
+    def real_node(self) -> bool:
+        return self.node is not None
+
+    def engine_uri(self, path: Path | str) -> str:
+        """Where a pod reads the host file ``path``: in place (``file://``) under the node agent,
+        over HTTP from the host on the real node (:mod:`tidal.sandbox.files`)."""
+        if self.files is not None:
+            return str(self.files.url(path))
+        return Path(path).resolve().as_uri()
+
+    def adapt(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        """An InferenceService as a user of this cluster writes it (a copy; anything else is
+        returned as is): on the real node, the runtime image built here for every pool that
+        names none or one of the project's published images (``PUBLISHED``: no registry can be
+        reached here), and every ``file://`` engine URI served by :meth:`engine_uri`.
+        Under the node agent, unchanged: it runs the runtime from this checkout."""
+        if self.node is None or manifest.get("kind") != "InferenceService":
+            return manifest
+        doc: dict[str, Any] = json.loads(json.dumps(manifest))
+        spec = doc.setdefault("spec", {})
+        image = self.images.runtime_cpu.name
+        runtimes = [spec.setdefault("runtime", {})]
+        baseline = (spec.get("rollout") or {}).get("baseline") or {}
+        if baseline.get("runtime") is not None:
+            runtimes.append(baseline["runtime"])
+        for runtime in runtimes:
+            if not str(runtime.get("image") or PUBLISHED).startswith(PUBLISHED):
+                continue  # an image the scenario chose
+            runtime["image"] = image
+
+        def serve(node: Any) -> None:
+            if isinstance(node, dict):
+                for key, value in node.items():
+                    if key == "uri" and isinstance(value, str) and value.startswith("file://"):
+                        node[key] = self.engine_uri(urllib.request.url2pathname(value[7:]))
+                    else:
+                        serve(value)
+            elif isinstance(node, list):
+                for item in node:
+                    serve(item)
+
+        serve(spec)
+        return doc
 
     # -- faults ----------------------------------------------------------------------------
     RESTARTABLE = ("etcd", "kube-apiserver", "prometheus")
@@ -453,10 +507,12 @@ class Sandbox:
         from kubernetes import client
 
         from tidal.sandbox import realnode
+        from tidal.sandbox.files import FileServer
 
         node = self.node
         node.api_url = self.api_url
         node.start(self.images.archives())
+        self.files = FileServer(self.host)
         api = client.CoreV1Api(self.api_client())
 
         def alive() -> None:
