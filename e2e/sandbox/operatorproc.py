@@ -104,11 +104,21 @@ _HTTP_403 = re.compile(
 )
 
 
+# The API server's answer to a write into a namespace being deleted (NamespaceLifecycle): a 403
+# that says nothing of permissions. An operator watching every namespace meets it on a shared
+# cluster whenever a namespace goes away under a resource it was reconciling.
+_NOT_A_PERMISSION = "because it is being terminated"
+
+
 def http_forbidden(log: str) -> str | None:
     """The first HTTP 403 in an operator log, in the forms the kubernetes client, kopf and
     aiohttp print it (``status=403``, ``'code': 403``, ``(403)``, ``-> 403``, ``Forbidden``);
-    not any "403": CI matched a timestamp's milliseconds, and a random identity's hex digits."""
-    found = _HTTP_403.search(log)
-    if found is None:
-        return None
-    return log[max(found.start() - 300, 0) : found.end() + 300]
+    not any "403": CI matched a timestamp's milliseconds, and a random identity's hex digits;
+    nor a write refused because its namespace is being deleted (not a permission)."""
+    for found in _HTTP_403.finditer(log):
+        line_start = log.rfind("\n", 0, found.start()) + 1
+        line_end = log.find("\n", found.end())
+        if _NOT_A_PERMISSION in log[line_start : line_end if line_end >= 0 else len(log)]:
+            continue
+        return log[max(found.start() - 300, 0) : found.end() + 300]
+    return None
