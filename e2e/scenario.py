@@ -61,8 +61,54 @@ def runtime_pids(pod: str) -> list[int]:
     return sorted(pids)
 
 
+def _millicores(quantity: str) -> int:
+    return int(quantity[:-1]) if quantity.endswith("m") else int(float(quantity) * 1000)
+
+
+def cpu_request_for(sandbox: Any, replicas: int) -> str:
+    """A CPU request such that the cluster's schedulable nodes hold exactly ``replicas`` pods
+    of it (CPU stands in for GPUs, which only the TensorRT backend may ask for): the middle of
+    the range of requests for which that holds, from each node's allocatable CPU less what the
+    pods that stay on it request. Two node-agent nodes of 16 CPUs:
+    ~7 CPUs; the real node of this 2-core machine: ~0.4."""
+    from kubernetes import client
+
+    api = client.CoreV1Api(sandbox.api_client())
+    free: dict[str, int] = {}
+    for node in api.list_node().items:
+        if any(t.effect == "NoSchedule" for t in (node.spec.taints or [])):
+            continue  # the fake node (and any cordoned one)
+        free[node.metadata.name] = _millicores(node.status.allocatable["cpu"])
+    # Pods on their way out do not count: finished, deleted, or in a namespace being deleted
+    # (an earlier test's, whose pods the namespace controller has not marked yet).
+    leaving = {
+        ns.metadata.name
+        for ns in api.list_namespace().items
+        if ns.metadata.deletion_timestamp or (ns.status and ns.status.phase == "Terminating")
+    }
+    for pod in api.list_pod_for_all_namespaces().items:
+        done = (
+            pod.status.phase in ("Succeeded", "Failed")
+            or pod.metadata.deletion_timestamp
+            or pod.metadata.namespace in leaving
+        )
+        if pod.spec.node_name in free and not done:
+            for c in pod.spec.containers:
+                want = ((c.resources and c.resources.requests) or {}).get("cpu")
+                free[pod.spec.node_name] -= _millicores(want) if want else 0
+
+    def fits(request: int) -> int:
+        return sum(max(f, 0) // request for f in free.values())
+
+    exact = [r for r in range(10, max(free.values(), default=0) + 1) if fits(r) == replicas]
+    assert exact, f"no CPU request fits exactly {replicas} pods on nodes with free CPU {free}"
+    return f"{(exact[0] + exact[-1]) // 2}m"
+
+
 def apply(sandbox: Any, namespace: str, manifest: dict[str, Any]) -> None:
-    sandbox.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(manifest))
+    """``kubectl apply`` of ``manifest`` as adapted to the sandbox's node (``Sandbox.adapt``)."""
+    doc = sandbox.adapt(manifest)
+    sandbox.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(doc))
 
 
 def events(sandbox: Any, namespace: str, name: str) -> list[dict[str, Any]]:

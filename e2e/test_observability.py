@@ -337,7 +337,13 @@ def test_dashboard_and_alerts_find_their_data_after_a_real_run(
         manifests = services(tmp_path / "models")
         for manifest in manifests:
             done = sandbox.kubectl(
-                "apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(manifest), check=False
+                "apply",
+                "-n",
+                namespace,
+                "-f",
+                "-",
+                input=yaml.safe_dump(sandbox.adapt(manifest)),
+                check=False,
             )
             assert done.returncode == 0, done.stderr
 

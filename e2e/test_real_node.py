@@ -1,6 +1,6 @@
 """The user's journey on a real node: built images, kubelet + containerd, kube-proxy, CoreDNS.
 
-One sandbox with a real node (``SandboxConfig(real_node=True)``: no node agent) for this module.
+The session's real node (``real_sandbox``, shared with the other scenarios) for this module.
 The steps run in order and build on each other, as a user's first hour does:
 
 1. the node is a real kubelet with ``nvidia.com/gpu``; pods resolve names through CoreDNS and have
@@ -39,7 +39,7 @@ import yaml
 from tidal.operator.core.api import LABEL_ISVC, LABEL_POOL
 from tidal.runtime.modelgen import write_mlp
 from tidal.runtime.storage import sha256_file
-from tidal.sandbox import Sandbox, SandboxConfig
+from tidal.sandbox import Sandbox
 from tidal.sandbox.incluster import client_pod, command_pod, last_json_line, model_store
 from tidal.sandbox.operatorproc import condition, get_isvc, http_forbidden
 from tidal.sandbox.realnode import GPU_RESOURCE, NODE_NAME, STATE_DIR
@@ -58,18 +58,18 @@ INFER = {"inputs": [{"name": "input", "shape": [1, 16], "datatype": "FP32", "dat
 
 # -- fixtures --------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
-    keep = os.environ.get("TIDAL_KEEP_SANDBOX") == "1"
-    state = tmp_path_factory.mktemp("realnode") if keep else None
-    config = SandboxConfig(nodes=0, fake_nodes=0, real_node=True, state_dir=state, keep_state=keep)
-    with Sandbox(config) as sb:
-        sb.kubectl("create", "namespace", NS)
-        wait_for(
-            lambda: sb.kubectl("get", "sa", "default", "-n", NS, check=False).returncode == 0,
-            timeout=60,
-            what="the journey namespace's default service account",
-        )
-        yield sb
+def real(real_sandbox: Sandbox) -> Iterator[Sandbox]:
+    """The session's real node (the other scenarios run on it too), with the journey's
+    namespace; the namespace and the chart's release are removed after the module."""
+    sb = real_sandbox
+    sb.kubectl("create", "namespace", NS)
+    wait_for(
+        lambda: sb.kubectl("get", "sa", "default", "-n", NS, check=False).returncode == 0,
+        timeout=60,
+        what="the journey namespace's default service account",
+    )
+    yield sb
+    sb.kubectl("delete", "namespace", NS, "--wait=false", check=False)
 
 
 @pytest.fixture(scope="module")
@@ -259,9 +259,6 @@ def downloads(sb: Sandbox, file: str) -> int:
 
 
 # -- 1. the node and the images --------------------------------------------------------------------
-# The first test also starts the module's sandbox: building the images when `make images` has
-# not (make test builds them first) and waiting for another real node on the machine to stop.
-@pytest.mark.timeout(3000)
 def test_node_is_a_real_kubelet_with_gpus_dns_and_no_way_out(real: Sandbox) -> None:
     node = json.loads(real.kubectl("get", "node", NODE_NAME, "-o", "json").stdout)
     info = node["status"]["nodeInfo"]
@@ -272,7 +269,7 @@ def test_node_is_a_real_kubelet_with_gpus_dns_and_no_way_out(real: Sandbox) -> N
             json.loads(real.kubectl("get", "node", NODE_NAME, "-o", "json").stdout)["status"][
                 "allocatable"
             ].get(GPU_RESOURCE)
-            == "2"
+            == str(real.config.real_node_gpus)
         ),
         timeout=60,
         what="nvidia.com/gpu in the node's allocatable",
@@ -330,7 +327,7 @@ def helm_binary() -> str:
 
 
 @pytest.fixture(scope="module")
-def operator_installed(real: Sandbox) -> None:
+def operator_installed(real: Sandbox) -> Iterator[None]:
     image = real.images.operator.name
     repository, tag = image.rsplit(":", 1)
     result = subprocess.run(
@@ -367,6 +364,26 @@ def operator_installed(real: Sandbox) -> None:
     if result.returncode != 0:
         pods = real.kubectl("get", "pods", "-A", "-o", "wide", check=False).stdout
         raise AssertionError(f"helm install failed: {result.stderr}\n{pods}\n{operator_log(real)}")
+    yield
+    # The chart's operator watches every namespace: uninstalled, so the scenarios after this
+    # module (each with an operator of its own) do not meet a second one.
+    subprocess.run(
+        [
+            helm_binary(),
+            "uninstall",
+            "tidal",
+            f"--kubeconfig={real.kubeconfig}",
+            "--namespace",
+            RELEASE_NS,
+            "--wait",
+            "--timeout",
+            "2m",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
 
 
 def test_helm_install_runs_the_operator_in_a_pod_with_leader_election(

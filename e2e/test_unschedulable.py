@@ -1,7 +1,8 @@
 """End to end: when the cluster runs out of room, the autoscaler stops asking and says so.
 
-Each replica requests 7 CPUs of a sandbox node's 16, so the two nodes hold four replicas at the
-most. The load asks for more; the scheduler leaves the extra pods Pending (Unschedulable), and
+Each replica requests a CPU share sized so that the sandbox's nodes hold four replicas at the most
+(``scenario.cpu_request_for``; CPU stands in for GPUs, which only the TensorRT backend may ask
+for). The load asks for more; the scheduler leaves the extra pods Pending (Unschedulable), and
 the autoscaler must stop adding replicas (the ``Scaling`` condition says so, and the decision
 ``unschedulable`` whenever it wanted more) instead of running up to ``maxReplicas``.
 """
@@ -16,6 +17,7 @@ import pytest
 from scenario import (
     INFER_BODY,
     apply,
+    cpu_request_for,
     events,
     install_crd,
     model_service,
@@ -56,7 +58,8 @@ def test_autoscaler_stops_adding_replicas_that_cannot_be_scheduled(
             "scaleDownDelaySeconds": 600,
         },
     )
-    manifest["spec"]["runtime"]["resources"] = {"requests": {"cpu": "7"}}
+    cpu = cpu_request_for(sandbox, replicas=4)
+    manifest["spec"]["runtime"]["resources"] = {"requests": {"cpu": cpu}}
     with running_operator(sandbox, namespace, tmp_path / "operator.log"):
         apply(sandbox, namespace, manifest)
         wait_for(

@@ -1,14 +1,14 @@
 """Two InferenceServices fight for the last room in the cluster: no livelock, both say why.
 
-Each replica of ``left`` and ``right`` requests 7 CPUs of a sandbox node's 16, so the two nodes
-hold four replicas in all (CPU stands in for GPUs here: pods asking for ``nvidia.com/gpu`` need
-the TensorRT backend, which cannot run on the sandbox — ``e2e/test_unschedulable.py`` and
-``tests/sandbox`` show the scheduler treating GPUs the same way). Both get a load that asks for
-about five replicas each. Asserted: each keeps at least its one replica, together they run at
-most four, both stop asking (``Scaling`` reason ``Unschedulable`` naming the pending pods, for
-as long as they are pending, whatever the last decision's reason), and then nothing
-churns — for 15 s no pod of either is created or deleted and neither's desired count moves
-(no livelock of scale-up, Pending, scale-down, repeat).
+Each replica of ``left`` and ``right`` requests a CPU share sized so that the sandbox's nodes
+hold four replicas in all (``scenario.cpu_request_for``; CPU stands in for GPUs here: pods
+asking for ``nvidia.com/gpu`` need the TensorRT backend, which cannot run on the sandbox —
+``e2e/test_unschedulable.py`` and ``tests/sandbox`` show the scheduler treating GPUs the same
+way). Both get a load that asks for about five replicas each. Asserted: each keeps at least its
+one replica, together they run at most four, both stop asking (``Scaling`` reason
+``Unschedulable`` naming the pending pods, for as long as they are pending, whatever the last
+decision's reason), and then nothing churns — for 15 s no pod of either is created or deleted
+and neither's desired count moves (no livelock of scale-up, Pending, scale-down, repeat).
 """
 
 from __future__ import annotations
@@ -19,7 +19,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from scenario import INFER_BODY, apply, install_crd, model_service, pods, running_operator
+from scenario import (
+    INFER_BODY,
+    apply,
+    cpu_request_for,
+    install_crd,
+    model_service,
+    pods,
+    running_operator,
+)
 
 from tidal.sandbox.loadgen import LoadGenerator
 from tidal.sandbox.operatorproc import condition, get_isvc
@@ -52,6 +60,7 @@ def test_two_services_short_of_room_settle_and_both_say_why(
     sandbox: Any, namespace: str, tmp_path: Path
 ) -> None:
     install_crd(sandbox)
+    cpu = cpu_request_for(sandbox, replicas=4)
     with running_operator(sandbox, namespace, tmp_path / "operator.log"):
         for name in NAMES:
             manifest = model_service(
@@ -65,7 +74,7 @@ def test_two_services_short_of_room_settle_and_both_say_why(
                     "scaleDownDelaySeconds": 600,
                 },
             )
-            manifest["spec"]["runtime"]["resources"] = {"requests": {"cpu": "7"}}
+            manifest["spec"]["runtime"]["resources"] = {"requests": {"cpu": cpu}}
             apply(sandbox, namespace, manifest)
         for name in NAMES:
             wait_for(

@@ -1,5 +1,14 @@
-"""pytest fixtures for tests and end-to-end scenarios: one sandbox (real control plane + node
-agent + Prometheus) per test run and a fresh namespace per test.
+"""pytest fixtures for tests and end-to-end scenarios: sandboxes (a real control plane and
+Prometheus) shared by a test run, and a fresh namespace per test.
+
+* ``agent_sandbox``: two nodes of the node agent (pods as local processes of this checkout) and
+  one fake node. What ``sandbox`` is under ``tests/``: API, chart and operator tests that need a
+  cluster but not containers, and the node agent's own tests.
+* ``real_sandbox``: the real node (kubelet, containerd, kube-proxy, CoreDNS; the project's images)
+  with 4 ``nvidia.com/gpu``, and one fake node of the node agent (pods that only need to exist,
+  for the metrics-at-scale checks). What ``sandbox`` is under ``e2e/`` (e2e/conftest.py);
+  ``TIDAL_E2E_NODE=agent`` runs the scenarios on the node agent instead (a machine without root
+  or nftables). One real node per machine: it is a session fixture, started at first use.
 
 Loaded by the repository's top-level ``conftest.py``. Tests that use the sandbox are marked
 ``sandbox`` automatically, so ``pytest -m "not sandbox"`` runs only the fast ones.
@@ -13,6 +22,7 @@ import signal
 import threading
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -37,13 +47,31 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.sandbox)
 
 
-@pytest.fixture(scope="session")
-def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
+def _session_sandbox(
+    tmp_path_factory: pytest.TempPathFactory, name: str, **config: Any
+) -> Iterator[Sandbox]:
     keep = os.environ.get("TIDAL_KEEP_SANDBOX") == "1"
-    state = tmp_path_factory.mktemp("sandbox") if keep else None
-    config = SandboxConfig(nodes=2, gpus_per_node=2, fake_nodes=1, state_dir=state, keep_state=keep)
-    with Sandbox(config) as sb:
+    state = tmp_path_factory.mktemp(name) if keep else None
+    with Sandbox(SandboxConfig(state_dir=state, keep_state=keep, **config)) as sb:
         yield sb
+
+
+@pytest.fixture(scope="session")
+def agent_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
+    yield from _session_sandbox(tmp_path_factory, "sandbox", nodes=2, gpus_per_node=2, fake_nodes=1)
+
+
+@pytest.fixture(scope="session")
+def real_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
+    yield from _session_sandbox(
+        tmp_path_factory, "realnode", nodes=0, fake_nodes=1, real_node=True, real_node_gpus=4
+    )
+
+
+@pytest.fixture(scope="session")
+def sandbox(agent_sandbox: Sandbox) -> Sandbox:
+    """The node agent's sandbox; e2e/conftest.py makes it the real node's for the scenarios."""
+    return agent_sandbox
 
 
 @pytest.fixture
