@@ -1,4 +1,5 @@
-"""`make demo` as a test: the whole story on its own sandbox, with what it measures asserted."""
+"""`make demo` as a test: the whole story, on the scenarios' sandbox (the real node; see
+e2e/conftest.py), with what it measures asserted."""
 
 from __future__ import annotations
 
@@ -6,13 +7,16 @@ from pathlib import Path
 
 import pytest
 
+from tidal.sandbox import Sandbox
 from tidal.sandbox.demo import SLO_FOR_SECONDS, demo_scenario
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow, pytest.mark.timeout(420)]
 
 
-def test_demo_scales_on_the_surge_and_rolls_back_the_bad_primary(tmp_path: Path) -> None:
-    summary = demo_scenario(out_dir=tmp_path)
+def test_demo_scales_on_the_surge_and_rolls_back_the_bad_primary(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
+    summary = demo_scenario(out_dir=tmp_path, sandbox=sandbox)
     print("\ndemo summary:", summary)
     # On a failure the assertion carries the story (CI shows the short summary line only).
     story = " | ".join((tmp_path / "demo-events.log").read_text().splitlines()[-14:])

@@ -79,7 +79,7 @@ def cmd_images(_args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from tidal.sandbox.demo import run_demo
 
-    return run_demo(keep=args.keep)
+    return run_demo(keep=args.keep, real_node=args.real_node)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,6 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     images.set_defaults(fn=cmd_images)
     demo = sub.add_parser("demo", help="run the demo on a fresh sandbox")
     demo.add_argument("--keep", action="store_true", help="keep the sandbox running afterwards")
+    demo.add_argument(
+        "--real-node",
+        action="store_true",
+        help="on the real node (kubelet, containerd; needs root, nftables and the images, "
+        "which `make images` builds) instead of the node agent",
+    )
     demo.set_defaults(fn=cmd_demo)
     args = p.parse_args(argv)
     return int(args.fn(args))

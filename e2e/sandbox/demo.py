@@ -1,6 +1,7 @@
 """``make demo``: tidal end to end on the local sandbox, no GPU needed.
 
-1. start the sandbox (real control plane, node agent, Prometheus) and the tidal operator;
+1. start the sandbox (real control plane, node agent or, with ``--real-node``, the real node,
+   Prometheus) and the tidal operator;
 2. generate an ONNX model and apply an InferenceService with a primary and a baseline pool;
 3. send steady traffic, then a 5x surge: the autoscaler scales the serving pool, new replicas
    get traffic only once warm;
@@ -222,29 +223,48 @@ def _plot(timeline: Timeline, report: LoadReport, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def run_demo(keep: bool = False, out_dir: Path | None = None) -> int:
+def run_demo(keep: bool = False, out_dir: Path | None = None, real_node: bool = False) -> int:
     """``tidal-sandbox demo``: exit 0 when the story played out as it should."""
-    summary = demo_scenario(keep=keep, out_dir=out_dir or REPO / "out")
+    summary = demo_scenario(keep=keep, out_dir=out_dir or REPO / "out", real_node=real_node)
     ok = summary["failed_requests"] == 0 and summary["rolled_back"]
     return 0 if ok else 1
 
 
 def demo_scenario(
-    keep: bool = False, out_dir: Path | None = None, console: Console | None = None
+    keep: bool = False,
+    out_dir: Path | None = None,
+    console: Console | None = None,
+    *,
+    real_node: bool = False,
+    sandbox: Sandbox | None = None,
 ) -> dict[str, Any]:
-    """Run the whole demo on a fresh sandbox and return its measured summary."""
+    """Run the whole demo and return its measured summary: on a fresh sandbox (the node
+    agent's, or the real node's with ``real_node``), or in namespace ``demo`` of ``sandbox``,
+    which is left running."""
     console = console or Console()
     out_dir = out_dir or REPO / "out"
     console.rule("[bold]tidal demo")
-    with console.status(
-        "starting the sandbox: etcd, kube-apiserver, controller-manager, scheduler, "
-        "node agent, Prometheus…"
-    ):
-        sb = Sandbox(SandboxConfig(nodes=2, gpus_per_node=2, keep_state=keep)).start()
+    if sandbox is not None:
+        sb = sandbox
+    else:
+        node = "the real node (kubelet, containerd)" if real_node else "node agent"
+        with console.status(
+            f"starting the sandbox: etcd, kube-apiserver, controller-manager, scheduler, "
+            f"{node}, Prometheus…"
+        ):
+            config = SandboxConfig(
+                nodes=0 if real_node else 2,
+                gpus_per_node=2,
+                real_node=real_node,
+                real_node_gpus=4,
+                keep_state=keep,
+            )
+            sb = Sandbox(config).start()
     operator: OperatorProcess | None = None
     try:
         console.print(
-            f"sandbox up in [bold]{sb.started_seconds:.1f}s[/] — export KUBECONFIG={sb.kubeconfig}"
+            f"sandbox up in [bold]{sb.started_seconds or 0.0:.1f}s[/] — "
+            f"export KUBECONFIG={sb.kubeconfig}"
         )
         from tidal.runtime.modelgen import write_mlp
 
@@ -266,7 +286,7 @@ def demo_scenario(
             ),
             what="namespace ready",
         )
-        isvc = inference_service(info.uri, info.sha256)
+        isvc = sb.adapt(inference_service(info.uri, info.sha256))
         sb.kubectl("apply", "-f", "-", input=json.dumps(isvc))
         t_apply = time.monotonic()
         with console.status(
@@ -296,8 +316,11 @@ def demo_scenario(
             with contextlib.suppress(OSError):
                 out_dir.mkdir(parents=True, exist_ok=True)
                 shutil.copy(operator.log_path, out_dir / "tidal-operator.log")
-        with console.status("stopping the sandbox…"):
-            sb.stop()
+        if sandbox is None:
+            with console.status("stopping the sandbox…"):
+                sb.stop()
+        else:
+            sb.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
 
 
 def _drive(sb: Sandbox, console: Console, isvc: dict[str, Any], out_dir: Path) -> dict[str, Any]:
