@@ -652,6 +652,10 @@ def fronted_by_gateway(isvc: InferenceService) -> bool:
 # Every replica of a single-model service preloads its models: its gateway never asks for
 # another copy, however busy the hot ones are.
 NO_EXTRA_COPIES = 1_000_000
+# How long the activator holds a request while the service wakes from zero: twice the
+# time-to-routable `core.idle` assumes of a GPU replica until it has measured one (60 s); a
+# request's own `timeout` parameter shortens it. (A fleet's gateway: spec.fleet.gateway.)
+ACTIVATOR_HOLD_SECONDS = 120.0
 
 
 def _gateway_spec(isvc: InferenceService) -> FleetGateway:
@@ -672,6 +676,8 @@ def gateway_config(isvc: InferenceService) -> dict[str, Any]:
     }
     if may_scale_to_zero(isvc):
         config["activator"] = True
+        if isvc.spec.fleet is None:
+            config["holdTimeoutSeconds"] = ACTIVATOR_HOLD_SECONDS
     return config
 
 

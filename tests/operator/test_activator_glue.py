@@ -64,7 +64,7 @@ def test_at_zero_the_service_keeps_its_name_and_http_port_and_selects_the_activa
     assert config["activator"] is True and config["models"] == ["m"], config
     # Every replica preloads its models: the gateway never asks one for another copy.
     assert config["busyOutstanding"] >= 1_000_000
-    assert config["holdTimeoutSeconds"] == 30.0
+    assert config["holdTimeoutSeconds"] == 120.0  # a GPU replica's wake, twice over
 
 
 def test_a_fleet_that_never_reaches_zero_is_no_activator() -> None:
