@@ -495,6 +495,7 @@ class Gateway:
         failures: list[Failed] = []
         excluded: frozenset[str] = frozenset()
         held_at: float | None = None
+        holding = False  # counted in held_now: from the first hold until forwarded or answered
         deadline = 0.0
         outcome = "other"
         try:
@@ -505,6 +506,9 @@ class Gateway:
                 self.metrics.decision[route.reason].inc()
                 target = route.replica if (route.action == "forward" or not hold) else None
                 if target is not None:
+                    if holding:  # a forwarded request is the replica's, no longer held
+                        holding = False
+                        self._held_end(held_at)
                     if route.extra_load is not None:
                         self._start_load(route.extra_load, model)
                     answer = await self._forward(self.replicas[target], method, path, body, headers)
@@ -527,6 +531,7 @@ class Gateway:
                         return self._full(model, route), False
                     held_at = now
                     deadline = now + self._hold_seconds(body, headers)
+                    holding = True
                     self._held_delta(1)
                 failure = self._load_failures.get(model)
                 if failure is not None and failure.at >= held_at:
@@ -541,10 +546,15 @@ class Gateway:
                     return self._not_ready(model, route, now - held_at), True
                 await self.changes.wait(deadline - now)
         finally:
+            if holding:
+                self._held_end(held_at)
             if held_at is not None:
-                self._held_delta(-1)
                 self.metrics.hold_outcome[outcome].inc()
-                self.metrics.load_wait.observe(self.loop.time() - held_at)
+
+    def _held_end(self, held_at: float | None) -> None:
+        self._held_delta(-1)
+        if held_at is not None:
+            self.metrics.load_wait.observe(self.loop.time() - held_at)
 
     def _held_delta(self, delta: int) -> None:
         self.held_now += delta

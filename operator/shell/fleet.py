@@ -138,6 +138,7 @@ class FleetState:
     # task), and the last count each answered.
     held_polls: dict[str, tuple[str, asyncio.Task[None]]] = field(default_factory=dict)
     held: dict[str, int] = field(default_factory=dict)
+    routed: tuple[str, ...] | None = None  # the replicas last handed to the gateways
 
 
 def state_config_map_name(isvc_name: str) -> str:
@@ -196,15 +197,16 @@ class FleetController:
         control: Callable[[Key], ControlView | None],
         settings: FleetSettings | None = None,
         *,
-        poke: Callable[[Key], None] = lambda key: None,
+        on_held: Callable[[Key], None] = lambda key: None,
         mono: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.kube, self.store, self.enqueue, self.control = kube, store, enqueue, control
         self.settings = settings or FleetSettings()
         self.mono, self.wall = mono, wall
-        self.poke = poke
+        self.on_held = on_held
         self.states: dict[Key, FleetState] = {}
+        self._wakes: dict[Key, asyncio.Event] = {}
         self.tasks: dict[Key, asyncio.Task[None]] = {}
         self._session: aiohttp.ClientSession | None = None
         self._poll_session: aiohttp.ClientSession | None = None
@@ -219,6 +221,14 @@ class FleetController:
         """Requests the service's gateway pods hold now (as their long-polls last said)."""
         state = self.states.get(key)
         return sum(state.held.values()) if state is not None else 0
+
+    def poke(self, key: Key) -> None:
+        """A child of the service changed: an activator's loop ticks now, so a replica that
+        turned Ready reaches its gateway within milliseconds, not at the next tick (a fleet's
+        loop keeps its period: its tick asks every runtime for its hot set)."""
+        wake = self._wakes.get(key)
+        if wake is not None:
+            wake.set()
 
     def ensure(self, key: Key) -> None:
         """Start the key's loop if it has ``spec.fleet`` or may scale to zero (its gateway is
@@ -235,6 +245,7 @@ class FleetController:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        self._wakes.pop(key, None)
         state = self.states.pop(key, None)
         if state is not None:
             await _stop_polls(state, set(state.held_polls))
@@ -256,7 +267,11 @@ class FleetController:
 
     async def _run(self, key: Key) -> None:
         next_at = self.mono()
-        while fronted(self.store.services.get(key)):
+        while fronted(body := self.store.services.get(key)):
+            wake = None
+            if ((body or {}).get("spec") or {}).get("fleet") is None:
+                wake = self._wakes.setdefault(key, asyncio.Event())
+                wake.clear()  # events from here on are seen by the next tick
             try:
                 await self.tick(key)
             except asyncio.CancelledError:
@@ -264,7 +279,14 @@ class FleetController:
             except Exception:  # one bad tick must not end the loop
                 log.exception("fleet tick of %s/%s failed", *key)
             next_at = max(next_at + self.settings.tick_seconds, self.mono())
-            await asyncio.sleep(next_at - self.mono())
+            if wake is None:
+                self._wakes.pop(key, None)
+                await asyncio.sleep(next_at - self.mono())
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), next_at - self.mono())
+                next_at = self.mono()
+        self._wakes.pop(key, None)
         state = self.states.pop(key, None)
         if state is not None:
             await _stop_polls(state, set(state.held_polls))
@@ -530,6 +552,10 @@ class FleetController:
             ],
             "placement": {},
         }
+        routed = tuple(r["name"] for r in document["replicas"])
+        if routed != st.routed:
+            st.routed = routed
+            log.info("%s/%s: gateway routes to %s", *key, ", ".join(routed) or "no replica")
         await self._send_gateways(st, document, gateways, self.mono())
         if may_scale_to_zero(isvc):
             urls = {
@@ -575,7 +601,7 @@ class FleetController:
                 log.debug("held count of gateway %s: %s", name, exc)
                 # Unknown: counted as none (a gateway that cannot answer cannot hold either).
                 if st.held.pop(name, 0):
-                    self.poke(key)
+                    self.on_held(key)
                 seen = -1
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
@@ -586,7 +612,7 @@ class FleetController:
                     st.held[name] = held
                     if held:
                         log.info("%s/%s: %d requests held at gateway %s", *key, held, name)
-                    self.poke(key)
+                    self.on_held(key)
 
     async def _load_forecasts(self, isvc: InferenceService) -> dict[str, ModelForecast]:
         try:

@@ -109,7 +109,7 @@ async def on_startup_configure(settings: kopf.OperatorSettings, **_: Any) -> Non
         ),
     )
     RUNTIME.fleet = FleetController(
-        kube, RUNTIME.store, _enqueue, RUNTIME.controller.view, poke=RUNTIME.controller.poke
+        kube, RUNTIME.store, _enqueue, RUNTIME.controller.view, on_held=RUNTIME.controller.poke
     )
     RUNTIME.controller.held = RUNTIME.fleet.held  # the activator's push of demand at zero
     RUNTIME.reconciler = Reconciler(
@@ -196,6 +196,8 @@ async def _on_child(event: dict[str, Any], body: kopf.Body, kind: str) -> None:
     owner = RUNTIME.store.put_child(plain, deleted=event.get("type") == "DELETED")
     if owner is not None and RUNTIME.controller is not None:
         RUNTIME.controller.poke(owner)  # a quiet control loop looks again at once
+    if owner is not None and RUNTIME.fleet is not None:
+        RUNTIME.fleet.poke(owner)  # an activator pushes a replica that turned Ready at once
     if owner is not None and owner in RUNTIME.store.services:
         await _enqueue(owner)
 
