@@ -2,9 +2,10 @@
 
 A `minReplicas: 0` service (the real runtime, onnxruntime, one small MLP; the sandbox's node
 agent runs its pods as processes) is left to reach zero; then `--burst` concurrent requests
-are sent at once to its Service's endpoint (the gateway pod, the activator). A poller (every
-50 ms, through the API server and the gateway's own `GET /v2/tidal/replicas`) timestamps each
-phase, from the burst's first byte (t = 0):
+are sent at once to its Service's endpoint (the gateway pod, the activator). Pollers (every
+20 ms, through the API server and the gateway's own `GET /v2/tidal/replicas`; a mark is the
+middle of the round trip that saw it, so each is good to about +-50 ms on an idle machine)
+timestamp each phase, from the burst's first byte (t = 0):
 
 * `decided`: the Deployment asks for >= 1 replica (the operator learnt of the held requests
   through its long-poll and decided `wake:request`);
@@ -54,7 +55,9 @@ PHASES = ("decided", "created", "ready", "pushed", "first", "last")
 
 
 class PhasePoller:
-    """Timestamps (seconds since ``t0``, monotonic) of each phase, first time seen."""
+    """Timestamps (seconds since ``t0``, monotonic) of each phase, first time seen: one thread
+    per source (the Deployment, the pods, the gateway), each polling every 20 ms, so a slow
+    answer of one source does not delay the others' marks."""
 
     def __init__(self, sb: Any, namespace: str, gateway_url: str, t0: float) -> None:
         from kubernetes import client
@@ -64,45 +67,58 @@ class PhasePoller:
         self.namespace, self.gateway_url, self.t0 = namespace, gateway_url, t0
         self.seen: dict[str, float] = {}
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._threads = [
+            threading.Thread(target=self._loop, args=(check, phases), daemon=True)
+            for check, phases in (
+                (self._deployment, ("decided",)),
+                (self._pods, ("created", "ready")),
+                (self._gateway, ("pushed",)),
+            )
+        ]
 
-    def _mark(self, phase: str, now: float) -> None:
-        self.seen.setdefault(phase, now - self.t0)
-
-    def _run(self) -> None:
-        while not self._stop.is_set() and len(self.seen) < 4:
-            now = time.monotonic()
+    def _loop(self, check: Any, phases: tuple[str, ...]) -> None:
+        while not self._stop.is_set() and not all(p in self.seen for p in phases):
+            sent = time.monotonic()
             try:
-                dep = self.apps.read_namespaced_deployment(f"{NAME}-primary", self.namespace)
-                if (dep.spec.replicas or 0) >= 1:
-                    self._mark("decided", now)
-                pods = self.core.list_namespaced_pod(
-                    self.namespace, label_selector="serving.tidal.dev/pool=primary"
-                ).items
-                if pods:
-                    self._mark("created", now)
-                if any(
-                    c.type == "Ready" and c.status == "True"
-                    for p in pods
-                    for c in (p.status.conditions or [])
-                ):
-                    self._mark("ready", now)
-                with urllib.request.urlopen(
-                    f"{self.gateway_url}/v2/tidal/replicas", timeout=5
-                ) as response:
-                    known = json.loads(response.read())["replicas"]
-                if any(r["healthy"] for r in known):
-                    self._mark("pushed", now)
+                for phase in check():
+                    # The state was seen by an answer sent at `sent` (or later): mark the
+                    # middle of the round trip.
+                    self.seen.setdefault(phase, (sent + time.monotonic()) / 2 - self.t0)
             except Exception as exc:  # a bench: report and go on polling
                 print(f"poller: {type(exc).__name__}: {exc}", flush=True)
-            self._stop.wait(0.05)
+            self._stop.wait(0.02)
+
+    def _deployment(self) -> list[str]:
+        dep = self.apps.read_namespaced_deployment(f"{NAME}-primary", self.namespace)
+        return ["decided"] if (dep.spec.replicas or 0) >= 1 else []
+
+    def _pods(self) -> list[str]:
+        pods = self.core.list_namespaced_pod(
+            self.namespace, label_selector="serving.tidal.dev/pool=primary"
+        ).items
+        found = ["created"] if pods else []
+        if any(
+            c.type == "Ready" and c.status == "True"
+            for p in pods
+            for c in (p.status.conditions or [])
+        ):
+            found.append("ready")
+        return found
+
+    def _gateway(self) -> list[str]:
+        url = f"{self.gateway_url}/v2/tidal/replicas"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            known = json.loads(response.read())["replicas"]
+        return ["pushed"] if any(r["healthy"] for r in known) else []
 
     def start(self) -> None:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(10)
+        for thread in self._threads:
+            thread.join(10)
 
 
 async def burst(url: str, count: int, t0: float) -> list[tuple[int, float]]:

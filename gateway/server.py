@@ -17,7 +17,9 @@
 * **Failures**: a forward that fails before any answer (connection refused or reset, replica
   gone, or a 502/503 from it) is retried once on another replica; then a clear 502/503.
 * **Watchers**: one task per replica long-polls ``GET /v2/tidal/models`` on a (control)
-  aiohttp session, so a hot-set change reaches the routing table within milliseconds.
+  aiohttp session of that replica's own (closed when the replica is forgotten, so a new
+  replica at a reused address never inherits a dead connection), so a hot-set change reaches
+  the routing table within milliseconds.
 """
 
 from __future__ import annotations
@@ -176,6 +178,10 @@ class Replica:
     refused: set[str] = field(default_factory=set)
     last_error: str | None = None
     watcher: asyncio.Task[None] | None = None
+    # Long-polls and loads go on a session of the replica's own, closed with it: a pooled
+    # connection to a forgotten replica must never serve a new one that reuses its address
+    # (a dead peer's connection can hang a request for seconds).
+    control: aiohttp.ClientSession | None = None
     _view: ReplicaView | None = None
 
     def invalidate(self) -> None:
@@ -256,7 +262,6 @@ class Gateway:
         self._initial = list(replicas)
         self._load_failures: dict[str, LoadFailure] = {}
         self._background: set[asyncio.Task[None]] = set()
-        self._control: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -291,10 +296,6 @@ class Gateway:
 
     async def _on_startup(self, app: web.Application) -> None:
         self._loop = asyncio.get_running_loop()
-        self._control = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, limit_per_host=16),
-            cookie_jar=aiohttp.DummyCookieJar(),
-        )
         self.set_replicas(self._initial, {})
 
     async def _on_cleanup(self, app: web.Application) -> None:
@@ -305,8 +306,8 @@ class Gateway:
         await asyncio.gather(*tasks, return_exceptions=True)
         for replica in self.replicas.values():
             replica.pool.close()
-        if self._control is not None:
-            await self._control.close()
+            if replica.control is not None:
+                await replica.control.close()
 
     def start_draining(self) -> None:
         self.draining = True
@@ -332,11 +333,17 @@ class Gateway:
                 if replica.watcher is not None:
                     replica.watcher.cancel()
                 replica.pool.close()
+                if replica.control is not None:
+                    task = asyncio.create_task(replica.control.close())
+                    self._background.add(task)
+                    task.add_done_callback(self._background.discard)
         limit = self.config.max_connections_per_replica
         for name, ref in wanted.items():
             if name not in kept:
                 kept[name] = Replica(name=name, url=ref.url, pool=UpstreamPool(ref.url, limit))
                 self._watch(kept[name])
+        if list(wanted) != list(self.replicas):
+            log.info("replicas: %s", ", ".join(f"{n} ({r.url})" for n, r in wanted.items()))
         self.replicas = {name: kept[name] for name in wanted}
         if placement is not None:
             self.placement = {model: tuple(names) for model, names in placement.items()}
@@ -347,6 +354,15 @@ class Gateway:
         self.metrics.replicas.labels("healthy").set(healthy)
         self.metrics.replicas.labels("unhealthy").set(len(self.replicas) - healthy)
         self.changes.notify()
+
+    @staticmethod
+    def _control_session(replica: Replica) -> aiohttp.ClientSession:
+        if replica.control is None:
+            replica.control = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, limit_per_host=16),
+                cookie_jar=aiohttp.DummyCookieJar(),
+            )
+        return replica.control
 
     def _watch(self, replica: Replica) -> None:
         if replica.watcher is not None:
@@ -366,7 +382,7 @@ class Gateway:
 
     async def _watcher(self, replica: Replica) -> None:
         """Long-poll the replica's hot set for as long as it is in the list."""
-        assert self._control is not None
+        control = self._control_session(replica)
         backoff = WATCH_BACKOFF_FIRST_S
         since: int | None = None
         wait = self.config.watch_wait_seconds
@@ -374,7 +390,7 @@ class Gateway:
         while True:
             params = {} if since is None else {"since": str(since), "wait": str(wait)}
             try:
-                async with self._control.get(
+                async with control.get(
                     url, params=params, timeout=aiohttp.ClientTimeout(total=wait + 10)
                 ) as response:
                     if response.status != 200:
@@ -418,7 +434,10 @@ class Gateway:
         replica.pinned = frozenset(n for n, m in models.items() if m.get("pinned"))
         replica.pinned_bytes = sum(replica.sizes.get(n, 0) for n in replica.pinned)
         replica.load_seconds = {n: float(m.get("loadSeconds", 0.0)) for n, m in models.items()}
-        replica.healthy = bool(snapshot["ready"])
+        healthy = bool(snapshot["ready"])
+        if healthy != replica.healthy:
+            log.info("replica %s is %s", replica.name, "healthy" if healthy else "not ready")
+        replica.healthy = healthy
         replica.last_error = None
         replica.invalidate()
         self._replicas_changed()
@@ -621,11 +640,11 @@ class Gateway:
         task.add_done_callback(self._background.discard)
 
     async def _load(self, replica: Replica, model: str) -> None:
-        assert self._control is not None
+        control = self._control_session(replica)
         result = "error"
         timeout = max(self.config.upstream_timeout_seconds, self.config.hold_timeout_seconds)
         try:
-            async with self._control.post(
+            async with control.post(
                 f"{replica.url}/v2/repository/models/{model}/load",
                 data=b"{}",
                 headers={"Content-Type": "application/json"},
