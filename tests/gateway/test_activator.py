@@ -63,9 +63,15 @@ def test_a_burst_at_zero_is_held_pushed_to_the_long_poll_and_answered_once_each(
     wait_for(lambda: _held(gw) == BURST, what=f"all {BURST} requests held")
     assert gw.metric("tidal_gateway_held_requests") == BURST
     # A replica comes up (the operator pushes it): every held request is forwarded to it.
-    (a,) = runtimes(("rt-a", runtime_config(preload=("m0",), models=("m0",))))
+    slow = {"faults": {"addedLatencyMs": 2000}}  # answers come well after the forwards
+    (a,) = runtimes(("rt-a", runtime_config(preload=("m0",), models=("m0",), **slow)))
     status, _, body = http("PUT", f"{gw.url}/v2/tidal/replicas", {"replicas": [a.ref.model_dump()]})
     assert status == 200, body
+    # A forwarded request is the replica's, no longer held: the count the operator sees drops
+    # when the requests leave for the replica, not when their answers come back.
+    wait_for(lambda: _held(gw) == 0, what="no request held once the replica is pushed")
+    unanswered = sum(1 for r in results if r is None)
+    assert unanswered > 0, "every answer was back before the held count dropped"
     _join(threads)
     codes = [r[0] for r in results]
     assert codes == [200] * BURST, [(r[0], r[2]) for r in results if r[0] != 200]
