@@ -19,7 +19,7 @@ decided` (what waking costs without any activator). The activator's own cost is 
 (ready - decided)`: reaching the operator, and from Ready to the answer. Goal (issue 21):
 <= 0.5 s, 0 requests lost.
 
-    .venv/bin/python bench/zero_first_answer.py [--burst 100] [--rounds 3]
+    .venv/bin/python bench/zero_first_answer.py [--burst 100] [--rounds 3] [--keep]
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -150,10 +151,15 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--burst", type=int, default=100)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument(
+        "--keep", action="store_true", help="keep the operator's and the pods' logs (a temp dir)"
+    )
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="zero-first-answer-"))
     t_up = time.monotonic()
-    config = SandboxConfig(nodes=1, gpus_per_node=2, state_dir=tmp / "sandbox", keep_state=True)
+    config = SandboxConfig(
+        nodes=1, gpus_per_node=2, state_dir=tmp / "sandbox", keep_state=args.keep
+    )
     with Sandbox(config) as sb:
         print(f"sandbox up in {time.monotonic() - t_up:.1f} s", flush=True)
         namespace = f"zero-{uuid.uuid4().hex[:8]}"
@@ -212,6 +218,8 @@ def main() -> int:
                 f" of {args.burst * len(rows)}",
                 flush=True,
             )
+    if not args.keep:
+        shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 
