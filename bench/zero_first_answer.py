@@ -177,7 +177,8 @@ def main() -> int:
             },
         )
         env = {**os.environ, **sb.env}
-        print(f"logs: {tmp}/operator.log, {tmp}/sandbox/logs", flush=True)
+        if args.keep:
+            print(f"logs: {tmp}/operator.log, {tmp}/sandbox/logs", flush=True)
         with OperatorProcess(env, namespace, tmp / "operator.log", "full"):
             sb.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(manifest))
             rows = []
