@@ -9,8 +9,11 @@ the Deployment goes to 0 replicas, Ready stays True with reason ``ScaledToZero``
 forecast. The operator is then killed and started again: the pool stays at zero and the stored
 forecast is the one written before the kill (restored, not started afresh).
 
-Not covered (not built): a request arriving at zero is not held (no activator); the service's
-Service has no endpoints until something wakes it.
+Then the activator: the Service selects the service's gateway pod, which stays Ready at zero.
+A burst of ``BURST`` concurrent requests is sent to it at zero: the gateway holds them, the
+operator learns of them through its long-poll of the held count (no Prometheus round trip),
+wakes the pool, pushes the new replica to the gateway, and every request is answered 200,
+each exactly once (the new replica counts ``BURST`` answers: none lost, none duplicated).
 """
 
 from __future__ import annotations
@@ -21,14 +24,62 @@ import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
-from scenario import INFER_BODY, apply, events, install_crd, model_service, running_operator
+from scenario import (
+    INFER_BODY,
+    apply,
+    events,
+    install_crd,
+    model_service,
+    pods,
+    running_operator,
+)
 
+from tidal.sandbox.endpoints import ready_endpoints
 from tidal.sandbox.loadgen import LoadGenerator
 from tidal.sandbox.operatorproc import condition, get_isvc
 from tidal.sandbox.wait import WaitTimeout, wait_for
 
-pytestmark = [pytest.mark.sandbox, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.sandbox, pytest.mark.timeout(480)]
+
+BURST = 50
+LABEL_COMPONENT = "serving.tidal.dev/component"
+
+
+async def _burst(url: str, count: int, body: dict[str, Any]) -> list[tuple[int, float, str]]:
+    """``count`` concurrent infer requests; (status, seconds, body or error) of each."""
+    started = time.monotonic()
+
+    async def one(session: aiohttp.ClientSession) -> tuple[int, float, str]:
+        try:
+            async with session.post(f"{url}/v2/models/mlp/infer", json=body) as response:
+                text = await response.text()
+                return response.status, time.monotonic() - started, text[:200]
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return 0, time.monotonic() - started, f"{type(exc).__name__}: {exc}"
+
+    timeout = aiohttp.ClientTimeout(total=240)
+    async with aiohttp.ClientSession(
+        timeout=timeout, connector=aiohttp.TCPConnector(limit=0)
+    ) as session:
+        return list(await asyncio.gather(*(one(session) for _ in range(count))))
+
+
+def _metric(url: str, name: str, **labels: str) -> float:
+    """The sum of the samples of ``name`` with ``labels`` on ``url``/metrics."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+    )
 
 
 def _zero_memory(body: dict[str, Any]) -> dict[str, Any] | None:
@@ -156,3 +207,46 @@ def test_idle_service_scales_to_zero_and_a_restarted_operator_keeps_it_and_its_f
         assert abs(after["zeroSince"] - before["zeroSince"]) < 1.0, (after, before)
         assert _at_zero(get_isvc(sandbox, namespace, name))
         assert time.time() - restarted < 150
+
+        # -- the activator: a burst at zero is held, wakes the pool and is answered in full.
+        endpoints = ready_endpoints(sandbox.api_client(), namespace, name)
+        assert len(endpoints) == 1, f"the Service's ready endpoints at zero: {endpoints}"
+        gateway_url = "http://{}:{}".format(*endpoints[0])
+        gateway_pods = [
+            p["status"].get("podIP")
+            for p in pods(sandbox, namespace)
+            if (p["metadata"].get("labels") or {}).get(LABEL_COMPONENT) == "gateway"
+        ]
+        assert endpoints[0][0] in gateway_pods, (endpoints, gateway_pods)
+        woke = time.monotonic()
+        results = asyncio.run(_burst(gateway_url, BURST, INFER_BODY))
+        first = min(seconds for status, seconds, _ in results if status == 200)
+        wrong = [r for r in results if r[0] != 200]
+        assert not wrong, (
+            f"{len(wrong)} of {BURST} requests at zero not answered 200 "
+            f"(first answer after {first:.1f} s): {wrong[:5]}; "
+            f"status: {get_isvc(sandbox, namespace, name).get('status')}"
+        )
+        body = get_isvc(sandbox, namespace, name)
+        assert body["status"].get("desiredReplicas", 0) >= 1, body["status"]
+        reasons = [e.get("reason") for e in events(sandbox, namespace, name)]
+        assert "ScaledFromZero" in reasons, (reasons, body["status"].get("lastDecision"))
+        forwarded = _metric(gateway_url, "tidal_gateway_hold_outcomes_total", outcome="forwarded")
+        assert forwarded == BURST, f"held and forwarded: {forwarded} of {BURST}"
+        runtime_ips = [
+            p["status"].get("podIP")
+            for p in pods(sandbox, namespace)
+            if (p["metadata"].get("labels") or {}).get("serving.tidal.dev/pool") == "primary"
+            and p["status"].get("podIP")
+            and not p["metadata"].get("deletionTimestamp")
+        ]
+        answered = sum(
+            _metric(f"http://{ip}:8080", "tidal_requests_total", model="mlp", code="200")
+            for ip in runtime_ips
+        )
+        # Each request reached a replica exactly once (the replicas woken are new pods).
+        assert answered == BURST, f"answered by the runtimes {runtime_ips}: {answered}"
+        print(
+            f"burst of {BURST} at zero: first answer {first:.2f} s, last "
+            f"{max(r[1] for r in results):.2f} s, total {time.monotonic() - woke:.2f} s"
+        )

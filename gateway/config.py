@@ -65,6 +65,16 @@ class GatewayConfig(_Model):
     refused_cooldown_seconds: float = Field(
         default=2.0, ge=0, description="a replica that refused a load (no room) is skipped"
     )
+    max_held_requests: int = Field(
+        default=1000,
+        gt=0,
+        description="requests held at once; one more is answered 503 with Retry-After at once",
+    )
+    activator: bool = Field(
+        default=False,
+        description="fronts a service that may be at zero replicas: ready (and holding "
+        "requests) with no replica at all",
+    )
 
 
 class ReplicaRef(_Model):

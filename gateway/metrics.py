@@ -20,6 +20,7 @@ LATENCY_BUCKETS = (
 )  # fmt: skip
 WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 LOAD_RESULTS = ("ok", "refused", "failed", "error")
+HOLD_OUTCOMES = ("forwarded", "expired", "full", "other")
 UPSTREAM_ERRORS = ("connect", "disconnect", "timeout", "unavailable")
 
 
@@ -51,6 +52,14 @@ class GatewayMetrics:
             "Requests held now, waiting for a model to become hot somewhere.",
             registry=r,
         )
+        self.hold_outcomes = Counter(
+            "tidal_gateway_hold_outcomes",
+            "Requests that had to wait for a replica, by outcome: forwarded, expired (503 at "
+            "the deadline), full (503 at once: maxHeldRequests held already), other (any other "
+            "answer, or the client went away).",
+            ["outcome"],
+            registry=r,
+        )
         self.load_wait = Histogram(
             "tidal_gateway_load_wait_seconds",
             "How long each held request was held (until forwarded or given up).",
@@ -77,6 +86,7 @@ class GatewayMetrics:
         )
         self.decision = {reason: self.decisions.labels(reason) for reason in REASONS}
         self.load_result = {result: self.loads.labels(result) for result in LOAD_RESULTS}
+        self.hold_outcome = {o: self.hold_outcomes.labels(o) for o in HOLD_OUTCOMES}
         self.upstream_error = {kind: self.upstream_errors.labels(kind) for kind in UPSTREAM_ERRORS}
         self.hot_duration = self.duration.labels("hot")
         self.cold_duration = self.duration.labels("cold")

@@ -10,11 +10,16 @@
 * **Holding**: a request for a cold model waits on :class:`Changes` (woken by every hot-set
   change and every load that ends, never by a timer loop) and is routed again, until it can be
   forwarded or its deadline passes (``holdTimeoutSeconds``, or the request's own ``timeout``
-  parameter if smaller): then 503 with ``Retry-After``.
+  parameter if smaller): then 503 with ``Retry-After``.  At most ``maxHeldRequests`` are held
+  at once (one more: 503 at once); ``GET /v2/tidal/held`` long-polls their count, which is how
+  the operator learns of demand at a service scaled to zero (``activator``: ready with no
+  replica, so the Service keeps an endpoint to hold requests at).
 * **Failures**: a forward that fails before any answer (connection refused or reset, replica
   gone, or a 502/503 from it) is retried once on another replica; then a clear 502/503.
 * **Watchers**: one task per replica long-polls ``GET /v2/tidal/models`` on a (control)
-  aiohttp session, so a hot-set change reaches the routing table within milliseconds.
+  aiohttp session of that replica's own (closed when the replica is forgotten, so a new
+  replica at a reused address never inherits a dead connection), so a hot-set change reaches
+  the routing table within milliseconds.
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ RETRIED_STATUSES = frozenset({502, 503})  # from a replica, before any byte of a
 WATCH_BACKOFF_FIRST_S = 0.05
 WATCH_BACKOFF_MAX_S = 2.0
 MAX_RETRY_AFTER_S = 30
+MAX_LONG_POLL_S = 30.0  # longest a GET /v2/tidal/held?seen=… waits for a change
 # A replica that cannot be reached or answers nonsense: unhealthy until it answers again.
 WATCH_ERRORS = (aiohttp.ClientError, OSError, TimeoutError, ValueError, KeyError, TypeError)
 UNKNOWN_LABEL = "(unknown)"  # metrics label of names no replica serves (bounded cardinality)
@@ -172,6 +178,10 @@ class Replica:
     refused: set[str] = field(default_factory=set)
     last_error: str | None = None
     watcher: asyncio.Task[None] | None = None
+    # Long-polls and loads go on a session of the replica's own, closed with it: a pooled
+    # connection to a forgotten replica must never serve a new one that reuses its address
+    # (a dead peer's connection can hang a request for seconds).
+    control: aiohttp.ClientSession | None = None
     _view: ReplicaView | None = None
 
     def invalidate(self) -> None:
@@ -244,12 +254,14 @@ class Gateway:
         self.known = frozenset(config.models)
         self.loads = LoadBudget(config.max_loads_per_replica, config.max_loads_total)
         self.changes = Changes()
+        # Requests held now, and a wake-up for the operator's long-poll of that count.
+        self.held_now = 0
+        self.held_changes = Changes()
         self.draining = False
         self.name = os.environ.get("POD_NAME") or "tidal-gateway"
         self._initial = list(replicas)
         self._load_failures: dict[str, LoadFailure] = {}
         self._background: set[asyncio.Task[None]] = set()
-        self._control: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -275,6 +287,7 @@ class Gateway:
         r.add_post("/v2/repository/index", self.repository_index)
         r.add_get("/v2/tidal/replicas", self.get_replicas)
         r.add_put("/v2/tidal/replicas", self.put_replicas)
+        r.add_get("/v2/tidal/held", self.get_held)
         for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
             r.add_get(prefix, self.proxy_metadata)
             r.add_get(prefix + "/config", self.proxy_metadata)
@@ -283,10 +296,6 @@ class Gateway:
 
     async def _on_startup(self, app: web.Application) -> None:
         self._loop = asyncio.get_running_loop()
-        self._control = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, limit_per_host=16),
-            cookie_jar=aiohttp.DummyCookieJar(),
-        )
         self.set_replicas(self._initial, {})
 
     async def _on_cleanup(self, app: web.Application) -> None:
@@ -297,8 +306,8 @@ class Gateway:
         await asyncio.gather(*tasks, return_exceptions=True)
         for replica in self.replicas.values():
             replica.pool.close()
-        if self._control is not None:
-            await self._control.close()
+            if replica.control is not None:
+                await replica.control.close()
 
     def start_draining(self) -> None:
         self.draining = True
@@ -324,11 +333,17 @@ class Gateway:
                 if replica.watcher is not None:
                     replica.watcher.cancel()
                 replica.pool.close()
+                if replica.control is not None:
+                    task = asyncio.create_task(replica.control.close())
+                    self._background.add(task)
+                    task.add_done_callback(self._background.discard)
         limit = self.config.max_connections_per_replica
         for name, ref in wanted.items():
             if name not in kept:
                 kept[name] = Replica(name=name, url=ref.url, pool=UpstreamPool(ref.url, limit))
                 self._watch(kept[name])
+        if list(wanted) != list(self.replicas):
+            log.info("replicas: %s", ", ".join(f"{n} ({r.url})" for n, r in wanted.items()))
         self.replicas = {name: kept[name] for name in wanted}
         if placement is not None:
             self.placement = {model: tuple(names) for model, names in placement.items()}
@@ -339,6 +354,15 @@ class Gateway:
         self.metrics.replicas.labels("healthy").set(healthy)
         self.metrics.replicas.labels("unhealthy").set(len(self.replicas) - healthy)
         self.changes.notify()
+
+    @staticmethod
+    def _control_session(replica: Replica) -> aiohttp.ClientSession:
+        if replica.control is None:
+            replica.control = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, limit_per_host=16),
+                cookie_jar=aiohttp.DummyCookieJar(),
+            )
+        return replica.control
 
     def _watch(self, replica: Replica) -> None:
         if replica.watcher is not None:
@@ -358,7 +382,7 @@ class Gateway:
 
     async def _watcher(self, replica: Replica) -> None:
         """Long-poll the replica's hot set for as long as it is in the list."""
-        assert self._control is not None
+        control = self._control_session(replica)
         backoff = WATCH_BACKOFF_FIRST_S
         since: int | None = None
         wait = self.config.watch_wait_seconds
@@ -366,7 +390,7 @@ class Gateway:
         while True:
             params = {} if since is None else {"since": str(since), "wait": str(wait)}
             try:
-                async with self._control.get(
+                async with control.get(
                     url, params=params, timeout=aiohttp.ClientTimeout(total=wait + 10)
                 ) as response:
                     if response.status != 200:
@@ -410,7 +434,10 @@ class Gateway:
         replica.pinned = frozenset(n for n, m in models.items() if m.get("pinned"))
         replica.pinned_bytes = sum(replica.sizes.get(n, 0) for n in replica.pinned)
         replica.load_seconds = {n: float(m.get("loadSeconds", 0.0)) for n, m in models.items()}
-        replica.healthy = bool(snapshot["ready"])
+        healthy = bool(snapshot["ready"])
+        if healthy != replica.healthy:
+            log.info("replica %s is %s", replica.name, "healthy" if healthy else "not ready")
+        replica.healthy = healthy
         replica.last_error = None
         replica.invalidate()
         self._replicas_changed()
@@ -487,7 +514,9 @@ class Gateway:
         failures: list[Failed] = []
         excluded: frozenset[str] = frozenset()
         held_at: float | None = None
+        holding = False  # counted in held_now: from the first hold until forwarded or answered
         deadline = 0.0
+        outcome = "other"
         try:
             while True:
                 route = self.route(model, excluded)
@@ -496,14 +525,16 @@ class Gateway:
                 self.metrics.decision[route.reason].inc()
                 target = route.replica if (route.action == "forward" or not hold) else None
                 if target is not None:
+                    if holding:  # a forwarded request is the replica's, no longer held
+                        holding = False
+                        self._held_end(held_at)
                     if route.extra_load is not None:
                         self._start_load(route.extra_load, model)
-                    outcome = await self._forward(
-                        self.replicas[target], method, path, body, headers
-                    )
-                    if not isinstance(outcome, Failed):
-                        return outcome, held_at is not None
-                    failures.append(outcome)
+                    answer = await self._forward(self.replicas[target], method, path, body, headers)
+                    if not isinstance(answer, Failed):
+                        outcome = "forwarded"
+                        return answer, held_at is not None
+                    failures.append(answer)
                     if len(failures) == 2:
                         return self._give_up(model, failures), held_at is not None
                     excluded = excluded | {target}
@@ -514,9 +545,13 @@ class Gateway:
                     return self._not_ready(model, route, 0.0), False
                 now = self.loop.time()
                 if held_at is None:
+                    if self.held_now >= self.config.max_held_requests:
+                        self.metrics.hold_outcome["full"].inc()
+                        return self._full(model, route), False
                     held_at = now
                     deadline = now + self._hold_seconds(body, headers)
-                    self.metrics.held.inc()
+                    holding = True
+                    self._held_delta(1)
                 failure = self._load_failures.get(model)
                 if failure is not None and failure.at >= held_at:
                     headers_out = {"Content-Type": failure.content_type}
@@ -526,12 +561,33 @@ class Gateway:
                 if route.action == "load" and route.replica is not None:
                     self._start_load(route.replica, model)
                 if now >= deadline:
+                    outcome = "expired"
                     return self._not_ready(model, route, now - held_at), True
                 await self.changes.wait(deadline - now)
         finally:
+            if holding:
+                self._held_end(held_at)
             if held_at is not None:
-                self.metrics.held.dec()
-                self.metrics.load_wait.observe(self.loop.time() - held_at)
+                self.metrics.hold_outcome[outcome].inc()
+
+    def _held_end(self, held_at: float | None) -> None:
+        self._held_delta(-1)
+        if held_at is not None:
+            self.metrics.load_wait.observe(self.loop.time() - held_at)
+
+    def _held_delta(self, delta: int) -> None:
+        self.held_now += delta
+        self.metrics.held.set(self.held_now)
+        self.held_changes.notify()
+
+    def _full(self, model: str, route: Route) -> web.Response:
+        return error(
+            503,
+            f"model {model!r} is not ready on any replica ({route.reason}) and "
+            f"{self.config.max_held_requests} requests are held already (maxHeldRequests); "
+            "retry later",
+            self._retry_after(model),
+        )
 
     def _give_up(self, model: str, failures: list[Failed]) -> web.Response:
         last = failures[-1]
@@ -540,11 +596,14 @@ class Gateway:
         tried = "; then ".join(f.detail for f in failures)
         return error(502, f"model {model!r}: no replica answered: {tried}")
 
-    def _not_ready(self, model: str, route: Route, held: float) -> web.Response:
+    def _retry_after(self, model: str) -> int:
         estimate = max(
             (r.load_seconds.get(model, 0.0) for r in self.replicas.values()), default=0.0
         )
-        retry_after = min(MAX_RETRY_AFTER_S, max(1, math.ceil(estimate)))
+        return min(MAX_RETRY_AFTER_S, max(1, math.ceil(estimate)))
+
+    def _not_ready(self, model: str, route: Route, held: float) -> web.Response:
+        retry_after = self._retry_after(model)
         waited = f"held {held:.1f} s, " if held > 0 else ""
         return error(
             503,
@@ -581,11 +640,11 @@ class Gateway:
         task.add_done_callback(self._background.discard)
 
     async def _load(self, replica: Replica, model: str) -> None:
-        assert self._control is not None
+        control = self._control_session(replica)
         result = "error"
         timeout = max(self.config.upstream_timeout_seconds, self.config.hold_timeout_seconds)
         try:
-            async with self._control.post(
+            async with control.post(
                 f"{replica.url}/v2/repository/models/{model}/load",
                 data=b"{}",
                 headers={"Content-Type": "application/json"},
@@ -678,11 +737,13 @@ class Gateway:
 
     async def ready(self, request: web.Request) -> web.Response:
         healthy = sum(1 for r in self.replicas.values() if r.healthy)
-        ready = healthy > 0 and not self.draining
+        # An activator takes requests with no replica at all: it holds them while the
+        # service wakes from zero.
+        ready = (healthy > 0 or self.config.activator) and not self.draining
         body: dict[str, Any] = {"ready": ready, "healthyReplicas": healthy}
         if self.draining:
             body["draining"] = True
-        elif not healthy:
+        elif not ready:
             body["error"] = f"no healthy replica among {len(self.replicas)} known"
         return web.json_response(body, status=200 if ready else 503)
 
@@ -735,6 +796,28 @@ class Gateway:
                 "placement": {m: list(names) for m, names in self.placement.items()},
             }
         )
+
+    async def get_held(self, request: web.Request) -> web.Response:
+        """How many requests are held now: the operator's push of demand at zero.
+
+        ``?seen=N&wait=S``: answer as soon as the count differs from ``N`` (at once if it
+        already does), at the latest after ``S`` seconds (at most 30); without them, at once.
+        A quiet service costs one parked request per gateway pod, no polling loop.
+        """
+        try:
+            seen = int(request.query.get("seen", "-1"))
+            wait = float(request.query.get("wait", "0"))
+        except ValueError:
+            return error(400, "'seen' must be an integer and 'wait' a number of seconds")
+        if not 0 <= wait <= MAX_LONG_POLL_S:
+            return error(400, f"'wait' must be between 0 and {MAX_LONG_POLL_S:g} seconds")
+        deadline = self.loop.time() + wait
+        while self.held_now == seen and not self.draining:
+            left = deadline - self.loop.time()
+            if left <= 0:
+                break
+            await self.held_changes.wait(left)
+        return web.json_response({"gateway": self.name, "held": self.held_now})
 
     async def put_replicas(self, request: web.Request) -> web.Response:
         raw = await self._read(request)

@@ -2,9 +2,10 @@
 
 This module owns what the operator *wants* to exist: per pool a ConfigMap with the runtime's
 configuration and a Deployment of runtime pods, plus one Service whose selector picks the pool
-that gets traffic. :func:`desired_objects` is pure and total over valid specs; the shell
-server-side-applies its output as is, so every field listed here is a field the operator owns,
-and nothing else is.
+that gets traffic (or, for a fleet or a service that may scale to zero, a gateway Deployment
+and a Service that selects it). :func:`desired_objects` is pure and total over valid specs;
+the shell server-side-applies its output as is, so every field listed here is a field the
+operator owns, and nothing else is.
 
 Naming and labels are a contract with the autoscaler and Prometheus (DESIGN.md §3):
 Deployment ``<isvc>-<pool>``, Service ``<isvc>``, ConfigMap ``<isvc>-<pool>-config``; pods carry
@@ -34,6 +35,7 @@ from tidal.operator.core.api import (
     Backend,
     Engine,
     Fleet,
+    FleetGateway,
     InferenceService,
     Memory,
     Model,
@@ -635,24 +637,52 @@ def gateway_name(isvc_name: str) -> str:
     return f"{isvc_name}-gateway"
 
 
+def may_scale_to_zero(isvc: InferenceService) -> bool:
+    """Whether the autoscaler may take the service to zero serving replicas."""
+    return isvc.spec.replicas is None and isvc.spec.autoscaling.min_replicas == 0
+
+
+def fronted_by_gateway(isvc: InferenceService) -> bool:
+    """Whether the Service's endpoints are gateway pods: a fleet (the gateway routes each
+    model), or a service that may reach zero (the gateway holds its requests while it wakes:
+    the activator)."""
+    return isvc.spec.fleet is not None or may_scale_to_zero(isvc)
+
+
+# Every replica of a single-model service preloads its models: its gateway never asks for
+# another copy, however busy the hot ones are.
+NO_EXTRA_COPIES = 1_000_000
+# How long the activator holds a request while the service wakes from zero: twice the
+# time-to-routable `core.idle` assumes of a GPU replica until it has measured one (60 s); a
+# request's own `timeout` parameter shortens it. (A fleet's gateway: spec.fleet.gateway.)
+ACTIVATOR_HOLD_SECONDS = 120.0
+
+
+def _gateway_spec(isvc: InferenceService) -> FleetGateway:
+    fleet = isvc.spec.fleet
+    return fleet.gateway if fleet is not None else FleetGateway()
+
+
 def gateway_config(isvc: InferenceService) -> dict[str, Any]:
     """The gateway's configuration (``tidal.gateway.config.GatewayConfig``) as plain JSON."""
-    fleet = isvc.spec.fleet
-    assert fleet is not None
     names = sorted({m.name for pool in pools_of(isvc) for m in pool.models})
-    gw = fleet.gateway
-    return {
+    gw = _gateway_spec(isvc)
+    config: dict[str, Any] = {
         "models": names,
         "maxLoadsPerReplica": gw.max_loads_per_replica,
         "maxLoadsTotal": gw.max_loads_total,
         "holdTimeoutSeconds": gw.hold_timeout_seconds,
-        "busyOutstanding": gw.busy_outstanding,
+        "busyOutstanding": gw.busy_outstanding if isvc.spec.fleet else NO_EXTRA_COPIES,
     }
+    if may_scale_to_zero(isvc):
+        config["activator"] = True
+        if isvc.spec.fleet is None:
+            config["holdTimeoutSeconds"] = ACTIVATOR_HOLD_SECONDS
+    return config
 
 
 def _gateway_deployment(isvc: InferenceService) -> dict[str, Any]:
-    fleet = isvc.spec.fleet
-    assert fleet is not None
+    gateway = _gateway_spec(isvc)
     selector = {LABEL_ISVC: isvc.name, LABEL_COMPONENT: COMPONENT_GATEWAY}
     labels = {**common_labels(isvc), **selector, "app.kubernetes.io/name": "tidal-gateway"}
     probe = {"port": "http", "scheme": "HTTP"}
@@ -683,8 +713,8 @@ def _gateway_deployment(isvc: InferenceService) -> dict[str, Any]:
             "failureThreshold": 3,
         },
     }
-    requests = dict(fleet.gateway.resources.requests)
-    limits = dict(fleet.gateway.resources.limits)
+    requests = dict(gateway.resources.requests)
+    limits = dict(gateway.resources.limits)
     if requests or limits:
         container["resources"] = {
             k: v for k, v in (("requests", requests), ("limits", limits)) if v
@@ -711,7 +741,7 @@ def _gateway_deployment(isvc: InferenceService) -> dict[str, Any]:
             {**common_labels(isvc), LABEL_COMPONENT: COMPONENT_GATEWAY},
         ),
         "spec": {
-            "replicas": fleet.gateway.replicas,
+            "replicas": gateway.replicas,
             "selector": {"matchLabels": selector},
             "strategy": {
                 "type": "RollingUpdate",
@@ -738,9 +768,9 @@ def _service(isvc: InferenceService, active: PoolName, split: bool) -> dict[str,
     if split and isvc.spec.rollout.baseline is not None:
         del selector[LABEL_POOL]
     ports = [{"name": "http", "port": RUNTIME_PORT, "targetPort": "http", "protocol": "TCP"}]
-    if isvc.spec.fleet is not None:
-        # The gateway routes to the runtime pods itself (the operator tells it which); it
-        # speaks HTTP only.
+    if fronted_by_gateway(isvc):
+        # The gateway routes to the runtime pods itself (the operator tells it which) and
+        # holds requests while none is routable; it speaks HTTP only.
         selector = {LABEL_ISVC: isvc.name, LABEL_COMPONENT: COMPONENT_GATEWAY}
     else:
         ports.append(
@@ -778,7 +808,7 @@ def desired_objects(isvc: InferenceService, observed: Observed) -> list[dict[str
         replicas = desired_replicas(isvc, pool.name, observed)
         objects.append(_config_map(isvc, pool, config_json))
         objects.append(_deployment(isvc, pool, replicas, content_hash(config)))
-    if fleet:
+    if fronted_by_gateway(isvc):
         objects.append(_gateway_deployment(isvc))
     objects.append(_service(isvc, resolve_active_pool(isvc, observed), observed.split))
     for obj in objects:

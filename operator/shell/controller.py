@@ -266,6 +266,9 @@ class Controller:
         self.mono, self.wall = mono, wall
         self.states: dict[Key, ServiceState] = {}
         self.tasks: dict[Key, asyncio.Task[None]] = {}
+        # Requests held now at the service's gateway (the activator's count, pushed by the
+        # gateway loop's long-poll, which pokes the service when it changes).
+        self.held: Callable[[Key], int] = lambda key: 0
         self._probe_session: aiohttp.ClientSession | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -511,7 +514,7 @@ class Controller:
                 scaler = initial_scaler_state(policy, sum(have) if have else None)
             if policy.min_replicas == 0:
                 decision, st.scalers[serving] = self._decide_zero(
-                    st, isvc, policy, observation, scaler, serving, mono, wall
+                    st, isvc, policy, observation, scaler, serving, mono, wall, self.held(key)
                 )
             else:
                 decision, st.scalers[serving] = decide_scale(policy, observation, scaler)
@@ -791,9 +794,11 @@ class Controller:
         serving: tuple[PoolName, ...],
         mono: float,
         wall: float,
+        held: int,
     ) -> tuple[ScaleDecision, ScalerState]:
         """decide_scale for a pool that may reach zero: the service's forecast learns this
-        tick's rate, is asked for its peak over the wake lead, and ``core.idle`` decides."""
+        tick's rate, is asked for its peak over the wake lead, and ``core.idle`` decides;
+        ``held``: requests its gateway holds now (they wake a pool at zero at once)."""
         zero = ZeroPolicy(after_seconds=float(isvc.spec.autoscaling.scale_to_zero_after_seconds))
         fresh = (
             observation.queue_depth is not None
@@ -810,7 +815,7 @@ class Controller:
         signals = IdleSignals(
             mono,
             active=active,
-            held=0,  # no activator yet: requests at zero are not held (README)
+            held=held,
             forecast_rate=forecast_peak(ZERO_FORECAST, st.zero, wall, lead),
         )
         decision, new_scaler, idle = decide_scale_zero(

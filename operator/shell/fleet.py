@@ -18,6 +18,14 @@ One asyncio task per such InferenceService, beside the control loop. Every tick 
 Pushes are level-triggered and idempotent (the whole pinned set, the whole replica list), and
 repeated every ``resync_seconds`` even when nothing changed, so a restarted runtime or gateway
 catches up without the operator noticing the restart.
+
+A service without ``spec.fleet`` that may scale to zero (``autoscaling.minReplicas: 0``) is
+fronted by the same gateway as an *activator*, and gets a lighter loop: step 2 only, from the
+pod cache (its ready serving pods; no request to the runtimes, every replica preloads its
+models), plus one long-poll per gateway pod of ``GET /v2/tidal/held``: it answers as soon as
+the number of requests the gateway holds changes, and the loop then hands that number to the
+control loop (``held``) and pokes the service, so a request held at zero wakes the pool within
+a tick. A quiet service costs one parked request per gateway pod per ``held_wait_seconds``.
 """
 
 from __future__ import annotations
@@ -74,6 +82,8 @@ from tidal.operator.core.resources import (
     RUNTIME_PORT,
     common_labels,
     find_spec_problems,
+    fronted_by_gateway,
+    may_scale_to_zero,
     owner_reference,
     placement_headroom,
     placement_landing_share,
@@ -102,6 +112,8 @@ class FleetSettings:
     retry_seconds: float = 2.0
     forecast_save_seconds: float = 60.0
     status_interval: float = 2.0
+    # How long one long-poll of a gateway's held count waits for a change.
+    held_wait_seconds: float = 25.0
 
 
 @dataclass
@@ -122,6 +134,11 @@ class FleetState:
     loaded_bytes: int = 0
     view: FleetView | None = None
     enqueued_at: float = -1e9
+    # Activator: the long-poll of each gateway pod's held count (by pod name: its URL and
+    # task), and the last count each answered.
+    held_polls: dict[str, tuple[str, asyncio.Task[None]]] = field(default_factory=dict)
+    held: dict[str, int] = field(default_factory=dict)
+    routed: tuple[str, ...] | None = None  # the replicas last handed to the gateways
 
 
 def state_config_map_name(isvc_name: str) -> str:
@@ -139,6 +156,16 @@ def _usable(pod: Mapping[str, Any]) -> bool:
         and status.get("phase") == "Running"
         and bool(status.get("podIP"))
     )
+
+
+def fronted(body: Mapping[str, Any] | None) -> bool:
+    """Whether an InferenceService's raw body asks for a gateway loop: ``spec.fleet``, or a
+    service that may scale to zero (``resources.fronted_by_gateway`` on the raw spec)."""
+    spec = (body or {}).get("spec") or {}
+    if spec.get("fleet") is not None:
+        return True
+    autoscaling = spec.get("autoscaling") or {}
+    return spec.get("replicas") is None and autoscaling.get("minReplicas") == 0
 
 
 def serving_pools(isvc: InferenceService, view: ControlView | None) -> tuple[PoolName, ...]:
@@ -170,15 +197,19 @@ class FleetController:
         control: Callable[[Key], ControlView | None],
         settings: FleetSettings | None = None,
         *,
+        on_held: Callable[[Key], None] = lambda key: None,
         mono: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.kube, self.store, self.enqueue, self.control = kube, store, enqueue, control
         self.settings = settings or FleetSettings()
         self.mono, self.wall = mono, wall
+        self.on_held = on_held
         self.states: dict[Key, FleetState] = {}
+        self._wakes: dict[Key, asyncio.Event] = {}
         self.tasks: dict[Key, asyncio.Task[None]] = {}
         self._session: aiohttp.ClientSession | None = None
+        self._poll_session: aiohttp.ClientSession | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -186,10 +217,23 @@ class FleetController:
         state = self.states.get(key)
         return state.view if state is not None else None
 
+    def held(self, key: Key) -> int:
+        """Requests the service's gateway pods hold now (as their long-polls last said)."""
+        state = self.states.get(key)
+        return sum(state.held.values()) if state is not None else 0
+
+    def poke(self, key: Key) -> None:
+        """A child of the service changed: an activator's loop ticks now, so a replica that
+        turned Ready reaches its gateway within milliseconds, not at the next tick (a fleet's
+        loop keeps its period: its tick asks every runtime for its hot set)."""
+        wake = self._wakes.get(key)
+        if wake is not None:
+            wake.set()
+
     def ensure(self, key: Key) -> None:
-        """Start the key's loop if it has ``spec.fleet`` and the loop is not running."""
-        body = self.store.services.get(key)
-        if body is None or not (body.get("spec") or {}).get("fleet"):
+        """Start the key's loop if it has ``spec.fleet`` or may scale to zero (its gateway is
+        then an activator) and the loop is not running."""
+        if not fronted(self.store.services.get(key)):
             return
         task = self.tasks.get(key)
         if task is None or task.done():
@@ -201,13 +245,17 @@ class FleetController:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        self.states.pop(key, None)
+        self._wakes.pop(key, None)
+        state = self.states.pop(key, None)
+        if state is not None:
+            await _stop_polls(state, set(state.held_polls))
 
     async def close(self) -> None:
         for key in list(self.tasks):
             await self.stop(key)
-        if self._session is not None:
-            await self._session.close()
+        for session in (self._session, self._poll_session):
+            if session is not None:
+                await session.close()
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -219,7 +267,11 @@ class FleetController:
 
     async def _run(self, key: Key) -> None:
         next_at = self.mono()
-        while (self.store.services.get(key) or {}).get("spec", {}).get("fleet"):
+        while fronted(body := self.store.services.get(key)):
+            wake = None
+            if ((body or {}).get("spec") or {}).get("fleet") is None:
+                wake = self._wakes.setdefault(key, asyncio.Event())
+                wake.clear()  # events from here on are seen by the next tick
             try:
                 await self.tick(key)
             except asyncio.CancelledError:
@@ -227,8 +279,17 @@ class FleetController:
             except Exception:  # one bad tick must not end the loop
                 log.exception("fleet tick of %s/%s failed", *key)
             next_at = max(next_at + self.settings.tick_seconds, self.mono())
-            await asyncio.sleep(next_at - self.mono())
-        self.states.pop(key, None)
+            if wake is None:
+                self._wakes.pop(key, None)
+                await asyncio.sleep(next_at - self.mono())
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), next_at - self.mono())
+                next_at = self.mono()
+        self._wakes.pop(key, None)
+        state = self.states.pop(key, None)
+        if state is not None:
+            await _stop_polls(state, set(state.held_polls))
         self.tasks.pop(key, None)
         if key in self.store.services:
             await self.enqueue(key)  # so that status.fleet goes with spec.fleet
@@ -244,9 +305,12 @@ class FleetController:
         except ValidationError:
             return  # the reconciler reports it as Degraded
         fleet = isvc.spec.fleet
-        if fleet is None or find_spec_problems(isvc):
+        if find_spec_problems(isvc) or not fronted_by_gateway(isvc):
             return
         st = self.states.setdefault(key, FleetState())
+        if fleet is None:
+            await self._activator_tick(key, isvc, st)
+            return
         if not st.forecast_loaded:
             st.forecasts = await self._load_forecasts(isvc)
             st.forecast_loaded = True
@@ -432,7 +496,15 @@ class FleetController:
         mono: float,
     ) -> None:
         """Tell each gateway the serving replicas and the placement when they changed."""
-        document = gateway_push(reports, st.placement)
+        await self._send_gateways(st, gateway_push(reports, st.placement), gateways, mono)
+
+    async def _send_gateways(
+        self,
+        st: FleetState,
+        document: Mapping[str, Any],
+        gateways: Sequence[Mapping[str, Any]],
+        mono: float,
+    ) -> None:
         digest = json.dumps(document, sort_keys=True)
 
         async def send(pod: Mapping[str, Any]) -> None:
@@ -447,6 +519,100 @@ class FleetController:
         await asyncio.gather(*(send(g) for g in gateways))
         for gone in set(st.gateway_sent) - {str(g["metadata"]["name"]) for g in gateways}:
             del st.gateway_sent[gone]
+
+    # -- the activator (a service that may scale to zero, without spec.fleet) ----------------
+
+    async def _activator_tick(self, key: Key, isvc: InferenceService, st: FleetState) -> None:
+        """Push the ready serving pods to the gateway pods (from the pod cache: no request to
+        the runtimes) and keep one long-poll of the held count per gateway pod."""
+        kids = self.store.children.get(key)
+        bodies = list(kids.pod_bodies.values()) if kids is not None else []
+        pools = {p.value for p in serving_pools(isvc, self.control(key))}
+        runtimes = sorted(
+            (
+                b
+                for b in bodies
+                if _labels(b).get(LABEL_POOL) in pools
+                and _labels(b).get(LABEL_ROLE) == ROLE_SERVING
+                and _usable(b)
+                and _ready(b)
+            ),
+            key=lambda b: str(b["metadata"]["name"]),
+        )
+        gateways = [
+            b for b in bodies if _labels(b).get(LABEL_COMPONENT) == COMPONENT_GATEWAY and _usable(b)
+        ]
+        document = {
+            "replicas": [
+                {
+                    "name": str(b["metadata"]["name"]),
+                    "url": f"http://{b['status']['podIP']}:{RUNTIME_PORT}",
+                }
+                for b in runtimes
+            ],
+            "placement": {},
+        }
+        routed = tuple(r["name"] for r in document["replicas"])
+        if routed != st.routed:
+            st.routed = routed
+            log.info("%s/%s: gateway routes to %s", *key, ", ".join(routed) or "no replica")
+        await self._send_gateways(st, document, gateways, self.mono())
+        if may_scale_to_zero(isvc):
+            urls = {
+                str(g["metadata"]["name"]): f"http://{g['status']['podIP']}:{GATEWAY_PORT}"
+                for g in gateways
+            }
+        else:
+            urls = {}
+        stale = {n for n, (url, task) in st.held_polls.items() if urls.get(n) != url or task.done()}
+        await _stop_polls(st, stale)
+        for name, url in urls.items():
+            if name not in st.held_polls:
+                task = asyncio.create_task(
+                    self._poll_held(key, st, name, url), name=f"held {key[0]}/{key[1]} {name}"
+                )
+                st.held_polls[name] = (url, task)
+
+    async def _poll_held(self, key: Key, st: FleetState, name: str, url: str) -> None:
+        """Long-poll one gateway pod's held count; on every change hand it over and poke the
+        service's control loop (a quiet one ticks at once)."""
+        if self._poll_session is None or self._poll_session.closed:
+            # Apart from the pushes' session: parked long-polls must not take its connections.
+            self._poll_session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        session = self._poll_session
+        wait = self.settings.held_wait_seconds
+        backoff = 0.1
+        seen = -1
+        while True:
+            try:
+                async with session.get(
+                    f"{url}/v2/tidal/held",
+                    params={"seen": str(seen), "wait": str(wait)},
+                    timeout=aiohttp.ClientTimeout(total=wait + 5),
+                ) as response:
+                    if response.status != 200:
+                        raise ValueError(f"answered {response.status}")
+                    data = await response.json(content_type=None)
+                held = int(data["held"])
+                backoff = 0.1
+            except asyncio.CancelledError:
+                raise
+            except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as exc:
+                log.debug("held count of gateway %s: %s", name, exc)
+                # Unknown: counted as none (a gateway that cannot answer cannot hold either).
+                if st.held.pop(name, 0):
+                    self.on_held(key)
+                seen = -1
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            if held != seen:
+                seen = held
+                if st.held.get(name, 0) != held:
+                    st.held[name] = held
+                    if held:
+                        log.info("%s/%s: %d requests held at gateway %s", *key, held, name)
+                    self.on_held(key)
 
     async def _load_forecasts(self, isvc: InferenceService) -> dict[str, ModelForecast]:
         try:
@@ -478,6 +644,16 @@ class FleetController:
         except KubeError as exc:
             log.warning("saving the forecast of %s/%s: %s", *_key(isvc), exc)
             st.forecast_saved_at = mono - self.settings.forecast_save_seconds / 2
+
+
+async def _stop_polls(st: FleetState, names: set[str]) -> None:
+    tasks = []
+    for name in names:
+        _, task = st.held_polls.pop(name)
+        st.held.pop(name, None)
+        task.cancel()
+        tasks.append(task)
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _key(isvc: InferenceService) -> tuple[str, str]:

@@ -12,7 +12,9 @@ while the operator is down is still cleaned up by the garbage collector.
   on its first event and stopped when it is deleted; the loop publishes replica counts,
   routing and its status fields for the reconciler and enqueues the key when they change.
   One with ``spec.fleet`` also gets a fleet loop (``tidal.operator.shell.fleet``: placement,
-  forecast, the gateways' replica lists) publishing ``status.fleet`` the same way.
+  forecast, the gateways' replica lists) publishing ``status.fleet`` the same way; one that
+  may scale to zero (``minReplicas: 0``) gets the same loop's activator part (its gateway's
+  replica list, and the count of requests it holds, which pokes the control loop).
 * The initial listing of InferenceServices (at start and after a re-list) and a periodic
   resync enqueue every key with ``force``, so the operator re-asserts every child even if a
   change happened while nobody watched.
@@ -106,7 +108,10 @@ async def on_startup_configure(settings: kopf.OperatorSettings, **_: Any) -> Non
             tick_seconds=config.tick_seconds, quiet_tick_seconds=config.quiet_tick_seconds
         ),
     )
-    RUNTIME.fleet = FleetController(kube, RUNTIME.store, _enqueue, RUNTIME.controller.view)
+    RUNTIME.fleet = FleetController(
+        kube, RUNTIME.store, _enqueue, RUNTIME.controller.view, on_held=RUNTIME.controller.poke
+    )
+    RUNTIME.controller.held = RUNTIME.fleet.held  # the activator's push of demand at zero
     RUNTIME.reconciler = Reconciler(
         kube=kube,
         store=RUNTIME.store,
@@ -191,6 +196,8 @@ async def _on_child(event: dict[str, Any], body: kopf.Body, kind: str) -> None:
     owner = RUNTIME.store.put_child(plain, deleted=event.get("type") == "DELETED")
     if owner is not None and RUNTIME.controller is not None:
         RUNTIME.controller.poke(owner)  # a quiet control loop looks again at once
+    if owner is not None and RUNTIME.fleet is not None:
+        RUNTIME.fleet.poke(owner)  # an activator pushes a replica that turned Ready at once
     if owner is not None and owner in RUNTIME.store.services:
         await _enqueue(owner)
 

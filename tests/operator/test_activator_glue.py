@@ -1,0 +1,72 @@
+"""A service that may scale to zero is fronted by the gateway as an activator: its children
+(gateway Deployment, a Service that keeps its name and HTTP port), and which services get one."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from isvc_fixtures import minimal
+
+from tidal.operator.core.api import parse_inference_service
+from tidal.operator.core.resources import (
+    LABEL_COMPONENT,
+    Observed,
+    desired_objects,
+    fronted_by_gateway,
+    gateway_config,
+)
+from tidal.operator.shell.fleet import fronted
+
+
+def by_kind(objects: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(o["kind"], o["metadata"]["name"]): o for o in objects}
+
+
+@pytest.mark.parametrize(
+    ("spec", "gateway"),
+    [
+        ({"autoscaling": {"minReplicas": 0}}, True),  # may reach zero: the activator
+        ({"autoscaling": {"minReplicas": 1}}, False),
+        ({}, False),
+        # Manual replicas: the autoscaler (and so zero) is off, whatever minReplicas says.
+        ({"replicas": 2, "autoscaling": {"minReplicas": 0}}, False),
+        ({"fleet": {}, "memory": {"engineCacheBudget": "1Gi"}}, True),
+    ],
+)
+def test_which_services_are_fronted_by_the_gateway(spec: dict[str, Any], gateway: bool) -> None:
+    body = minimal(**spec)
+    isvc = parse_inference_service(body)
+    assert fronted_by_gateway(isvc) is gateway
+    assert fronted(body) is gateway  # the gateway loop's check on the raw body agrees
+    objects = by_kind(desired_objects(isvc, Observed()))
+    assert (("Deployment", "svc-gateway") in objects) is gateway, sorted(objects)
+
+
+def test_at_zero_the_service_keeps_its_name_and_http_port_and_selects_the_activator() -> None:
+    plain = by_kind(desired_objects(parse_inference_service(minimal()), Observed()))
+    isvc = parse_inference_service(minimal(autoscaling={"minReplicas": 0}))
+    objects = by_kind(desired_objects(isvc, Observed(replicas={})))
+    service = objects[("Service", "svc")]
+    assert service["spec"]["selector"] == {
+        "serving.tidal.dev/isvc": "svc",
+        LABEL_COMPONENT: "gateway",
+    }
+    http = [p for p in plain[("Service", "svc")]["spec"]["ports"] if p["name"] == "http"]
+    assert service["spec"]["ports"] == http  # same name, port and target: clients unchanged
+    gateway = objects[("Deployment", "svc-gateway")]
+    assert gateway["spec"]["replicas"] == 1
+    container = gateway["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    config = json.loads(env["TIDAL_GATEWAY_CONFIG_JSON"])
+    assert config == gateway_config(isvc)
+    assert config["activator"] is True and config["models"] == ["m"], config
+    # Every replica preloads its models: the gateway never asks one for another copy.
+    assert config["busyOutstanding"] >= 1_000_000
+    assert config["holdTimeoutSeconds"] == 120.0  # a GPU replica's wake, twice over
+
+
+def test_a_fleet_that_never_reaches_zero_is_no_activator() -> None:
+    isvc = parse_inference_service(minimal(fleet={}, memory={"engineCacheBudget": "1Gi"}))
+    assert "activator" not in gateway_config(isvc)
