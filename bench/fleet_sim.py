@@ -709,6 +709,8 @@ class Tidal:
     # Issue 23: hot models may pin into the headroom; a rise to the hot rate is taken at once.
     hot_in_headroom = True
     slow_rise = False
+    # Lead (c): placement knows which sizes are guesses (False: every guess counts as known).
+    learn_sizes = True
 
     def __init__(self, cfg: FleetConfig, only_models_with_traffic: bool = False) -> None:
         self.cfg = cfg
@@ -924,7 +926,8 @@ class Tidal:
                 ),
             )
         known = list(self.sizes.values())
-        fallback = float(np.median(known)) if known else DEFAULT_MODEL_BYTES
+        # As `fleet.model_sizes`: a model never measured is possibly the largest seen.
+        fallback = float(max(known)) if known else DEFAULT_MODEL_BYTES
         demands = []
         for k in self.served:
             name = self.names[k]
@@ -938,7 +941,16 @@ class Tidal:
                 state = observe(self.forecast_policy, self.forecasts.get(name), rate, t)
                 self.forecasts[name] = state
                 peak = predict_peak(self.forecast_policy, state, t, load + self.cfg.lead_seconds)
-            demands.append(ModelDemand(name, int(size), load, self.smoothed.get(name, 0.0), peak))
+            demands.append(
+                ModelDemand(
+                    name,
+                    int(size),
+                    load,
+                    self.smoothed.get(name, 0.0),
+                    peak,
+                    size_known=k in self.sizes or not self.learn_sizes,
+                )
+            )
         slots = [
             ReplicaSlot(
                 name=replica.name,

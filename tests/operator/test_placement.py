@@ -16,6 +16,7 @@ from tidal.operator.core.placement import (
     REASON_COLD_NO_REPLICAS,
     REASON_COLD_NO_ROOM,
     REASON_COLD_OVER_PIN_BUDGET,
+    REASON_COLD_SIZE_UNKNOWN,
     REASON_COLD_STICKY,
     REASON_TOO_LARGE,
     ModelDemand,
@@ -652,6 +653,48 @@ def test_some_replica_can_always_load_the_largest_unpinned_model(
     if loadable:
         largest = max(m.size_bytes for m in loadable)
         assert max(_room(placement, slots, by_name).values()) >= largest
+
+
+# -- lead (c): a model nobody measured may be the largest ------------------------------------
+
+
+def test_a_model_of_unknown_size_is_pinned_nowhere_and_a_whole_budget_stays_free() -> None:
+    # Eight 1 GB models would be pinned on every replica; a never-measured model, guessed at
+    # 1 GB, may really be 9 GB: one replica (the first landing one) keeps its whole budget.
+    known = [model(f"k{k}", rate=5.0, size_gb=1.0) for k in range(8)]
+    guess = replace(model("new", rate=5.0, size_gb=1.0), size_known=False)
+    slots = replicas(4)
+    placement = place(POLICY, [*known, guess], slots, now=0.0)
+    assert placement.copies("new") == 0 and placement.reasons["new"] == REASON_COLD_SIZE_UNKNOWN
+    assert placement.pinned["r0"] == frozenset()
+    assert all(placement.copies(m.name) == 1 for m in known)
+    # Once measured, it is pinned by its rate and r0 keeps only room for the largest model.
+    measured = place(POLICY, [*known, model("new", rate=5.0, size_gb=1.0)], slots, now=2.0)
+    assert measured.copies("new") == 1 and measured.pinned["r0"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    sizes=st.lists(st.floats(min_value=0.1, max_value=9.5), min_size=2, max_size=12),
+    rates=st.lists(st.floats(min_value=0.0, max_value=200.0), min_size=12, max_size=12),
+    unknown=st.lists(st.booleans(), min_size=12, max_size=12),
+    count=st.integers(min_value=2, max_value=5),
+)
+def test_property_a_model_of_unknown_size_always_finds_a_whole_budget(
+    sizes: list[float], rates: list[float], unknown: list[bool], count: int
+) -> None:
+    """Whatever its real size (up to a budget), a model nobody has measured can be loaded on
+    some replica by evicting only unpinned engines, and it is pinned nowhere until measured."""
+    models = [
+        replace(model(f"m{k}", rate=rates[k], size_gb=s), size_known=not unknown[k])
+        for k, s in enumerate(sizes)
+    ]
+    slots = replicas(count)
+    placement = place(POLICY, models, slots, now=0.0)
+    guessed = [m.name for m in models if not m.size_known]
+    assert all(placement.copies(name) == 0 for name in guessed)
+    if guessed:
+        assert any(not pins for pins in placement.pinned.values()), placement.pinned
 
 
 # -- issue 23: protection of hot models ------------------------------------------------------
