@@ -32,8 +32,10 @@ How it decides:
   seed 23: the busiest model, 4.0 GB on 4.7 GB budgets, P99 3-4 s instead of 40 ms). Colder
   models never pin into the headroom, the landing replicas keep their landing room, and with
   fewer than two replicas (no landing replica) the headroom stays the tail's. Hot status has
-  hysteresis: a model pinned now keeps the hot cap while it wants a copy at all (its daily low
-  can be 100x below its peak; no fixed band covers that).
+  hysteresis for a model larger than the pinnable share: pinned now, it keeps the hot cap
+  while it wants a copy at all (its daily low can be 100x below its peak; no fixed band covers
+  that). Hot models are granted before all others (a viral model takes room from colder
+  incumbents at the next placement, whatever their stickiness).
   A fractional headroom is smaller than a large engine, so
   (with two replicas or more) the landing replicas — `landing_share` of them rounded up, at
   least one; the largest budgets, then by name, so always the same ones — take a copy of a
@@ -299,15 +301,24 @@ def place(
     # Only where landing replicas keep room for the tail (two replicas or more); with one
     # replica the headroom is the tail's only room.
     headroom_for_hot = policy.hot_in_headroom and policy.landing_replicas(len(replicas)) > 0
-    # A model pinned now keeps the hot cap while it wants a copy at all: a large hot model at
-    # its daily low would otherwise lose its pin, be evicted by the tail's loads within seconds
-    # and pay a reload on every rise (simulator, zipf 0.8 seed 23: 80 of 1,100 hot requests).
+    # A model larger than every pinnable share that is pinned now keeps the hot cap while it
+    # wants a copy at all: at its daily low it would otherwise lose its pin, be evicted by the
+    # tail's loads within seconds and pay a reload on every rise (simulator, zipf 0.8 seed 23:
+    # 80 of 1,100 hot requests). A model that fits a pinnable share needs no such hysteresis
+    # (below the threshold it stays pinned within the share); given to every pinned model it
+    # made all pins hot and filled every replica's headroom, the tail's room (issue 23).
     pinned_now = frozenset(name for r in replicas for name in r.pinned)
+    largest_share = max(usable.values(), default=0)
     hot = frozenset(
         m.name
         for m in models
         if headroom_for_hot
-        and (m.score >= threshold or (m.name in pinned_now and m.score >= policy.min_rate))
+        and (
+            m.score >= threshold
+            or (
+                m.name in pinned_now and m.score >= policy.min_rate and m.size_bytes > largest_share
+            )
+        )
     )
     budgets = {r.name: r.budget_bytes for r in replicas}
 
@@ -372,7 +383,11 @@ def place(
                 )
             else:
                 requests.append((-score, name, j, None))
-    requests.sort(key=lambda q: (q[0], q[1], q[2]))
+    # Hot models first (score at or above the threshold now), then the rest, each by priority:
+    # a hot newcomer (a viral model) takes room from colder incumbents at once instead of
+    # waiting until its score is (1 + stickiness) times theirs.
+    hot_now = frozenset(m.name for m in models if headroom_for_hot and m.score >= threshold)
+    requests.sort(key=lambda q: (q[1] not in hot_now, q[0], q[1], q[2]))
     landing = _landing(policy, replicas)
     # While a model's size is unknown, the first landing replica keeps its whole budget.
     keeper = _landing(policy, replicas, 1) if any(not m.size_known for m in models) else None
@@ -498,16 +513,32 @@ def _grant(
         # Pinned after the grant (usable - free + size) must stay within budget - keep.
         return free[i] - size >= usable[slots[i].name] - (slots[i].budget_bytes - keep)
 
+    # Bytes of incumbent copies not granted yet, per replica: a newcomer granted before them
+    # (a hot model ahead of colder incumbents) takes free room first and displaces an
+    # incumbent only where no replica has room without doing so (a small viral model would
+    # otherwise take the replica of a large hot incumbent that fits nowhere else).
+    reserved = [0] * len(slots)
+    for _, name, _, bound in requests:
+        if bound is not None:
+            reserved[index[bound]] += demand[name].size_bytes
+
     for _, name, _, bound in requests:
         size = demand[name].size_bytes
         mine = hosted[name]
         chosen = -1
         if bound is not None:
             b = index[bound]
+            reserved[b] -= size
             if b not in mine and allowed(b, name, size):
                 chosen = b
         if chosen < 0:
-            for candidates in (resident_at[name], range(len(slots))):
+            spare = [
+                i
+                for i in range(len(slots))
+                if free[i] - reserved[i] + (headroom[i] if name in hot else 0) >= size
+            ]
+            spare_resident = [i for i in resident_at[name] if i in spare]
+            for candidates in (spare_resident, spare, resident_at[name], range(len(slots))):
                 for i in candidates:
                     if i in mine or not allowed(i, name, size):
                         continue

@@ -778,3 +778,51 @@ def test_property_a_viral_rise_gets_a_copy_within_one_interval(
     assert smoothed[viral] == now_rates[viral]
     after = place(policy, demands(smoothed), settled, now=2.0, history=True)
     assert after.copies(viral) >= 1, (after.reasons[viral], after.pinned)
+
+
+def test_a_viral_model_above_the_threshold_displaces_a_colder_incumbent_at_once() -> None:
+    # r0 is the landing replica; r1 and r2 hold two 8 GB incumbents at 1.0 req/s. The viral
+    # 8 GB model at 1.1 req/s is hot (threshold 0.35 x 3.1 = 1.085), the incumbents are not:
+    # it is granted first, though 1.1 < 1.25 x 1.0 (the incumbents' sticky priority).
+    policy = replace(POLICY, hot_share=0.35)
+    a, b = model("a", rate=1.0, size_gb=8.0), model("b", rate=1.0, size_gb=8.0)
+    viral = model("viral", rate=1.1, size_gb=8.0)
+    slots = [
+        replica("r0"),
+        replica("r1", resident=["a"], pinned=["a"]),
+        replica("r2", resident=["b"], pinned=["b"]),
+    ]
+    placement = place(policy, [a, b, viral], slots, now=0.0, history=True)
+    assert placement.copies("viral") == 1, placement.reasons
+    without_tiers = place(replace(policy, hot_in_headroom=False), [a, b, viral], slots, now=0.0)
+    assert without_tiers.copies("viral") == 0  # the earlier rule: it waited for 1.25x
+
+
+@settings(max_examples=300, deadline=None)
+@given(fleets(), st.sampled_from([0.02, 0.2]))
+def test_property_a_hot_model_is_never_left_cold_for_a_colder_incumbent(
+    fleet: tuple[PlacementPolicy, list[ModelDemand], list[ReplicaSlot]], hot_share: float
+) -> None:
+    """A model at or above the hot threshold that wants a copy and gets none: on every replica
+    that could hold it (landing replicas aside), hot models alone leave too little room. A
+    colder incumbent's stickiness never keeps a viral model out (it would wait until its score
+    were 1 + stickiness times the incumbent's)."""
+    policy, models, slots = fleet
+    policy = replace(policy, hot_share=hot_share)
+    p = place(policy, models, slots, now=0.0, history=True)
+    if policy.landing_replicas(len(slots)) == 0:
+        return
+    sizes = {m.name: m.size_bytes for m in models}
+    threshold = policy.hot_threshold(sum(m.rate for m in models))
+    hot = {m.name for m in models if m.score >= threshold}
+    landing = _landing_names(policy, slots)
+    for h in models:
+        if h.name not in hot or p.wanted[h.name] == 0 or p.copies(h.name) > 0:
+            continue
+        if h.name in p.too_large:
+            continue
+        for r in slots:
+            if r.name in landing or h.size_bytes > r.budget_bytes:
+                continue
+            hot_bytes = sum(sizes[m] for m in p.pinned[r.name] if m in hot)
+            assert hot_bytes + h.size_bytes > r.budget_bytes, (h, r, p.pinned[r.name], p.reasons)
