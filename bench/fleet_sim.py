@@ -57,7 +57,9 @@ The policies, on the same traces:
   over each model's load time + 5 s lead, and runs `tidal.operator.core.placement.place`; each
   replica loads the models pinned on it in the background (one at a time, in name order, as the
   runtime does) and keeps unpinned ones as an LRU cache. The forecast's period is set to the
-  compressed day (`spec.fleet.forecast.period: 1h`); its other knobs keep their defaults.
+  compressed day (`spec.fleet.forecast.period: 1h`); its other knobs keep their defaults. A
+  model no replica has loaded yet is passed to placement as a guess (`size_known=False`, sized
+  as the largest measured so far), as `fleet.model_demands` does for a model with no size.
 * `optimum`: Belady with future knowledge: on a miss evict the engines whose next request is
   farthest in the future, on the replica where that costs least; route to a replica that holds
   the model. It is the optimal *demand-loading* policy for one cache of equal-size entries; here
