@@ -57,7 +57,9 @@ The policies, on the same traces:
   over each model's load time + 5 s lead, and runs `tidal.operator.core.placement.place`; each
   replica loads the models pinned on it in the background (one at a time, in name order, as the
   runtime does) and keeps unpinned ones as an LRU cache. The forecast's period is set to the
-  compressed day (`spec.fleet.forecast.period: 1h`); its other knobs keep their defaults.
+  compressed day (`spec.fleet.forecast.period: 1h`); its other knobs keep their defaults. A
+  model no replica has loaded yet is passed to placement as a guess (`size_known=False`, sized
+  as the largest measured so far), as `fleet.model_demands` does for a model with no size.
 * `optimum`: Belady with future knowledge: on a miss evict the engines whose next request is
   farthest in the future, on the replica where that costs least; route to a replica that holds
   the model. It is the optimal *demand-loading* policy for one cache of equal-size entries; here
@@ -709,6 +711,8 @@ class Tidal:
     # Issue 23: hot models may pin into the headroom; a rise to the hot rate is taken at once.
     hot_in_headroom = True
     slow_rise = False
+    # Lead (c): placement knows which sizes are guesses (False: every guess counts as known).
+    learn_sizes = True
 
     def __init__(self, cfg: FleetConfig, only_models_with_traffic: bool = False) -> None:
         self.cfg = cfg
@@ -924,7 +928,8 @@ class Tidal:
                 ),
             )
         known = list(self.sizes.values())
-        fallback = float(np.median(known)) if known else DEFAULT_MODEL_BYTES
+        # As `fleet.model_sizes`: a model never measured is possibly the largest seen.
+        fallback = float(max(known)) if known else DEFAULT_MODEL_BYTES
         demands = []
         for k in self.served:
             name = self.names[k]
@@ -938,7 +943,16 @@ class Tidal:
                 state = observe(self.forecast_policy, self.forecasts.get(name), rate, t)
                 self.forecasts[name] = state
                 peak = predict_peak(self.forecast_policy, state, t, load + self.cfg.lead_seconds)
-            demands.append(ModelDemand(name, int(size), load, self.smoothed.get(name, 0.0), peak))
+            demands.append(
+                ModelDemand(
+                    name,
+                    int(size),
+                    load,
+                    self.smoothed.get(name, 0.0),
+                    peak,
+                    size_known=k in self.sizes or not self.learn_sizes,
+                )
+            )
         slots = [
             ReplicaSlot(
                 name=replica.name,

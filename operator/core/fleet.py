@@ -8,8 +8,8 @@ reads from the runtime pods and what it hands on:
 * :func:`model_rates`: per-model arrival rates from the runtimes' cumulative request counters
   (a restarted pod's counter reset counts as a fresh start, never as negative traffic);
 * :func:`model_demands`: the placement core's input per model: byte size (measured on a
-  replica, else declared in the spec, else the median of the known ones), load time (measured,
-  else estimated from bytes) and the rate now and forecast over the load-time horizon;
+  replica, else declared in the spec, else the largest known, marked as a guess), load time
+  (measured, else estimated from bytes) and the rate now and forecast over the load-time horizon;
 * :func:`gateway_push`: the document the gateway gets (replicas and placement hints);
 * :func:`fleet_status` and :func:`too_large_problems`: ``status.fleet`` and the ``Degraded``
   reasons for models no replica can hold.
@@ -18,7 +18,6 @@ reads from the runtime pods and what it hands on:
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -31,8 +30,10 @@ from tidal.operator.core.placement import ModelDemand, Placement, ReplicaSlot
 # warm-up) plus the bytes at a conservative staging bandwidth.
 DEFAULT_LOAD_OVERHEAD_SECONDS = 1.0
 DEFAULT_LOAD_BYTES_PER_SECOND = 2e9
-# A model nobody has measured or declared: assume this many bytes (then the median).
+# A model nobody has measured or declared, before any is known: assume this many bytes.
 DEFAULT_MODEL_BYTES = 256 * 2**20
+# The fast attack of `smooth_rates` needs at least this many requests in one interval.
+RISE_MIN_REQUESTS = 3
 READY = "READY"
 LOADING = "LOADING"
 
@@ -169,9 +170,15 @@ def smooth_rates(
     with that time constant), what placement ranks models by.
 
     ``rise_to`` (placement's hot rate): an interval rate at or above it that is above the
-    smoothed value is taken at once (fast attack, slow decay). A model that goes viral is then
-    ranked by its new rate at the next placement instead of ~a window later; a tail model's
-    single request (far below the hot rate) still moves nothing.
+    smoothed value is taken at once (fast attack, slow decay) when the interval's count is a
+    real rise: at least ``RISE_MIN_REQUESTS`` requests and more than a Poisson process at the
+    smoothed rate would give short of a 3-sigma fluke (mean + 3 sqrt(mean)). A model that goes
+    viral is then ranked by its new rate at the next placement instead of ~a window later; a
+    tail model's single request moves nothing, even when the hot rate (a share of all demand)
+    is below one request per interval: taken at once, every tail request read as 0.5 req/s,
+    the sum of smoothed rates as 6-7x the real demand, and placement's hot threshold (a share
+    of that sum) rose above the real hot models (fleet simulator, rotating hot set seed 4: the
+    threshold 1.4-1.9 req/s, the three busiest models 0.5-1 req/s, unpinned for minutes).
 
     One placement interval is too short a window for a tail model: one request in 2 s reads
     as 0.5 req/s, 50x ``minRate``, and pins would follow single requests (churn, and hot models
@@ -187,18 +194,26 @@ def smooth_rates(
     for name in set(previous) | set(rates):
         now = max(rates.get(name, 0.0), 0.0)
         before = previous.get(name)
-        if before is None or (rise_to is not None and now >= rise_to and now > before):
+        if before is None or (
+            rise_to is not None and now >= rise_to and now > before and _rose(before, now, elapsed)
+        ):
             out[name] = now
         else:
             out[name] = before * keep + now * (1.0 - keep)
     return out
 
 
+def _rose(before: float, now: float, elapsed: float) -> bool:
+    """Whether ``now`` (req/s over ``elapsed`` s) is a real rise from ``before``, not noise."""
+    count, mean = now * elapsed, before * elapsed
+    return count >= RISE_MIN_REQUESTS and count > mean + 3.0 * math.sqrt(mean)
+
+
 # -- placement inputs --------------------------------------------------------------------------
 
 
-def model_sizes(models: Sequence[Model], reports: Sequence[ReplicaReport]) -> dict[str, int]:
-    """Bytes of each model on the device: measured (largest seen), declared, or the median."""
+def known_sizes(models: Sequence[Model], reports: Sequence[ReplicaReport]) -> dict[str, int]:
+    """Bytes of the models whose size is known: measured (largest seen), else declared."""
     measured: dict[str, int] = {}
     for report in reports:
         for name, rep in report.models.items():
@@ -211,7 +226,15 @@ def model_sizes(models: Sequence[Model], reports: Sequence[ReplicaReport]) -> di
             sizes[model.name] = measured[model.name]
         elif model.memory is not None:
             sizes[model.name] = quantity_bytes(model.memory)
-    fallback = int(statistics.median(sizes.values())) if sizes else DEFAULT_MODEL_BYTES
+    return sizes
+
+
+def model_sizes(models: Sequence[Model], reports: Sequence[ReplicaReport]) -> dict[str, int]:
+    """Bytes of each model on the device: measured (largest seen), declared, or else the
+    largest known (a model nobody measured is possibly the largest; placement knows it is a
+    guess, see `model_demands`)."""
+    sizes = known_sizes(models, reports)
+    fallback = max(sizes.values()) if sizes else DEFAULT_MODEL_BYTES
     return {m.name: sizes.get(m.name, fallback) for m in models}
 
 
@@ -241,6 +264,7 @@ def model_demands(
     """What placement needs per model (``forecast_rates``: the forecast peak over each model's
     load-time horizon; missing: no forecast, the rate now counts)."""
     sizes = model_sizes(models, reports)
+    known = known_sizes(models, reports)
     loads = model_load_seconds(sizes, reports)
     return [
         ModelDemand(
@@ -249,6 +273,7 @@ def model_demands(
             load_seconds=loads[m.name],
             rate=max(0.0, rates.get(m.name, 0.0)),
             forecast_rate=max(0.0, forecast_rates.get(m.name, 0.0)),
+            size_known=m.name in known,
         )
         for m in models
     ]

@@ -32,8 +32,10 @@ How it decides:
   seed 23: the busiest model, 4.0 GB on 4.7 GB budgets, P99 3-4 s instead of 40 ms). Colder
   models never pin into the headroom, the landing replicas keep their landing room, and with
   fewer than two replicas (no landing replica) the headroom stays the tail's. Hot status has
-  hysteresis: a model pinned now keeps the hot cap while it wants a copy at all (its daily low
-  can be 100x below its peak; no fixed band covers that).
+  hysteresis for a model larger than the pinnable share: pinned now, it keeps the hot cap
+  while it wants a copy at all (its daily low can be 100x below its peak; no fixed band covers
+  that). Hot models are granted before all others (a viral model takes room from colder
+  incumbents at the next placement, whatever their stickiness).
   A fractional headroom is smaller than a large engine, so
   (with two replicas or more) the landing replicas — `landing_share` of them rounded up, at
   least one; the largest budgets, then by name, so always the same ones — take a copy of a
@@ -47,6 +49,14 @@ How it decides:
   `stickiness` and stays on its replica: a newcomer displaces it only with a score more than
   (1 + stickiness) times higher. With stickiness above (1 + noise) / (1 - noise) - 1 (0.22 for
   10 % noise) demand noise cannot reorder who gets room, so it moves nothing.
+* Sizes: a model whose size nobody has measured or declared (`size_known=False`) is pinned
+  nowhere (`cold:size-unknown`): its first load is on demand, where the gateway finds the most
+  room, and measures it; the next placement pins it by its rate. While any model's size is
+  unknown, the first landing replica keeps its whole budget unpinned, so that such a model
+  fits there whatever its size (the placement never depends on declared sizes). Before, an
+  unmeasured model was taken to be the median size: landing room never fitted the largest
+  models, and a 4.0 GB model on 4.04 GB budgets was refused until its requests timed out
+  (fleet simulator, small easy fleet seed 3: 2.7 % of all requests lost).
 * A new copy goes to a replica where the model is already resident (no load), then to the one
   with the least demand assigned so far, then the most free bytes, then by name.
 * Monotone: copies wanted never decrease with the score (outside the hysteresis and stickiness
@@ -83,6 +93,7 @@ REASON_COLD_STICKY = "cold:sticky"  # over min_rate, but not out of the band yet
 REASON_COLD_NO_ROOM = "cold:no-room"
 REASON_COLD_OVER_PIN_BUDGET = "cold:over-pin-budget"  # fits a budget, not its pinnable part
 REASON_COLD_NO_REPLICAS = "cold:no-replicas"
+REASON_COLD_SIZE_UNKNOWN = "cold:size-unknown"  # never measured nor declared: loaded on demand
 REASON_TOO_LARGE = "too-large"
 
 _EPS = 1e-9
@@ -169,6 +180,8 @@ class ModelDemand:
     load_seconds: float = 0.0
     rate: float = 0.0
     forecast_rate: float = 0.0
+    # False: nobody has measured or declared the size; `size_bytes` is a guess (see "Sizes").
+    size_known: bool = True
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -288,15 +301,24 @@ def place(
     # Only where landing replicas keep room for the tail (two replicas or more); with one
     # replica the headroom is the tail's only room.
     headroom_for_hot = policy.hot_in_headroom and policy.landing_replicas(len(replicas)) > 0
-    # A model pinned now keeps the hot cap while it wants a copy at all: a large hot model at
-    # its daily low would otherwise lose its pin, be evicted by the tail's loads within seconds
-    # and pay a reload on every rise (simulator, zipf 0.8 seed 23: 80 of 1,100 hot requests).
+    # A model larger than every pinnable share that is pinned now keeps the hot cap while it
+    # wants a copy at all: at its daily low it would otherwise lose its pin, be evicted by the
+    # tail's loads within seconds and pay a reload on every rise (simulator, zipf 0.8 seed 23:
+    # 80 of 1,100 hot requests). A model that fits a pinnable share needs no such hysteresis
+    # (below the threshold it stays pinned within the share); given to every pinned model it
+    # made all pins hot and filled every replica's headroom, the tail's room (issue 23).
     pinned_now = frozenset(name for r in replicas for name in r.pinned)
+    largest_share = max(usable.values(), default=0)
     hot = frozenset(
         m.name
         for m in models
         if headroom_for_hot
-        and (m.score >= threshold or (m.name in pinned_now and m.score >= policy.min_rate))
+        and (
+            m.score >= threshold
+            or (
+                m.name in pinned_now and m.score >= policy.min_rate and m.size_bytes > largest_share
+            )
+        )
     )
     budgets = {r.name: r.budget_bytes for r in replicas}
 
@@ -345,6 +367,9 @@ def place(
         if count == 0:
             reasons[name] = REASON_COLD_STICKY if driver == DRIVER_STICKY else REASON_COLD_BELOW_MIN
             continue
+        if not model.size_known:
+            reasons[name] = REASON_COLD_SIZE_UNKNOWN
+            continue
         if model.size_bytes > (largest_budget if name in hot else largest_usable):
             reasons[name] = REASON_COLD_OVER_PIN_BUDGET
             continue
@@ -358,11 +383,19 @@ def place(
                 )
             else:
                 requests.append((-score, name, j, None))
-    requests.sort(key=lambda q: (q[0], q[1], q[2]))
+    # Hot models first (score at or above the threshold now), then the rest, each by priority:
+    # a hot newcomer (a viral model) takes room from colder incumbents at once instead of
+    # waiting until its score is (1 + stickiness) times theirs.
+    hot_now = frozenset(m.name for m in models if headroom_for_hot and m.score >= threshold)
+    requests.sort(key=lambda q: (q[1] not in hot_now, q[0], q[1], q[2]))
     landing = _landing(policy, replicas)
+    # While a model's size is unknown, the first landing replica keeps its whole budget.
+    keeper = _landing(policy, replicas, 1) if any(not m.size_known for m in models) else None
 
     demand = {m.name: m for m in models}
-    hosted = _grant(requests, replicas, usable, demand, wanted, landing, too_large, hot)
+    hosted = _grant(
+        requests, replicas, usable, demand, wanted, landing, too_large, hot, keeper or frozenset()
+    )
 
     # Final load per replica (each pinned copy carries its share of the model's score) orders
     # each model's replicas, so equal pinned sets give equal assignments whatever the order.
@@ -421,6 +454,7 @@ def _grant(
     landing: frozenset[str] = frozenset(),
     too_large: Mapping[str, int] | None = None,
     hot: frozenset[str] = frozenset(),
+    keeper: frozenset[str] = frozenset(),
 ) -> dict[str, list[str]]:
     """Grant copy requests in priority order; model -> replicas granted, in grant order.
 
@@ -432,7 +466,8 @@ def _grant(
     never demand). The last grant on a landing replica thus leaves room for the largest model
     with no copy anywhere, which is what a cold request may have to load there; and the rule
     reads only sizes and what is on that replica, so a placement fed its own output grants the
-    same copies in the same order.
+    same copies in the same order. On a ``keeper`` replica the largest is its whole budget
+    (a model of unknown size may need all of it).
     """
     slots = sorted(replicas, key=lambda r: r.name)
     index = {r.name: i for i, r in enumerate(slots)}
@@ -452,9 +487,13 @@ def _grant(
     # Per landing replica: the models of `by_size` that fit its budget, and how many of them
     # from the front are pinned there already (they need no room kept: a skipped prefix).
     fits = {
-        i: [e for e in by_size if e[0] <= r.budget_bytes]
+        i: (
+            [(r.budget_bytes, "")]
+            if r.name in keeper
+            else [e for e in by_size if e[0] <= r.budget_bytes]
+        )
         for i, r in enumerate(slots)
-        if r.name in landing
+        if r.name in landing or r.name in keeper
     }
     skip = dict.fromkeys(fits, 0)
 
@@ -468,11 +507,20 @@ def _grant(
         candidates, k = fits[i], skip[i]
         keep = 0
         for b, n in itertools.islice(candidates, k, None):
-            if n != name and i not in hosted[n]:
+            if n != name and (not n or i not in hosted[n]):
                 keep = b
                 break
         # Pinned after the grant (usable - free + size) must stay within budget - keep.
         return free[i] - size >= usable[slots[i].name] - (slots[i].budget_bytes - keep)
+
+    # Bytes of incumbent copies not granted yet, per replica: a newcomer granted before them
+    # (a hot model ahead of colder incumbents) takes free room first and displaces an
+    # incumbent only where no replica has room without doing so (a small viral model would
+    # otherwise take the replica of a large hot incumbent that fits nowhere else).
+    reserved = [0] * len(slots)
+    for _, name, _, bound in requests:
+        if bound is not None:
+            reserved[index[bound]] += demand[name].size_bytes
 
     for _, name, _, bound in requests:
         size = demand[name].size_bytes
@@ -480,10 +528,17 @@ def _grant(
         chosen = -1
         if bound is not None:
             b = index[bound]
+            reserved[b] -= size
             if b not in mine and allowed(b, name, size):
                 chosen = b
         if chosen < 0:
-            for candidates in (resident_at[name], range(len(slots))):
+            spare = [
+                i
+                for i in range(len(slots))
+                if free[i] - reserved[i] + (headroom[i] if name in hot else 0) >= size
+            ]
+            spare_resident = [i for i in resident_at[name] if i in spare]
+            for candidates in (spare_resident, spare, resident_at[name], range(len(slots))):
                 for i in candidates:
                     if i in mine or not allowed(i, name, size):
                         continue
@@ -502,14 +557,23 @@ def _grant(
         load[chosen] += demand[name].score / wanted[name]
         if chosen in fits:
             entries = fits[chosen]
-            while skip[chosen] < len(entries) and chosen in hosted[entries[skip[chosen]][1]]:
+            while (
+                skip[chosen] < len(entries)
+                and entries[skip[chosen]][1]
+                and chosen in hosted[entries[skip[chosen]][1]]
+            ):
                 skip[chosen] += 1
     return {name: [slots[i].name for i in where] for name, where in hosted.items()}
 
 
-def _landing(policy: PlacementPolicy, replicas: Sequence[ReplicaSlot]) -> frozenset[str]:
-    """The landing replicas: the largest budgets, then by name (always the same ones)."""
+def _landing(
+    policy: PlacementPolicy, replicas: Sequence[ReplicaSlot], first: int | None = None
+) -> frozenset[str]:
+    """The landing replicas: the largest budgets, then by name (always the same ones); `first`:
+    only that many of them."""
     count = policy.landing_replicas(len(replicas))
+    if first is not None:
+        count = min(count, first)
     ranked = sorted(replicas, key=lambda r: (-r.budget_bytes, r.name))
     return frozenset(r.name for r in ranked[:count])
 

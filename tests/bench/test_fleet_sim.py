@@ -263,6 +263,33 @@ def test_tidal_pins_what_placement_decides_and_never_evicts_a_pin(
         assert pinned_here <= policy.pins[replica.name]
 
 
+def test_tidal_tells_placement_which_sizes_are_guesses_and_never_pins_those(
+    fs: ModuleType, tiny: tuple[Any, Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lead (c) of issue 23: a model no replica has loaded yet is passed as size_known=False
+    (sized as the largest measured so far), is pinned nowhere, and becomes known once loaded."""
+    cfg, fleet, trace = tiny
+    policy = fs.Tidal(cfg)
+    seen: list[tuple[set[str], set[str], set[str]]] = []
+    real_place = fs.place
+
+    def place(pol: Any, demands: Any, slots: Any, now: float, **kw: Any) -> Any:
+        out = real_place(pol, demands, slots, now, **kw)
+        guessed = {d.name for d in demands if not d.size_known}
+        measured = {policy.names[m] for m in policy.sizes}
+        pinned = {n for pins in out.pinned.values() for n in pins}
+        seen.append((guessed, measured, pinned))
+        return out
+
+    monkeypatch.setattr(fs, "place", place)
+    fs.run_sim(cfg, fleet, trace, policy)
+    everyone = {policy.names[m] for m in range(cfg.models)}
+    assert seen and seen[0][0] | seen[0][1] == everyone and len(seen[0][0]) > len(everyone) // 2
+    for guessed, measured, pinned in seen:
+        assert not guessed & measured and not guessed & pinned
+    assert len(seen[-1][0]) < len(seen[0][0])  # first loads measured models
+
+
 # -- the report --------------------------------------------------------------------------------
 
 

@@ -225,7 +225,7 @@ def test_rates_are_never_negative(counters: list[float], step: float) -> None:
         assert all(r >= 0 for r in rates.values())
 
 
-def test_sizes_measured_then_declared_then_median() -> None:
+def test_sizes_measured_then_declared_then_the_largest_known_marked_as_a_guess() -> None:
     isvc = parse_inference_service(
         minimal(
             models=[
@@ -241,8 +241,12 @@ def test_sizes_measured_then_declared_then_median() -> None:
         a={"state": "READY", "sizeBytes": 100}, d={"state": "UNAVAILABLE", "lastSizeBytes": 500}
     )
     sizes = model_sizes(isvc.spec.models, [parse_replica_report("p", "u", body, 0)])
-    assert sizes == {"a": 100, "b": 300, "c": 300, "d": 500}
+    # c was never measured nor declared: possibly the largest known (d's measured 500).
+    assert sizes == {"a": 100, "b": 300, "c": 500, "d": 500}
     assert model_sizes(isvc.spec.models[2:3], [])["c"] == DEFAULT_MODEL_BYTES
+    reports = [parse_replica_report("p", "u", body, 0)]
+    demands = model_demands(isvc.spec.models, reports, {}, {})
+    assert {d.name: d.size_known for d in demands} == {"a": True, "b": True, "c": False, "d": True}
 
 
 def test_load_seconds_measured_or_estimated_from_bytes() -> None:
@@ -359,6 +363,24 @@ def test_smoothed_rates_ignore_a_single_request_of_a_rare_model() -> None:
     # Window 0: the interval's rate itself; a model with no report decays.
     assert smooth_rates({"a": 4.0}, {"a": 1.0}, 2.0, 0.0) == {"a": 1.0}
     assert smooth_rates({"a": 4.0}, {}, 60.0, 60.0)["a"] == pytest.approx(4 * math.exp(-1))
+
+
+def test_the_fast_attack_takes_a_real_rise_but_not_a_single_request() -> None:
+    # The hot rate as a share of all demand can be below one request per interval (0.24 req/s
+    # of a 12 req/s fleet, 0.5 req/s = one request in 2 s): a tail model's lone request must
+    # still move its smoothed rate only by the window's weight.
+    start = {"tail": 0.01, "viral": 0.01}
+    smoothed = smooth_rates(start, {"tail": 0.5, "viral": 0.5}, 2.0, 60.0, rise_to=0.24)
+    keep = math.exp(-2 / 60)
+    assert smoothed["tail"] == pytest.approx(0.01 * keep + 0.5 * (1 - keep))
+    # Two requests (1 req/s) are still within what noise gives; three or more are a rise.
+    assert smooth_rates(start, {"viral": 1.0}, 2.0, 60.0, rise_to=0.24)["viral"] < 0.1
+    assert smooth_rates(start, {"viral": 1.5}, 2.0, 60.0, rise_to=0.24)["viral"] == 1.5
+    # From a busy model's level, a rise must clear 3 sigma of its own Poisson noise: 10 req/s
+    # over 2 s is 20 +- 4.5 requests, so 26 is noise and 40 a rise.
+    busy = {"m": 10.0}
+    assert smooth_rates(busy, {"m": 13.0}, 2.0, 60.0, rise_to=0.24)["m"] < 10.2
+    assert smooth_rates(busy, {"m": 20.0}, 2.0, 60.0, rise_to=0.24)["m"] == 20.0
 
 
 @given(

@@ -16,6 +16,7 @@ from tidal.operator.core.placement import (
     REASON_COLD_NO_REPLICAS,
     REASON_COLD_NO_ROOM,
     REASON_COLD_OVER_PIN_BUDGET,
+    REASON_COLD_SIZE_UNKNOWN,
     REASON_COLD_STICKY,
     REASON_TOO_LARGE,
     ModelDemand,
@@ -654,6 +655,48 @@ def test_some_replica_can_always_load_the_largest_unpinned_model(
         assert max(_room(placement, slots, by_name).values()) >= largest
 
 
+# -- lead (c): a model nobody measured may be the largest ------------------------------------
+
+
+def test_a_model_of_unknown_size_is_pinned_nowhere_and_a_whole_budget_stays_free() -> None:
+    # Eight 1 GB models would be pinned on every replica; a never-measured model, guessed at
+    # 1 GB, may really be 9 GB: one replica (the first landing one) keeps its whole budget.
+    known = [model(f"k{k}", rate=5.0, size_gb=1.0) for k in range(8)]
+    guess = replace(model("new", rate=5.0, size_gb=1.0), size_known=False)
+    slots = replicas(4)
+    placement = place(POLICY, [*known, guess], slots, now=0.0)
+    assert placement.copies("new") == 0 and placement.reasons["new"] == REASON_COLD_SIZE_UNKNOWN
+    assert placement.pinned["r0"] == frozenset()
+    assert all(placement.copies(m.name) == 1 for m in known)
+    # Once measured, it is pinned by its rate and r0 keeps only room for the largest model.
+    measured = place(POLICY, [*known, model("new", rate=5.0, size_gb=1.0)], slots, now=2.0)
+    assert measured.copies("new") == 1 and measured.pinned["r0"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    sizes=st.lists(st.floats(min_value=0.1, max_value=9.5), min_size=2, max_size=12),
+    rates=st.lists(st.floats(min_value=0.0, max_value=200.0), min_size=12, max_size=12),
+    unknown=st.lists(st.booleans(), min_size=12, max_size=12),
+    count=st.integers(min_value=2, max_value=5),
+)
+def test_property_a_model_of_unknown_size_always_finds_a_whole_budget(
+    sizes: list[float], rates: list[float], unknown: list[bool], count: int
+) -> None:
+    """Whatever its real size (up to a budget), a model nobody has measured can be loaded on
+    some replica by evicting only unpinned engines, and it is pinned nowhere until measured."""
+    models = [
+        replace(model(f"m{k}", rate=rates[k], size_gb=s), size_known=not unknown[k])
+        for k, s in enumerate(sizes)
+    ]
+    slots = replicas(count)
+    placement = place(POLICY, models, slots, now=0.0)
+    guessed = [m.name for m in models if not m.size_known]
+    assert all(placement.copies(name) == 0 for name in guessed)
+    if guessed:
+        assert any(not pins for pins in placement.pinned.values()), placement.pinned
+
+
 # -- issue 23: protection of hot models ------------------------------------------------------
 
 
@@ -735,3 +778,51 @@ def test_property_a_viral_rise_gets_a_copy_within_one_interval(
     assert smoothed[viral] == now_rates[viral]
     after = place(policy, demands(smoothed), settled, now=2.0, history=True)
     assert after.copies(viral) >= 1, (after.reasons[viral], after.pinned)
+
+
+def test_a_viral_model_above_the_threshold_displaces_a_colder_incumbent_at_once() -> None:
+    # r0 is the landing replica; r1 and r2 hold two 8 GB incumbents at 1.0 req/s. The viral
+    # 8 GB model at 1.1 req/s is hot (threshold 0.35 x 3.1 = 1.085), the incumbents are not:
+    # it is granted first, though 1.1 < 1.25 x 1.0 (the incumbents' sticky priority).
+    policy = replace(POLICY, hot_share=0.35)
+    a, b = model("a", rate=1.0, size_gb=8.0), model("b", rate=1.0, size_gb=8.0)
+    viral = model("viral", rate=1.1, size_gb=8.0)
+    slots = [
+        replica("r0"),
+        replica("r1", resident=["a"], pinned=["a"]),
+        replica("r2", resident=["b"], pinned=["b"]),
+    ]
+    placement = place(policy, [a, b, viral], slots, now=0.0, history=True)
+    assert placement.copies("viral") == 1, placement.reasons
+    without_tiers = place(replace(policy, hot_in_headroom=False), [a, b, viral], slots, now=0.0)
+    assert without_tiers.copies("viral") == 0  # the earlier rule: it waited for 1.25x
+
+
+@settings(max_examples=300, deadline=None)
+@given(fleets(), st.sampled_from([0.02, 0.2]))
+def test_property_a_hot_model_is_never_left_cold_for_a_colder_incumbent(
+    fleet: tuple[PlacementPolicy, list[ModelDemand], list[ReplicaSlot]], hot_share: float
+) -> None:
+    """A model at or above the hot threshold that wants a copy and gets none: on every replica
+    that could hold it (landing replicas aside), hot models alone leave too little room. A
+    colder incumbent's stickiness never keeps a viral model out (it would wait until its score
+    were 1 + stickiness times the incumbent's)."""
+    policy, models, slots = fleet
+    policy = replace(policy, hot_share=hot_share)
+    p = place(policy, models, slots, now=0.0, history=True)
+    if policy.landing_replicas(len(slots)) == 0:
+        return
+    sizes = {m.name: m.size_bytes for m in models}
+    threshold = policy.hot_threshold(sum(m.rate for m in models))
+    hot = {m.name for m in models if m.score >= threshold}
+    landing = _landing_names(policy, slots)
+    for h in models:
+        if h.name not in hot or p.wanted[h.name] == 0 or p.copies(h.name) > 0:
+            continue
+        if h.name in p.too_large:
+            continue
+        for r in slots:
+            if r.name in landing or h.size_bytes > r.budget_bytes:
+                continue
+            hot_bytes = sum(sizes[m] for m in p.pinned[r.name] if m in hot)
+            assert hot_bytes + h.size_bytes > r.budget_bytes, (h, r, p.pinned[r.name], p.reasons)
