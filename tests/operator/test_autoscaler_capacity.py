@@ -290,24 +290,52 @@ def test_queue_mode_learns_nothing_on_the_tick_a_backlog_drains() -> None:
     one the replicas may be draining a backlog, and its queue counts the drained requests as
     time each request holds: that tick learns nothing, the next steady one does."""
     policy = replace(POLICY, target_queue_depth=0.5)
-    state = ScalerState(desired_serving=10)
-    # Saturated: 10 replicas serve 1000 req/s of 1500 arriving (their slots always busy).
+    state = ScalerState(desired_serving=40)
+    # Saturated: 40 replicas serve 4000 req/s, 1500 arriving and the rest from a backlog (their
+    # slots always busy).
     for k in range(3):
-        _, state = decide_scale(
-            policy, util_obs(k, 10, 1500.0, queue=3000.0, work=sample(1000.0)), state
-        )
+        obs = util_obs(k, 40, 1500.0, queue=5000.0 - 2500 * k, work=sample(4000.0))
+        _, state = decide_scale(policy, obs, state)
     assert state.seconds_per_request is None
     assert state.last_saturated
-    # The load falls to 300 req/s and the last 100 queued drain: the replicas complete 400 in
-    # the second (slots 40 % busy) and the queue, as the time in service over the interval,
-    # shows 4 for 300 arriving: 13 ms a request where it takes 10.
-    drain = util_obs(3, 10, 300.0, queue=4.0, work=sample(400.0))
+    # The last 100 queued drain: the replicas complete 1600 in the second (slots 40 % busy)
+    # and the queue, as the time in service over the interval, shows 16 for 1500 arriving:
+    # 10.7 ms a request where it takes 10.
+    drain = util_obs(3, 40, 1500.0, queue=16.0, work=sample(1600.0))
     _, state = decide_scale(policy, drain, state)
     assert state.seconds_per_request is None, "learned from the tick a backlog drained"
     assert not state.last_saturated
-    # Steady: 300 req/s x 10 ms = 3 in service.
-    _, state = decide_scale(policy, util_obs(4, 10, 300.0), state)
+    # Steady: 1500 req/s x 10 ms = 15 in service.
+    _, state = decide_scale(policy, util_obs(4, 40, 1500.0), state)
     assert state.seconds_per_request == pytest.approx(SERVICE)
+
+
+def test_queue_mode_learns_nothing_while_the_load_steps() -> None:
+    """A rate measured over an interval in which the load started (or stepped) lags the queue
+    read at its end: 10 in flight for 20 req/s measured is no 0.5 s a request. Only once the
+    rate is within `steady_rate_factor` of the last tick's is a sample taken."""
+    policy = replace(POLICY, target_queue_depth=1.0)
+    state = ScalerState(desired_serving=1)
+
+    def tick(k: int, rate: float, queue: float) -> ScalerState:
+        obs = Observation(
+            now=float(k),
+            ready_serving=1,
+            queue_depth=queue,
+            arrival_rate=rate,
+            work=WorkSample(work_of([1] * max(1, round(rate)), 0.0, 0.001), 1, 1),
+        )
+        return decide_scale(policy, obs, state)[1]
+
+    state = tick(0, 0.0, 0.0)  # idle
+    state = tick(1, 20.0, 10.0)  # the load (100 req/s, 100 ms each) starts late in the second
+    assert state.seconds_per_request is None
+    state = tick(2, 100.0, 10.0)  # the first full second: 5x the last rate, a step
+    assert state.seconds_per_request is None
+    state = tick(3, 100.0, 10.0)  # steady
+    assert state.seconds_per_request == pytest.approx(0.1)
+    state = tick(4, 250.0, 10.0)  # a step up: nothing learned
+    assert state.seconds_per_request == pytest.approx(0.1)
 
 
 def test_queue_mode_sizes_for_the_queue_target_once_capacity_is_known() -> None:
