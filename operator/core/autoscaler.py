@@ -24,8 +24,11 @@ How demand is estimated (in replicas):
   `target_queue_depth`, its old meaning: concurrency per replica, with the seconds of
   concurrency one request holds learned from queue depth / arrival rate while not saturated
   (the queue within its target, or, capacity known, the execution slots less than half busy:
-  time held outside the batcher is no backlog); until then the learned capacity's service
-  time; without either, the queue over the target, at most doubling the pool per decision.
+  time held outside the batcher is no backlog), and only in a steady state, where Little's
+  law holds: not on the tick after a saturated one (it may drain a backlog, which is no time
+  a request holds) nor while the rate steps (a rate that rose within the interval lags the
+  queue read at its end); until then the learned capacity's service time; without either,
+  the queue over the target, at most doubling the pool per decision.
   The backlog allowance and the bound below apply in both modes.
 * Backlog: requests waiting beyond what the ready replicas hold in service, plus what they
   fall behind by until the replicas on the way are warm, counting only requests that can
@@ -184,6 +187,10 @@ class ScalingPolicy:
     require_p99_for_scale_down: bool = True
     # Weight of a new sample in the per-request concurrency estimate.
     seconds_per_request_smoothing: float = 0.2
+    # A per-request sample is taken only while the arrival rate is steady: within this factor
+    # of the last tick's (a rate that stepped within the interval lags the queue read at its
+    # end, and their ratio is no time a request holds).
+    steady_rate_factor: float = 1.5
 
     def __post_init__(self) -> None:
         problems = []
@@ -227,6 +234,8 @@ class ScalingPolicy:
             problems.append("capacity_extrapolation must be >= 1")
         if not 0 < self.seconds_per_request_smoothing <= 1:
             problems.append("seconds_per_request_smoothing must be in (0, 1]")
+        if self.steady_rate_factor < 1:
+            problems.append("steady_rate_factor must be >= 1")
         if problems:
             raise ValueError("invalid ScalingPolicy: " + "; ".join(problems))
 
@@ -454,6 +463,10 @@ class ScalerState:
     # Ready serving replicas at the last decision: the batch work since then was done by no
     # more than the fewer of these and the ready now (not persisted: a restart re-learns it).
     last_ready: int | None = None
+    # The last per-request sample judged the pool saturated (kept through ticks that could not
+    # judge): the next tick may be the one its backlog drains, and learns nothing (not
+    # persisted, like last_ready).
+    last_saturated: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -609,6 +622,7 @@ def decide_scale(
     rise_window, surge = _record_surge(policy, obs, state, warmup)
     standby = min(_standby_target(policy, surge, obs.now, capacity), policy.max_replicas - desired)
     promote = min(obs.ready_standby, max(0, desired - obs.ready_serving))
+    seconds_per_request, saturated = _learn_seconds_per_request(policy, obs, state, capacity)
     new_state = ScalerState(
         desired_serving=desired,
         last_scale_up_at=obs.now if desired > current else state.last_scale_up_at,
@@ -617,11 +631,12 @@ def decide_scale(
         down_window=window,
         trend_samples=trend_samples,
         trend_signal=signal,
-        seconds_per_request=_learn_seconds_per_request(policy, obs, state, capacity),
+        seconds_per_request=seconds_per_request,
         capacity=memory,
         rise_window=rise_window,
         surge=surge,
         last_ready=obs.ready_serving,
+        last_saturated=saturated,
     )
     inputs = _inputs(obs, state, warmup, demand, p99_replicas, window_max, capacity)
     inputs = replace(inputs, surge_rate=_surge_now(policy, surge, obs.now))
@@ -962,34 +977,62 @@ def _up_reason(obs: Observation, demand: _Demand, p99_replicas: int) -> str:
 
 def _learn_seconds_per_request(
     policy: ScalingPolicy, obs: Observation, state: ScalerState, capacity: Capacity | None
-) -> float | None:
-    """Update the concurrency one request holds, only from unsaturated samples.
+) -> tuple[float | None, bool]:
+    """Update the concurrency one request holds (Little's law: queue / arrival rate), only
+    from samples of a steady, unsaturated pool; also say whether this tick found it saturated.
 
     A saturated pool's queue depth includes the backlog, which is not a property of a request.
+    Nor is the tick after a saturated one a steady state: it may be the one whose backlog
+    drains, when the replicas complete more than arrives and a queue that reflects the interval
+    (time in service over it, as a fluid model or a windowed gauge has it) counts the drained
+    backlog as time each request holds (the both-modes property found 0.3 s learned for 0.2 s
+    of service, and a pool sized past its bound until the scale-down delay). A backlog that
+    built up over an interval kept the slots busy through it (judged saturated), so only the
+    next tick is in doubt. Dividing by the completions instead (Little's law on the
+    throughput) is no cure: a queue read once the drain is over is already the steady one;
+    the batch completions are counted over the pods' scrape intervals, not the decision's (a
+    scrape < 0.5 s after the last keeps the older base, and the next tick's work covers up to
+    two intervals), and at the batcher, not where the queue is counted; and the larger of two
+    noisy rates is biased up (tried: it under-sized e2e/test_unschedulable.py). Nor can the
+    batches' service time bound the sample: time held outside the batcher is concurrency too
+    (100 ms of it per request in that test, for a 0.3 ms batch). So the tick after a saturated
+    one learns nothing. Likewise a tick whose rate is not within `steady_rate_factor` of the
+    last one's: a load that started or stepped within the interval gives a rate below the one
+    the queue read at its end reflects (9 in flight for 9 req/s measured, on the sandbox,
+    where 90 req/s at 100 ms each arrived from then on).
     The estimate is used from the next tick on, so this tick's demand stays monotonic in load.
     """
     rate = obs.arrival_rate
     queue = obs.queue_depth
+    kept = state.seconds_per_request
     if rate is None or queue is None or rate <= 0 or queue <= 0 or obs.ready_serving == 0:
-        return state.seconds_per_request
+        return kept, state.last_saturated  # nothing to judge by: the last verdict stands
     if policy.target_queue_depth is not None:
         saturated_above = policy.target_queue_depth
         busy = _busy_share(obs, state)
         if capacity is not None and busy is not None:
             if busy >= policy.busy_share_saturated:
-                return state.seconds_per_request
+                return kept, True
             saturated_above = math.inf
     elif capacity is not None:
         saturated_above = policy.target_utilization * capacity.knee_concurrency
     else:
         saturated_above = policy.fallback_queue_depth
     if queue > obs.ready_serving * saturated_above:
-        return state.seconds_per_request
+        return kept, True
+    if state.last_saturated:
+        return kept, False  # perhaps draining a backlog: not a steady state
+    samples = state.trend_samples if state.trend_signal == "rate" else ()
+    before = samples[-1][1] if samples else None
+    if before is None or not before * policy.steady_rate_factor >= rate >= (
+        before / policy.steady_rate_factor
+    ):
+        return kept, False  # the load stepped (or started): not a steady state either
     sample = queue / rate
-    if state.seconds_per_request is None:
-        return sample
+    if kept is None:
+        return sample, False
     alpha = policy.seconds_per_request_smoothing
-    return (1 - alpha) * state.seconds_per_request + alpha * sample
+    return (1 - alpha) * kept + alpha * sample, False
 
 
 def _busy_share(obs: Observation, state: ScalerState) -> float | None:
