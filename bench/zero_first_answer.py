@@ -1,10 +1,11 @@
 """Zero -> first answer through the activator on the sandbox, per phase, for a burst at zero.
 
 A `minReplicas: 0` service (the real runtime, onnxruntime, one small MLP; the sandbox's node
-agent runs its pods as processes) is left to reach zero; then `--burst` concurrent requests
-are sent at once to its Service's endpoint (the gateway pod, the activator). Pollers (every
-20 ms, through the API server and the gateway's own `GET /v2/tidal/replicas`; a mark is the
-middle of the round trip that saw it, so each is good to about +-50 ms on an idle machine)
+agent runs its pods as processes, or with `--real-node` kubelet and containerd from the
+images) is left to reach zero; then `--burst` concurrent requests are sent at once to its
+Service's endpoint (the gateway pod, the activator). Pollers (every 20 ms, through the API
+server and the gateway's own `GET /v2/tidal/replicas`; a mark is the middle of the round trip
+that saw it, so each is good to about +-50 ms on an idle machine)
 timestamp each phase, from the burst's first byte (t = 0):
 
 * `decided`: the Deployment asks for >= 1 replica (the operator learnt of the held requests
@@ -19,7 +20,7 @@ decided` (what waking costs without any activator). The activator's own cost is 
 (ready - decided)`: reaching the operator, and from Ready to the answer. Goal (issue 21):
 <= 0.5 s, 0 requests lost.
 
-    .venv/bin/python bench/zero_first_answer.py [--burst 100] [--rounds 3] [--keep]
+    .venv/bin/python bench/zero_first_answer.py [--burst 100] [--rounds 3] [--keep] [--real-node]
 """
 
 from __future__ import annotations
@@ -154,11 +155,20 @@ def main() -> int:
     p.add_argument(
         "--keep", action="store_true", help="keep the operator's and the pods' logs (a temp dir)"
     )
+    p.add_argument(
+        "--real-node",
+        action="store_true",
+        help="on the sandbox's real node (kubelet, containerd; root) instead of the node agent",
+    )
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="zero-first-answer-"))
     t_up = time.monotonic()
     config = SandboxConfig(
-        nodes=1, gpus_per_node=2, state_dir=tmp / "sandbox", keep_state=args.keep
+        nodes=0 if args.real_node else 1,
+        gpus_per_node=2,
+        real_node=args.real_node,
+        state_dir=tmp / "sandbox",
+        keep_state=args.keep,
     )
     with Sandbox(config) as sb:
         print(f"sandbox up in {time.monotonic() - t_up:.1f} s", flush=True)
@@ -180,7 +190,8 @@ def main() -> int:
         if args.keep:
             print(f"logs: {tmp}/operator.log, {tmp}/sandbox/logs", flush=True)
         with OperatorProcess(env, namespace, tmp / "operator.log", "full"):
-            sb.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(manifest))
+            doc = sb.adapt(manifest)
+            sb.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(doc))
             rows = []
             for round_no in range(1, args.rounds + 1):
                 wait_for(lambda: at_zero(sb, namespace), timeout=300, interval=0.5, what="at zero")
