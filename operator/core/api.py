@@ -663,7 +663,8 @@ def _override_fields(model: type[BaseModel]) -> dict[str, Any]:
     for name, info in model.model_fields.items():
         kept = copy.copy(info)
         kept.default, kept.default_factory = None, None
-        fields[name] = (info.annotation | None, kept)
+        kind: Any = info.annotation
+        fields[name] = (kind | None, kept)
     return fields
 
 
