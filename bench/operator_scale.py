@@ -34,6 +34,7 @@ as on kwok's nodes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -42,6 +43,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections import Counter
@@ -51,6 +53,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from tidal.operator.core.api import LABEL_ISVC
+from tidal.operator.core.resources import RUNTIME_PORT
 from tidal.sandbox import Sandbox, SandboxConfig
 from tidal.sandbox.operatorproc import OperatorProcess
 from tidal.sandbox.procs import free_port
@@ -157,6 +161,10 @@ def quantile(metrics: Metrics, name: str, q: float) -> float | None:
     return float("inf")
 
 
+def ticks_of(metrics: Metrics, loop: str) -> float:
+    return sum(v for lab, v in metrics.get("tidal_operator_ticks_total", []) if lab["loop"] == loop)
+
+
 def by_call(metrics: Metrics) -> dict[str, int]:
     calls: Counter[str] = Counter()
     for labels, value in metrics.get("tidal_operator_api_requests_total", []):
@@ -230,18 +238,21 @@ class SubnetChain:
     the chain claims the next free /20 the way the node agent claims its own (lock file,
     bridge; removed at teardown). Nothing listens on these addresses, as on kwok's nodes."""
 
-    def __init__(self, subnets: int) -> None:
+    def __init__(self, subnets: int, responder: PodResponder | None = None) -> None:
         from tidal.sandbox.podnet import PodNetwork
 
         self.links = [PodNetwork() for _ in range(subnets)]
         self.subnet = "(none yet)"
         self.index = -1
+        self.responder = responder
 
     def setup(self) -> None:
         for link in self.links:
             link.setup()
         self.subnet = ", ".join(str(link.subnet) for link in self.links)
         self.index = self.links[0].index
+        if self.responder is not None:
+            self.responder.setup([link.subnet for link in self.links if link.subnet is not None])
 
     def address_only(self) -> str:
         from tidal.sandbox.podnet import PodNetworkError
@@ -261,11 +272,132 @@ class SubnetChain:
                 link.release_address(ip)
 
     def teardown(self) -> None:
+        if self.responder is not None:
+            self.responder.teardown()
         for link in self.links:
             link.teardown()
 
 
-def run_fake_agent(kubeconfig: str, nodes: int, pods_per_node: int, state_dir: Path) -> int:
+# -- fake pods that answer -----------------------------------------------------------------------
+BUSY_RATE = 4.0  # requests a second a busy fake pod reports answering
+
+
+def exposition(in_flight: int, answered: int) -> str:
+    """A fake pod's `/metrics`: the families the operator reads from a one-model runtime."""
+    return (
+        "# TYPE tidal_inflight_requests gauge\n"
+        f"tidal_inflight_requests {in_flight}\n"
+        "# TYPE tidal_queue_depth gauge\n"
+        'tidal_queue_depth{model="m"} 0\n'
+        "# TYPE tidal_requests counter\n"
+        f'tidal_requests_total{{model="m",code="200"}} {answered}\n'
+        "# TYPE tidal_model_ready gauge\n"
+        'tidal_model_ready{model="m"} 1\n'
+    )
+
+
+class PodResponder:
+    """Makes every fake pod's address answer `/metrics` like an idle runtime, or a busy one
+    for the addresses listed in ``busy_file`` (a JSON list the bench rewrites).
+
+    A network namespace of its own holds the fake-pod subnets as local addresses (AnyIP:
+    ``ip route add local <subnet> dev lo``); the host routes them there over a veth pair
+    (two /21 routes per /20, more specific than the bridge's), and one aiohttp server in the
+    namespace answers on every address of them. Nothing leaves the machine."""
+
+    def __init__(self, busy_file: Path, log_path: Path, port: int) -> None:
+        tag = os.getpid() % 100_000
+        self.ns, self.host_if = f"tidalbench{tag}", f"tbh{tag}"
+        # A /30 of the link-local range for the veth pair, chosen by pid.
+        base = 4 * (os.getpid() % (256 * 64))
+        self.host_ip = f"169.254.{base // 256}.{base % 256 + 1}"
+        self.peer_ip = f"169.254.{base // 256}.{base % 256 + 2}"
+        self.busy_file, self.log_path, self.port = busy_file, log_path, port
+        self.routes: list[str] = []
+        self.server: subprocess.Popen[bytes] | None = None
+
+    def setup(self, subnets: list[Any]) -> None:
+        from tidal.sandbox.podnet import _ip
+
+        _ip("netns", "del", self.ns, check=False)
+        _ip("netns", "add", self.ns)
+        _ip("link", "add", self.host_if, "type", "veth", "peer", "name", "eth0", "netns", self.ns)
+        _ip("addr", "add", f"{self.host_ip}/30", "dev", self.host_if)
+        _ip("link", "set", self.host_if, "up")
+        _ip("-n", self.ns, "addr", "add", f"{self.peer_ip}/30", "dev", "eth0")
+        _ip("-n", self.ns, "link", "set", "eth0", "up")
+        _ip("-n", self.ns, "link", "set", "lo", "up")
+        _ip("-n", self.ns, "route", "add", "default", "via", self.host_ip)
+        for subnet in subnets:
+            _ip("-n", self.ns, "route", "add", "local", str(subnet), "dev", "lo")
+            for half in subnet.subnets(prefixlen_diff=1):
+                _ip("route", "add", str(half), "via", self.peer_ip)
+                self.routes.append(str(half))
+        argv = ["ip", "netns", "exec", self.ns, sys.executable, str(Path(__file__).resolve())]
+        argv += ["--responder", str(self.busy_file), "--responder-port", str(self.port)]
+        with self.log_path.open("ab") as log:
+            self.server = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+
+    def teardown(self) -> None:
+        from tidal.sandbox.podnet import _ip
+
+        if self.server is not None:
+            self.server.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.server.wait(timeout=10)
+            if self.server.poll() is None:
+                self.server.kill()
+        for route in self.routes:
+            _ip("route", "del", route, check=False)
+        _ip("netns", "del", self.ns, check=False)  # takes the veth pair with it
+
+
+def run_responder(busy_file: Path, port: int) -> int:
+    """The fake pods' `/metrics` server (in the responder's namespace): idle pods answer the
+    same text always; busy ones a request counter growing at ``BUSY_RATE`` a second."""
+    from aiohttp import web
+
+    started = time.time()
+    busy: set[str] = set()
+    seen = {"checked": -1e9, "mtime": -1.0}
+    idle = exposition(0, 0)
+
+    def busy_now() -> set[str]:
+        now = time.monotonic()
+        if now - seen["checked"] >= 1.0:
+            seen["checked"] = now
+            try:
+                mtime = busy_file.stat().st_mtime
+            except FileNotFoundError:
+                mtime = 0.0
+            if mtime != seen["mtime"]:
+                seen["mtime"] = mtime
+                busy.clear()
+                with contextlib.suppress(FileNotFoundError, ValueError):
+                    busy.update(json.loads(busy_file.read_text()))
+        return busy
+
+    async def metrics(request: web.Request) -> web.Response:
+        sockname = request.transport.get_extra_info("sockname") if request.transport else None
+        if sockname and sockname[0] in busy_now():
+            body = exposition(1, int(BUSY_RATE * (time.time() - started)))
+        else:
+            body = idle
+        return web.Response(text=body, content_type="text/plain")
+
+    async def anything(request: web.Request) -> web.Response:
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_route("*", "/{tail:.*}", anything)
+    web.run_app(app, host="0.0.0.0", port=port, access_log=None, print=None)
+    return 0
+
+
+def run_fake_agent(
+    kubeconfig: str, nodes: int, pods_per_node: int, state_dir: Path, answer: bool
+) -> int:
     """The sandbox node agent for `nodes` fake nodes only, addresses from enough subnets."""
     import logging
 
@@ -288,20 +420,32 @@ def run_fake_agent(kubeconfig: str, nodes: int, pods_per_node: int, state_dir: P
     }
     specs = [NodeSpec(f"bench-fake-node-{i + 1}", capacity, fake=True) for i in range(nodes)]
     agent = NodeAgent(client.ApiClient(configuration), specs, state_dir, "")
-    agent.network = SubnetChain(math.ceil(nodes * pods_per_node / SUBNET_ADDRESSES))  # type: ignore[assignment]
+    responder = (
+        PodResponder(busy_file(state_dir), state_dir / "bench-responder.log", RUNTIME_PORT)
+        if answer
+        else None
+    )
+    subnets = math.ceil(nodes * pods_per_node / SUBNET_ADDRESSES)
+    agent.network = SubnetChain(subnets, responder)  # type: ignore[assignment]
     signal.signal(signal.SIGTERM, lambda *_: agent.stopping.set())
     signal.signal(signal.SIGINT, lambda *_: agent.stopping.set())
     agent.run()
     return 0
 
 
-def start_fake_nodes(sb: Sandbox, pods: int) -> int:
-    """Register enough fake nodes for `pods` (an agent process the sandbox stops); their count."""
+def busy_file(state_dir: Path) -> Path:
+    return state_dir / "bench-busy-pods.json"
+
+
+def start_fake_nodes(sb: Sandbox, pods: int, answer: bool) -> int:
+    """Register enough fake nodes for `pods` (an agent process the sandbox stops); their count.
+    ``answer``: the pods answer `/metrics` (`PodResponder`), else nothing listens."""
     from tidal.sandbox.procs import ManagedProcess
 
     nodes = max(1, math.ceil(pods / PODS_PER_FAKE_NODE))
     argv = [sys.executable, str(Path(__file__).resolve()), "--fake-agent", str(sb.kubeconfig)]
     argv += ["--fake-nodes", str(nodes), "--state-dir", str(sb.state_dir)]
+    argv += [] if answer else ["--silent-pods"]
     proc = ManagedProcess(
         "bench-fake-agent", argv, sb.log_dir / "bench-fake-agent.log", env=sb.env, cwd=REPO
     )
@@ -313,6 +457,43 @@ def start_fake_nodes(sb: Sandbox, pods: int) -> int:
 
     wait_for(ready, timeout=60, what=f"{nodes} fake nodes Ready")
     return nodes
+
+
+class BusyFeeder(threading.Thread):
+    """Keeps ``busy_file`` listing the addresses of the busy services' pods (while
+    ``busy_on``; an empty list after), for `PodResponder`'s server."""
+
+    def __init__(self, list_pods: Any, busy: set[str], path: Path) -> None:
+        super().__init__(daemon=True, name="busy-feeder")
+        self.list_pods, self.busy, self.path = list_pods, busy, path
+        self.busy_on = True
+        self.stopping = threading.Event()
+        self.written: list[str] | None = None
+
+    def run(self) -> None:
+        while not self.stopping.wait(2.0):
+            try:
+                ips = (
+                    sorted(
+                        ip
+                        for pod in self.list_pods()
+                        if (pod["metadata"].get("labels") or {}).get(LABEL_ISVC) in self.busy
+                        and (ip := (pod.get("status") or {}).get("podIP"))
+                    )
+                    if self.busy_on
+                    else []
+                )
+            except Exception as exc:  # the next round tries again
+                print(f"busy feeder: {exc}", file=sys.stderr)
+                continue
+            if ips != self.written:
+                tmp = self.path.with_suffix(".tmp")
+                tmp.write_text(json.dumps(ips))
+                tmp.replace(self.path)
+                self.written = ips
+
+    def stop(self) -> None:
+        self.stopping.set()
 
 
 # -- goals ---------------------------------------------------------------------------------------
@@ -331,24 +512,33 @@ def _ms(seconds: float | None) -> str:
 
 
 def goals(figures: dict[str, Any]) -> list[Goal]:
-    """Issue 14's scale goals against the figures of one run."""
+    """Issue 14's and issue 21's scale goals against the figures of one run."""
     rec = figures["converge"]["reconcile_p99_s"]
-    lag = figures["quiet"]["tick_lag_p99_s"]
+    mixed, quiet = figures["mixed"], figures["quiet"]
+    lag = mixed["tick_lag_p99_s"]
     peak = figures["operator_rss_peak_mib"]
-    quiet_calls = figures["quiet"]["api_calls"]
-    quiet = figures.get("converged", True)  # still converging: the window is not quiet
-    loops = figures["quiet"]["active_loops"]
-    rate = figures["quiet"].get("tick_rate_per_loop_hz")
+    done = figures.get("converged", True)  # still converging: no window is quiet
+    ready_s = figures.get("all_replicas_ready_s")
+    busy_rate = mixed.get("busy_ticks_per_busy_loop_hz")
+    rate = busy_rate if busy_rate is not None else mixed.get("tick_rate_per_loop_hz")
+    cores = quiet.get("operator_cpu_cores")
+    quiet_ok = done and figures.get("pods_answer", False)
     return [
+        Goal(
+            "all replicas Ready",
+            "≤ 300 s",
+            "—" if ready_s is None else f"{ready_s:,.0f} s",
+            ready_s is not None and ready_s <= 300,
+        ),
         Goal("reconcile P99 (converging)", "≤ 1 s", _ms(rec), None if rec is None else rec <= 1),
         Goal(
-            f"tick lag P99 ({loops:,} active loops)",
+            f"tick lag P99 ({mixed['active_loops']:,} loops)",
             "≤ 1 s",
             _ms(lag),
             None if lag is None else lag <= 1,
         ),
         Goal(
-            "ticks per loop per second",
+            "busy loops' ticks a second" if busy_rate is not None else "ticks per loop a second",
             "1 Hz",
             "—" if rate is None else f"{rate:.2f} Hz",
             None if rate is None else rate >= 0.95,
@@ -360,10 +550,16 @@ def goals(figures: dict[str, Any]) -> list[Goal]:
             peak * 1024 * 1024 <= 300e6,
         ),
         Goal(
-            f"API calls in {figures['quiet']['seconds']:g} s quiet",
+            "operator CPU, all quiet",
+            "≤ 0.1 core",
+            "—" if cores is None or not quiet_ok else f"{cores:.3f} core",
+            None if cores is None or not quiet_ok else cores <= 0.1,
+        ),
+        Goal(
+            f"API calls in {quiet['seconds']:g} s quiet",
             "0",
-            f"{quiet_calls:,}" if quiet else "not quiet",
-            quiet_calls == 0 if quiet else None,
+            f"{quiet['api_calls']:,}" if quiet_ok else "not quiet",
+            quiet["api_calls"] == 0 if quiet_ok else None,
         ),
     ]
 
@@ -449,17 +645,40 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--create-threads", type=int, default=16)
     p.add_argument("--settle-seconds", type=float, default=10.0)
-    p.add_argument("--quiet-seconds", type=float, default=30.0)
+    p.add_argument(
+        "--quiet-seconds", type=float, default=60.0, help="length of each measured window"
+    )
     p.add_argument("--timeout", type=float, default=900.0, help="give up converging after this")
     p.add_argument("--profile", type=float, default=0.0, help="py-spy seconds after the quiet")
     p.add_argument("--profile-out", type=Path, default=Path("/tmp/operator_scale-profile"))
     p.add_argument("--json", action="store_true", help="print the figures as JSON too")
+    p.add_argument(
+        "--busy-share",
+        type=float,
+        default=0.1,
+        help="share of services whose pods report traffic (the rest idle)",
+    )
+    p.add_argument(
+        "--silent-pods",
+        action="store_true",
+        help="fake pods answer nothing (as on kwok): no service is ever known to be quiet",
+    )
     p.add_argument("--fake-agent", metavar="KUBECONFIG", help=argparse.SUPPRESS)
     p.add_argument("--fake-nodes", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--state-dir", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--responder", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--responder-port", type=int, default=RUNTIME_PORT, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.responder:  # the fake pods' server, in its network namespace
+        return run_responder(args.responder, args.responder_port)
     if args.fake_agent:  # the bench's own child process
-        return run_fake_agent(args.fake_agent, args.fake_nodes, PODS_PER_FAKE_NODE, args.state_dir)
+        return run_fake_agent(
+            args.fake_agent,
+            args.fake_nodes,
+            PODS_PER_FAKE_NODE,
+            args.state_dir,
+            answer=not args.silent_pods,
+        )
 
     shards = max(1, args.shards)
     namespaces = [NAMESPACE] if shards == 1 else [f"{NAMESPACE}-{k}" for k in range(shards)]
@@ -469,7 +688,7 @@ def main(argv: list[str] | None = None) -> int:
     # No nodes of the sandbox's own: the bench registers its fake nodes (more addresses).
     config = SandboxConfig(nodes=0, fake_nodes=0, prometheus=False)
     with Sandbox(config) as sb:
-        fake_nodes = start_fake_nodes(sb, pods)
+        fake_nodes = start_fake_nodes(sb, pods, answer=not args.silent_pods)
         sb.apply_crds(REPO / "crds")
         for ns in namespaces:
             sb.kubectl("create", "namespace", ns)
@@ -526,6 +745,11 @@ def main(argv: list[str] | None = None) -> int:
             idle_rss = max(rss_mib(op.pid)[0] for op in operators)
 
             names = [f"svc-{i:04d}" for i in range(args.services)]
+            step = max(1, round(1 / args.busy_share)) if args.busy_share > 0 else 0
+            busy = {n for i, n in enumerate(names) if step and i % step == 0}
+            feeder = BusyFeeder(lambda: list_all("pods"), busy, busy_file(sb.state_dir))
+            if not args.silent_pods:
+                feeder.start()
             started_wall, started = time.time(), time.monotonic()
 
             def create(index: int) -> None:
@@ -572,18 +796,41 @@ def main(argv: list[str] | None = None) -> int:
                 if (c := _condition(i, "Ready")) is not None
             ]
 
+            loops = len(items) + shards
+
+            def window() -> tuple[Metrics, float, float]:
+                start, cpu0, t0 = scrape_all(), cpu_all(), time.monotonic()
+                time.sleep(args.quiet_seconds)
+                return minus(scrape_all(), start), cpu_all() - cpu0, time.monotonic() - t0
+
+            # 1. The busy share reporting traffic, the rest idle.
             time.sleep(args.settle_seconds)
-            quiet_start = scrape_all()
-            op_cpu2, q0 = cpu_all(), time.monotonic()
-            time.sleep(args.quiet_seconds)
-            quiet = minus(scrape_all(), quiet_start)
-            op_cpu3, quiet_seconds = cpu_all(), time.monotonic() - q0
+            mixed, mixed_cpu, mixed_seconds = window()
+            # 2. Nothing reporting traffic: every loop should turn quiet (the busy ones once
+            # their rate window has emptied), then a window where nothing at all changes.
+            feeder.busy_on = False
+            went_quiet: float | None = None
+            if not args.silent_pods:
+                q_started = time.monotonic()
+                try:
+                    wait_for(
+                        lambda: total(scrape_all(), "tidal_operator_quiet_loops") >= loops,
+                        timeout=300,
+                        interval=5.0,
+                        what=f"all {loops} control loops quiet",
+                    )
+                    went_quiet = time.monotonic() - q_started
+                except WaitTimeout:
+                    went_quiet = None
+            time.sleep(args.settle_seconds)
+            quiet, quiet_cpu, quiet_seconds = window()
+            quiet_loops_end = int(total(scrape_all(), "tidal_operator_quiet_loops"))
+            feeder.stop()
             rss_now = max(rss_mib(op.pid)[0] for op in operators)
             rss_peak = max(rss_mib(op.pid)[1] for op in operators)
             profile_text = (
                 profile(operators[0].pid, args.profile, args.profile_out) if args.profile else ""
             )
-            loops = len(items) + shards
         finally:
             for op in operators:
                 op.stop()
@@ -622,14 +869,32 @@ def main(argv: list[str] | None = None) -> int:
             total(converge, "tidal_operator_api_requests_total") / args.services, 2
         ),
         "converge": phase(converge, all_ready, op_cpu1 - op_cpu0),
-        "quiet": {
-            **phase(quiet, quiet_seconds, op_cpu3 - op_cpu2),
+        "busy_services": len(busy),
+        "pods_answer": not args.silent_pods,
+        "mixed": {
+            **phase(mixed, mixed_seconds, mixed_cpu),
             "active_loops": loops,
+            "busy_loops": len(busy),
             # Ticks per loop per second: a slow tick skips the ticks it missed (not counted as
-            # lag), so the lag histogram alone cannot show loops running below 1 Hz.
+            # lag), so the lag histogram alone cannot show loops running below 1 Hz. Busy
+            # ticks are those of one-second loops (`tidal_operator_ticks_total{loop="busy"}`).
+            "tick_rate_per_loop_hz": round(
+                total(mixed, "tidal_operator_tick_lag_seconds_count") / mixed_seconds / loops, 2
+            ),
+            "busy_ticks_per_busy_loop_hz": (
+                round(ticks_of(mixed, "busy") / mixed_seconds / len(busy), 2) if busy else None
+            ),
+            "quiet_ticks_per_s": round(ticks_of(mixed, "quiet") / mixed_seconds, 1),
+        },
+        "all_quiet_after_s": None if went_quiet is None else round(went_quiet, 1),
+        "quiet": {
+            **phase(quiet, quiet_seconds, quiet_cpu),
+            "active_loops": loops,
+            "quiet_loops_at_end": quiet_loops_end,
             "tick_rate_per_loop_hz": round(
                 total(quiet, "tidal_operator_tick_lag_seconds_count") / quiet_seconds / loops, 2
             ),
+            "busy_ticks": int(ticks_of(quiet, "busy")),
         },
         "component_cpu_s_converging": cpu_converge,
         "operator_rss_idle_mib": round(idle_rss, 1),
@@ -648,7 +913,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     width = max(len(k) for k in figures)
     for key, value in figures.items():
-        if isinstance(value, dict) and key in ("converge", "quiet"):
+        if isinstance(value, dict) and key in ("converge", "mixed", "quiet"):
             print(f"  {key}:")
             for k, v in value.items():
                 print(f"    {k:<{width}}  {v}")

@@ -363,8 +363,10 @@ class Controller:
     async def _run(self, key: Key) -> None:
         period = self.settings.tick_seconds
         next_at = self.mono()
+        loop = "busy"
         while key in self.store.services:
             metrics.TICK_LAG.observe(max(self.mono() - next_at, 0.0))
+            metrics.TICKS.labels(loop).inc()
             await self._tick_once(key)
             st = self.states.get(key)
             if (
@@ -374,10 +376,16 @@ class Controller:
                 and self.settings.quiet_tick_seconds > period
             ):
                 # Nothing going on: the next tick on an event or the slow timer.
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(st.wake.wait(), self.settings.quiet_tick_seconds)
+                loop = "quiet"
+                metrics.QUIET_LOOPS.inc()
+                try:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(st.wake.wait(), self.settings.quiet_tick_seconds)
+                finally:
+                    metrics.QUIET_LOOPS.dec()
                 next_at = self.mono()
                 continue
+            loop = "busy"
             next_at += period
             now = self.mono()
             if next_at < now:  # a slow tick: skip the missed ticks rather than bunching up

@@ -108,6 +108,16 @@ SCRAPES_SKIPPED = Counter(
     "Pod scrapes not sent because the pod missed its last ones (backing off, at most 8 s "
     "between tries); each reads as a missing pod.",
 )
+TICKS = Counter(
+    "tidal_operator_ticks_total",
+    "Control-loop ticks run, by the loop's state before the tick: busy (the one-second loop) "
+    "or quiet (woken by an event or the slow timer, see --quiet-tick-seconds).",
+    ["loop"],
+)
+QUIET_LOOPS = Gauge(
+    "tidal_operator_quiet_loops",
+    "Control loops waiting quietly now (nothing going on: ticked on events and a slow timer).",
+)
 TICK_DURATION = Histogram(
     "tidal_operator_tick_duration_seconds",
     "Duration of one control-loop tick of one InferenceService (observe, decide, publish).",
