@@ -12,28 +12,35 @@ only), creates N InferenceServices of R replicas each at once and measures
 * reconcile duration P50/P99 and Kubernetes API requests per reconcile (the operator's own
   requests; watches excluded) while converging, and API calls and reconciles in a quiet period
   afterwards (nothing changes, so a level-triggered operator should make none);
-* control-loop tick lag (how late a tick started) and tick duration P50/P99, while converging and
-  in the quiet period, when all N loops are active;
+* control-loop tick lag (how late a tick started) and tick duration P50/P99, and ticks per loop
+  per second, in two windows after convergence: *mixed* (``--busy-share`` of the services, 10 %
+  by default, report traffic; the rest are idle) and *quiet* (nothing reports traffic: the bench
+  waits until every control loop is quiet, ``tidal_operator_quiet_loops``, then measures), with
+  the ticks of one-second loops and of quiet ones apart (``tidal_operator_ticks_total{loop}``);
 * the operator's resident memory (current and peak) and CPU seconds (utime + stime from
   /proc/<pid>/stat) per phase, and the CPU of each sandbox component while converging;
 
-then prints each issue-14 goal as met or not. The figures come from the operator's own
+then prints each goal of issues 14 and 21 as met or not. The figures come from the operator's own
 histograms and counters (its ``--metrics-port``), scraped only at phase boundaries so the bench
 does not load the operator's metrics thread in between.
 
 Fake nodes: the sandbox node agent's fake mode, run by the bench as its own child process
 (``--fake-agent``) so that fake pods can take addresses from as many sandbox pod subnets as they
 need (the sandbox's own agent gives them its one /20: 4,093 addresses, fewer than 10,000 pods).
-Nothing listens on those addresses, so every direct scrape of a pod by the operator times out,
-as on kwok's nodes.
+The pods answer the operator's scrapes (`PodResponder`: one server in a network namespace that
+holds the fake subnets as local addresses) like an idle runtime, or a busy one for the busy
+services; ``--silent-pods`` leaves nothing listening, as on kwok's nodes (every scrape times out
+and no service is ever known to be quiet).
 
-    .venv/bin/python bench/operator_scale.py [--services 200] [--replicas 1] [--quiet-seconds 30]
+    .venv/bin/python bench/operator_scale.py [--services 200] [--replicas 1] [--quiet-seconds 60]
+        [--busy-share 0.1] [--silent-pods]
         [--profile SECONDS]   # py-spy (PATH or TIDAL_PY_SPY) samples the operator afterwards
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import math
@@ -353,43 +360,71 @@ class PodResponder:
 
 
 def run_responder(busy_file: Path, port: int) -> int:
-    """The fake pods' `/metrics` server (in the responder's namespace): idle pods answer the
-    same text always; busy ones a request counter growing at ``BUSY_RATE`` a second."""
+    """The fake pods' server (in the responder's namespace). ``/metrics``: idle pods answer the
+    same text always; busy ones a request counter growing at ``BUSY_RATE`` a second.
+    ``/v2/tidal/activity``: the runtime's arrivals long-poll (idle pods park it until they
+    turn busy or its wait ends)."""
     from aiohttp import web
 
     started = time.time()
     busy: set[str] = set()
-    seen = {"checked": -1e9, "mtime": -1.0}
+    changed = asyncio.Event()  # set (and replaced) whenever the busy list changes
     idle = exposition(0, 0)
 
-    def busy_now() -> set[str]:
-        now = time.monotonic()
-        if now - seen["checked"] >= 1.0:
-            seen["checked"] = now
-            try:
-                mtime = busy_file.stat().st_mtime
-            except FileNotFoundError:
-                mtime = 0.0
-            if mtime != seen["mtime"]:
-                seen["mtime"] = mtime
-                busy.clear()
-                with contextlib.suppress(FileNotFoundError, ValueError):
-                    busy.update(json.loads(busy_file.read_text()))
-        return busy
+    seen = {"mtime": -1.0}
+
+    def reload_if_changed() -> None:
+        nonlocal changed
+        try:
+            mtime = busy_file.stat().st_mtime
+        except FileNotFoundError:
+            mtime = 0.0
+        if mtime == seen["mtime"]:
+            return
+        seen["mtime"] = mtime
+        busy.clear()
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            busy.update(json.loads(busy_file.read_text()))
+        changed.set()
+        changed = asyncio.Event()
+
+    async def follow_busy_file(app: web.Application) -> None:
+        async def follow() -> None:
+            while True:
+                reload_if_changed()
+                await asyncio.sleep(1.0)
+
+        app["follow"] = asyncio.create_task(follow())
+
+    def arrivals(ip: str) -> int:
+        return int(BUSY_RATE * (time.time() - started)) if ip in busy else 0
+
+    def local_ip(request: web.Request) -> str:
+        sockname = request.transport.get_extra_info("sockname") if request.transport else None
+        return str(sockname[0]) if sockname else ""
 
     async def metrics(request: web.Request) -> web.Response:
-        sockname = request.transport.get_extra_info("sockname") if request.transport else None
-        if sockname and sockname[0] in busy_now():
-            body = exposition(1, int(BUSY_RATE * (time.time() - started)))
-        else:
-            body = idle
+        ip = local_ip(request)
+        body = exposition(1, arrivals(ip)) if ip in busy else idle
         return web.Response(text=body, content_type="text/plain")
+
+    async def activity(request: web.Request) -> web.Response:
+        ip = local_ip(request)
+        since = request.query.get("since")
+        if since is not None and int(since) == arrivals(ip):
+            deadline = time.monotonic() + min(float(request.query.get("wait", "30")), 120.0)
+            while ip not in busy and (left := deadline - time.monotonic()) > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), left)
+        return web.json_response({"arrivals": arrivals(ip)})
 
     async def anything(request: web.Request) -> web.Response:
         return web.json_response({})
 
     app = web.Application()
+    app.on_startup.append(follow_busy_file)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/v2/tidal/activity", activity)
     app.router.add_route("*", "/{tail:.*}", anything)
     web.run_app(app, host="0.0.0.0", port=port, access_log=None, print=None)
     return 0

@@ -4,7 +4,9 @@ Routes: health (live/ready), server and model metadata, model ready, model confi
 extension, used by tritonclient), infer (JSON and binary tensors), the statistics extension,
 the model-repository extension (index, load, unload), the fleet endpoints the gateway and the
 operator use (``GET /v2/tidal/models``, a long-poll of the hot set; ``PUT /v2/tidal/placement``,
-the pinned models), and ``/metrics``; model routes also under ``/versions/{v}`` (version 1).
+the pinned models), ``GET /v2/tidal/activity`` (a long-poll of the infer requests that
+arrived: how the operator learns at once that traffic reached a quiet service), and
+``/metrics``; model routes also under ``/versions/{v}`` (version 1).
 
 Every error becomes ``{"error": message}`` in :func:`error_middleware`, with the status of
 :mod:`tidal.runtime.errors` — unknown routes and methods included; anything unexpected becomes a
@@ -34,7 +36,7 @@ from tidal.runtime.backends import Backend, TensorSpec, make_backend
 from tidal.runtime.batcher import ModelBatcher
 from tidal.runtime.clock import CLOCK, Clock
 from tidal.runtime.config import RuntimeConfig
-from tidal.runtime.enginecache import READY, EngineCache
+from tidal.runtime.enginecache import READY, ChangeFeed, EngineCache
 from tidal.runtime.errors import (
     ClientDisconnected,
     InjectedFault,
@@ -63,6 +65,7 @@ from tidal.runtime.storage import EngineStore
 log = logging.getLogger("tidal.runtime.server")
 
 MAX_LONG_POLL_S = 30.0  # longest a GET /v2/tidal/models?since=… waits for a change
+MAX_ACTIVITY_POLL_S = 120.0  # longest a GET /v2/tidal/activity?since=… waits for a request
 VERSIONS = ("1",)  # every model has one version
 MAX_REQUEST_BYTES = web.AppKey("max_request_bytes", int)  # for the middleware's early check
 
@@ -216,6 +219,7 @@ class RequestAccounting:
         runtime = self._runtime
         self._started = runtime.clock.now()
         runtime.metrics.inflight.inc()
+        runtime.arrivals.bump()
         if self._slot is not None:
             self._slot.outstanding += 1
         return self
@@ -274,6 +278,8 @@ class RuntimeServer:
         self.batchers: dict[str, ModelBatcher] = {}
         self.ready = False
         self.draining = False  # shutting down: not ready, still serving
+        # Infer requests arrived (every transport): long-polled by GET /v2/tidal/activity.
+        self.arrivals = ChangeFeed()
         self.startup_error: str | None = None
         self._startup_task: asyncio.Task[None] | None = None
         self._random = random.Random(config.faults.seed)
@@ -300,6 +306,7 @@ class RuntimeServer:
         r.add_post("/v2/repository/models/{model}/load", self.repository_load)
         r.add_post("/v2/repository/models/{model}/unload", self.repository_unload)
         r.add_get("/v2/tidal/models", self.fleet_models)
+        r.add_get("/v2/tidal/activity", self.activity)
         r.add_put("/v2/tidal/placement", self.fleet_placement)
         r.add_get("/v2/tidal/tier", self.tier_get)
         r.add_put("/v2/tidal/tier", self.tier_put)
@@ -360,6 +367,7 @@ class RuntimeServer:
     async def _on_shutdown(self, app: web.Application) -> None:
         # Before aiohttp waits for running handlers: answer the long-polls now.
         self.cache.changes.close()
+        self.arrivals.close()
 
     async def _on_cleanup(self, app: web.Application) -> None:
         self.ready = False
@@ -562,6 +570,19 @@ class RuntimeServer:
                 raise InvalidRequest("'since' must be an integer and 'wait' a number") from None
             await self.cache.changes.wait_past(since, min(max(wait, 0.0), MAX_LONG_POLL_S))
         return web.json_response(self.fleet_view(request))
+
+    async def activity(self, request: web.Request) -> web.Response:
+        """``{"arrivals": N}``, the infer requests that arrived so far; with ``since``, a
+        long-poll that answers once the count differs from it (or after ``wait`` seconds)."""
+        since_text = request.query.get("since")
+        if since_text is not None:
+            try:
+                since = int(since_text)
+                wait = float(request.query.get("wait", "30"))
+            except ValueError:
+                raise InvalidRequest("'since' must be an integer and 'wait' a number") from None
+            await self.arrivals.wait_past(since, min(max(wait, 0.0), MAX_ACTIVITY_POLL_S))
+        return web.json_response({"arrivals": self.arrivals.generation})
 
     def fleet_view(self, request: web.Request) -> dict[str, Any]:
         cache = self.cache

@@ -129,10 +129,12 @@ from tidal.operator.core.signals import (
     pod_labels,
     pod_ready,
     pod_views,
+    scrape_targets,
     time_to_routable,
 )
 from tidal.operator.core.status import EventSpec
 from tidal.operator.shell import metrics
+from tidal.operator.shell.activity import ActivityWatch
 from tidal.operator.shell.kube import Kube, KubeError
 from tidal.operator.shell.podmetrics import new_scrape_session, probe_ready
 from tidal.operator.shell.reconciler import Key, Store
@@ -210,6 +212,8 @@ class ServiceState:
     zero: ZeroMemory = field(default_factory=ZeroMemory)
     # The last tick found nothing going on: the loop waits for `wake` or the slow timer.
     quiet: bool = False
+    # While quiet: the long-polls that wake the loop at the first request to reach a pod.
+    activity: ActivityWatch | None = None
     # A view change not handed to the reconciler yet (status writes are rate-limited).
     unsent: bool = False
     wake: asyncio.Event = field(default_factory=asyncio.Event)
@@ -270,6 +274,7 @@ class Controller:
         # gateway loop's long-poll, which pokes the service when it changes).
         self.held: Callable[[Key], int] = lambda key: 0
         self._probe_session: aiohttp.ClientSession | None = None
+        self._long_polls: aiohttp.ClientSession | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -309,7 +314,7 @@ class Controller:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        self.states.pop(key, None)
+        self._forget(key)
         metrics.forget_service(*key)
         for pool in PoolName:
             self.collector.forget(PoolKey(key[0], key[1], pool.value))
@@ -321,6 +326,9 @@ class Controller:
         if self._probe_session is not None:
             await self._probe_session.close()
             self._probe_session = None
+        if self._long_polls is not None:
+            await self._long_polls.close()
+            self._long_polls = None
 
     def _start_probes(self, st: ServiceState, pods: Sequence[Mapping[str, Any]]) -> None:
         """Ask the not-Ready pods why, in the background: a runtime busy loading may take up to
@@ -404,8 +412,13 @@ class Controller:
                 await self._tick_once(key)
                 now = self.mono()
             await asyncio.sleep(max(next_at - now, 0.0))
-        self.states.pop(key, None)
+        self._forget(key)
         self.tasks.pop(key, None)
+
+    def _forget(self, key: Key) -> None:
+        st = self.states.pop(key, None)
+        if st is not None and st.activity is not None:
+            st.activity.cancel()
 
     # -- one tick ----------------------------------------------------------------------------
 
@@ -592,9 +605,36 @@ class Controller:
             and not self._busy_in_background(st)
             and is_quiet(decision, observation, policy.max_metrics_age_seconds)
         )
+        self._watch_activity(key, st, [b for pool in pools for b in pods[pool]])
         for e in events:
             log.info("%s/%s %s: %s", key[0], key[1], e.reason, e.message)
         await asyncio.gather(*(self.kube.post_event(body, e, now) for e in events))
+
+    def _watch_activity(
+        self, key: Key, st: ServiceState, pods: Sequence[Mapping[str, Any]]
+    ) -> None:
+        """While the loop is quiet, keep a long-poll parked on each of its pods
+        (`ActivityWatch`): the first request to arrive pokes the loop."""
+        slow = self.settings.quiet_tick_seconds > self.settings.tick_seconds
+        urls = (
+            frozenset(f"http://{t.address}" for t in scrape_targets(pods))
+            if st.quiet and slow
+            else frozenset()
+        )
+        watch = st.activity
+        if watch is not None and (watch.urls != urls or watch.done):
+            watch.cancel()
+            st.activity = watch = None
+        if urls and watch is None:
+            st.activity = ActivityWatch(
+                f"{key[0]}/{key[1]}", urls, lambda: self.poke(key), self._activity_session
+            )
+
+    def _activity_session(self) -> aiohttp.ClientSession:
+        # Apart from the scrapes' session: parked long-polls must not take its connections.
+        if self._long_polls is None or self._long_polls.closed:
+            self._long_polls = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        return self._long_polls
 
     def _cache_synced(
         self,

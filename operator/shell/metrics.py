@@ -118,6 +118,11 @@ QUIET_LOOPS = Gauge(
     "tidal_operator_quiet_loops",
     "Control loops waiting quietly now (nothing going on: ticked on events and a slow timer).",
 )
+ACTIVITY_WAKES = Counter(
+    "tidal_operator_activity_wakes_total",
+    "Quiet control loops woken because a request reached one of their pods (the runtime's "
+    "GET /v2/tidal/activity long-poll answered).",
+)
 TICK_DURATION = Histogram(
     "tidal_operator_tick_duration_seconds",
     "Duration of one control-loop tick of one InferenceService (observe, decide, publish).",

@@ -202,3 +202,31 @@ def test_a_failed_pinned_load_says_why_and_is_retried(serve, models, model_entry
     assert rt.call(lambda: "broken" in rt.server.cache._pin_retry)  # a retry is scheduled
     call("PUT", f"{rt.url}/v2/tidal/placement", {"pinned": []})
     assert rt.call(lambda: "broken" not in rt.server.cache._pin_retry)  # unpinned: no retry
+
+
+def activity(url: str, since: int | None = None, wait: float = 10.0) -> int:
+    query = "" if since is None else f"?since={since}&wait={wait}"
+    status, body = call("GET", f"{url}/v2/tidal/activity{query}", timeout=wait + 30)
+    assert status == 200, body
+    return int(body["arrivals"])
+
+
+def test_activity_long_poll_answers_when_an_infer_request_arrives(
+    serve, models, model_entry
+) -> None:
+    """The operator parks this long-poll on a quiet service's pods: the first request to
+    arrive must answer it at once, not at the end of its wait."""
+    rt = serve({"models": [model_entry(models["mlp"], "mlp")]})
+    before = activity(rt.url)
+    answers: list[int] = []
+    poller = threading.Thread(target=lambda: answers.append(activity(rt.url, before, wait=100)))
+    poller.start()
+    infer(rt.url, "mlp")
+    poller.join(60)  # well inside the poll's 100 s wait: only the arrival can have answered it
+    assert answers, "the activity long-poll did not answer within 60 s of a request arriving"
+    assert answers[0] > before, answers
+    # No request: the poll answers after its wait with the same count.
+    now = activity(rt.url)
+    assert activity(rt.url, now, wait=0.2) == now
+    status, body = call("GET", f"{rt.url}/v2/tidal/activity?since=x")
+    assert status == 400 and "since" in body["error"], body

@@ -1,0 +1,92 @@
+"""Traffic coming back to a quiet service, pushed: a long-poll per pod of the runtime's
+``GET /v2/tidal/activity`` (the count of infer requests that arrived, over every transport).
+
+A quiet control loop (``core.idle.is_quiet``) ticks on events and a slow timer only. Events of
+the API (a pod or spec change) and the activator's held count wake it at once; this watch adds
+the last kind: the first request to reach one of its pods answers that pod's parked long-poll,
+and the loop is poked and ticks within milliseconds instead of up to ``quiet_tick_seconds``
+later. The cost of a quiet service is then one idle connection per pod, renewed every
+``wait_seconds``: no CPU in between, no API call.
+
+A pod that cannot answer (an older runtime: 404; unreachable) leaves the service to its slow
+timer; the next quiet tick starts the watch again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import aiohttp
+
+from tidal.operator.shell import metrics
+
+log = logging.getLogger(__name__)
+
+# How long one long-poll waits for a request before it is renewed (the runtime's own cap is
+# 120 s).
+ACTIVITY_WAIT_SECONDS = 60.0
+
+
+class ActivityWatch:
+    """Long-polls of one quiet service's pods; ``on_arrival`` is called once, at the first
+    request any of them receives, and the watch then ends."""
+
+    def __init__(
+        self,
+        name: str,
+        urls: frozenset[str],
+        on_arrival: Callable[[], None],
+        session: Callable[[], aiohttp.ClientSession],
+        wait_seconds: float = ACTIVITY_WAIT_SECONDS,
+    ) -> None:
+        self.urls = urls
+        self.on_arrival = on_arrival
+        self.session = session
+        self.wait_seconds = wait_seconds
+        self.woke = False
+        self.task = asyncio.create_task(self._watch_all(), name=f"activity {name}")
+
+    @property
+    def done(self) -> bool:
+        return self.task.done()
+
+    def cancel(self) -> None:
+        self.task.cancel()
+
+    async def _watch_all(self) -> None:
+        await asyncio.gather(*(self._watch(url) for url in sorted(self.urls)))
+
+    async def _watch(self, url: str) -> None:
+        session = self.session()
+        try:
+            seen = await self._arrivals(session, url, None)
+            if seen is None:
+                return
+            while not self.woke:
+                now = await self._arrivals(session, url, seen)
+                if now is None:
+                    return
+                if now != seen:
+                    if not self.woke:
+                        self.woke = True
+                        metrics.ACTIVITY_WAKES.inc()
+                        self.on_arrival()
+                    return
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError, KeyError, TypeError) as exc:
+            log.debug("activity of %s: %s", url, exc)
+
+    async def _arrivals(
+        self, session: aiohttp.ClientSession, url: str, since: int | None
+    ) -> int | None:
+        """The pod's arrival count (with ``since``: once it differs, or after the wait);
+        None when the pod has no such endpoint."""
+        params = {} if since is None else {"since": str(since), "wait": str(self.wait_seconds)}
+        timeout = aiohttp.ClientTimeout(total=(5.0 if since is None else self.wait_seconds + 10))
+        async with session.get(f"{url}/v2/tidal/activity", params=params, timeout=timeout) as r:
+            if r.status != 200:
+                log.debug("activity of %s: HTTP %d (an older runtime?)", url, r.status)
+                return None
+            body = await r.json(content_type=None)
+        return int(body["arrivals"])
