@@ -25,7 +25,11 @@ Credentials: in-cluster service account, else ``KUBECONFIG``.
 
 ``--quiet-tick-seconds S`` (``TIDAL_OPERATOR_QUIET_TICK_SECONDS``, default 5): the period of a
 service with nothing going on, which is also ticked at once on any watch event of it or its
-children; at most ``--tick-seconds`` ticks every service every tick.
+children, a request held at its gateway, and the first request to reach one of its pods; at
+most ``--tick-seconds`` ticks every service every tick. ``--watched-quiet-tick-seconds S``
+(``TIDAL_OPERATOR_WATCHED_QUIET_TICK_SECONDS``, default 60): the period of a quiet service whose
+every pod has that long-poll parked and that has no idle timer towards zero to keep
+(``minReplicas`` >= 1): nothing can change for it unseen.
 
 With ``--leader-elect`` several processes may run for one scope (the whole cluster, or the same
 ``--namespace`` set: a shard): they elect one leader through a ``coordination.k8s.io`` Lease
@@ -90,6 +94,13 @@ def parse_args(argv: list[str] | None, env: Mapping[str, str]) -> argparse.Names
         default=float(env.get("TIDAL_OPERATOR_QUIET_TICK_SECONDS", "") or 5.0),
         help="period of a service with nothing going on (also ticked on its watch events); "
         "at most --tick-seconds: every service every tick",
+    )
+    p.add_argument(
+        "--watched-quiet-tick-seconds",
+        type=float,
+        default=float(env.get("TIDAL_OPERATOR_WATCHED_QUIET_TICK_SECONDS", "") or 60.0),
+        help="period of a quiet service whose every pod wakes it at its first request (the "
+        "activity long-poll parked) and that has no idle timer towards zero",
     )
     p.add_argument(
         "--prometheus-url",
@@ -194,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
             resync_seconds=args.resync_seconds,
             tick_seconds=args.tick_seconds,
             quiet_tick_seconds=args.quiet_tick_seconds,
+            watched_quiet_tick_seconds=args.watched_quiet_tick_seconds,
             prometheus_url=args.prometheus_url,
             prometheus_matchers=matchers,
         )

@@ -46,11 +46,18 @@ class ActivityWatch:
         self.session = session
         self.wait_seconds = wait_seconds
         self.woke = False
+        self._parked: set[str] = set()
         self.task = asyncio.create_task(self._watch_all(), name=f"activity {name}")
 
     @property
     def done(self) -> bool:
         return self.task.done()
+
+    @property
+    def parked(self) -> bool:
+        """Every pod's long-poll is waiting (each read its starting count, none ended): a
+        request to any of them wakes the loop."""
+        return not self.task.done() and len(self._parked) == len(self.urls)
 
     def cancel(self) -> None:
         self.task.cancel()
@@ -64,6 +71,7 @@ class ActivityWatch:
             seen = await self._arrivals(session, url, None)
             if seen is None:
                 return
+            self._parked.add(url)
             while not self.woke:
                 now = await self._arrivals(session, url, seen)
                 if now is None:
@@ -76,6 +84,8 @@ class ActivityWatch:
                     return
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError, KeyError, TypeError) as exc:
             log.debug("activity of %s: %s", url, exc)
+        finally:
+            self._parked.discard(url)
 
     async def _arrivals(
         self, session: aiohttp.ClientSession, url: str, since: int | None

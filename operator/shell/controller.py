@@ -111,6 +111,7 @@ from tidal.operator.core.resources import (
     Observed,
     desired_objects,
     find_spec_problems,
+    may_scale_to_zero,
     pools_of,
 )
 from tidal.operator.core.rollout import (
@@ -161,6 +162,10 @@ class ControllerSettings:
     # is ticked this often, and at once on a watch event of it or its children (``poke``);
     # busy ones every ``tick_seconds``. <= tick_seconds: every service every tick.
     quiet_tick_seconds: float = 5.0
+    # A quiet service whose every pod has the activity long-poll parked (its first request
+    # wakes the loop at once: ``shell.activity``) and with no idle timer towards zero to keep
+    # (minReplicas >= 1) has nothing that can change unseen: ticked this often.
+    watched_quiet_tick_seconds: float = 60.0
 
 
 # A verdict due at the end of a breach window is taken this long after it (clock skew between
@@ -214,6 +219,8 @@ class ServiceState:
     quiet: bool = False
     # While quiet: the long-polls that wake the loop at the first request to reach a pod.
     activity: ActivityWatch | None = None
+    # No idle timer or forecast to keep (minReplicas >= 1): a watched quiet loop may sleep long.
+    timerless: bool = False
     # A view change not handed to the reconciler yet (status writes are rate-limited).
     unsent: bool = False
     wake: asyncio.Event = field(default_factory=asyncio.Event)
@@ -388,7 +395,7 @@ class Controller:
                 metrics.QUIET_LOOPS.inc()
                 try:
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(st.wake.wait(), self.settings.quiet_tick_seconds)
+                        await asyncio.wait_for(st.wake.wait(), self._quiet_period(st))
                 finally:
                     metrics.QUIET_LOOPS.dec()
                 next_at = self.mono()
@@ -605,6 +612,7 @@ class Controller:
             and not self._busy_in_background(st)
             and is_quiet(decision, observation, policy.max_metrics_age_seconds)
         )
+        st.timerless = not may_scale_to_zero(isvc)
         self._watch_activity(key, st, [b for pool in pools for b in pods[pool]])
         for e in events:
             log.info("%s/%s %s: %s", key[0], key[1], e.reason, e.message)
@@ -622,13 +630,21 @@ class Controller:
             else frozenset()
         )
         watch = st.activity
-        if watch is not None and (watch.urls != urls or watch.done):
+        if watch is not None and (watch.urls != urls or watch.done or watch.woke):
             watch.cancel()
             st.activity = watch = None
         if urls and watch is None:
             st.activity = ActivityWatch(
                 f"{key[0]}/{key[1]}", urls, lambda: self.poke(key), self._activity_session
             )
+
+    def _quiet_period(self, st: ServiceState) -> float:
+        """How long a quiet loop sleeps unless poked: long when every pod's long-poll is parked
+        and no idle timer runs, else the slow timer."""
+        watch = st.activity
+        if st.timerless and watch is not None and watch.parked:
+            return max(self.settings.watched_quiet_tick_seconds, self.settings.quiet_tick_seconds)
+        return self.settings.quiet_tick_seconds
 
     def _activity_session(self) -> aiohttp.ClientSession:
         # Apart from the scrapes' session: parked long-polls must not take its connections.

@@ -52,6 +52,8 @@ class OperatorSettings:
     tick_seconds: float = 1.0
     # A quiet service's period (ticked on its watch events too); <= tick_seconds: off.
     quiet_tick_seconds: float = 5.0
+    # ... and of a quiet one whose pods all wake it at their first request (no idle timer).
+    watched_quiet_tick_seconds: float = 60.0
     prometheus_url: str | None = None
     # PromQL matchers narrowing every query (e.g. namespace=~"a|b" when watching namespaces).
     prometheus_matchers: str = ""
@@ -105,7 +107,9 @@ async def on_startup_configure(settings: kopf.OperatorSettings, **_: Any) -> Non
         _enqueue,
         SignalCollector(prometheus),
         ControllerSettings(
-            tick_seconds=config.tick_seconds, quiet_tick_seconds=config.quiet_tick_seconds
+            tick_seconds=config.tick_seconds,
+            quiet_tick_seconds=config.quiet_tick_seconds,
+            watched_quiet_tick_seconds=config.watched_quiet_tick_seconds,
         ),
     )
     RUNTIME.fleet = FleetController(

@@ -86,3 +86,30 @@ async def test_slow_timer_ticks_a_quiet_service_without_events() -> None:
         assert min(gaps) >= 0.25, gaps
     finally:
         await ctl.stop(KEY)
+
+
+class Parked:
+    """Stands for an `ActivityWatch` whose every long-poll is parked (or not)."""
+
+    def __init__(self, parked: bool) -> None:
+        self.parked, self.done, self.woke, self.urls = parked, False, False, frozenset({"x"})
+
+    def cancel(self) -> None:
+        self.done = True
+
+
+def test_quiet_period_is_long_only_when_every_pod_wakes_the_loop_and_no_timer_runs() -> None:
+    settings = ControllerSettings(quiet_tick_seconds=5.0, watched_quiet_tick_seconds=60.0)
+    ctl = Recording(settings)
+    st = ServiceState()
+    assert ctl._quiet_period(st) == 5.0  # no watch
+    st.activity = Parked(True)  # type: ignore[assignment]
+    assert ctl._quiet_period(st) == 5.0  # minReplicas 0: the idle timer runs
+    st.timerless = True
+    assert ctl._quiet_period(st) == 60.0
+    st.activity = Parked(False)  # type: ignore[assignment]  # a pod not (yet) watched
+    assert ctl._quiet_period(st) == 5.0
+    # A watched period shorter than the slow timer never shortens it.
+    short = Recording(ControllerSettings(quiet_tick_seconds=5.0, watched_quiet_tick_seconds=1.0))
+    st.activity = Parked(True)  # type: ignore[assignment]
+    assert short._quiet_period(st) == 5.0

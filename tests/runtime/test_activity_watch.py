@@ -5,7 +5,6 @@ long-poll), once; a pod that cannot answer leaves the service to its slow timer.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from typing import Any
 
@@ -15,6 +14,7 @@ import tritonclient.http as triton
 
 from tidal.operator.shell.activity import ActivityWatch
 from tidal.sandbox.procs import free_port
+from tidal.sandbox.wait import wait_for
 
 
 def _infer(url: str) -> None:
@@ -36,17 +36,15 @@ async def test_a_request_at_a_quiet_pod_pokes_the_loop_once(serve, models, model
     async with aiohttp.ClientSession() as session:
         watch = ActivityWatch("test", frozenset({url}), poke, lambda: session, 100)
         try:
-            # A request sent before the watch read its starting count is part of that count:
-            # send until one is seen (each poll waits 100 s, so only an arrival answers it).
-            deadline = time.monotonic() + 60
-            sent = 0
-            while not pokes and time.monotonic() < deadline:
-                await asyncio.to_thread(_infer, url)
-                sent += 1
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(poked.wait(), 2)
-            assert pokes, f"no poke within 60 s of {sent} requests (watch done: {watch.done})"
+            await asyncio.to_thread(
+                wait_for, lambda: watch.parked or watch.done, timeout=30, what="a parked poll"
+            )
+            assert watch.parked, f"the long-poll was not parked within 30 s (done: {watch.done})"
+            # Only an arrival can answer a poll that waits 100 s.
+            await asyncio.to_thread(_infer, url)
+            await asyncio.wait_for(poked.wait(), 60)
             await asyncio.wait_for(watch.task, 10)  # the watch ends with its poke
+            assert not watch.parked and watch.woke
             await asyncio.to_thread(_infer, url)
             assert len(pokes) == 1, pokes
         finally:
