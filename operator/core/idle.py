@@ -322,10 +322,15 @@ QUIET_REASONS = frozenset({"steady", REASON_FLOOR_MIN, REASON_AT_ZERO})
 
 def is_quiet(decision: ScaleDecision, observation: Observation, max_age_seconds: float) -> bool:
     """Whether a pool has nothing going on: no request seen (fresh metrics, nothing queued or
-    in flight, no arrivals), every replica asked for ready and none on its way, and a decision
-    with nothing pending (steady, at its floor, or at zero: no scale-down delay running). The
-    idle timer towards zero may run: on a slow tick it ends late by at most one period, on a
-    timer of minutes.
+    in flight, no arrivals), no replica beyond those asked for (ready or on its way: nothing to
+    remove), and a decision with nothing pending (steady, at its floor, or at zero: no
+    scale-down delay running). The idle timer towards zero may run: on a slow tick it ends late
+    by at most one period, on a timer of minutes.
+
+    Replicas asked for but not ready yet (not created, or warming) leave a pool quiet: what
+    comes next for them is a pod event (created, ready), which wakes the loop, and with no
+    ready replica there is no traffic to serve. So 1,000 services created at once do not each
+    tick every second while they wait for their children.
 
     The shell may then tick it on a slow timer and on events instead of every second; a busy
     pool, or one with a decision under way, keeps the one-second loop."""
@@ -342,8 +347,9 @@ def is_quiet(decision: ScaleDecision, observation: Observation, max_age_seconds:
         and not decision.hold
         and decision.reason in QUIET_REASONS
         and decision.promote_standby == 0
-        and obs.warming == 0
         and obs.pending_unschedulable == 0
-        and obs.ready_serving == decision.desired_serving
-        and obs.ready_standby == decision.desired_standby
+        and obs.ready_serving <= decision.desired_serving
+        and obs.ready_standby <= decision.desired_standby
+        and obs.ready_serving + obs.ready_standby + obs.warming
+        <= decision.desired_serving + decision.desired_standby
     )

@@ -367,7 +367,7 @@ def test_a_replica_still_starting_is_not_idle() -> None:
         ({"queue_depth": 1.0}, False),
         ({"queue_depth": None}, False),  # metrics missing: not known to be quiet
         ({"metrics_age_seconds": 30.0}, False),  # stale
-        ({"warming": 1}, False),  # a replica on its way
+        ({"warming": 1}, False),  # a replica beyond the one asked for, on its way
         ({"pending_unschedulable": 1}, False),
     ],
 )
@@ -376,6 +376,29 @@ def test_quiet_pool_table(change: dict[str, Any], quiet: bool) -> None:
     o = Observation(now=10_000.0, ready_serving=1, **fields)
     policy = ScalingPolicy(min_replicas=1, max_replicas=8)
     decision, _ = decide_scale(policy, o, ScalerState(desired_serving=1))
+    assert is_quiet(decision, o, policy.max_metrics_age_seconds) is quiet, (decision, o)
+
+
+@pytest.mark.parametrize(
+    ("ready", "warming", "quiet"),
+    [
+        (0, 0, True),  # a new service: its children not written yet (their events wake it)
+        (0, 2, True),  # both replicas warming, nothing can be served yet
+        (1, 1, True),
+        (2, 0, True),
+        (2, 1, False),  # a replica beyond those asked for (a rollout's surge): under way
+        (3, 0, False),  # one to remove
+    ],
+)
+def test_replicas_on_their_way_leave_a_pool_without_traffic_quiet(
+    ready: int, warming: int, quiet: bool
+) -> None:
+    o = Observation(
+        now=10.0, ready_serving=ready, warming=warming, queue_depth=0.0, arrival_rate=0.0
+    )
+    policy = ScalingPolicy(min_replicas=2, max_replicas=2)
+    decision, _ = decide_scale(policy, o, ScalerState(desired_serving=2))
+    assert decision.desired_serving == 2, decision
     assert is_quiet(decision, o, policy.max_metrics_age_seconds) is quiet, (decision, o)
 
 
