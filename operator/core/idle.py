@@ -15,9 +15,20 @@ The rules, each one a guard against a way of getting zero wrong:
 * At zero, a held request (or arrivals seen anyway) wakes the pool at once; a forecast peak of
   at least `wake_rate` within the lead wakes it ahead of the rise. lead = the measured
   time-to-routable of one replica (until measured, `default_routable_seconds`) + the margin.
-* No flapping: zero -> one needs a request or a forecast, one -> zero needs `after_seconds`
-  with neither, and a wake restarts the idle timer, so a pool woken stays up at least
-  `after_seconds` and a quiet pool at zero stays there.
+* A quick zero when the forecast vouches that the coming hours are empty: the idle timer is
+  the wake lead instead of `after_seconds` when every 15-minute bucket of the next
+  `after_seconds` (and one bucket more, the profile's resolution) is trusted (learned over
+  `profile_min_periods` days) and the forecast's peak over them is below `wake_rate` (fewer
+  than one request expected in the window). Why the wake lead: keeping an idle replica for as
+  long as a wake costs (time-to-routable, plus the margin) and then releasing it is the
+  ski-rental rule: never more than about twice the GPU-time of the best choice made knowing
+  the future, whatever the next request does; `after_seconds` only buys a replica for a
+  request that the learned hours say is unlikely. A service whose forecast has not learned
+  those hours (new, or never seen at this hour) keeps `after_seconds`.
+* No flapping: zero -> one needs a request or a forecast, one -> zero needs an idle spell
+  (`after_seconds`, or the wake lead when the forecast vouches for quiet) with neither, and a
+  wake restarts the idle timer, so a pool woken stays up at least that spell and a quiet pool
+  at zero stays there.
 
 Why 300 s by default: Knative's KPA goes to zero after its 60 s stable window plus a 30 s
 grace period, KEDA after a 300 s cooldown. A GPU replica's cold start is tens of seconds to
@@ -61,6 +72,7 @@ REASON_WAKE_REQUEST = "wake:request"
 REASON_WAKE_FORECAST = "wake:forecast"
 REASON_HOLD_FORECAST = "hold:forecast-due"
 REASON_BUSY = "busy"
+REASON_ZERO_QUIET = "scale-to-zero:forecast-quiet"
 
 DEFAULT_SCALE_TO_ZERO_AFTER_SECONDS = 300
 
@@ -109,19 +121,30 @@ class IdleSignals:
 
     `active`: requests arrived, are queued or in flight (None: unknown, metrics missing);
     `held`: requests held at the gateway for this service; `forecast_rate`: the forecast's
-    peak rate over the wake lead (None: no forecast).
+    peak rate over the wake lead (None: no forecast); `quiet_rate`: its peak over the next idle
+    window (`after_seconds`), only where every bucket of it is trusted (None: the forecast does
+    not vouch for those hours, see `forecast_quiet_peak`); `lead_seconds`: the wake lead
+    (`wake_lead`), the quick idle timer when `quiet_rate` says the window is empty.
     """
 
     now: float
     active: bool | None
     held: int = 0
     forecast_rate: float | None = None
+    quiet_rate: float | None = None
+    lead_seconds: float | None = None
 
     def __post_init__(self) -> None:
         if self.held < 0:
             raise ValueError("held must be >= 0")
         if self.forecast_rate is not None and not self.forecast_rate >= 0:
             raise ValueError("forecast_rate must be >= 0 (or None)")
+        if self.quiet_rate is not None and not self.quiet_rate >= 0:
+            raise ValueError("quiet_rate must be >= 0 (or None)")
+        if self.lead_seconds is not None and not (
+            math.isfinite(self.lead_seconds) and self.lead_seconds >= 0
+        ):
+            raise ValueError("lead_seconds must be finite and >= 0 (or None)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,9 +190,25 @@ def decide_zero(
         return ZeroVerdict(1, REASON_HOLD_FORECAST), awake
     if busy:
         return ZeroVerdict(1, REASON_BUSY), awake
+    quick = idle_window(policy, signals)
+    if quick < policy.after_seconds and now - active_at >= quick:
+        return ZeroVerdict(0, REASON_ZERO_QUIET, to_zero=True), IdleState(active_at, now)
     if now - active_at >= policy.after_seconds:
         return ZeroVerdict(0, REASON_ZERO_IDLE, to_zero=True), IdleState(active_at, now)
     return ZeroVerdict(1, REASON_WAIT_ZERO), awake
+
+
+def idle_window(policy: ZeroPolicy, signals: IdleSignals) -> float:
+    """How long an awake pool waits without demand before zero: the wake lead when the
+    forecast vouches that the next `after_seconds` are empty (`quiet_rate` below the wake
+    rate), else `after_seconds`; never longer than `after_seconds`."""
+    quiet = signals.quiet_rate is not None and signals.quiet_rate < policy.wake_threshold
+    if not quiet:
+        return policy.after_seconds
+    lead = signals.lead_seconds
+    if lead is None:
+        lead = policy.default_routable_seconds + policy.wake_margin_seconds
+    return min(policy.after_seconds, lead)
 
 
 def decide_scale_zero(
@@ -221,24 +260,88 @@ FORECAST_NAME = "service"
 
 @dataclass(frozen=True, slots=True)
 class ZeroMemory:
-    """The idle timer and the service's learned demand (`forecast`, on wall time)."""
+    """The idle timer and the service's learned demand (`forecast`, on wall time).
+
+    `refuted`: today's demand has contradicted the learned usual rate (see `learn_demand`):
+    until demand is back or the usual busy hours end, the forecast wakes nothing and holds
+    nothing (`forecast_peak` says None); requests still wake the pool. Not written to status:
+    a restarted operator trusts the forecast again (the safe side)."""
 
     idle: IdleState = IdleState()
     forecast: ModelForecast | None = None
+    refuted: bool = False
+
+
+# A bucket that usually brings this many requests or more and brought none is evidence that
+# today is not a usual day: the chance of it under the usual rate is e^-3, 5 %.
+REFUTE_EXPECTED_REQUESTS = 3.0
+# ... and only a bucket learned within 10 % of the day's busiest: the profile weighs its
+# days (each visit by `profile_alpha`), so on 90 % of the learned days, as weighed, the rise
+# had come by then. A bucket on the rising edge is not past the rise, however recent early
+# rises have lifted it (two early days weigh 51 %).
+REFUTE_PEAK_FRACTION = 0.9
 
 
 def learn_demand(
-    policy: ForecastPolicy, memory: ZeroMemory, rate: float | None, wall: float
+    policy: ForecastPolicy,
+    memory: ZeroMemory,
+    rate: float | None,
+    wall: float,
+    wake_rate: float | None = None,
 ) -> ZeroMemory:
     """Fold this tick's arrival rate into the forecast, at most once per
     `policy.sample_interval_seconds` (its smoothing weights are per that interval); a missing
-    rate is no sample (a pool at zero measures 0 requests/s, which is a sample)."""
+    rate is no sample (a pool at zero measures 0 requests/s, which is a sample).
+
+    With `wake_rate` (the rate at which a forecast wakes a pool) it also keeps `refuted`: set
+    when a bucket closes that brought no request although its learned rate expected at least
+    `REFUTE_EXPECTED_REQUESTS` over the samples seen in it, and that bucket lies past the usual
+    rise (its learned rate is within 10 % of the day's busiest bucket's: on 90 % of the
+    learned days the rise had come by then, so a day whose rise is merely late within the
+    learned spread is not refuted); cleared when a bucket closes that brought `wake_rate`
+    or more (demand is back, not one sporadic request), and once the usual busy hours are over
+    (a trusted bucket learned below `wake_rate`). A weekend day under a weekday profile is the
+    case: woken for a rise that does not come, the pool goes back to zero a bucket or two after
+    the usual rise and wakes on demand only for the rest of those hours, instead of staying up
+    all day."""
     if rate is None:
         return memory
-    last = memory.forecast.last_at if memory.forecast is not None else None
+    before = memory.forecast
+    last = before.last_at if before is not None else None
     if last is not None and 0 <= wall - last < policy.sample_interval_seconds:
         return memory
-    return replace(memory, forecast=observe(policy, memory.forecast, rate, wall))
+    after = observe(policy, before, rate, wall)
+    if wake_rate is None or not wake_rate > 0:
+        return replace(memory, forecast=after, refuted=False)
+    refuted = memory.refuted
+    closed = before is not None and before.samples > 0 and after.open_slot != before.open_slot
+    if closed and before is not None and before.open_n > 0:
+        if before.open_sum / before.open_n >= wake_rate:
+            refuted = False
+        elif _empty_past_the_rise(policy, before):
+            refuted = True
+    if refuted and after.slots == policy.slots:
+        slot = after.open_slot % policy.slots
+        trusted = after.counts[slot] >= policy.profile_min_periods
+        if trusted and after.profile[slot] < wake_rate:
+            refuted = False
+    return replace(memory, forecast=after, refuted=refuted)
+
+
+def _empty_past_the_rise(policy: ForecastPolicy, closing: ModelForecast) -> bool:
+    """Whether the bucket `closing` is closing brought no request, although trusted and
+    learned busy enough to expect some, and at or past the usual rise."""
+    if closing.open_sum > 0 or closing.open_n == 0 or closing.slots != policy.slots:
+        return False
+    slot = closing.open_slot % policy.slots
+    trusted = closing.counts[slot] >= policy.profile_min_periods
+    usual = closing.profile[slot]
+    expected = usual * closing.open_n * policy.sample_interval_seconds
+    peak = max(
+        (p for p, c in zip(closing.profile, closing.counts, strict=True) if c),
+        default=0.0,
+    )
+    return trusted and expected >= REFUTE_EXPECTED_REQUESTS and usual >= REFUTE_PEAK_FRACTION * peak
 
 
 def forecast_peak(
@@ -252,9 +355,14 @@ def forecast_peak(
     profile's change on top; inside the bucket of a rise that has not come yet today (it is
     jittered by minutes) it reads "quieter than usual" and says 0, so a pool woken for the
     rise would go back to zero minutes before it. For a pool at or near zero, an hour that
-    usually brings requests is the evidence worth a replica."""
+    usually brings requests is the evidence worth a replica, until today's demand refutes it
+    (`ZeroMemory.refuted`): then None, the forecast says nothing and the pool wakes on demand
+    (its additive profile change would still wake a pool at zero at every bucket whose
+    learned rate is a little above the last one's, on a day whose rate is not the usual one)."""
     forecast = memory.forecast
     if forecast is None:
+        return None
+    if memory.refuted:
         return None
     peak = predict_peak(policy, forecast, wall, lead_seconds)
     if forecast.period_seconds != policy.period_seconds or forecast.slots != policy.slots:
@@ -266,6 +374,36 @@ def forecast_peak(
         slot = k % policy.slots
         trust = min(1.0, forecast.counts[slot] / policy.profile_min_periods)
         peak = max(peak, trust * forecast.profile[slot])
+    return peak
+
+
+def forecast_quiet_peak(
+    policy: ForecastPolicy, memory: ZeroMemory, wall: float, horizon_seconds: float
+) -> float | None:
+    """The largest rate expected over the next `horizon_seconds` and one bucket more, where
+    the forecast vouches for every bucket of it (each learned over `profile_min_periods`
+    periods): the forecast's own peak or the learned profile, whichever is more; None where any
+    bucket is not yet trusted (a new service, an hour never seen): then nothing is known to be
+    quiet.
+
+    Why one bucket more: the profile is piecewise constant per bucket (15 minutes), so a rise
+    learned in one bucket may come anywhere in the one before it on a day it comes early; a
+    window is called quiet only with that resolution to spare."""
+    forecast = memory.forecast
+    if forecast is None or forecast.samples == 0:
+        return None
+    if forecast.period_seconds != policy.period_seconds or forecast.slots != policy.slots:
+        return None
+    width = policy.slot_seconds
+    horizon = min(max(horizon_seconds, 0.0) + width, policy.period_seconds)
+    first = math.floor(wall / width)
+    last = math.floor((wall + horizon) / width)
+    peak = predict_peak(policy, forecast, wall, horizon)
+    for k in range(first, last + 1):
+        slot = k % policy.slots
+        if forecast.counts[slot] < policy.profile_min_periods:
+            return None
+        peak = max(peak, forecast.profile[slot])
     return peak
 
 

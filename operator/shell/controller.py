@@ -31,7 +31,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -98,6 +98,7 @@ from tidal.operator.core.idle import (
     decide_scale_zero,
     dump_zero,
     forecast_peak,
+    forecast_quiet_peak,
     is_quiet,
     learn_demand,
     load_zero,
@@ -870,7 +871,7 @@ class Controller:
             and observation.metrics_age_seconds <= policy.max_metrics_age_seconds
         )
         rate = observation.arrival_rate if fresh else None
-        st.zero = learn_demand(ZERO_FORECAST, st.zero, rate, wall)
+        st.zero = learn_demand(ZERO_FORECAST, st.zero, rate, wall, zero.wake_threshold)
         routable = st.routable.get(serving[0])
         lead = wake_lead(zero, routable.total_seconds if routable is not None else None)
         active = None
@@ -881,11 +882,13 @@ class Controller:
             active=active,
             held=held,
             forecast_rate=forecast_peak(ZERO_FORECAST, st.zero, wall, lead),
+            quiet_rate=forecast_quiet_peak(ZERO_FORECAST, st.zero, wall, zero.after_seconds),
+            lead_seconds=lead,
         )
         decision, new_scaler, idle = decide_scale_zero(
             policy, zero, observation, scaler, signals, st.zero.idle
         )
-        st.zero = ZeroMemory(idle=idle, forecast=st.zero.forecast)
+        st.zero = replace(st.zero, idle=idle)
         return decision, new_scaler
 
     def _persisted(

@@ -22,6 +22,7 @@ from tidal.operator.core.idle import (
     REASON_WAKE_FORECAST,
     REASON_WAKE_REQUEST,
     REASON_ZERO_IDLE,
+    REASON_ZERO_QUIET,
     IdleSignals,
     IdleState,
     ZeroMemory,
@@ -30,6 +31,8 @@ from tidal.operator.core.idle import (
     decide_zero,
     dump_zero,
     forecast_peak,
+    forecast_quiet_peak,
+    idle_window,
     is_quiet,
     learn_demand,
     load_zero,
@@ -39,6 +42,11 @@ from tidal.operator.core.idle import (
 
 ZERO = ZeroPolicy(after_seconds=300.0, wake_margin_seconds=30.0)
 WAKE = ZERO.wake_threshold  # 1 request per 300 s
+
+
+def _quiet(now: float, quiet: float | None = 0.0, lead: float | None = 90.0) -> IdleSignals:
+    """An idle tick where the forecast (by default) vouches that the window is empty."""
+    return IdleSignals(now, active=False, forecast_rate=0.0, quiet_rate=quiet, lead_seconds=lead)
 
 
 @pytest.mark.parametrize(
@@ -81,6 +89,25 @@ WAKE = ZERO.wake_threshold  # 1 request per 300 s
         ),
         # At zero an unknown tick is not a request: nothing is served, nothing to measure.
         (True, IdleState(0.0, 300.0), IdleSignals(5000.0, active=None), 0, REASON_AT_ZERO),
+        # The forecast vouches that the idle window is empty: zero after the wake lead.
+        (False, IdleState(active_at=0.0), _quiet(89.0), 1, REASON_WAIT_ZERO),
+        (False, IdleState(active_at=0.0), _quiet(90.0), 0, REASON_ZERO_QUIET),
+        # ... not while a request is seen, held, or the forecast is due within the lead.
+        (False, IdleState(active_at=0.0), replace(_quiet(200.0), active=True), 1, REASON_BUSY),
+        (False, IdleState(active_at=0.0), replace(_quiet(200.0), held=1), 1, REASON_BUSY),
+        (
+            False,
+            IdleState(active_at=0.0),
+            replace(_quiet(200.0), forecast_rate=WAKE),
+            1,
+            REASON_HOLD_FORECAST,
+        ),
+        # A forecast that expects a request in the window, or does not vouch: after_seconds.
+        (False, IdleState(active_at=0.0), _quiet(200.0, quiet=WAKE), 1, REASON_WAIT_ZERO),
+        (False, IdleState(active_at=0.0), _quiet(200.0, quiet=None), 1, REASON_WAIT_ZERO),
+        (False, IdleState(active_at=0.0), _quiet(300.0, quiet=None), 0, REASON_ZERO_IDLE),
+        # A wake lead longer than after_seconds: after_seconds is the longest idle window.
+        (False, IdleState(active_at=0.0), _quiet(300.0, lead=900.0), 0, REASON_ZERO_IDLE),
     ],
 )
 def test_zero_verdict_table(
@@ -94,6 +121,19 @@ def test_wake_lead_is_measured_time_to_routable_plus_margin() -> None:
     assert wake_lead(ZERO, 42.0) == 72.0
     assert wake_lead(ZERO, None) == ZERO.default_routable_seconds + 30.0
     assert wake_lead(ZERO, float("nan")) == ZERO.default_routable_seconds + 30.0
+
+
+def test_idle_window_is_the_wake_lead_only_where_the_forecast_vouches_for_quiet() -> None:
+    assert idle_window(ZERO, _quiet(0.0)) == 90.0
+    assert idle_window(ZERO, _quiet(0.0, quiet=WAKE / 2)) == 90.0
+    assert idle_window(ZERO, _quiet(0.0, quiet=WAKE)) == 300.0
+    assert idle_window(ZERO, _quiet(0.0, quiet=None)) == 300.0
+    # No lead measured: the default time-to-routable + margin.
+    assert idle_window(ZERO, _quiet(0.0, lead=None)) == ZERO.default_routable_seconds + 30.0
+    with pytest.raises(ValueError, match="quiet_rate"):
+        IdleSignals(0.0, active=False, quiet_rate=-1.0)
+    with pytest.raises(ValueError, match="lead_seconds"):
+        IdleSignals(0.0, active=False, lead_seconds=float("inf"))
 
 
 def test_wake_rate_defaults_to_one_request_per_idle_window() -> None:
@@ -186,20 +226,22 @@ tick = st.tuples(
     st.sampled_from([True, False, False, False, None]),  # requests seen
     st.sampled_from([0, 0, 0, 0, 1, 50]),  # held at the gateway
     st.sampled_from([None, 0.0, 0.0, WAKE / 10, WAKE, 1.0]),  # forecast peak over the lead
+    st.sampled_from([None, None, 0.0, WAKE / 10, WAKE]),  # its peak over the idle window
+    st.sampled_from([None, 5.0, 90.0, 400.0]),  # the wake lead
 )
 
+Tick = tuple[float, bool | None, int, float | None, float | None, float | None]
 
-def _run(
-    trace: list[tuple[float, bool | None, int, float | None]],
-) -> list[tuple[float, int, str, IdleSignals]]:
+
+def _run(trace: list[Tick]) -> list[tuple[float, int, str, IdleSignals]]:
     scaler, idle = ScalerState(desired_serving=1), IdleState()
     now, out = 0.0, []
-    for dt, active, held, forecast in trace:
+    for dt, active, held, forecast, quiet, lead in trace:
         now += dt
         ready = 0 if scaler.desired_serving == 0 else 1
         rate = 1.0 if active else 0.0
         o = Observation(now=now, ready_serving=ready, queue_depth=0.0, arrival_rate=rate)
-        sig = IdleSignals(now, active=active, held=held, forecast_rate=forecast)
+        sig = IdleSignals(now, active, held, forecast, quiet_rate=quiet, lead_seconds=lead)
         decision, scaler, idle = decide_scale_zero(POLICY, ZERO, o, scaler, sig, idle)
         out.append((now, decision.desired_serving, decision.reason, sig))
     return out
@@ -207,9 +249,7 @@ def _run(
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(tick, min_size=1, max_size=80))
-def test_never_zero_while_a_request_is_held_or_forecast_demand_is_due(
-    trace: list[tuple[float, bool | None, int, float | None]],
-) -> None:
+def test_never_zero_while_a_request_is_held_or_forecast_demand_is_due(trace: list[Tick]) -> None:
     for now, desired, reason, sig in _run(trace):
         due = sig.forecast_rate is not None and sig.forecast_rate >= WAKE
         if sig.held > 0 or due or sig.active:
@@ -218,10 +258,9 @@ def test_never_zero_while_a_request_is_held_or_forecast_demand_is_due(
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(tick, min_size=1, max_size=80))
-def test_never_flaps_between_zero_and_one(
-    trace: list[tuple[float, bool | None, int, float | None]],
-) -> None:
-    """Once up from zero, a pool stays up at least `after_seconds`; at zero it only leaves on a
+def test_never_flaps_between_zero_and_one(trace: list[Tick]) -> None:
+    """Once up from zero, a pool stays up at least `after_seconds`, or the wake lead where the
+    forecast vouches that the window is empty (and only then); at zero it only leaves on a
     request or a due forecast."""
     out = _run(trace)
     up_since: float | None = None
@@ -230,8 +269,15 @@ def test_never_flaps_between_zero_and_one(
         if prev == 0 and desired > 0:
             assert reason in (REASON_WAKE_REQUEST, REASON_WAKE_FORECAST) or sig.held > 0, reason
             up_since = now
-        if prev > 0 and desired == 0 and up_since is not None:
-            assert now - up_since >= ZERO.after_seconds, (now, up_since, reason)
+        if prev > 0 and desired == 0:
+            if reason == REASON_ZERO_QUIET:
+                assert sig.quiet_rate is not None and sig.quiet_rate < WAKE, (now, sig)
+                dwell = min(ZERO.after_seconds, idle_window(ZERO, sig))
+            else:
+                assert reason == REASON_ZERO_IDLE, (now, reason)
+                dwell = ZERO.after_seconds
+            if up_since is not None:
+                assert now - up_since >= dwell, (now, up_since, reason, sig)
         prev = desired
 
 
@@ -292,6 +338,160 @@ def test_learned_daily_rise_wakes_ahead_by_the_lead_and_not_at_night() -> None:
     assert peak is not None and peak >= WAKE, peak
     verdict, _ = decide_zero(ZERO, IdleSignals(0.0, False, forecast_rate=peak), IdleState(), True)
     assert verdict.reason == REASON_WAKE_FORECAST
+
+
+def test_quiet_is_vouched_only_for_learned_hours_and_one_bucket_ahead_of_a_rise() -> None:
+    # One day learned: no bucket trusted yet, so nothing is known to be quiet.
+    assert forecast_quiet_peak(FORECAST, _learn_days(1), 1 * DAY + 3 * 3600.0, 300.0) is None
+    assert forecast_quiet_peak(FORECAST, ZeroMemory(), 0.0, 300.0) is None
+    memory = _learn_days(3)
+    night = 3 * DAY + 3 * 3600.0
+    quiet = forecast_quiet_peak(FORECAST, memory, night, 300.0)
+    assert quiet is not None and quiet < WAKE, quiet
+    # The evening's fall: quiet once the busy buckets are behind.
+    evening = 3 * DAY + 17 * 3600.0 + 60.0
+    quiet = forecast_quiet_peak(FORECAST, memory, evening, 300.0)
+    assert quiet is not None and quiet < WAKE, quiet
+    # 20 minutes before the rise: the idle window (5 min) misses it, the bucket to spare
+    # (the profile's resolution, 15 min) does not, so no quick zero there.
+    rise = 3 * DAY + 9 * 3600.0
+    near = forecast_quiet_peak(FORECAST, memory, rise - 20 * 60.0, 300.0)
+    assert near is not None and near >= WAKE, near
+    far = forecast_quiet_peak(FORECAST, memory, rise - 40 * 60.0, 300.0)
+    assert far is not None and far < WAKE, far
+
+
+def test_a_night_wake_goes_back_to_zero_after_the_lead_a_day_one_after_the_full_window() -> None:
+    """A pool woken by a night request: quiet learned hours, zero after the wake lead; an
+    hour not learned (a new service): the full `after_seconds`."""
+    lead = wake_lead(ZERO, 40.0)
+    for memory, window in ((_learn_days(3), lead), (_learn_days(1), ZERO.after_seconds)):
+        base = (3 if window == lead else 1) * DAY + 3 * 3600.0
+        idle = IdleState(active_at=base)
+        t, zero_at = base, None
+        while zero_at is None and t < base + 1000.0:
+            t += 5.0
+            sig = IdleSignals(
+                t,
+                active=False,
+                forecast_rate=forecast_peak(FORECAST, memory, t, lead),
+                quiet_rate=forecast_quiet_peak(FORECAST, memory, t, ZERO.after_seconds),
+                lead_seconds=lead,
+            )
+            verdict, idle = decide_zero(ZERO, sig, idle, at_zero=False)
+            if verdict.to_zero:
+                zero_at = t
+        assert zero_at is not None and window <= zero_at - base < window + 5.0, (zero_at, window)
+
+
+def _rise_at(minutes_after_nine: float) -> Any:
+    def rate(t: float) -> float:
+        hour = (t % DAY) / 3600.0
+        return 5.0 if 9.0 + minutes_after_nine / 60.0 <= hour < 17.0 else 0.0
+
+    return rate
+
+
+def _learn(memory: ZeroMemory, start: float, end: float, rate: Any, step: float) -> ZeroMemory:
+    t = start
+    while t < end:
+        memory = learn_demand(FORECAST, memory, rate(t), t, WAKE)
+        t += step
+    return memory
+
+
+def test_a_day_without_the_usual_rise_refutes_the_forecast_until_the_busy_hours_end() -> None:
+    """A weekend under a weekday profile: the usual rate holds the pool for the rise's
+    buckets, then the first empty bucket past the rise refutes it (the forecast says nothing,
+    requests still wake the pool), and the evening's quiet buckets restore it."""
+    memory = _learn(ZeroMemory(), 0.0, 3 * DAY, _morning, 60.0)
+    lead = wake_lead(ZERO, 40.0)
+    sat = 3 * DAY
+    quiet = _learn(memory, sat, sat + 9 * 3600.0 + 600.0, lambda t: 0.0, 5.0)
+    assert not quiet.refuted
+    peak = forecast_peak(FORECAST, quiet, sat + 9 * 3600.0 + 600.0, lead)
+    assert peak is not None and peak >= WAKE, peak  # still waiting for a late rise
+    # The 9:00 bucket (learned at the day's peak: past the rise) closed with no request.
+    quiet = _learn(quiet, sat + 9 * 3600.0 + 600.0, sat + 9 * 3600.0 + 960.0, lambda t: 0.0, 5.0)
+    assert quiet.refuted
+    assert forecast_peak(FORECAST, quiet, sat + 9 * 3600.0 + 960.0, lead) is None
+    # One sporadic request (a bucket well under the wake rate) does not end it ...
+    lone = _learn(quiet, sat + 9.3 * 3600.0, sat + 12 * 3600.0, _one_request(sat + 10 * 3600), 5.0)
+    assert lone.refuted
+    # ... the usual busy hours' end does; the next morning the forecast wakes the pool again.
+    night = _learn(lone, sat + 12 * 3600.0, sat + 17.5 * 3600.0, lambda t: 0.0, 5.0)
+    assert not night.refuted
+    sun = _learn(night, sat + 17.5 * 3600.0, sat + DAY + 9 * 3600.0 - lead, lambda t: 0.0, 60.0)
+    peak = forecast_peak(FORECAST, sun, sat + DAY + 9 * 3600.0 - lead + 1.0, lead)
+    assert peak is not None and peak >= WAKE, peak
+
+
+def _one_request(at: float) -> Any:
+    return lambda t: 0.2 if at <= t < at + 5.0 else 0.0
+
+
+def test_a_rise_late_within_the_learned_spread_is_not_refuted_and_demand_clears_it() -> None:
+    """Learned rises at 9:00 and 9:20: the 9:00 bucket is learned less busy than the next, so
+    a day whose rise is at 9:20 again does not refute the forecast when it closes empty."""
+    memory = ZeroMemory()
+    for d in range(4):
+        memory = _learn(memory, d * DAY, (d + 1) * DAY, _rise_at(0.0 if d % 2 else 20.0), 60.0)
+    day = 4 * DAY
+    late = _rise_at(20.0)
+    memory = _learn(memory, day, day + 9 * 3600.0 + 16 * 60.0, late, 5.0)
+    assert not memory.refuted
+    peak = forecast_peak(FORECAST, memory, day + 9 * 3600.0 + 16 * 60.0, wake_lead(ZERO, 40.0))
+    assert peak is not None and peak >= WAKE, peak
+    # A refuted forecast is cleared by a bucket of demand at the wake rate or more.
+    refuted = replace(memory, refuted=True)
+    back = _learn(refuted, day + 9 * 3600.0 + 16 * 60.0, day + 9 * 3600.0 + 31 * 60.0, late, 5.0)
+    assert not back.refuted
+
+
+def test_recent_early_rises_do_not_make_the_rising_edge_refute_a_late_day() -> None:
+    """Three days rising at 9:20, then two at 8:45 and 8:35: the 8:45 and 9:00 buckets are
+    learned alike (as flat as a plateau) but well under the day's peak, so a day rising at
+    9:25 keeps the forecast through its empty 8:45 and 9:00 buckets."""
+    memory = ZeroMemory()
+    for d, minutes in enumerate((20.0, 20.0, 20.0, -15.0, -25.0)):
+        memory = _learn(memory, d * DAY, (d + 1) * DAY, _rise_at(minutes), 60.0)
+    day = 5 * DAY
+    memory = _learn(memory, day, day + 9 * 3600.0 + 16 * 60.0, _rise_at(25.0), 5.0)
+    assert not memory.refuted
+    peak = forecast_peak(FORECAST, memory, day + 9 * 3600.0 + 16 * 60.0, wake_lead(ZERO, 40.0))
+    assert peak is not None and peak >= WAKE, peak
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.floats(min_value=1.0, max_value=2000.0), st.sampled_from([0.0, 0.0, 0.01, 5.0])
+        ),
+        min_size=1,
+        max_size=300,
+    )
+)
+def test_refuted_only_by_an_empty_bucket_and_never_after_a_busy_one(
+    samples: list[tuple[float, float]],
+) -> None:
+    """Over any sample sequence after three learned days: `refuted` turns on only as a bucket
+    closes with no request, and is off right after a bucket that brought the wake rate."""
+    memory = _learn_days(3)
+    t = 3 * DAY
+    for dt, rate in samples:
+        t += dt
+        before = memory
+        memory = learn_demand(FORECAST, memory, rate, t, WAKE)
+        f0, f1 = before.forecast, memory.forecast
+        assert f0 is not None and f1 is not None
+        closed = f1.open_slot != f0.open_slot
+        if memory.refuted and not before.refuted:
+            assert closed and f0.open_sum == 0, (t, f0)
+        if closed and f0.open_n and f0.open_sum / f0.open_n >= WAKE:
+            assert not memory.refuted, (t, f0)
+        # Without a wake rate nothing is ever refuted.
+        assert not learn_demand(FORECAST, before, rate, t).refuted
 
 
 def test_learn_demand_samples_at_most_once_per_interval_and_skips_missing_rates() -> None:
