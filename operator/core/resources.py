@@ -275,6 +275,21 @@ def find_spec_warnings(isvc: InferenceService) -> list[str]:
             "standbyReplicas, or remove it"
         )
     fleet = isvc.spec.fleet
+    hold = scaling.hold_timeout_seconds
+    if hold is not None and fleet is not None:
+        warnings.append(
+            f"spec.autoscaling.holdTimeoutSeconds {hold:g} never acts with spec.fleet: the "
+            "fleet's gateway holds requests for spec.fleet.gateway.holdTimeoutSeconds; set "
+            "that instead, and remove spec.autoscaling.holdTimeoutSeconds"
+        )
+    elif hold is not None and not may_scale_to_zero(isvc):
+        manual = isvc.spec.replicas is not None
+        floor = "spec.replicas is set" if manual else f"minReplicas is {low}"
+        warnings.append(
+            f"spec.autoscaling.holdTimeoutSeconds {hold:g} never acts: {floor}, so the "
+            "service never reaches zero and no gateway holds its requests; set "
+            "spec.autoscaling.minReplicas to 0, or remove holdTimeoutSeconds"
+        )
     copies = fleet.placement.max_copies if fleet is not None else None
     if copies is not None and copies > high:
         warnings.append(
@@ -708,10 +723,17 @@ def fronted_by_gateway(isvc: InferenceService) -> bool:
 # Every replica of a single-model service preloads its models: its gateway never asks for
 # another copy, however busy the hot ones are.
 NO_EXTRA_COPIES = 1_000_000
-# How long the activator holds a request while the service wakes from zero: twice the
-# time-to-routable `core.idle` assumes of a GPU replica until it has measured one (60 s); a
-# request's own `timeout` parameter shortens it. (A fleet's gateway: spec.fleet.gateway.)
+# How long the activator holds a request while the service wakes from zero, unless
+# spec.autoscaling.holdTimeoutSeconds says otherwise: twice the time-to-routable `core.idle`
+# assumes of a GPU replica until it has measured one (60 s); a request's own `timeout`
+# parameter shortens it. (A fleet's gateway: spec.fleet.gateway.holdTimeoutSeconds.)
 ACTIVATOR_HOLD_SECONDS = 120.0
+
+
+def activator_hold_seconds(isvc: InferenceService) -> float:
+    """How long the activator in front of a single-model service holds a request."""
+    hold = isvc.spec.autoscaling.hold_timeout_seconds
+    return ACTIVATOR_HOLD_SECONDS if hold is None else hold
 
 
 def _gateway_spec(isvc: InferenceService) -> FleetGateway:
@@ -733,7 +755,7 @@ def gateway_config(isvc: InferenceService) -> dict[str, Any]:
     if may_scale_to_zero(isvc):
         config["activator"] = True
         if isvc.spec.fleet is None:
-            config["holdTimeoutSeconds"] = ACTIVATOR_HOLD_SECONDS
+            config["holdTimeoutSeconds"] = activator_hold_seconds(isvc)
     return config
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from isvc_fixtures import minimal
 
+from tidal.gateway.config import load_config
 from tidal.operator.core.api import parse_inference_service
 from tidal.operator.core.resources import (
     LABEL_COMPONENT,
@@ -65,6 +66,40 @@ def test_at_zero_the_service_keeps_its_name_and_http_port_and_selects_the_activa
     # Every replica preloads its models: the gateway never asks one for another copy.
     assert config["busyOutstanding"] >= 1_000_000
     assert config["holdTimeoutSeconds"] == 120.0  # a GPU replica's wake, twice over
+
+
+@pytest.mark.parametrize(("hold", "seconds"), [(None, 120.0), (5, 5.0), (600, 600.0)])
+def test_the_activator_holds_for_spec_autoscaling_hold_timeout_seconds(
+    hold: float | None, seconds: float
+) -> None:
+    scaling: dict[str, Any] = {"minReplicas": 0}
+    if hold is not None:
+        scaling["holdTimeoutSeconds"] = hold
+    isvc = parse_inference_service(minimal(autoscaling=scaling))
+    assert gateway_config(isvc)["holdTimeoutSeconds"] == seconds
+    container = by_kind(desired_objects(isvc, Observed()))[("Deployment", "svc-gateway")]
+    env = {
+        e["name"]: e.get("value")
+        for e in container["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    # What the gateway process reads back: the same hold, validated by its own config model.
+    assert (
+        load_config(
+            env={"TIDAL_GATEWAY_CONFIG_JSON": env["TIDAL_GATEWAY_CONFIG_JSON"]}
+        ).hold_timeout_seconds
+        == seconds
+    )
+
+
+def test_a_fleet_keeps_its_own_gateway_hold() -> None:
+    isvc = parse_inference_service(
+        minimal(
+            fleet={"gateway": {"holdTimeoutSeconds": 7}},
+            memory={"engineCacheBudget": "1Gi"},
+            autoscaling={"minReplicas": 0},
+        )
+    )
+    assert gateway_config(isvc)["holdTimeoutSeconds"] == 7.0
 
 
 def test_a_fleet_that_never_reaches_zero_is_no_activator() -> None:
