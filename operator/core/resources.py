@@ -104,6 +104,11 @@ class Observed:
     replicas: Mapping[PoolName, int] = field(default_factory=dict)
     active_pool: PoolName = PoolName.PRIMARY
     split: bool = False
+    # For the Service's switch between the gateway and the pods (``service_selects_gateway``):
+    # the ``<isvc>-gateway`` Deployment has a ready pod; a serving pod of a pool the Service
+    # would select is Ready.
+    gateway_ready: bool = False
+    serving_ready: bool = False
 
 
 BASELINE_RUNTIME = "spec.rollout.baseline.runtime"
@@ -720,6 +725,32 @@ def fronted_by_gateway(isvc: InferenceService) -> bool:
     return isvc.spec.fleet is not None or may_scale_to_zero(isvc)
 
 
+def service_selects_gateway(isvc: InferenceService, observed: Observed) -> bool:
+    """Whether the Service ``<isvc>`` selects the gateway pods (else the serving pods).
+
+    A fleet always: only its gateway routes by model. A service that switches between the
+    activator and its pods (``minReplicas`` edited between 0 and more) keeps the side that
+    takes requests until the other side can: entering zero, the pods stay selected until the
+    new gateway has a ready pod (or no pod is ready, where the gateway at least holds);
+    leaving zero, the gateway stays selected (holding, and forwarding to the replicas the
+    operator still pushes to it) until a serving pod is ready. So no request that either side
+    could answer meets a Service without endpoints.
+    """
+    if isvc.spec.fleet is not None:
+        return True
+    if may_scale_to_zero(isvc):
+        return observed.gateway_ready or not observed.serving_ready
+    return observed.gateway_ready and not observed.serving_ready
+
+
+def gateway_retired(isvc: InferenceService, observed: Observed) -> bool:
+    """Whether a left-over ``<isvc>-gateway`` (the service no longer may reach zero) is no
+    longer selected by the Service and so goes to zero pods. The Deployment object stays
+    (the operator may patch Deployments, not delete them; the garbage collector removes it
+    with the service), so a return to ``minReplicas: 0`` applies it again."""
+    return not fronted_by_gateway(isvc) and not service_selects_gateway(isvc, observed)
+
+
 # Every replica of a single-model service preloads its models: its gateway never asks for
 # another copy, however busy the hot ones are.
 NO_EXTRA_COPIES = 1_000_000
@@ -841,12 +872,12 @@ def _gateway_deployment(isvc: InferenceService) -> dict[str, Any]:
     }
 
 
-def _service(isvc: InferenceService, active: PoolName, split: bool) -> dict[str, Any]:
+def _service(isvc: InferenceService, active: PoolName, observed: Observed) -> dict[str, Any]:
     selector = {LABEL_ISVC: isvc.name, LABEL_POOL: active.value, LABEL_ROLE: ROLE_SERVING}
-    if split and isvc.spec.rollout.baseline is not None:
+    if observed.split and isvc.spec.rollout.baseline is not None:
         del selector[LABEL_POOL]
     ports = [{"name": "http", "port": RUNTIME_PORT, "targetPort": "http", "protocol": "TCP"}]
-    if fronted_by_gateway(isvc):
+    if service_selects_gateway(isvc, observed):
         # The gateway routes to the runtime pods itself (the operator tells it which) and
         # holds requests while none is routable; it speaks HTTP only.
         selector = {LABEL_ISVC: isvc.name, LABEL_COMPONENT: COMPONENT_GATEWAY}
@@ -888,7 +919,7 @@ def desired_objects(isvc: InferenceService, observed: Observed) -> list[dict[str
         objects.append(_deployment(isvc, pool, replicas, content_hash(config)))
     if fronted_by_gateway(isvc):
         objects.append(_gateway_deployment(isvc))
-    objects.append(_service(isvc, resolve_active_pool(isvc, observed), observed.split))
+    objects.append(_service(isvc, resolve_active_pool(isvc, observed), observed))
     for obj in objects:
         obj["metadata"]["annotations"] = {ANNOTATION_APPLIED_HASH: content_hash(obj)}
     return objects
