@@ -54,6 +54,7 @@ LABEL_COMPONENT = f"{GROUP}/component"
 RUNTIME_PORT = 8080
 RUNTIME_GRPC_PORT = 8081  # OIP v2 gRPC (inference.GRPCInferenceService)
 GATEWAY_PORT = 8080
+GATEWAY_GRPC_PORT = 8081  # OIP v2 gRPC passed through (tidal.gateway.grpc_proxy)
 GATEWAY_CONTAINER = "gateway"
 COMPONENT_GATEWAY = "gateway"
 GATEWAY_CONFIG_ENV = "TIDAL_GATEWAY_CONFIG_JSON"
@@ -782,6 +783,7 @@ def gateway_config(isvc: InferenceService) -> dict[str, Any]:
         "maxLoadsTotal": gw.max_loads_total,
         "holdTimeoutSeconds": gw.hold_timeout_seconds,
         "busyOutstanding": gw.busy_outstanding if isvc.spec.fleet else NO_EXTRA_COPIES,
+        "replicaGrpcPort": RUNTIME_GRPC_PORT,
     }
     if may_scale_to_zero(isvc):
         config["activator"] = True
@@ -800,10 +802,14 @@ def _gateway_deployment(isvc: InferenceService) -> dict[str, Any]:
         "name": GATEWAY_CONTAINER,
         "image": isvc.spec.runtime.image,
         "command": ["tidal-gateway"],
-        "ports": [{"name": "http", "containerPort": GATEWAY_PORT, "protocol": "TCP"}],
+        "ports": [
+            {"name": "http", "containerPort": GATEWAY_PORT, "protocol": "TCP"},
+            {"name": "grpc", "containerPort": GATEWAY_GRPC_PORT, "protocol": "TCP"},
+        ],
         "env": [
             {"name": "TIDAL_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
             {"name": "TIDAL_PORT", "value": str(GATEWAY_PORT)},
+            {"name": "TIDAL_GRPC_PORT", "value": str(GATEWAY_GRPC_PORT)},
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
             {"name": "TIDAL_LOG_LEVEL", "value": isvc.spec.runtime.log_level.value},
             {"name": GATEWAY_CONFIG_ENV, "value": config},
@@ -876,21 +882,22 @@ def _service(isvc: InferenceService, active: PoolName, observed: Observed) -> di
     selector = {LABEL_ISVC: isvc.name, LABEL_POOL: active.value, LABEL_ROLE: ROLE_SERVING}
     if observed.split and isvc.spec.rollout.baseline is not None:
         del selector[LABEL_POOL]
-    ports = [{"name": "http", "port": RUNTIME_PORT, "targetPort": "http", "protocol": "TCP"}]
+    # The same ports whichever side is selected (the gateway's are named like the runtime's),
+    # so clients keep working across a switch.
+    ports = [
+        {"name": "http", "port": RUNTIME_PORT, "targetPort": "http", "protocol": "TCP"},
+        {
+            "name": "grpc",
+            "port": RUNTIME_GRPC_PORT,
+            "targetPort": "grpc",
+            "protocol": "TCP",
+            "appProtocol": "kubernetes.io/h2c",
+        },
+    ]
     if service_selects_gateway(isvc, observed):
         # The gateway routes to the runtime pods itself (the operator tells it which) and
-        # holds requests while none is routable; it speaks HTTP only.
+        # holds requests while none is routable, over HTTP and gRPC alike.
         selector = {LABEL_ISVC: isvc.name, LABEL_COMPONENT: COMPONENT_GATEWAY}
-    else:
-        ports.append(
-            {
-                "name": "grpc",
-                "port": RUNTIME_GRPC_PORT,
-                "targetPort": "grpc",
-                "protocol": "TCP",
-                "appProtocol": "kubernetes.io/h2c",
-            }
-        )
     return {
         "apiVersion": "v1",
         "kind": "Service",

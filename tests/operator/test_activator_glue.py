@@ -45,7 +45,7 @@ def test_which_services_are_fronted_by_the_gateway(spec: dict[str, Any], gateway
     assert (("Deployment", "svc-gateway") in objects) is gateway, sorted(objects)
 
 
-def test_at_zero_the_service_keeps_its_name_and_http_port_and_selects_the_activator() -> None:
+def test_at_zero_the_service_keeps_its_name_and_ports_and_selects_the_activator() -> None:
     plain = by_kind(desired_objects(parse_inference_service(minimal()), Observed()))
     isvc = parse_inference_service(minimal(autoscaling={"minReplicas": 0}))
     objects = by_kind(desired_objects(isvc, Observed(replicas={})))
@@ -54,15 +54,23 @@ def test_at_zero_the_service_keeps_its_name_and_http_port_and_selects_the_activa
         "serving.tidal.dev/isvc": "svc",
         LABEL_COMPONENT: "gateway",
     }
-    http = [p for p in plain[("Service", "svc")]["spec"]["ports"] if p["name"] == "http"]
-    assert service["spec"]["ports"] == http  # same name, port and target: clients unchanged
+    # The same names, ports and targets (HTTP and gRPC): clients unchanged across a switch.
+    assert service["spec"]["ports"] == plain[("Service", "svc")]["spec"]["ports"]
+    assert {p["name"] for p in service["spec"]["ports"]} == {"http", "grpc"}
     gateway = objects[("Deployment", "svc-gateway")]
     assert gateway["spec"]["replicas"] == 1
     container = gateway["spec"]["template"]["spec"]["containers"][0]
+    # The gateway's container ports carry the names the Service targets.
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {
+        "http": 8080,
+        "grpc": 8081,
+    }
     env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["TIDAL_GRPC_PORT"] == "8081"
     config = json.loads(env["TIDAL_GATEWAY_CONFIG_JSON"])
     assert config == gateway_config(isvc)
     assert config["activator"] is True and config["models"] == ["m"], config
+    assert config["replicaGrpcPort"] == 8081  # the runtime pods' gRPC port
     # Every replica preloads its models: the gateway never asks one for another copy.
     assert config["busyOutstanding"] >= 1_000_000
     assert config["holdTimeoutSeconds"] == 120.0  # a GPU replica's wake, twice over
