@@ -287,3 +287,34 @@ def test_idle_service_scales_to_zero_and_a_restarted_operator_keeps_it_and_its_f
             f"burst of {BURST} at zero: first answer {first:.2f} s, last "
             f"{max(r[1] for r in results):.2f} s, total {time.monotonic() - woke:.2f} s"
         )
+
+        # -- leaving zero: edited to minReplicas 1 (awake, or back at zero by now), the Service
+        # selects the runtime pods once one is ready, the left-over gateway goes to 0 pods,
+        # and requests through the Service's endpoints are answered by a runtime.
+        manifest["spec"]["autoscaling"]["minReplicas"] = 1
+        apply(sandbox, namespace, manifest)
+        seen_switch: dict[str, Any] = {}
+
+        def switched() -> list[tuple[str, int]] | None:
+            eps = ready_endpoints(sandbox.api_client(), namespace, name)
+            out = sandbox.kubectl(
+                "get", "deployment", f"{name}-gateway", "-n", namespace, "-o", "json"
+            )
+            replicas = json.loads(out.stdout)["spec"].get("replicas")
+            runtimes = {
+                p["status"].get("podIP")
+                for p in pods(sandbox, namespace)
+                if (p["metadata"].get("labels") or {}).get("serving.tidal.dev/role") == "serving"
+            }
+            seen_switch.update(
+                endpoints=eps, gateway_replicas=replicas, runtimes=sorted(runtimes - {None})
+            )
+            on_pods = bool(eps) and all(ip in runtimes for ip, _ in eps)
+            return eps if on_pods and replicas == 0 else None
+
+        try:
+            eps = wait_for(switched, timeout=120, what="the Service on the pods, the gateway at 0")
+        except WaitTimeout as exc:
+            raise AssertionError(f"{exc}; last seen: {seen_switch}") from None
+        after_switch = asyncio.run(_burst("http://{}:{}".format(*eps[0]), 5, INFER_BODY))
+        assert [r[0] for r in after_switch] == [200] * 5, after_switch
