@@ -10,7 +10,8 @@ forecast. The operator is then killed and started again: the pool stays at zero 
 forecast is the one written before the kill (restored, not started afresh).
 
 Then the activator: the Service selects the service's gateway pod, which stays Ready at zero.
-A burst of ``BURST`` concurrent requests is sent to it at zero: the gateway holds them, the
+A burst of ``BURST`` concurrent requests (and one OIP v2 gRPC call, through the Service's
+``grpc`` port) is sent to it at zero: the gateway holds them, the
 operator learns of them through its long-poll of the held count (no Prometheus round trip),
 wakes the pool, pushes the new replica to the gateway, and every request is answered 200,
 each exactly once (the new replica counts ``BURST`` answers: none lost, none duplicated).
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -64,6 +66,28 @@ async def _burst(url: str, count: int, body: dict[str, Any]) -> list[tuple[int, 
         timeout=timeout, connector=aiohttp.TCPConnector(limit=0)
     ) as session:
         return list(await asyncio.gather(*(one(session) for _ in range(count))))
+
+
+def _grpc_infer(target: str, out: dict[str, Any]) -> None:
+    """One OIP v2 gRPC ModelInfer through ``target``; its answer or error into ``out``."""
+    import grpc
+    import numpy as np
+
+    from tidal.runtime.grpc import oip_v2_pb2 as pb
+
+    request = pb.ModelInferRequest(model_name="mlp")
+    request.inputs.add(name="input", datatype="FP32", shape=[1, 16])
+    request.raw_input_contents.append(np.full(16, 0.5, dtype=np.float32).tobytes())
+    try:
+        with grpc.insecure_channel(target) as channel:
+            call = channel.unary_unary(
+                "/inference.GRPCInferenceService/ModelInfer",
+                request_serializer=pb.ModelInferRequest.SerializeToString,
+                response_deserializer=pb.ModelInferResponse.FromString,
+            )
+            out["answer"] = call(request, timeout=240)
+    except grpc.RpcError as exc:
+        out["error"] = f"{exc.code()}: {exc.details()}"
 
 
 def _metric(url: str, name: str, **labels: str) -> float:
@@ -218,8 +242,19 @@ def test_idle_service_scales_to_zero_and_a_restarted_operator_keeps_it_and_its_f
             if (p["metadata"].get("labels") or {}).get(LABEL_COMPONENT) == "gateway"
         ]
         assert endpoints[0][0] in gateway_pods, (endpoints, gateway_pods)
+        # The Service's grpc port leads to the gateway too: one gRPC call joins the burst.
+        grpc_endpoints = ready_endpoints(sandbox.api_client(), namespace, name, "grpc")
+        assert grpc_endpoints == [(endpoints[0][0], 8081)], grpc_endpoints
+        grpc_call: dict[str, Any] = {}
+        caller = threading.Thread(
+            target=_grpc_infer, args=("{}:{}".format(*grpc_endpoints[0]), grpc_call), daemon=True
+        )
         woke = time.monotonic()
+        caller.start()
         results = asyncio.run(_burst(gateway_url, BURST, INFER_BODY))
+        caller.join(240)
+        assert "answer" in grpc_call, f"the gRPC call at zero: {grpc_call or 'no answer'}"
+        assert grpc_call["answer"].model_name == "mlp", grpc_call
         first = min(seconds for status, seconds, _ in results if status == 200)
         wrong = [r for r in results if r[0] != 200]
         assert not wrong, (
@@ -232,7 +267,8 @@ def test_idle_service_scales_to_zero_and_a_restarted_operator_keeps_it_and_its_f
         reasons = [e.get("reason") for e in events(sandbox, namespace, name)]
         assert "ScaledFromZero" in reasons, (reasons, body["status"].get("lastDecision"))
         forwarded = _metric(gateway_url, "tidal_gateway_hold_outcomes_total", outcome="forwarded")
-        assert forwarded == BURST, f"held and forwarded: {forwarded} of {BURST}"
+        # (The gRPC call is held too unless its thread only started once a replica was up.)
+        assert BURST <= forwarded <= BURST + 1, f"held and forwarded: {forwarded} of {BURST} + 1"
         runtime_ips = [
             p["status"].get("podIP")
             for p in pods(sandbox, namespace)
@@ -244,9 +280,41 @@ def test_idle_service_scales_to_zero_and_a_restarted_operator_keeps_it_and_its_f
             _metric(f"http://{ip}:8080", "tidal_requests_total", model="mlp", code="200")
             for ip in runtime_ips
         )
-        # Each request reached a replica exactly once (the replicas woken are new pods).
-        assert answered == BURST, f"answered by the runtimes {runtime_ips}: {answered}"
+        # Each request reached a replica exactly once (the replicas woken are new pods); the
+        # runtime counts a gRPC call under code 200 too.
+        assert answered == BURST + 1, f"answered by the runtimes {runtime_ips}: {answered}"
         print(
             f"burst of {BURST} at zero: first answer {first:.2f} s, last "
             f"{max(r[1] for r in results):.2f} s, total {time.monotonic() - woke:.2f} s"
         )
+
+        # -- leaving zero: edited to minReplicas 1 (awake, or back at zero by now), the Service
+        # selects the runtime pods once one is ready, the left-over gateway goes to 0 pods,
+        # and requests through the Service's endpoints are answered by a runtime.
+        manifest["spec"]["autoscaling"]["minReplicas"] = 1
+        apply(sandbox, namespace, manifest)
+        seen_switch: dict[str, Any] = {}
+
+        def switched() -> list[tuple[str, int]] | None:
+            eps = ready_endpoints(sandbox.api_client(), namespace, name)
+            out = sandbox.kubectl(
+                "get", "deployment", f"{name}-gateway", "-n", namespace, "-o", "json"
+            )
+            replicas = json.loads(out.stdout)["spec"].get("replicas")
+            runtimes = {
+                p["status"].get("podIP")
+                for p in pods(sandbox, namespace)
+                if (p["metadata"].get("labels") or {}).get("serving.tidal.dev/role") == "serving"
+            }
+            seen_switch.update(
+                endpoints=eps, gateway_replicas=replicas, runtimes=sorted(runtimes - {None})
+            )
+            on_pods = bool(eps) and all(ip in runtimes for ip, _ in eps)
+            return eps if on_pods and replicas == 0 else None
+
+        try:
+            eps = wait_for(switched, timeout=120, what="the Service on the pods, the gateway at 0")
+        except WaitTimeout as exc:
+            raise AssertionError(f"{exc}; last seen: {seen_switch}") from None
+        after_switch = asyncio.run(_burst("http://{}:{}".format(*eps[0]), 5, INFER_BODY))
+        assert [r[0] for r in after_switch] == [200] * 5, after_switch

@@ -3,7 +3,8 @@
 Reads the configuration (exit code 2 at once, naming the field, when it is invalid), then serves
 until SIGTERM/SIGINT, draining like the runtime (not ready at once, still serving for
 ``shutdownDrainSeconds``; a second signal exits at once).  Listen address from
-``--host``/``--port`` or ``TIDAL_HOST``/``TIDAL_PORT`` (default ``0.0.0.0:8080``); static
+``--host``/``--port`` or ``TIDAL_HOST``/``TIDAL_PORT`` (default ``0.0.0.0:8080``), and for OIP
+v2 gRPC ``--grpc-port``/``TIDAL_GRPC_PORT`` (default 0: HTTP only); static
 replicas from ``--replica URL`` (repeatable), else from ``PUT /v2/tidal/replicas``.
 ``--event-loop`` / ``TIDAL_EVENT_LOOP``: ``auto`` (default) runs on uvloop when it is installed
 (a faster event loop; optional, not a dependency), ``asyncio`` never does.
@@ -41,6 +42,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--host", default=os.environ.get("TIDAL_HOST", "0.0.0.0"))
     parser.add_argument("--port", type=int, default=None)
+    parser.add_argument(
+        "--grpc-port",
+        type=int,
+        default=None,
+        help="also pass OIP v2 gRPC through on this port (else TIDAL_GRPC_PORT; 0: HTTP only)",
+    )
     parser.add_argument("--log-level", default=os.environ.get("TIDAL_LOG_LEVEL", "INFO"))
     parser.add_argument(
         "--event-loop",
@@ -65,6 +72,11 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(args.config)
         replicas: list[ReplicaRef] = [replica_from_url(url) for url in args.replica]
         port = args.port if args.port is not None else int(os.environ.get("TIDAL_PORT", "8080"))
+        grpc_port = (
+            args.grpc_port
+            if args.grpc_port is not None
+            else int(os.environ.get("TIDAL_GRPC_PORT", "0") or "0")
+        )
     except ConfigError as exc:
         print(f"tidal-gateway: {exc}", file=sys.stderr)
         return 2
@@ -73,7 +85,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except ValueError:
         print(
-            "tidal-gateway: invalid configuration: TIDAL_PORT must be an integer", file=sys.stderr
+            "tidal-gateway: invalid configuration: TIDAL_PORT and TIDAL_GRPC_PORT must be integers",
+            file=sys.stderr,
+        )
+        return 2
+    if not 0 <= grpc_port <= 65535:
+        print(
+            "tidal-gateway: invalid configuration: the gRPC port (--grpc-port, "
+            f"TIDAL_GRPC_PORT) must be 0-65535, not {grpc_port}",
+            file=sys.stderr,
         )
         return 2
     try:
@@ -104,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_signal)
         with contextlib.suppress(asyncio.CancelledError):
-            await serve(config, args.host, port, replicas, stop)
+            await serve(config, args.host, port, replicas, stop, grpc_port)
 
     with asyncio.Runner(loop_factory=factory) as runner:
         runner.run(run())

@@ -70,6 +70,12 @@ class GatewayConfig(_Model):
         gt=0,
         description="requests held at once; one more is answered 503 with Retry-After at once",
     )
+    replica_grpc_port: int = Field(
+        default=8081,
+        ge=1,
+        le=65535,
+        description="the replicas' OIP v2 gRPC port (on the host of each replica's URL)",
+    )
     activator: bool = Field(
         default=False,
         description="fronts a service that may be at zero replicas: ready (and holding "

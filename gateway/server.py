@@ -853,8 +853,12 @@ async def serve(
     port: int,
     replicas: Sequence[ReplicaRef] = (),
     stop: asyncio.Event | None = None,
+    grpc_port: int = 0,
 ) -> None:
-    """Run the gateway until cancelled or until ``stop`` is set, then drain like the runtime."""
+    """Run the gateway until cancelled or until ``stop`` is set, then drain like the runtime.
+    ``grpc_port``: also pass OIP v2 gRPC calls through (``tidal.gateway.grpc_proxy``); 0: not."""
+    from tidal.gateway.grpc_proxy import start_grpc
+
     gateway = Gateway(config, replicas)
     runner = JsonErrorRunner(
         gateway.build_app(), access_log=None, handle_signals=False, auto_decompress=False
@@ -862,11 +866,23 @@ async def serve(
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=1024)
     await site.start()
-    log.info("tidal-gateway listening on %s:%d, %d replicas", host, port, len(replicas))
+    grpc_server = proxy = None
     try:
+        if grpc_port:
+            grpc_server, proxy = await start_grpc(gateway, host, grpc_port)
+        log.info(
+            "tidal-gateway listening on %s:%d%s, %d replicas",
+            host,
+            port,
+            f" (gRPC {proxy.port})" if proxy is not None else "",
+            len(replicas),
+        )
         await (stop or asyncio.Event()).wait()
         gateway.start_draining()
         log.info("stopping: not ready, serving for %.1fs more", config.shutdown_drain_seconds)
         await asyncio.sleep(config.shutdown_drain_seconds)
     finally:
+        if grpc_server is not None and proxy is not None:
+            await grpc_server.stop(1.0)
+            await proxy.close()
         await runner.cleanup()

@@ -1117,6 +1117,16 @@ class Autoscaling(ApiModel):
         "forecast expects within one time-to-routable (plus 30 s) keeps it, and brings a "
         "service at zero back.",
     )
+    hold_timeout_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        le=600,
+        description="With minReplicas 0 (and no spec.fleet): longest the gateway in front of "
+        "the service holds a request while it wakes from zero; then 503 with Retry-After (a "
+        "request's own timeout parameter shortens it). Unset: 120, twice the time-to-routable "
+        "assumed of a GPU replica until one is measured. A fleet's gateway holds for "
+        "spec.fleet.gateway.holdTimeoutSeconds instead.",
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> Autoscaling:

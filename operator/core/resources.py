@@ -54,6 +54,7 @@ LABEL_COMPONENT = f"{GROUP}/component"
 RUNTIME_PORT = 8080
 RUNTIME_GRPC_PORT = 8081  # OIP v2 gRPC (inference.GRPCInferenceService)
 GATEWAY_PORT = 8080
+GATEWAY_GRPC_PORT = 8081  # OIP v2 gRPC passed through (tidal.gateway.grpc_proxy)
 GATEWAY_CONTAINER = "gateway"
 COMPONENT_GATEWAY = "gateway"
 GATEWAY_CONFIG_ENV = "TIDAL_GATEWAY_CONFIG_JSON"
@@ -104,6 +105,11 @@ class Observed:
     replicas: Mapping[PoolName, int] = field(default_factory=dict)
     active_pool: PoolName = PoolName.PRIMARY
     split: bool = False
+    # For the Service's switch between the gateway and the pods (``service_selects_gateway``):
+    # the ``<isvc>-gateway`` Deployment has a ready pod; a serving pod of a pool the Service
+    # would select is Ready.
+    gateway_ready: bool = False
+    serving_ready: bool = False
 
 
 BASELINE_RUNTIME = "spec.rollout.baseline.runtime"
@@ -275,6 +281,21 @@ def find_spec_warnings(isvc: InferenceService) -> list[str]:
             "standbyReplicas, or remove it"
         )
     fleet = isvc.spec.fleet
+    hold = scaling.hold_timeout_seconds
+    if hold is not None and fleet is not None:
+        warnings.append(
+            f"spec.autoscaling.holdTimeoutSeconds {hold:g} never acts with spec.fleet: the "
+            "fleet's gateway holds requests for spec.fleet.gateway.holdTimeoutSeconds; set "
+            "that instead, and remove spec.autoscaling.holdTimeoutSeconds"
+        )
+    elif hold is not None and not may_scale_to_zero(isvc):
+        manual = isvc.spec.replicas is not None
+        floor = "spec.replicas is set" if manual else f"minReplicas is {low}"
+        warnings.append(
+            f"spec.autoscaling.holdTimeoutSeconds {hold:g} never acts: {floor}, so the "
+            "service never reaches zero and no gateway holds its requests; set "
+            "spec.autoscaling.minReplicas to 0, or remove holdTimeoutSeconds"
+        )
     copies = fleet.placement.max_copies if fleet is not None else None
     if copies is not None and copies > high:
         warnings.append(
@@ -705,13 +726,46 @@ def fronted_by_gateway(isvc: InferenceService) -> bool:
     return isvc.spec.fleet is not None or may_scale_to_zero(isvc)
 
 
+def service_selects_gateway(isvc: InferenceService, observed: Observed) -> bool:
+    """Whether the Service ``<isvc>`` selects the gateway pods (else the serving pods).
+
+    A fleet always: only its gateway routes by model. A service that switches between the
+    activator and its pods (``minReplicas`` edited between 0 and more) keeps the side that
+    takes requests until the other side can: entering zero, the pods stay selected until the
+    new gateway has a ready pod (or no pod is ready, where the gateway at least holds);
+    leaving zero, the gateway stays selected (holding, and forwarding to the replicas the
+    operator still pushes to it) until a serving pod is ready. So no request that either side
+    could answer meets a Service without endpoints.
+    """
+    if isvc.spec.fleet is not None:
+        return True
+    if may_scale_to_zero(isvc):
+        return observed.gateway_ready or not observed.serving_ready
+    return observed.gateway_ready and not observed.serving_ready
+
+
+def gateway_retired(isvc: InferenceService, observed: Observed) -> bool:
+    """Whether a left-over ``<isvc>-gateway`` (the service no longer may reach zero) is no
+    longer selected by the Service and so goes to zero pods. The Deployment object stays
+    (the operator may patch Deployments, not delete them; the garbage collector removes it
+    with the service), so a return to ``minReplicas: 0`` applies it again."""
+    return not fronted_by_gateway(isvc) and not service_selects_gateway(isvc, observed)
+
+
 # Every replica of a single-model service preloads its models: its gateway never asks for
 # another copy, however busy the hot ones are.
 NO_EXTRA_COPIES = 1_000_000
-# How long the activator holds a request while the service wakes from zero: twice the
-# time-to-routable `core.idle` assumes of a GPU replica until it has measured one (60 s); a
-# request's own `timeout` parameter shortens it. (A fleet's gateway: spec.fleet.gateway.)
+# How long the activator holds a request while the service wakes from zero, unless
+# spec.autoscaling.holdTimeoutSeconds says otherwise: twice the time-to-routable `core.idle`
+# assumes of a GPU replica until it has measured one (60 s); a request's own `timeout`
+# parameter shortens it. (A fleet's gateway: spec.fleet.gateway.holdTimeoutSeconds.)
 ACTIVATOR_HOLD_SECONDS = 120.0
+
+
+def activator_hold_seconds(isvc: InferenceService) -> float:
+    """How long the activator in front of a single-model service holds a request."""
+    hold = isvc.spec.autoscaling.hold_timeout_seconds
+    return ACTIVATOR_HOLD_SECONDS if hold is None else hold
 
 
 def _gateway_spec(isvc: InferenceService) -> FleetGateway:
@@ -729,11 +783,12 @@ def gateway_config(isvc: InferenceService) -> dict[str, Any]:
         "maxLoadsTotal": gw.max_loads_total,
         "holdTimeoutSeconds": gw.hold_timeout_seconds,
         "busyOutstanding": gw.busy_outstanding if isvc.spec.fleet else NO_EXTRA_COPIES,
+        "replicaGrpcPort": RUNTIME_GRPC_PORT,
     }
     if may_scale_to_zero(isvc):
         config["activator"] = True
         if isvc.spec.fleet is None:
-            config["holdTimeoutSeconds"] = ACTIVATOR_HOLD_SECONDS
+            config["holdTimeoutSeconds"] = activator_hold_seconds(isvc)
     return config
 
 
@@ -747,10 +802,14 @@ def _gateway_deployment(isvc: InferenceService) -> dict[str, Any]:
         "name": GATEWAY_CONTAINER,
         "image": isvc.spec.runtime.image,
         "command": ["tidal-gateway"],
-        "ports": [{"name": "http", "containerPort": GATEWAY_PORT, "protocol": "TCP"}],
+        "ports": [
+            {"name": "http", "containerPort": GATEWAY_PORT, "protocol": "TCP"},
+            {"name": "grpc", "containerPort": GATEWAY_GRPC_PORT, "protocol": "TCP"},
+        ],
         "env": [
             {"name": "TIDAL_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
             {"name": "TIDAL_PORT", "value": str(GATEWAY_PORT)},
+            {"name": "TIDAL_GRPC_PORT", "value": str(GATEWAY_GRPC_PORT)},
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
             {"name": "TIDAL_LOG_LEVEL", "value": isvc.spec.runtime.log_level.value},
             {"name": GATEWAY_CONFIG_ENV, "value": config},
@@ -819,25 +878,26 @@ def _gateway_deployment(isvc: InferenceService) -> dict[str, Any]:
     }
 
 
-def _service(isvc: InferenceService, active: PoolName, split: bool) -> dict[str, Any]:
+def _service(isvc: InferenceService, active: PoolName, observed: Observed) -> dict[str, Any]:
     selector = {LABEL_ISVC: isvc.name, LABEL_POOL: active.value, LABEL_ROLE: ROLE_SERVING}
-    if split and isvc.spec.rollout.baseline is not None:
+    if observed.split and isvc.spec.rollout.baseline is not None:
         del selector[LABEL_POOL]
-    ports = [{"name": "http", "port": RUNTIME_PORT, "targetPort": "http", "protocol": "TCP"}]
-    if fronted_by_gateway(isvc):
+    # The same ports whichever side is selected (the gateway's are named like the runtime's),
+    # so clients keep working across a switch.
+    ports = [
+        {"name": "http", "port": RUNTIME_PORT, "targetPort": "http", "protocol": "TCP"},
+        {
+            "name": "grpc",
+            "port": RUNTIME_GRPC_PORT,
+            "targetPort": "grpc",
+            "protocol": "TCP",
+            "appProtocol": "kubernetes.io/h2c",
+        },
+    ]
+    if service_selects_gateway(isvc, observed):
         # The gateway routes to the runtime pods itself (the operator tells it which) and
-        # holds requests while none is routable; it speaks HTTP only.
+        # holds requests while none is routable, over HTTP and gRPC alike.
         selector = {LABEL_ISVC: isvc.name, LABEL_COMPONENT: COMPONENT_GATEWAY}
-    else:
-        ports.append(
-            {
-                "name": "grpc",
-                "port": RUNTIME_GRPC_PORT,
-                "targetPort": "grpc",
-                "protocol": "TCP",
-                "appProtocol": "kubernetes.io/h2c",
-            }
-        )
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -866,7 +926,7 @@ def desired_objects(isvc: InferenceService, observed: Observed) -> list[dict[str
         objects.append(_deployment(isvc, pool, replicas, content_hash(config)))
     if fronted_by_gateway(isvc):
         objects.append(_gateway_deployment(isvc))
-    objects.append(_service(isvc, resolve_active_pool(isvc, observed), observed.split))
+    objects.append(_service(isvc, resolve_active_pool(isvc, observed), observed))
     for obj in objects:
         obj["metadata"]["annotations"] = {ANNOTATION_APPLIED_HASH: content_hash(obj)}
     return objects

@@ -233,7 +233,7 @@ class FleetController:
     def ensure(self, key: Key) -> None:
         """Start the key's loop if it has ``spec.fleet`` or may scale to zero (its gateway is
         then an activator) and the loop is not running."""
-        if not fronted(self.store.services.get(key)):
+        if not self._fronted(key):
             return
         task = self.tasks.get(key)
         if task is None or task.done():
@@ -267,7 +267,8 @@ class FleetController:
 
     async def _run(self, key: Key) -> None:
         next_at = self.mono()
-        while fronted(body := self.store.services.get(key)):
+        while self._fronted(key):
+            body = self.store.services.get(key)
             wake = None
             if ((body or {}).get("spec") or {}).get("fleet") is None:
                 wake = self._wakes.setdefault(key, asyncio.Event())
@@ -294,6 +295,15 @@ class FleetController:
         if key in self.store.services:
             await self.enqueue(key)  # so that status.fleet goes with spec.fleet
 
+    def _fronted(self, key: Key) -> bool:
+        """Whether the key needs a loop: its spec asks for a gateway, or a gateway left over
+        from ``minReplicas: 0`` still runs (the Service selects it until a serving pod is
+        ready, and it must learn of that pod to forward what it holds)."""
+        if fronted(self.store.services.get(key)):
+            return True
+        kids = self.store.children.get(key)
+        return key in self.store.services and kids is not None and kids.gateway_live()
+
     # -- one tick ----------------------------------------------------------------------------
 
     async def tick(self, key: Key) -> None:
@@ -305,7 +315,7 @@ class FleetController:
         except ValidationError:
             return  # the reconciler reports it as Degraded
         fleet = isvc.spec.fleet
-        if find_spec_problems(isvc) or not fronted_by_gateway(isvc):
+        if find_spec_problems(isvc) or not (fronted_by_gateway(isvc) or self._fronted(key)):
             return
         st = self.states.setdefault(key, FleetState())
         if fleet is None:

@@ -201,6 +201,9 @@ async def _on_child(event: dict[str, Any], body: kopf.Body, kind: str) -> None:
     if owner is not None and RUNTIME.controller is not None:
         RUNTIME.controller.poke(owner)  # a quiet control loop looks again at once
     if owner is not None and RUNTIME.fleet is not None:
+        if kind == "Deployment" and owner in RUNTIME.store.services:
+            # A gateway left over from minReplicas 0 keeps a loop (also after a restart).
+            RUNTIME.fleet.ensure(owner)
         RUNTIME.fleet.poke(owner)  # an activator pushes a replica that turned Ready at once
     if owner is not None and owner in RUNTIME.store.services:
         await _enqueue(owner)

@@ -27,6 +27,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from tidal.operator.core.api import API_VERSION, KIND, PLURAL
+from tidal.operator.core.resources import ANNOTATION_APPLIED_HASH
 from tidal.operator.core.status import EventSpec, timestamp
 from tidal.operator.shell import metrics
 
@@ -211,6 +212,27 @@ class Kube:
             query=[("fieldManager", FIELD_MANAGER)],
             content_type="application/merge-patch+json",
         )
+
+    async def retire_deployment(self, namespace: str, name: str) -> None:
+        """Scale a Deployment the operator no longer wants to zero pods, and mark its applied
+        hash ``retired`` so that wanting it again applies it whole. A Deployment gone
+        meanwhile is no error."""
+        path = f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}"
+        try:
+            await self._call(
+                "PATCH",
+                path,
+                resource="deployment",
+                body={
+                    "metadata": {"annotations": {ANNOTATION_APPLIED_HASH: "retired"}},
+                    "spec": {"replicas": 0},
+                },
+                query=[("fieldManager", FIELD_MANAGER)],
+                content_type="application/merge-patch+json",
+            )
+        except KubeError as exc:
+            if exc.status != 404:
+                raise
 
     async def post_event(self, isvc: Mapping[str, Any], event: EventSpec, now: datetime) -> None:
         """Post a core/v1 Event about an InferenceService; failures are logged, not raised."""

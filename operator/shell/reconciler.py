@@ -11,7 +11,9 @@ This module owns the loop body and the in-memory picture of the world it works f
   the status when it changed, post the Events the core asked for. The replica counts, the
   pool the Service selects and the control loop's status fields come from the per-service
   control loop (``tidal.operator.shell.controller``) once it has decided; before that, the
-  Deployments' current replicas stay.
+  Deployments' current replicas stay. The Service's switch between an activator gateway and
+  the pods reads the watched readiness of both (``resources.service_selects_gateway``); a
+  gateway left over from ``minReplicas: 0`` is scaled to zero pods once it is not selected.
 
 A spec that passes the schema but cannot work touches nothing but the status (Degraded).
 """
@@ -22,7 +24,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -42,11 +44,16 @@ from tidal.operator.core.control import ControlView, follow_planner, stamp_templ
 from tidal.operator.core.fleet import FleetView
 from tidal.operator.core.resources import (
     ANNOTATION_APPLIED_HASH,
+    COMPONENT_GATEWAY,
+    LABEL_COMPONENT,
+    ROLE_SERVING,
     Observed,
     deployment_name,
     desired_objects,
     find_spec_problems,
     find_spec_warnings,
+    gateway_name,
+    gateway_retired,
     object_key,
     pools_of,
     resolve_active_pool,
@@ -117,6 +124,12 @@ class Children:
     pods: dict[str, PodState] = field(default_factory=dict)  # by pod name
     # Whole pod objects (without managedFields), for the control loop's signals.
     pod_bodies: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The <isvc>-gateway Deployment (a fleet's, or the activator's), None: there is none.
+    gateway: DeploymentState | None = None
+
+    def gateway_live(self) -> bool:
+        """Whether the gateway Deployment asks for pods (it exists and is not retired)."""
+        return self.gateway is not None and self.gateway.spec_replicas > 0
 
 
 @dataclass
@@ -156,6 +169,10 @@ class Store:
         else:
             applied = (meta.get("annotations") or {}).get(ANNOTATION_APPLIED_HASH, "")
             kids.applied[(kind, name)] = applied
+        if kind == "Deployment" and (meta.get("labels") or {}).get(LABEL_COMPONENT) == (
+            COMPONENT_GATEWAY
+        ):
+            kids.gateway = None if deleted else deployment_state(body)
         if kind == "Deployment":
             pool = (meta.get("labels") or {}).get(LABEL_POOL, "")
             if deleted:
@@ -227,6 +244,7 @@ class Reconciler:
                 active_pool=previous.active_pool if previous else PoolName.PRIMARY,
             )
             routed = isvc
+        observed = _with_switch(routed, observed, kids)
         problems = find_spec_problems(isvc)
         fleet_view = self.fleet(key) if isvc.spec.fleet is not None else None
         events: list[EventSpec] = []
@@ -318,6 +336,16 @@ class Reconciler:
             if isinstance(result, BaseException):
                 raise result
             events += result
+        if gateway_retired(isvc, observed) and kids.gateway_live():
+            # The Service (applied above) selects the serving pods now: the gateway left over
+            # from minReplicas 0 goes to zero pods; each drains as it stops (not Ready, still
+            # answering for its shutdownDrainSeconds while the endpoints catch up).
+            name = gateway_name(isvc.name)
+            await self.kube.retire_deployment(isvc.namespace, name)
+            if kids.gateway is not None:
+                kids.gateway = replace(kids.gateway, spec_replicas=0)
+            kids.applied.pop(("Deployment", name), None)
+            events.append(EventSpec("Normal", "Updated", f"Scaled Deployment {name} to 0"))
         return events
 
     async def _apply_chain(
@@ -374,6 +402,22 @@ class Reconciler:
         await self._write_status(key, body, result.to_wire())
         for event in result.events:
             await self.kube.post_event(body, event, now)
+
+
+def _with_switch(isvc: InferenceService, observed: Observed, kids: Children) -> Observed:
+    """``observed`` with what the Service's switch between gateway and pods reads
+    (``resources.service_selects_gateway``): a ready gateway pod, a ready serving pod."""
+    gateway = kids.gateway
+    gateway_ready = gateway is not None and gateway.spec_replicas > 0 and gateway.ready_replicas > 0
+    if observed.split and isvc.spec.rollout.baseline is not None:
+        pools = {p.value for p in PoolName}
+    else:
+        pools = {resolve_active_pool(isvc, observed).value}
+    serving_ready = any(
+        pod.ready and not pod.terminating and pod.role == ROLE_SERVING and pod.pool in pools
+        for pod in kids.pods.values()
+    )
+    return replace(observed, gateway_ready=gateway_ready, serving_ready=serving_ready)
 
 
 def _desired(isvc: InferenceService, pool: PoolName, observed: Observed) -> int:

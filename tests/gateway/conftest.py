@@ -72,10 +72,11 @@ def gateway() -> Iterator[Callable[..., ServedGateway]]:
     def start(
         replicas: list[RuntimeProcess] | list[ReplicaRef] = (),  # type: ignore[assignment]
         wait: bool = True,
+        grpc: bool = False,
         **config: Any,
     ) -> ServedGateway:
         refs = [r.ref if isinstance(r, RuntimeProcess) else r for r in replicas]
-        served = ServedGateway(config, refs)
+        served = ServedGateway(config, refs, grpc=grpc)
         started.append(served)
         if wait and refs:
             wait_for(

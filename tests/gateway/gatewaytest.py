@@ -25,6 +25,7 @@ from aiohttp import web
 
 from tidal.common.http import JsonErrorRunner
 from tidal.gateway.config import GatewayConfig, ReplicaRef
+from tidal.gateway.grpc_proxy import start_grpc
 from tidal.gateway.server import Gateway
 
 
@@ -65,11 +66,13 @@ class RuntimeProcess:
     def __init__(self, name: str, config: dict[str, Any]) -> None:
         self.name = name
         self.port = free_port()
+        self.grpc_port = free_port()
         env = {
             **os.environ,
             "TIDAL_RUNTIME_CONFIG_JSON": json.dumps({"shutdownDrainSeconds": 0, **config}),
             "TIDAL_HOST": "127.0.0.1",
             "TIDAL_PORT": str(self.port),
+            "TIDAL_GRPC_PORT": str(self.grpc_port),
             "TIDAL_LOG_LEVEL": "WARNING",
             "POD_NAME": name,
         }
@@ -122,10 +125,14 @@ class RuntimeProcess:
 class ServedGateway:
     """A :class:`Gateway` served on a loopback port from a background thread."""
 
-    def __init__(self, config: dict[str, Any], replicas: list[ReplicaRef]) -> None:
+    def __init__(
+        self, config: dict[str, Any], replicas: list[ReplicaRef], grpc: bool = False
+    ) -> None:
         self.config = GatewayConfig.model_validate(config)
         self.gateway = Gateway(self.config, replicas)
         self.port = 0
+        self.grpc = grpc
+        self.grpc_port = 0  # with grpc: where tidal.gateway.grpc_proxy listens
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._started = threading.Event()
@@ -148,8 +155,15 @@ class ServedGateway:
             site = web.TCPSite(runner, "127.0.0.1", 0)
             await site.start()
             self.port = runner.addresses[0][1]
+            server = proxy = None
+            if self.grpc:
+                server, proxy = await start_grpc(self.gateway, "127.0.0.1", 0)
+                self.grpc_port = proxy.port
             self._started.set()
             await self._stop.wait()
+            if server is not None and proxy is not None:
+                await server.stop(1.0)
+                await proxy.close()
             await runner.cleanup()
 
         try:

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from isvc_fixtures import minimal
 
+from tidal.gateway.config import load_config
 from tidal.operator.core.api import parse_inference_service
 from tidal.operator.core.resources import (
     LABEL_COMPONENT,
@@ -44,7 +45,7 @@ def test_which_services_are_fronted_by_the_gateway(spec: dict[str, Any], gateway
     assert (("Deployment", "svc-gateway") in objects) is gateway, sorted(objects)
 
 
-def test_at_zero_the_service_keeps_its_name_and_http_port_and_selects_the_activator() -> None:
+def test_at_zero_the_service_keeps_its_name_and_ports_and_selects_the_activator() -> None:
     plain = by_kind(desired_objects(parse_inference_service(minimal()), Observed()))
     isvc = parse_inference_service(minimal(autoscaling={"minReplicas": 0}))
     objects = by_kind(desired_objects(isvc, Observed(replicas={})))
@@ -53,18 +54,60 @@ def test_at_zero_the_service_keeps_its_name_and_http_port_and_selects_the_activa
         "serving.tidal.dev/isvc": "svc",
         LABEL_COMPONENT: "gateway",
     }
-    http = [p for p in plain[("Service", "svc")]["spec"]["ports"] if p["name"] == "http"]
-    assert service["spec"]["ports"] == http  # same name, port and target: clients unchanged
+    # The same names, ports and targets (HTTP and gRPC): clients unchanged across a switch.
+    assert service["spec"]["ports"] == plain[("Service", "svc")]["spec"]["ports"]
+    assert {p["name"] for p in service["spec"]["ports"]} == {"http", "grpc"}
     gateway = objects[("Deployment", "svc-gateway")]
     assert gateway["spec"]["replicas"] == 1
     container = gateway["spec"]["template"]["spec"]["containers"][0]
+    # The gateway's container ports carry the names the Service targets.
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {
+        "http": 8080,
+        "grpc": 8081,
+    }
     env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["TIDAL_GRPC_PORT"] == "8081"
     config = json.loads(env["TIDAL_GATEWAY_CONFIG_JSON"])
     assert config == gateway_config(isvc)
     assert config["activator"] is True and config["models"] == ["m"], config
+    assert config["replicaGrpcPort"] == 8081  # the runtime pods' gRPC port
     # Every replica preloads its models: the gateway never asks one for another copy.
     assert config["busyOutstanding"] >= 1_000_000
     assert config["holdTimeoutSeconds"] == 120.0  # a GPU replica's wake, twice over
+
+
+@pytest.mark.parametrize(("hold", "seconds"), [(None, 120.0), (5, 5.0), (600, 600.0)])
+def test_the_activator_holds_for_spec_autoscaling_hold_timeout_seconds(
+    hold: float | None, seconds: float
+) -> None:
+    scaling: dict[str, Any] = {"minReplicas": 0}
+    if hold is not None:
+        scaling["holdTimeoutSeconds"] = hold
+    isvc = parse_inference_service(minimal(autoscaling=scaling))
+    assert gateway_config(isvc)["holdTimeoutSeconds"] == seconds
+    container = by_kind(desired_objects(isvc, Observed()))[("Deployment", "svc-gateway")]
+    env = {
+        e["name"]: e.get("value")
+        for e in container["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    # What the gateway process reads back: the same hold, validated by its own config model.
+    assert (
+        load_config(
+            env={"TIDAL_GATEWAY_CONFIG_JSON": env["TIDAL_GATEWAY_CONFIG_JSON"]}
+        ).hold_timeout_seconds
+        == seconds
+    )
+
+
+def test_a_fleet_keeps_its_own_gateway_hold() -> None:
+    isvc = parse_inference_service(
+        minimal(
+            fleet={"gateway": {"holdTimeoutSeconds": 7}},
+            memory={"engineCacheBudget": "1Gi"},
+            autoscaling={"minReplicas": 0},
+        )
+    )
+    assert gateway_config(isvc)["holdTimeoutSeconds"] == 7.0
 
 
 def test_a_fleet_that_never_reaches_zero_is_no_activator() -> None:

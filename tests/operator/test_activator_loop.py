@@ -112,3 +112,51 @@ async def test_the_activator_loop_pushes_replicas_and_learns_the_held_count() ->
         await session.close()
         await loop.close()
         await runner.cleanup()
+
+
+def _gateway_deployment(replicas: int) -> dict[str, Any]:
+    labels = {LABEL_ISVC: "svc", LABEL_COMPONENT: COMPONENT_GATEWAY}
+    return {
+        "kind": "Deployment",
+        "metadata": {"name": "svc-gateway", "namespace": "ns", "labels": labels},
+        "spec": {"replicas": replicas},
+        "status": {"readyReplicas": replicas},
+    }
+
+
+async def test_a_gateway_left_over_from_zero_still_learns_of_the_replicas_until_retired() -> None:
+    """Edited from minReplicas 0 to 1 at zero, the Service keeps selecting the gateway until a
+    pod is ready: the loop goes on pushing replicas to it (so what it holds is forwarded), and
+    ends once the gateway is retired (scaled to zero)."""
+    prefix = f"127.{random.randint(1, 250)}.{random.randint(1, 250)}"
+    host, runtime_ip = f"{prefix}.2", f"{prefix}.3"
+    gateway = Gateway(GatewayConfig(activator=True, models=["m"], hold_timeout_seconds=8))
+    runner = JsonErrorRunner(gateway.build_app(), access_log=None, auto_decompress=False)
+    await runner.setup()
+    await web.TCPSite(runner, host, GATEWAY_PORT).start()
+    store = Store()
+    key = store.put_service(minimal(autoscaling={"minReplicas": 1}))
+    store.put_child(_gateway_deployment(1), False)
+    store.put_child(_pod("svc-gateway-1", host, {LABEL_COMPONENT: COMPONENT_GATEWAY}), False)
+
+    async def enqueue(key: Any) -> None:
+        return None
+
+    loop = FleetController(cast(Kube, None), store, enqueue, lambda key: None)
+    try:
+        loop.ensure(key)
+        assert key in loop.tasks, "a live gateway of a service at minReplicas 1 gets a loop"
+        runtime = _pod("svc-primary-1", runtime_ip, {LABEL_POOL: "primary", LABEL_ROLE: "serving"})
+        store.put_child(runtime, False)
+        loop.poke(key)
+        await _until(
+            lambda: "svc-primary-1" in gateway.replicas,
+            "the replica pushed to the left-over gateway",
+            lambda: list(gateway.replicas),
+        )
+        store.put_child(_gateway_deployment(0), False)  # retired by the reconciler
+        loop.poke(key)
+        await _until(lambda: key not in loop.tasks, "the loop ended", lambda: list(loop.tasks))
+    finally:
+        await loop.close()
+        await runner.cleanup()

@@ -413,6 +413,34 @@ def test_standby_warnings_fire_only_where_the_setting_cannot_act(
     assert bool(warnings) is warned, warnings
 
 
+@pytest.mark.parametrize(
+    ("spec", "warned"),
+    [
+        ({"autoscaling": {"minReplicas": 0, "holdTimeoutSeconds": 30}}, False),  # the activator
+        ({"autoscaling": {"minReplicas": 0}}, False),
+        ({"autoscaling": {"minReplicas": 1}}, False),
+        ({"autoscaling": {"minReplicas": 1, "holdTimeoutSeconds": 30}}, True),
+        # Manual replicas never reach zero, whatever minReplicas says.
+        ({"replicas": 2, "autoscaling": {"minReplicas": 0, "holdTimeoutSeconds": 30}}, True),
+        # A fleet's gateway holds for spec.fleet.gateway.holdTimeoutSeconds.
+        (
+            {
+                "fleet": {},
+                "memory": {"engineCacheBudget": "1Gi"},
+                "autoscaling": {"minReplicas": 0, "holdTimeoutSeconds": 30},
+            },
+            True,
+        ),
+    ],
+)
+def test_hold_timeout_warns_only_where_no_activator_would_use_it(
+    spec: dict[str, Any], warned: bool
+) -> None:
+    warnings = find_spec_warnings(_isvc(**spec))
+    assert bool(warnings) is warned, warnings
+    assert all("spec.autoscaling.holdTimeoutSeconds" in w for w in warnings), warnings
+
+
 def test_baseline_problem_names_the_primary_field_the_baseline_copies() -> None:
     isvc = _isvc(
         memory={"weightStreamingBudget": "auto"},

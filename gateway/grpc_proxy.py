@@ -1,0 +1,321 @@
+"""The gateway's gRPC transport: OIP v2 unary calls passed through to a replica as raw bytes.
+
+A ``grpc.aio`` generic handler takes every unary call of ``inference.GRPCInferenceService``
+(and of ``tidal.oip.v2.GRPCInferenceService``, the name of the runtime's own ``.proto``)
+without deserialising it: the gateway reads only the model name (field 1 of the model calls'
+requests, found by walking the protobuf wire format, no message class), routes it the way HTTP
+does (:meth:`~tidal.gateway.server.Gateway.route`), and sends the same bytes to the replica's
+gRPC port (its HTTP URL's host, ``replicaGrpcPort``); the answer's bytes, status, details and
+trailing metadata (``retry-after``) come back unchanged. A model call with no routable replica
+is held like an HTTP request: counted in the same ``held_now`` (so ``GET /v2/tidal/held`` and
+the operator's wake see it), bounded by the same ``maxHeldRequests``, for ``holdTimeoutSeconds``
+or the call's own deadline when shorter, then ``UNAVAILABLE`` with a message saying so.
+A replica that answers ``UNAVAILABLE`` (no such answer is a served request) or cannot be
+reached is tried once more on another, as HTTP does.
+
+``ServerLive``/``ServerReady`` are answered by the gateway itself, as ``/v2/health/*`` are
+(an activator is ready with no replica); the other calls without a model (server metadata,
+repository) go to any healthy replica, unheld.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+import grpc
+
+if TYPE_CHECKING:
+    from tidal.gateway.server import Gateway
+
+log = logging.getLogger("tidal.gateway.grpc")
+
+SERVICES = ("inference.GRPCInferenceService", "tidal.oip.v2.GRPCInferenceService")
+# Calls whose request names the model in field 1 (``name`` or ``model_name``).
+MODEL_CALLS = frozenset(
+    {"ModelInfer", "ModelReady", "ModelMetadata", "ModelConfig", "ModelStatistics"}
+)
+HELD_CALLS = frozenset({"ModelInfer"})  # held at zero, like POST .../infer
+LOCAL_CALLS = frozenset({"ServerLive", "ServerReady"})
+TRUE = b"\x08\x01"  # a response message whose bool field 1 is true; b"": false
+# Metadata a proxy must not copy onto its own call (gRPC sets these, and grpc-*, itself).
+HOP_BY_HOP = frozenset({"grpc-timeout", "content-type", "user-agent", "te", ":authority"})
+
+
+async def start_grpc(gateway: Gateway, host: str, port: int) -> tuple[grpc.aio.Server, GrpcProxy]:
+    """Listen for gRPC on ``host:port`` (0: a free port, see ``grpc_port`` of the result)."""
+    proxy = GrpcProxy(gateway)
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", gateway.config.max_request_bytes),
+            ("grpc.max_send_message_length", -1),
+        ]
+    )
+    server.add_generic_rpc_handlers((proxy,))
+    bound = server.add_insecure_port(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+    if not bound:
+        raise OSError(f"cannot listen for gRPC on {host}:{port}")
+    proxy.port = bound
+    await server.start()
+    return server, proxy
+
+
+class WireError(ValueError):
+    """The request is not a protobuf message."""
+
+
+def _varint(data: bytes, offset: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if offset >= len(data) or shift > 63:
+            raise WireError("truncated varint")
+        byte = data[offset]
+        offset += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, offset
+        shift += 7
+
+
+def model_name(data: bytes) -> str:
+    """Field 1 (a string) of a serialised protobuf message; ``""`` when absent (proto3's
+    default). Other fields are skipped by their wire type, never decoded."""
+    offset = 0
+    name = ""
+    while offset < len(data):
+        key, offset = _varint(data, offset)
+        number, kind = key >> 3, key & 7
+        if kind == 0:
+            _, offset = _varint(data, offset)
+        elif kind == 1:
+            offset += 8
+        elif kind == 5:
+            offset += 4
+        elif kind == 2:
+            length, offset = _varint(data, offset)
+            if offset + length > len(data):
+                raise WireError("a length-delimited field runs past the end")
+            if number == 1:
+                try:
+                    name = data[offset : offset + length].decode()  # the last one wins
+                except UnicodeDecodeError:
+                    raise WireError("field 1 is not UTF-8") from None
+            offset += length
+        else:
+            raise WireError(f"wire type {kind} is not supported")
+    if offset != len(data):
+        raise WireError("truncated field")
+    return name
+
+
+def grpc_target(url: str, port: int) -> str:
+    """The replica's gRPC address: its HTTP URL's host with the gRPC port."""
+    host = urlsplit(url).hostname or ""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc ships no types
+    """Routes the calls of :data:`SERVICES` through ``gateway``; others are UNIMPLEMENTED."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.channels: dict[str, tuple[str, grpc.aio.Channel]] = {}  # replica -> (target, ch)
+        self.port = 0  # where it listens, once started
+        self._closing: set[asyncio.Task[None]] = set()
+
+    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        method = str(details.method)  # "/package.Service/Call"
+        service, _, call = method.lstrip("/").partition("/")
+        if service not in SERVICES:
+            return None
+        if call in LOCAL_CALLS:
+            return grpc.unary_unary_rpc_method_handler(self._local(call))
+        return grpc.unary_unary_rpc_method_handler(self._forwarder(method, call))
+
+    def _local(self, call: str) -> Callable[[bytes, grpc.aio.ServicerContext], Awaitable[bytes]]:
+        async def answer(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            gw = self.gateway
+            if call == "ServerLive":
+                return TRUE
+            healthy = sum(1 for r in gw.replicas.values() if r.healthy)
+            ready = (healthy > 0 or gw.config.activator) and not gw.draining
+            return TRUE if ready else b""
+
+        return answer
+
+    def _forwarder(
+        self, method: str, call: str
+    ) -> Callable[[bytes, grpc.aio.ServicerContext], Awaitable[bytes]]:
+        async def forward(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            return await self.dispatch(method, call, request, context)
+
+        return forward
+
+    async def close(self) -> None:
+        channels = [channel for _, channel in self.channels.values()]
+        self.channels.clear()
+        await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
+
+    def _channel(self, name: str, url: str) -> grpc.aio.Channel:
+        target = grpc_target(url, self.gateway.config.replica_grpc_port)
+        known = self.channels.get(name)
+        if known is not None and known[0] == target:
+            return known[1]
+        # A replica gone (or moved) keeps no channel: close those before opening another.
+        for gone in [n for n in self.channels if n not in self.gateway.replicas or n == name]:
+            _, old = self.channels.pop(gone)
+            task = asyncio.get_running_loop().create_task(old.close())
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+        channel = grpc.aio.insecure_channel(target)
+        self.channels[name] = (target, channel)
+        return channel
+
+    async def dispatch(
+        self, method: str, call: str, request: bytes, context: grpc.aio.ServicerContext
+    ) -> bytes:
+        gw = self.gateway
+        model = ""
+        if call in MODEL_CALLS:
+            try:
+                model = model_name(request)
+            except WireError as exc:
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT, f"undecodable {call} request: {exc}"
+                )
+            if not model and call != "ModelStatistics":
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{call}: no model name")
+        hold = call in HELD_CALLS
+        metadata = tuple(
+            (k, v)
+            for k, v in (context.invocation_metadata() or ())
+            if k not in HOP_BY_HOP and not k.startswith(("grpc-", ":"))
+        )
+        excluded: frozenset[str] = frozenset()
+        failures = 0
+        held_at: float | None = None
+        deadline = 0.0
+        holding = False
+        outcome = "other"
+        try:
+            while True:
+                target = self._pick(model, excluded, hold)
+                if target is not None:
+                    if holding:
+                        holding = False
+                        gw._held_end(held_at)
+                    answer = await self._send(target, method, request, metadata, context)
+                    if isinstance(answer, bytes):
+                        outcome = "forwarded"
+                        return answer
+                    failures += 1
+                    if answer.code() != grpc.StatusCode.UNAVAILABLE or failures == 2:
+                        await context.abort(
+                            answer.code(),
+                            answer.details() or "",
+                            tuple(answer.trailing_metadata() or ()),
+                        )
+                    # Unreachable, or UNAVAILABLE (nothing was served): once more elsewhere.
+                    gw.metrics.upstream_error["unavailable"].inc()
+                    log.info("replica %s over gRPC: %s", target, answer.details())
+                    excluded = excluded | {target}
+                    continue
+                if model and not self._known(model):
+                    await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown model {model!r}")
+                if not hold:
+                    await context.abort(
+                        grpc.StatusCode.UNAVAILABLE,
+                        f"{self._what(model)} is not ready on any replica; retry later",
+                    )
+                now = gw.loop.time()
+                if held_at is None:
+                    if gw.held_now >= gw.config.max_held_requests:
+                        gw.metrics.hold_outcome["full"].inc()
+                        await context.abort(
+                            grpc.StatusCode.UNAVAILABLE,
+                            f"{self._what(model)} is not ready on any replica and "
+                            f"{gw.config.max_held_requests} requests are held already "
+                            "(maxHeldRequests); retry later",
+                        )
+                    held_at = now
+                    seconds = gw.config.hold_timeout_seconds
+                    remaining = context.time_remaining()
+                    if remaining is not None:
+                        seconds = min(seconds, max(remaining, 0.0))
+                    deadline = now + seconds
+                    holding = True
+                    gw._held_delta(1)
+                if now >= deadline:
+                    outcome = "expired"
+                    await context.abort(
+                        grpc.StatusCode.UNAVAILABLE,
+                        f"{self._what(model)} is not ready on any replica; held "
+                        f"{now - held_at:.1f} s (holdTimeoutSeconds "
+                        f"{gw.config.hold_timeout_seconds:g}, or the call's deadline), "
+                        "retry later",
+                    )
+                await gw.changes.wait(deadline - now)
+        finally:
+            if holding:
+                gw._held_end(held_at)
+            if held_at is not None:
+                gw.metrics.hold_outcome[outcome].inc()
+
+    def _what(self, model: str) -> str:
+        return f"model {model!r}" if model else "the service"
+
+    def _known(self, model: str) -> bool:
+        gw = self.gateway
+        if gw.known:
+            return model in gw.known
+        return any(model in r.models for r in gw.replicas.values()) or not gw.replicas
+
+    def _pick(self, model: str, excluded: frozenset[str], hold: bool) -> str | None:
+        """The replica to send to (None: none routable now), as HTTP routes."""
+        gw = self.gateway
+        if not model:
+            healthy = sorted(
+                (r for r in gw.replicas.values() if r.healthy and r.name not in excluded),
+                key=lambda r: r.outstanding,
+            )
+            return healthy[0].name if healthy else None
+        route = gw.route(model, excluded)
+        if route.action == "reject" and excluded:
+            route = gw.route(model)
+        gw.metrics.decision[route.reason].inc()
+        if route.action == "forward" and route.replica is not None:
+            if route.extra_load is not None:
+                gw._start_load(route.extra_load, model)
+            return route.replica
+        if route.action == "load" and route.replica is not None and hold:
+            gw._start_load(route.replica, model)
+        return None
+
+    async def _send(
+        self,
+        name: str,
+        method: str,
+        request: bytes,
+        metadata: tuple[tuple[str, Any], ...],
+        context: grpc.aio.ServicerContext,
+    ) -> bytes | grpc.aio.AioRpcError:
+        """The replica's answer, or its error (status, details and trailing metadata)."""
+        gw = self.gateway
+        replica = gw.replicas[name]
+        channel = self._channel(name, replica.url)
+        stub = channel.unary_unary(method, request_serializer=None, response_deserializer=None)
+        timeout = gw.config.upstream_timeout_seconds
+        remaining = context.time_remaining()
+        if remaining is not None:
+            timeout = min(timeout, max(remaining, 0.001))
+        replica.outstanding += 1
+        try:
+            answer: bytes = await stub(request, timeout=timeout, metadata=metadata)
+            return answer
+        except grpc.aio.AioRpcError as exc:
+            return exc
+        finally:
+            replica.outstanding -= 1
