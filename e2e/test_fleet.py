@@ -41,7 +41,7 @@ from tidal.sandbox.loadgen import LoadGenerator
 from tidal.sandbox.operatorproc import condition, get_isvc
 from tidal.sandbox.wait import wait_for
 
-pytestmark = [pytest.mark.sandbox, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.sandbox, pytest.mark.timeout(600)]
 
 MODELS = 30
 REPLICAS = 4
