@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from tidal.runtime.enginecache import ChangeFeed
 from tidal.runtime.errors import InvalidInput, Overloaded
 from tidal.runtime.metrics import RuntimeMetrics
 from tidal.runtime.server import RequestAccounting
@@ -41,6 +42,7 @@ class _Runtime:
         self.clock = _Clock()
         self.metrics = RuntimeMetrics()
         self.cache = _Cache()
+        self.arrivals = ChangeFeed()
 
     def wall(self) -> float:
         return 1_700_000_000.0
@@ -87,6 +89,7 @@ def test_every_outcome_is_counted_once_under_its_code(
     assert runtime.sample("tidal_inflight_requests") == 0
     assert runtime.cache.slots["m"].outstanding == 0
     assert runtime.cache.slots["m"].requests == 1
+    assert runtime.arrivals.generation == 1  # GET /v2/tidal/activity: one arrival, any outcome
     assert runtime.sample("tidal_requests_total", model="m", code=code) == 1
     assert runtime.sample(
         "tidal_request_duration_seconds_sum", model="m", cache="hot", code=code
