@@ -8,9 +8,10 @@ the traces, four placement/routing policies and the comparison table. Run it wit
 
 `--sweep` (issue 23) judges on many traces: every family of `FAMILIES` (Zipf 0.8 and 1.1, a
 rotating hot set, 3 viral models at once, a bursty tail, a small easy fleet) on every seed,
-with 200-s days, tidal and an alternative (`TidalPinnableOnly`) against ModelMesh-like and
-the optimum, over 2 worker processes; it prints the median and the worst seed of every metric
-and each goal not met on a family's worst seed with its value.
+with 200-s days, tidal and its alternatives (`--variants`: each with one mechanism of the
+third pass off, the second pass, hot models within the pin share) against ModelMesh-like and
+the optimum, over `--workers` processes; it prints the median and the worst seed of every
+metric and each goal not met on a family's worst seed with its value.
 
 The fleet. 200 models whose TensorRT engines weigh 0.2-4 GB (log-normal, median 1 GB, clipped);
 8 replicas whose engine budgets together hold 15 % of all engine bytes (each budget still holds
@@ -49,8 +50,9 @@ The policies, on the same traces:
   `scaleup_rpm_threshold`). No forecast. ModelMesh's second copy for recently used models is
   left out (it would only add churn).
 * `tidal`: the gateway, modelled on `tidal.gateway.server`, routes every request with the real
-  `tidal.gateway.core.routing.choose_route` (load limits 1 per replica and 4 in all, busy at 8
-  outstanding, refusals forgotten after 2 s) and holds requests that are not forwarded until
+  `tidal.gateway.core.routing.choose_route` (load limits 1 per replica and 4 in all for loads
+  that evict, a load into free bytes beyond them; busy at 8 outstanding, refusals forgotten
+  after 2 s) and holds requests that are not forwarded until
   something changes (a load ends, a placement) or 30 s pass (503). Every 2 s the operator's fleet
   loop, modelled on `tidal.operator.shell.fleet` with the API's defaults, takes per-model rates
   over the interval, folds them into `tidal.operator.core.forecast.observe`, asks `predict_peak`

@@ -44,11 +44,18 @@ How it decides:
   it by evicting only unpinned engines. One landing replica is enough for that guarantee but
   serialises every large cold load on it (fleet simulator, 8 replicas: P99 of all requests
   14 s with one, about 3 s with two); a quarter of the replicas spreads the tail's loads for
-  about a point of cold share. Models are granted their copies greedily in order of score,
-  a whole model at a time. A copy already pinned (an incumbent) has its priority raised by
-  `stickiness` and stays on its replica: a newcomer displaces it only with a score more than
-  (1 + stickiness) times higher. With stickiness above (1 + noise) / (1 - noise) - 1 (0.22 for
-  10 % noise) demand noise cannot reorder who gets room, so it moves nothing.
+  about a point of cold share. With `landing_follows_tail` (the default) there are as many
+  landing replicas as the tail's share of demand asks for (the models below the hot threshold,
+  by rate; rounded up), `landing_share` of them at least and all but one at most: a tail of half
+  the requests queued its large models on a quarter of the replicas for seconds (fleet
+  simulator, issue 23 third pass: worst all-request P99 6-11x ModelMesh-like's with the fixed
+  quarter, 2.4-5.7x following the tail). Extra landing replicas are the next ones in the same
+  fixed order, so a larger count only adds replicas. Models are granted their copies
+  greedily in order of score, a whole model at a time. A copy already pinned (an incumbent)
+  has its priority raised by `stickiness` and stays on its replica: a newcomer displaces it
+  only with a score more than (1 + stickiness) times higher. With stickiness above
+  (1 + noise) / (1 - noise) - 1 (0.22 for 10 % noise) demand noise cannot reorder who gets
+  room, so it moves nothing.
 * Sizes: a model whose size nobody has measured or declared (`size_known=False`) is pinned
   nowhere (`cold:size-unknown`): its first load is on demand, where the gateway finds the most
   room, and measures it; the next placement pins it by its rate. While any model's size is
