@@ -1,10 +1,10 @@
-"""End to end: a 5x surge met by host-warm standby replicas, routable within about a second.
+"""End to end: a 10x surge met by host-warm standby replicas, routable within about a second.
 
 The runtime pods have a real capacity limit (every batch holds the model's one execution slot
 for 100 ms, 2 rows a batch: 20 req/s a replica) and a cold load that costs 8 s
 (``faults.extraWarmupSeconds``: what deserializing a large engine and its first runs cost on a
 GPU). Two standby replicas are kept **host-warm** (``standbyTier: host``): their engines are
-fetched, verified and staged off the device, and they get no traffic. On a surge from 6 to
+fetched, verified and staged off the device, and they get no traffic. On a surge from 3 to
 30 req/s the operator promotes them: each loads its engines back from the staged files (no
 fetch, no cold cost), warms up, and only then gets the serving label.
 
@@ -42,7 +42,10 @@ from tidal.sandbox.wait import wait_for
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.timeout(240)]
 
-BASE_RPS, SURGE_RPS = 6.0, 30.0
+# The base load stays well inside one replica even as the capacity first learned from it reads
+# (batches of one row: ~10 req/s, half the true 20): at 6 req/s the load's start itself was
+# sometimes taken for a rise and promoted a standby before the surge, which then asked no more.
+BASE_RPS, SURGE_RPS = 3.0, 30.0
 SURGE_AT, DURATION = 12.0, 35.0
 SERVICE_MS, BATCH_ROWS = 100.0, 2
 COLD_S = 8.0
@@ -127,7 +130,7 @@ def test_host_warm_standby_is_routable_within_seconds_of_a_surge(
         for d in recorder.decisions
         if parse_time(d["at"]) >= surge_wall - 0.5 and d.get("desiredReplicas", 0) > held
     ]
-    assert ups, recorder.decisions
+    assert ups, json.dumps(recorder.decisions)
     decided = parse_time(ups[0]["at"])
     before = max((len(e) for t, e in report.endpoint_changes if t < SURGE_AT), default=0)
     grown = next(

@@ -18,10 +18,11 @@ schema cannot know.
 
 from __future__ import annotations
 
+import copy
 import re
 from decimal import Decimal, InvalidOperation
 from enum import StrEnum
-from typing import Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     AfterValidator,
@@ -30,6 +31,7 @@ from pydantic import (
     Field,
     StringConstraints,
     ValidationError,
+    create_model,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
@@ -626,22 +628,87 @@ class Runtime(ApiModel):
 
     @model_validator(mode="after")
     def _gpus_match_backend(self) -> Runtime:
-        names = [e.name for e in self.env]
-        repeated = sorted({n for n in names if names.count(n) > 1})
-        if repeated:
-            raise ValueError(f"runtime.env names must be unique: {', '.join(repeated)} repeated")
-        if _bad_qualified_keys(self.node_selector):
-            raise ValueError(
-                "runtime.nodeSelector keys must be label keys such as "
-                "nvidia.com/gpu.product (at most 317 characters)"
-            )
-        if self.gpus is None:
-            return self
-        if self.backend is Backend.ONNXRUNTIME and self.gpus != 0:
-            raise ValueError("runtime.gpus must be 0 when runtime.backend is onnxruntime")
-        if self.backend is Backend.TENSORRT and self.gpus < 1:
-            raise ValueError("runtime.gpus must be at least 1 when runtime.backend is tensorrt")
+        _check_runtime(self.env, self.node_selector, self.backend, self.gpus)
         return self
+
+
+def _check_runtime(
+    env: list[EnvVar] | None,
+    node_selector: dict[str, str] | None,
+    backend: Backend | None,
+    gpus: int | None,
+) -> None:
+    """The cross-field rules of :class:`Runtime`, over the fields given (None: not given)."""
+    names = [e.name for e in env or []]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"runtime.env names must be unique: {', '.join(repeated)} repeated")
+    if node_selector and _bad_qualified_keys(node_selector):
+        raise ValueError(
+            "runtime.nodeSelector keys must be label keys such as "
+            "nvidia.com/gpu.product (at most 317 characters)"
+        )
+    if gpus is None or backend is None:
+        return
+    if backend is Backend.ONNXRUNTIME and gpus != 0:
+        raise ValueError("runtime.gpus must be 0 when runtime.backend is onnxruntime")
+    if backend is Backend.TENSORRT and gpus < 1:
+        raise ValueError("runtime.gpus must be at least 1 when runtime.backend is tensorrt")
+
+
+def _override_fields(model: type[BaseModel]) -> dict[str, Any]:
+    """``model``'s fields, each optional with no default (so the API server fills nothing in),
+    keeping its type, bounds, pattern, description and field-level rules."""
+    fields: dict[str, Any] = {}
+    for name, info in model.model_fields.items():
+        kept = copy.copy(info)
+        kept.default, kept.default_factory = None, None
+        kind: Any = info.annotation
+        fields[name] = (kind | None, kept)
+    return fields
+
+
+class _RuntimeOverrideBase(ApiModel):
+    """Fields of the primary's runtime to replace for the baseline pool; unset ones are the
+    primary's. A nested value (resources, env, nodeSelector, tolerations, engineCache) replaces
+    the primary's whole, it is not merged deeper."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            # Runtime's own rules, over the fields named here; a field taken from the primary is
+            # checked once merged (tidal.operator.core.resources reports it Degraded).
+            cel(
+                "!has(self.gpus) || !has(self.backend) || self.backend == 'tensorrt' || "
+                "self.gpus == 0",
+                "runtime.gpus must be 0 when runtime.backend is onnxruntime",
+                ".gpus",
+            ),
+            cel(
+                "!has(self.gpus) || !has(self.backend) || self.backend != 'tensorrt' || "
+                "self.gpus >= 1",
+                "runtime.gpus must be at least 1 when runtime.backend is tensorrt",
+                ".gpus",
+            ),
+        )
+    )
+
+    @model_validator(mode="after")
+    def _rules_over_given_fields(self) -> _RuntimeOverrideBase:
+        v = self.__dict__
+        _check_runtime(v["env"], v["node_selector"], v["backend"], v["gpus"])
+        return self
+
+
+if TYPE_CHECKING:  # the fields are Runtime's (made optional), known at run time only
+    RuntimeOverride = _RuntimeOverrideBase
+else:
+    RuntimeOverride = create_model(
+        "RuntimeOverride",
+        __base__=_RuntimeOverrideBase,
+        __module__=__name__,
+        __doc__=_RuntimeOverrideBase.__doc__,
+        **_override_fields(Runtime),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1088,8 +1155,11 @@ class Baseline(ApiModel):
         )
     )
 
-    runtime: Runtime | None = Field(
-        default=None, description="Runtime of the baseline pool; unset: the primary's."
+    runtime: RuntimeOverride | None = Field(
+        default=None,
+        description="Runtime fields of the baseline pool that differ from the primary's: each "
+        "field named here replaces the primary's (a nested value such as resources, env or "
+        "engineCache is replaced whole, not merged deeper); unset: the primary's runtime.",
     )
     models: list[Model] | None = Field(
         default=None,

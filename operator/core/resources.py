@@ -23,6 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
 from tidal.operator.core.api import (
     ANNOTATION_CONFIG_HASH,
     API_VERSION,
@@ -41,6 +43,8 @@ from tidal.operator.core.api import (
     Model,
     PoolName,
     Runtime,
+    RuntimeOverride,
+    format_validation_error,
     percent_value,
     quantity_bytes,
 )
@@ -102,6 +106,47 @@ class Observed:
     split: bool = False
 
 
+BASELINE_RUNTIME = "spec.rollout.baseline.runtime"
+
+
+def _overridden(override: RuntimeOverride | None) -> dict[str, Any]:
+    """The runtime fields ``spec.rollout.baseline.runtime`` names (python name: value)."""
+    if override is None:
+        return {}
+    values = {name: getattr(override, name) for name in type(override).model_fields}
+    return {name: value for name, value in values.items() if value is not None}
+
+
+def merge_runtime(primary: Runtime, override: RuntimeOverride | None) -> Runtime:
+    """The baseline's runtime: the primary's with the fields the override names replaced
+    (a nested value replaced whole). Raises ValueError naming the baseline's fields when the
+    result breaks a rule of :class:`Runtime` (say gpus: 2 on an onnxruntime primary)."""
+    replaced = _overridden(override)
+    if not replaced:
+        return primary
+    try:
+        return Runtime.model_validate({**dict(primary), **replaced})
+    except ValidationError as exc:
+        detail = format_validation_error(exc).replace("\n", "; ")
+        named = ", ".join(
+            f"{BASELINE_RUNTIME}.{Runtime.model_fields[n].alias or n}" for n in replaced
+        )
+        raise ValueError(
+            f"{named}: the baseline's runtime (spec.runtime with these fields replaced) is "
+            f"invalid: {detail}; set the fields it needs in "
+            f"{BASELINE_RUNTIME} too"
+        ) from exc
+
+
+def _baseline_runtime(spec_runtime: Runtime, override: RuntimeOverride | None) -> Runtime:
+    try:
+        return merge_runtime(spec_runtime, override)
+    except ValueError:
+        # Reported by find_spec_problems (nothing is built); kept as written meanwhile so the
+        # pool's name and models stay known.
+        return Runtime.model_construct(**{**dict(spec_runtime), **_overridden(override)})
+
+
 def pools_of(isvc: InferenceService) -> tuple[Pool, ...]:
     """The primary pool, and the baseline pool when ``spec.rollout.baseline`` is set."""
     spec = isvc.spec
@@ -113,7 +158,7 @@ def pools_of(isvc: InferenceService) -> tuple[Pool, ...]:
         primary,
         Pool(
             PoolName.BASELINE,
-            baseline.runtime or spec.runtime,
+            _baseline_runtime(spec.runtime, baseline.runtime),
             tuple(baseline.models or spec.models),
             baseline.memory or spec.memory,
         ),
@@ -124,18 +169,23 @@ def pools_of(isvc: InferenceService) -> tuple[Pool, ...]:
 class _Paths:
     """Where a pool's settings were written: the baseline's unset fields are the primary's."""
 
-    runtime: str
+    runtime_overrides: frozenset[str]
     models: str
     memory: str
+
+    def runtime(self, name: str) -> str:
+        """Path of the runtime field ``name`` (wire name) this pool reads."""
+        at = BASELINE_RUNTIME if name in self.runtime_overrides else "spec.runtime"
+        return f"{at}.{name}"
 
 
 def _paths_of(isvc: InferenceService, pool: PoolName) -> _Paths:
     baseline = isvc.spec.rollout.baseline
     if pool is PoolName.PRIMARY or baseline is None:
-        return _Paths("spec.runtime", "spec.models", "spec.memory")
+        return _Paths(frozenset(), "spec.models", "spec.memory")
     at = "spec.rollout.baseline"
     return _Paths(
-        f"{at}.runtime" if baseline.runtime is not None else "spec.runtime",
+        frozenset(Runtime.model_fields[n].alias or n for n in _overridden(baseline.runtime)),
         f"{at}.models" if baseline.models is not None else "spec.models",
         f"{at}.memory" if baseline.memory is not None else "spec.memory",
     )
@@ -144,6 +194,12 @@ def _paths_of(isvc: InferenceService, pool: PoolName) -> _Paths:
 def find_spec_problems(isvc: InferenceService) -> list[str]:
     """Reasons a schema-valid spec cannot work, each naming the field to change (empty: fine)."""
     problems: list[str] = []
+    baseline = isvc.spec.rollout.baseline
+    if baseline is not None:
+        try:
+            merge_runtime(isvc.spec.runtime, baseline.runtime)
+        except ValueError as exc:
+            return [f"{PoolName.BASELINE.value} pool: {exc}"]
     for pool in pools_of(isvc):
         paths = _paths_of(isvc, pool.name)
         prefix = f"{pool.name.value} pool"
@@ -244,7 +300,7 @@ def _model_problems(pool: Pool, paths: _Paths) -> list[str]:
             problems.append(
                 f"model {model.name!r} has no engine for backend {backend.value} (it has "
                 f"{', '.join(have)}); add an engine with backend: {backend.value} to "
-                f"{at}.engines or set {paths.runtime}.backend to one of {', '.join(have)}"
+                f"{at}.engines or set {paths.runtime('backend')} to one of {', '.join(have)}"
             )
         for index, engine in enumerate(model.engines):
             uri_path = f"{at}.engines[{index}].uri"
@@ -279,7 +335,7 @@ def _memory_problems(pool: Pool, paths: _Paths, fleet: Fleet | None) -> list[str
     if memory.weight_streaming_budget is not None and pool.runtime.backend is not Backend.TENSORRT:
         problems.append(
             f"{paths.memory}.weightStreamingBudget needs backend tensorrt; remove it or set "
-            f"{paths.runtime}.backend: tensorrt"
+            f"{paths.runtime('backend')}: tensorrt"
         )
     return problems
 

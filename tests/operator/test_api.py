@@ -222,3 +222,13 @@ def test_quantities_compare_by_their_exact_value(number: int, unit: str) -> None
     assert api.quantity_cmp(value, f"{number + 1}{unit}") == -1
     assert api.quantity_bytes(value) == number * int(api._UNITS[unit])
     assert api.is_whole_bytes(value)
+
+
+def test_baseline_runtime_schema_is_the_runtime_schema_without_defaults() -> None:
+    spec = _schema()["properties"]["spec"]["properties"]
+    runtime = spec["runtime"]["properties"]
+    override = spec["rollout"]["properties"]["baseline"]["properties"]["runtime"]["properties"]
+    assert set(override) == set(runtime)
+    for name, prop in override.items():
+        assert "default" not in prop, name
+        assert prop == {k: v for k, v in runtime[name].items() if k != "default"}, name

@@ -457,3 +457,111 @@ def test_a_runtime_config_too_large_for_its_environment_variable_is_a_problem() 
     (problem,) = find_spec_problems(_isvc(models=models(400)))
     assert "spec.models" in problem and "TIDAL_RUNTIME_CONFIG_JSON" in problem
     assert str(MAX_ENV_STRING_BYTES) in problem
+
+
+# -- spec.rollout.baseline.runtime: field-by-field override of the primary's runtime ------------
+
+_PRIMARY_RUNTIME = {
+    "image": "my/runtime:v0",
+    "backend": "onnxruntime",
+    "resources": {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "8Gi"}},
+    "env": [{"name": "OMP_NUM_THREADS", "value": "2"}],
+    "logLevel": "debug",
+}
+_BOTH_ENGINES = [
+    {
+        "name": "m",
+        "engines": [
+            {"uri": "file:///models/m.onnx"},
+            {"uri": "file:///models/sm90-trt10.8-fp16.engine"},
+        ],
+    }
+]
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        # image only: the rest stays the primary's (no backend: tensorrt filled in).
+        ({"image": "my/runtime:v1"}, {**_PRIMARY_RUNTIME, "image": "my/runtime:v1"}),
+        (
+            {"backend": "tensorrt", "gpus": 2},
+            {**_PRIMARY_RUNTIME, "backend": "tensorrt", "gpus": 2},
+        ),
+        # a nested object is replaced whole: the primary's requests do not survive.
+        (
+            {"resources": {"limits": {"memory": "16Gi"}}},
+            {**_PRIMARY_RUNTIME, "resources": {"limits": {"memory": "16Gi"}}},
+        ),
+        ({"env": []}, {k: v for k, v in _PRIMARY_RUNTIME.items() if k != "env"}),
+        ({}, _PRIMARY_RUNTIME),
+    ],
+)
+def test_baseline_runtime_replaces_only_the_fields_it_names(
+    override: dict[str, Any], expected: dict[str, Any]
+) -> None:
+    isvc = _isvc(
+        runtime=_PRIMARY_RUNTIME, models=_BOTH_ENGINES, rollout={"baseline": {"runtime": override}}
+    )
+    assert find_spec_problems(isvc) == []
+    primary, baseline = pools_of(isvc)
+    assert primary.runtime.to_wire() == api.Runtime.model_validate(_PRIMARY_RUNTIME).to_wire()
+    assert baseline.runtime.to_wire() == api.Runtime.model_validate(expected).to_wire(), (
+        override,
+        baseline.runtime.to_wire(),
+    )
+
+
+def test_baseline_runtime_override_on_the_wire_keeps_only_what_was_written() -> None:
+    isvc = _isvc(rollout={"baseline": {"runtime": {"image": "my/runtime:v1"}}})
+    baseline = isvc.spec.rollout.baseline
+    assert baseline is not None and baseline.runtime is not None
+    assert baseline.runtime.to_wire() == {"image": "my/runtime:v1"}
+    assert pools_of(isvc)[1].runtime.backend is api.Backend.ONNXRUNTIME
+
+
+@pytest.mark.parametrize(
+    ("primary", "override", "fields"),
+    [
+        # gpus named alone, against the primary's onnxruntime backend.
+        ({"backend": "onnxruntime"}, {"gpus": 2}, ["spec.rollout.baseline.runtime.gpus"]),
+        # backend named alone, against the primary's explicit gpus.
+        (
+            {"backend": "tensorrt", "gpus": 1},
+            {"backend": "onnxruntime", "image": "my/runtime:v1"},
+            ["spec.rollout.baseline.runtime.backend", "spec.rollout.baseline.runtime.image"],
+        ),
+        ({"backend": "tensorrt"}, {"gpus": 0}, ["spec.rollout.baseline.runtime.gpus"]),
+    ],
+)
+def test_baseline_runtime_that_merges_into_an_invalid_runtime_is_a_spec_problem(
+    primary: dict[str, Any], override: dict[str, Any], fields: list[str]
+) -> None:
+    isvc = _isvc(runtime=primary, models=_BOTH_ENGINES, rollout={"baseline": {"runtime": override}})
+    problems = find_spec_problems(isvc)
+    assert len(problems) == 1, problems
+    assert problems[0].startswith("baseline pool: "), problems
+    assert all(f in problems[0] for f in fields), problems
+    assert "runtime.gpus must" in problems[0], problems
+    # The pools stay known (status, names) though nothing is built for them.
+    assert [p.name for p in pools_of(isvc)] == [PRIMARY, BASELINE]
+
+
+def test_baseline_problem_names_the_primary_runtime_field_it_copies() -> None:
+    isvc = _isvc(
+        memory={"weightStreamingBudget": "auto"},
+        rollout={"baseline": {"runtime": {"image": "my/runtime:v1"}}},
+    )
+    problems = find_spec_problems(isvc)
+    assert len(problems) == 2, problems
+    assert "spec.runtime.backend" in problems[1], problems
+    assert "spec.rollout.baseline.runtime" not in problems[1], problems
+
+
+def test_runtime_override_has_runtime_fields_without_defaults() -> None:
+    assert set(api.RuntimeOverride.model_fields) == set(api.Runtime.model_fields)
+    assert api.RuntimeOverride().to_wire() == {}
+    with pytest.raises(ValidationError, match="at least 1 character"):
+        api.RuntimeOverride.model_validate({"image": ""})
+    with pytest.raises(ValidationError, match="names must be unique"):
+        api.RuntimeOverride.model_validate({"env": [{"name": "A"}, {"name": "A"}]})
