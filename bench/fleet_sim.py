@@ -1131,25 +1131,35 @@ def _p99(latencies: np.ndarray) -> float:
 HOT_ONLY = " hot only"
 
 
-def make_policies(cfg: FleetConfig, hot_only: bool = False, before: bool = False) -> list[Policy]:
+def make_policies(
+    cfg: FleetConfig,
+    hot_only: bool = False,
+    before: bool = False,
+    also: Sequence[type[Tidal]] = (),
+) -> list[Policy]:
     policies: list[Policy] = [RandomLRU(), ModelMeshLike(cfg), Tidal(cfg, hot_only)]
     if before:
         policies.append(TidalBefore(cfg, hot_only))
+    policies.extend(variant(cfg, hot_only) for variant in also)
     return [*policies, Belady()]
 
 
 def run_all(
-    cfg: FleetConfig, alphas: Sequence[float], hot_only: bool = True, before: bool = False
+    cfg: FleetConfig,
+    alphas: Sequence[float],
+    hot_only: bool = True,
+    before: bool = False,
+    also: Sequence[type[Tidal]] = (),
 ) -> list[Result]:
     fleet = make_fleet(cfg)
     results = []
     for alpha in alphas:
         trace = make_trace(cfg, alpha)
-        for policy in make_policies(cfg, before=before):
+        for policy in make_policies(cfg, before=before, also=also):
             results.append(simulate(cfg, fleet, trace, policy, trace.hot))
         if hot_only:
             hot_trace = trace.only(trace.hot, trace.name + HOT_ONLY)
-            for policy in make_policies(cfg, hot_only=True, before=before):
+            for policy in make_policies(cfg, hot_only=True, before=before, also=also):
                 results.append(simulate(cfg, fleet, hot_trace, policy, trace.hot))
     return results
 
@@ -1518,6 +1528,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=",".join(VARIANT_NAMES),
         help=f"sweep: the tidal variants to run, of {', '.join(VARIANT_NAMES)}",
     )
+    parser.add_argument(
+        "--also",
+        default="",
+        help="one trace: also run these tidal variants in the same run (e.g. second-pass, "
+        "main's policy), of the --variants names",
+    )
     parser.add_argument("--log", help="sweep: append each trace's rows here (JSON lines)")
     parser.add_argument("--from-log", help="sweep: report the rows of a log instead of running")
     args = parser.parse_args(argv)
@@ -1552,7 +1568,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = replace(cfg, **QUICK)  # type: ignore[arg-type]
     alphas = [float(a) for a in args.alpha.split(",") if a]
     started = time.perf_counter()
-    results = run_all(cfg, alphas, before=args.before)
+    also = [v for v in args.also.split(",") if v]
+    unknown = [v for v in also if v not in VARIANT_NAMES or v == "tidal"]
+    if unknown:
+        parser.error(f"--also: unknown {', '.join(unknown)}; known: {list(VARIANT_NAMES)[1:]}")
+    results = run_all(cfg, alphas, before=args.before, also=[VARIANT_NAMES[v] for v in also])
     report(cfg, make_fleet(cfg), results, time.perf_counter() - started)
     return 0
 
