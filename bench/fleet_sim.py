@@ -8,10 +8,9 @@ the traces, four placement/routing policies and the comparison table. Run it wit
 
 `--sweep` (issue 23) judges on many traces: every family of `FAMILIES` (Zipf 0.8 and 1.1, a
 rotating hot set, 3 viral models at once, a bursty tail, a small easy fleet) on every seed,
-with 200-s days, tidal and its alternatives (`--variants`: each with one mechanism of the
-third pass off, the second pass, hot models within the pin share) against ModelMesh-like and
-the optimum, over `--workers` processes; it prints the median and the worst seed of every
-metric and each goal not met on a family's worst seed with its value.
+with 200-s days, tidal and an alternative (`TidalPinnableOnly`) against ModelMesh-like and
+the optimum, over 2 worker processes; it prints the median and the worst seed of every metric
+and each goal not met on a family's worst seed with its value.
 
 The fleet. 200 models whose TensorRT engines weigh 0.2-4 GB (log-normal, median 1 GB, clipped);
 8 replicas whose engine budgets together hold 15 % of all engine bytes (each budget still holds
@@ -50,9 +49,8 @@ The policies, on the same traces:
   `scaleup_rpm_threshold`). No forecast. ModelMesh's second copy for recently used models is
   left out (it would only add churn).
 * `tidal`: the gateway, modelled on `tidal.gateway.server`, routes every request with the real
-  `tidal.gateway.core.routing.choose_route` (load limits 1 per replica and 4 in all for loads
-  that evict, a load into free bytes beyond them; busy at 8 outstanding, refusals forgotten
-  after 2 s) and holds requests that are not forwarded until
+  `tidal.gateway.core.routing.choose_route` (load limits 1 per replica and 4 in all, busy at 8
+  outstanding, refusals forgotten after 2 s) and holds requests that are not forwarded until
   something changes (a load ends, a placement) or 30 s pass (503). Every 2 s the operator's fleet
   loop, modelled on `tidal.operator.shell.fleet` with the API's defaults, takes per-model rates
   over the interval, folds them into `tidal.operator.core.forecast.observe`, asks `predict_peak`
@@ -715,10 +713,6 @@ class Tidal:
     slow_rise = False
     # Lead (c): placement knows which sizes are guesses (False: every guess counts as known).
     learn_sizes = True
-    # Issue 23, third pass: the number of landing replicas follows the tail's share of demand,
-    # and a load that fits in free bytes goes beyond the gateway's load limits.
-    landing_follows_tail = True
-    loads_beyond_into_free = True
 
     def __init__(self, cfg: FleetConfig, only_models_with_traffic: bool = False) -> None:
         self.cfg = cfg
@@ -731,16 +725,11 @@ class Tidal:
             headroom_fraction=cfg.headroom,
             landing_share=self.landing_share,
             hot_in_headroom=self.hot_in_headroom,
-            landing_follows_tail=self.landing_follows_tail,
         )
         self.forecast_policy = ForecastPolicy(
             period_seconds=cfg.day_seconds, slots=cfg.forecast_slots
         )
-        self.budget = LoadBudget(
-            per_replica=cfg.loads_per_replica,
-            total=cfg.loads_total,
-            beyond_into_free=self.loads_beyond_into_free,
-        )
+        self.budget = LoadBudget(per_replica=cfg.loads_per_replica, total=cfg.loads_total)
         self.decisions: dict[str, int] = {}
         self.placement_seconds = 0.0
 
@@ -1006,30 +995,6 @@ class TidalPinnableOnly(Tidal):
     slow_rise = True
 
 
-class TidalFixedLanding(Tidal):
-    """The third pass's comparison (issue 23), same run: landing room on a fixed quarter of
-    the replicas (`landingShare` alone), as in the second pass."""
-
-    name = "tidal, fixed landing quarter"
-    landing_follows_tail = False
-
-
-class TidalFixedLimits(Tidal):
-    """The third pass's comparison (issue 23), same run: the gateway's load limits hold every
-    load, also one that fits in free bytes (`LoadBudget.beyond_into_free` off)."""
-
-    name = "tidal, fixed load limits"
-    loads_beyond_into_free = False
-
-
-class TidalSecondPass(Tidal):
-    """tidal as the second pass left it (issue 23), same run: both of the above."""
-
-    name = "tidal, second pass"
-    landing_follows_tail = False
-    loads_beyond_into_free = False
-
-
 class TidalBefore(Tidal):
     """tidal as it was before these inputs (`--before`, for a same-run comparison): placement
     ranks by one interval's rates, keeps no landing room, and the gateway counts background pin
@@ -1041,8 +1006,6 @@ class TidalBefore(Tidal):
     rate_window = 0.0
     landing_share = 0.0
     pin_loads_count = True
-    landing_follows_tail = False
-    loads_beyond_into_free = False
 
 
 # ------------------------------------------------------------------------------------------
@@ -1131,35 +1094,25 @@ def _p99(latencies: np.ndarray) -> float:
 HOT_ONLY = " hot only"
 
 
-def make_policies(
-    cfg: FleetConfig,
-    hot_only: bool = False,
-    before: bool = False,
-    also: Sequence[type[Tidal]] = (),
-) -> list[Policy]:
+def make_policies(cfg: FleetConfig, hot_only: bool = False, before: bool = False) -> list[Policy]:
     policies: list[Policy] = [RandomLRU(), ModelMeshLike(cfg), Tidal(cfg, hot_only)]
     if before:
         policies.append(TidalBefore(cfg, hot_only))
-    policies.extend(variant(cfg, hot_only) for variant in also)
     return [*policies, Belady()]
 
 
 def run_all(
-    cfg: FleetConfig,
-    alphas: Sequence[float],
-    hot_only: bool = True,
-    before: bool = False,
-    also: Sequence[type[Tidal]] = (),
+    cfg: FleetConfig, alphas: Sequence[float], hot_only: bool = True, before: bool = False
 ) -> list[Result]:
     fleet = make_fleet(cfg)
     results = []
     for alpha in alphas:
         trace = make_trace(cfg, alpha)
-        for policy in make_policies(cfg, before=before, also=also):
+        for policy in make_policies(cfg, before=before):
             results.append(simulate(cfg, fleet, trace, policy, trace.hot))
         if hot_only:
             hot_trace = trace.only(trace.hot, trace.name + HOT_ONLY)
-            for policy in make_policies(cfg, hot_only=True, before=before, also=also):
+            for policy in make_policies(cfg, hot_only=True, before=before):
                 results.append(simulate(cfg, fleet, hot_trace, policy, trace.hot))
     return results
 
@@ -1344,21 +1297,7 @@ SWEEP_QUICK: dict[str, object] = {
     "mean_rate": 4.0,
     "viral_ramp_seconds": 10.0,
 }
-SWEEP_VARIANTS: tuple[type[Tidal], ...] = (
-    Tidal,
-    TidalFixedLanding,
-    TidalFixedLimits,
-    TidalSecondPass,
-    TidalPinnableOnly,
-)
-# --variants: the sweep's policies by a short name.
-VARIANT_NAMES: dict[str, type[Tidal]] = {
-    "tidal": Tidal,
-    "fixed-landing": TidalFixedLanding,
-    "fixed-limits": TidalFixedLimits,
-    "second-pass": TidalSecondPass,
-    "pin-share": TidalPinnableOnly,
-}
+SWEEP_VARIANTS = (Tidal, TidalPinnableOnly)
 
 
 def sweep_config(family: str, seed: int, quick: bool = False) -> tuple[FleetConfig, float]:
@@ -1523,17 +1462,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--families", default=",".join(FAMILIES), help="sweep families")
     parser.add_argument("--workers", type=int, default=2, help="sweep worker processes")
     parser.add_argument("--tidal-only", action="store_true", help="sweep: no alternative")
-    parser.add_argument(
-        "--variants",
-        default=",".join(VARIANT_NAMES),
-        help=f"sweep: the tidal variants to run, of {', '.join(VARIANT_NAMES)}",
-    )
-    parser.add_argument(
-        "--also",
-        default="",
-        help="one trace: also run these tidal variants in the same run (e.g. second-pass, "
-        "main's policy), of the --variants names",
-    )
     parser.add_argument("--log", help="sweep: append each trace's rows here (JSON lines)")
     parser.add_argument("--from-log", help="sweep: report the rows of a log instead of running")
     args = parser.parse_args(argv)
@@ -1545,16 +1473,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sweep_report(logged, 0.0)
         return 0
     if args.sweep:
-        global SWEEP_VARIANTS
         if args.tidal_only:
+            global SWEEP_VARIANTS
             SWEEP_VARIANTS = (Tidal,)
-        else:
-            unknown = [v for v in args.variants.split(",") if v not in VARIANT_NAMES]
-            if unknown:
-                parser.error(
-                    f"--variants: unknown {', '.join(unknown)}; known: {list(VARIANT_NAMES)}"
-                )
-            SWEEP_VARIANTS = tuple(VARIANT_NAMES[v] for v in args.variants.split(","))
         seeds: list[int] = []
         for part in args.seeds.split(","):
             lo, _, hi = part.partition("-")
@@ -1568,11 +1489,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = replace(cfg, **QUICK)  # type: ignore[arg-type]
     alphas = [float(a) for a in args.alpha.split(",") if a]
     started = time.perf_counter()
-    also = [v for v in args.also.split(",") if v]
-    unknown = [v for v in also if v not in VARIANT_NAMES or v == "tidal"]
-    if unknown:
-        parser.error(f"--also: unknown {', '.join(unknown)}; known: {list(VARIANT_NAMES)[1:]}")
-    results = run_all(cfg, alphas, before=args.before, also=[VARIANT_NAMES[v] for v in also])
+    results = run_all(cfg, alphas, before=args.before)
     report(cfg, make_fleet(cfg), results, time.perf_counter() - started)
     return 0
 

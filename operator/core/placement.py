@@ -44,24 +44,11 @@ How it decides:
   it by evicting only unpinned engines. One landing replica is enough for that guarantee but
   serialises every large cold load on it (fleet simulator, 8 replicas: P99 of all requests
   14 s with one, about 3 s with two); a quarter of the replicas spreads the tail's loads for
-  about a point of cold share. With `landing_follows_tail` (the default) more replicas keep
-  landing room where the tail's share of demand asks for more (the models below the hot
-  threshold, by rate; that share of the replicas rounded up, all but one at most): a tail of
-  half the requests queued its large models on a quarter of the replicas for seconds (fleet
-  simulator, issue 23 third pass). The extra landing replicas come only out of bytes the hot
-  set does not pin: they are chosen after the hot models' copies are granted (with the
-  `landing_share` replicas alone binding them), as the next replicas in the same fixed order
-  whose room after those copies still holds the largest model that fits there and is not
-  pinned there, and they bind only colder models. A hot model's copies are therefore exactly
-  those it gets with `landing_share` alone. Chosen before the hot copies (the third pass), 4-5
-  landing replicas of 8 left the busiest model (4.0 GB on 4.71 GB budgets) 3-4 replicas
-  where smaller hot models granted before it took the room: pinned nowhere in 294 of 3,600
-  placements, its P99 40 -> 406 ms (seed 23, zipf 0.8). Models are granted their copies
-  greedily in order of score, a whole model at a time. A copy already pinned (an incumbent)
-  has its priority raised by `stickiness` and stays on its replica: a newcomer displaces it
-  only with a score more than (1 + stickiness) times higher. With stickiness above
-  (1 + noise) / (1 - noise) - 1 (0.22 for 10 % noise) demand noise cannot reorder who gets
-  room, so it moves nothing.
+  about a point of cold share. Models are granted their copies greedily in order of score,
+  a whole model at a time. A copy already pinned (an incumbent) has its priority raised by
+  `stickiness` and stays on its replica: a newcomer displaces it only with a score more than
+  (1 + stickiness) times higher. With stickiness above (1 + noise) / (1 - noise) - 1 (0.22 for
+  10 % noise) demand noise cannot reorder who gets room, so it moves nothing.
 * Sizes: a model whose size nobody has measured or declared (`size_known=False`) is pinned
   nowhere (`cold:size-unknown`): its first load is on demand, where the gateway finds the most
   room, and measures it; the next placement pins it by its rate. While any model's size is
@@ -140,10 +127,6 @@ class PlacementPolicy:
     # A model is also hot when its score is at least this share of all models' scores together
     # (scale-free: a fleet whose busiest model has 1 req/s still has hot models).
     hot_share: float = 0.02
-    # Whether more replicas keep landing room where the tail's share of demand asks for more,
-    # out of bytes the hot models do not pin (see "Room"); False: `landing_share` alone (the
-    # earlier rule, kept for same-run comparisons).
-    landing_follows_tail: bool = True
 
     def __post_init__(self) -> None:
         problems = []
@@ -176,22 +159,11 @@ class PlacementPolicy:
         share = self.hot_share * total_score
         return min(self.hot_rate, share) if share > 0 else self.hot_rate
 
-    def landing_replicas(self, replicas: int, tail_share: float = 0.0) -> int:
-        """How many of `replicas` keep landing room (none with fewer than two).
-
-        At least `landing_share` of them (rounded up, at least one); more where the tail asks
-        for more (`landing_follows_tail`): `tail_share` of the replicas (rounded up), the
-        tail's share of all demand (models below the hot threshold), all but one at most.
-        `place` keeps landing room on those beyond `landing_share` only where the hot models'
-        copies leave it (see "Room"), so a placement may have fewer.
-        """
+    def landing_replicas(self, replicas: int) -> int:
+        """How many of `replicas` keep landing room (none with fewer than two)."""
         if replicas < 2 or self.landing_share <= 0:
             return 0
-        base = max(1, math.ceil(replicas * self.landing_share - _EPS))
-        if not self.landing_follows_tail:
-            return base
-        by_tail = math.ceil(replicas * min(max(tail_share, 0.0), 1.0) - _EPS)
-        return max(base, min(by_tail, replicas - 1))
+        return max(1, math.ceil(replicas * self.landing_share - _EPS))
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,9 +233,6 @@ class Placement:
     # Replica -> what was resident when the placement was made (for `loads`).
     resident: Mapping[str, frozenset[str]] = field(default_factory=dict)
     at: float = 0.0
-    # The replicas that kept landing room for the tail (see "Room"): `landing_share` of them,
-    # and the extra ones chosen after the hot copies.
-    landing: frozenset[str] = frozenset()
 
     def copies(self, model: str) -> int:
         return len(self.assignments.get(model, ()))
@@ -419,35 +388,13 @@ def place(
     # waiting until its score is (1 + stickiness) times theirs.
     hot_now = frozenset(m.name for m in models if headroom_for_hot and m.score >= threshold)
     requests.sort(key=lambda q: (q[1] not in hot_now, q[0], q[1], q[2]))
-    # With `landing_follows_tail`, the tail's share of demand (models below the hot threshold,
-    # by rate as the threshold) sets how many replicas keep landing room (see "Room").
-    total_rate = sum(m.rate for m in models)
-    tail_share = (
-        sum(m.rate for m in models if m.score < threshold) / total_rate if total_rate > 0 else 0.0
-    )
-    # The landing_share's replicas keep landing room from the start; the extra ones the tail
-    # asks for are chosen only once the hot models' copies are granted (see "Room").
-    base = policy.landing_replicas(len(replicas))
-    landing = _landing(replicas, base)
-    extra = policy.landing_replicas(len(replicas), tail_share) - base
+    landing = _landing(policy, replicas)
     # While a model's size is unknown, the first landing replica keeps its whole budget.
-    keeper = (
-        _landing(replicas, min(len(landing), 1)) if any(not m.size_known for m in models) else None
-    )
+    keeper = _landing(policy, replicas, 1) if any(not m.size_known for m in models) else None
 
     demand = {m.name: m for m in models}
-    hosted, landing = _grant(
-        requests,
-        replicas,
-        usable,
-        demand,
-        wanted,
-        landing,
-        too_large,
-        hot,
-        keeper or frozenset(),
-        hot_first=hot_now,
-        extra_landing=extra,
+    hosted = _grant(
+        requests, replicas, usable, demand, wanted, landing, too_large, hot, keeper or frozenset()
     )
 
     # Final load per replica (each pinned copy carries its share of the model's score) orders
@@ -481,7 +428,6 @@ def place(
         wanted=wanted,
         resident={r.name: r.resident for r in replicas},
         at=now,
-        landing=landing,
     )
 
 
@@ -509,11 +455,8 @@ def _grant(
     too_large: Mapping[str, int] | None = None,
     hot: frozenset[str] = frozenset(),
     keeper: frozenset[str] = frozenset(),
-    hot_first: frozenset[str] = frozenset(),
-    extra_landing: int = 0,
-) -> tuple[dict[str, list[str]], frozenset[str]]:
-    """Grant copy requests in priority order; model -> replicas granted, in grant order, and
-    the landing replicas.
+) -> dict[str, list[str]]:
+    """Grant copy requests in priority order; model -> replicas granted, in grant order.
 
     Replicas are indexed in name order so that ties fall to the first name; a new copy looks at
     the replicas where the model is resident first and scans all of them only when none has room.
@@ -525,13 +468,6 @@ def _grant(
     reads only sizes and what is on that replica, so a placement fed its own output grants the
     same copies in the same order. On a ``keeper`` replica the largest is its whole budget
     (a model of unknown size may need all of it).
-
-    ``extra_landing`` more landing replicas are chosen after the requests of ``hot_first``
-    (which come first) are granted, and bind only the requests after them: the next replicas
-    in the fixed order (largest budgets, then by name) whose room after the hot copies still
-    holds the largest model that fits there and is not pinned there. A hot model's copies are
-    thus exactly those it gets without the extra landing replicas: the tail's extra room comes
-    only out of bytes the hot set does not pin.
     """
     slots = sorted(replicas, key=lambda r: r.name)
     index = {r.name: i for i, r in enumerate(slots)}
@@ -550,13 +486,15 @@ def _grant(
     )
     # Per landing replica: the models of `by_size` that fit its budget, and how many of them
     # from the front are pinned there already (they need no room kept: a skipped prefix).
-
-    def fitting(r: ReplicaSlot) -> list[tuple[int, str]]:
-        if r.name in keeper:
-            return [(r.budget_bytes, "")]
-        return [e for e in by_size if e[0] <= r.budget_bytes]
-
-    fits = {i: fitting(r) for i, r in enumerate(slots) if r.name in landing or r.name in keeper}
+    fits = {
+        i: (
+            [(r.budget_bytes, "")]
+            if r.name in keeper
+            else [e for e in by_size if e[0] <= r.budget_bytes]
+        )
+        for i, r in enumerate(slots)
+        if r.name in landing or r.name in keeper
+    }
     skip = dict.fromkeys(fits, 0)
 
     headroom = [r.budget_bytes - usable[r.name] for r in slots]
@@ -564,7 +502,7 @@ def _grant(
     def allowed(i: int, name: str, size: int) -> bool:
         if free[i] + (headroom[i] if name in hot else 0) < size:
             return False
-        if i not in fits or (i in extra and name in hot):
+        if i not in fits:
             return True
         candidates, k = fits[i], skip[i]
         keep = 0
@@ -584,49 +522,7 @@ def _grant(
         if bound is not None:
             reserved[index[bound]] += demand[name].size_bytes
 
-    def skip_pinned(i: int) -> None:
-        entries = fits[i]
-        while skip[i] < len(entries) and entries[skip[i]][1] and i in hosted[entries[skip[i]][1]]:
-            skip[i] += 1
-
-    def kept_room(i: int) -> bool:
-        """Whether replica `i`'s room after its grants so far holds the largest model that
-        fits its budget and is not pinned there."""
-        keep = next((b for b, n in fits[i][skip[i] :] if not n or i not in hosted[n]), 0)
-        pinned = usable[slots[i].name] - free[i] + reserved_hot[i]
-        return slots[i].budget_bytes - pinned >= keep
-
-    landing_now = set(landing)
-    extra: set[int] = set()
-    extra_left = extra_landing
-    # Bytes of incumbent copies of hot models granted after `hot_first` (a large model kept hot
-    # by hysteresis): an extra landing replica leaves room for them too.
-    reserved_hot = [0] * len(slots)
     for _, name, _, bound in requests:
-        if bound is not None and name in hot and name not in hot_first:
-            reserved_hot[index[bound]] += demand[name].size_bytes
-
-    def add_extra_landing() -> None:
-        nonlocal extra_left
-        ranked = sorted(range(len(slots)), key=lambda i: (-slots[i].budget_bytes, slots[i].name))
-        for i in ranked:
-            if extra_left <= 0:
-                break
-            if slots[i].name in landing_now or i in fits:
-                continue
-            fits[i], skip[i] = fitting(slots[i]), 0
-            skip_pinned(i)
-            if kept_room(i):
-                landing_now.add(slots[i].name)
-                extra.add(i)
-                extra_left -= 1
-            else:
-                del fits[i], skip[i]
-
-    for _, name, _, bound in requests:
-        if extra_left > 0 and name not in hot_first:
-            add_extra_landing()
-            extra_left = 0  # chosen once, after the hot copies
         size = demand[name].size_bytes
         mine = hosted[name]
         chosen = -1
@@ -660,16 +556,24 @@ def _grant(
         free[chosen] -= size
         load[chosen] += demand[name].score / wanted[name]
         if chosen in fits:
-            skip_pinned(chosen)
-    if extra_left > 0:
-        add_extra_landing()
-    hosted_names = {name: [slots[i].name for i in where] for name, where in hosted.items()}
-    return hosted_names, frozenset(landing_now)
+            entries = fits[chosen]
+            while (
+                skip[chosen] < len(entries)
+                and entries[skip[chosen]][1]
+                and chosen in hosted[entries[skip[chosen]][1]]
+            ):
+                skip[chosen] += 1
+    return {name: [slots[i].name for i in where] for name, where in hosted.items()}
 
 
-def _landing(replicas: Sequence[ReplicaSlot], count: int) -> frozenset[str]:
-    """The first `count` landing replicas: the largest budgets, then by name (always the same
-    ones, so a larger count only adds replicas)."""
+def _landing(
+    policy: PlacementPolicy, replicas: Sequence[ReplicaSlot], first: int | None = None
+) -> frozenset[str]:
+    """The landing replicas: the largest budgets, then by name (always the same ones); `first`:
+    only that many of them."""
+    count = policy.landing_replicas(len(replicas))
+    if first is not None:
+        count = min(count, first)
     ranked = sorted(replicas, key=lambda r: (-r.budget_bytes, r.name))
     return frozenset(r.name for r in ranked[:count])
 

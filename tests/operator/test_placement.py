@@ -414,7 +414,6 @@ def fleets(
         min_rate=draw(st.sampled_from([0.0, 0.1, 1.0])),
         headroom_fraction=draw(st.sampled_from([0.0, 0.2, 0.5])),
         hot_rate=draw(st.sampled_from([10.0, 1e9])),
-        landing_follows_tail=draw(st.booleans()),
     )
     count = draw(st.integers(min_value=0, max_value=max_models))
     models = [
@@ -614,68 +613,6 @@ def test_landing_replicas_are_a_share_rounded_up_at_least_one(
     assert [policy.landing_replicas(n) for n in (1, 2, 3, 4, 5, 8, 9, 16)] == counts
 
 
-@pytest.mark.parametrize(
-    ("tail_share", "follows", "count"),
-    [
-        (0.0, True, 2),  # never below landing_share's count (a quarter of 8)
-        (0.2, True, 2),
-        (0.26, True, 3),  # ceil(8 x 0.26)
-        (0.5, True, 4),
-        (0.95, True, 7),  # all but one: the hot set keeps a replica
-        (1.0, True, 7),
-        (0.95, False, 2),  # the earlier rule: landing_share alone
-    ],
-)
-def test_landing_replicas_follow_the_tails_share_when_asked(
-    tail_share: float, follows: bool, count: int
-) -> None:
-    policy = replace(POLICY, landing_follows_tail=follows)
-    assert policy.landing_replicas(8, tail_share) == count
-    assert policy.landing_replicas(1, tail_share) == 0
-
-
-def test_a_busy_tail_gets_more_landing_replicas_than_a_quarter() -> None:
-    # Two hot 2 GB models carry 40 % of the demand, 30 tail models (1 GB, 0.1 req/s each: 3%
-    # of the demand each, under the 5 % hot share here) the other 60 %: 60 % of 8 replicas,
-    # rounded up, keep landing room (5), where the fixed quarter (the earlier rule) keeps 2.
-    hot = [model(f"h{k}", rate=1.0, size_gb=2.0) for k in range(2)]
-    tail = [model(f"t{k:02d}", rate=0.1, size_gb=1.0) for k in range(30)]
-    slots = replicas(8)
-    policy = replace(POLICY, hot_share=0.05, min_rate=0.01)
-    fixed = place(replace(policy, landing_follows_tail=False), [*hot, *tail], slots, now=0.0)
-    follows = place(policy, [*hot, *tail], slots, now=0.0)
-    assert len(fixed.landing) == 2, fixed.landing
-    assert len(follows.landing) == 5, follows.landing
-    assert fixed.landing <= follows.landing
-    # The hot models are pinned either way.
-    assert all(follows.copies(h.name) >= 1 for h in hot), follows.reasons
-
-
-def test_the_tails_extra_landing_room_comes_after_the_hot_models_copies() -> None:
-    # Issue 23, seed 23: the busiest model is 4.0 GB on 4.7 GB budgets, four smaller hot
-    # models are granted before it, and the tail is half the demand (4 landing replicas of 8
-    # asked). Chosen before the hot copies, the landing replicas (which keep room for a 4.0 GB
-    # model) left it the other four, each taken by a 1.5 GB hot model: pinned nowhere. Chosen
-    # after, the extra ones are only where the hot copies leave room for the largest model.
-    big = model("big", rate=1.0, size_gb=4.0)
-    smaller = [model(f"h{k}", rate=2.0, size_gb=1.5) for k in range(4)]
-    tail = [model(f"t{k:02d}", rate=0.1, size_gb=1.0) for k in range(90)]
-    slots = replicas(8, budget_gb=4.7)
-    policy = replace(POLICY, min_rate=0.01)
-    placement = place(policy, [big, *smaller, *tail], slots, now=0.0)
-    assert policy.landing_replicas(8, 0.5) == 4
-    assert placement.copies("big") == 1, placement.reasons["big"]
-    assert all(placement.copies(h.name) == 1 for h in smaller), placement.reasons
-    # r0 and r1 keep landing room by rule; one more replica is left free by the hot copies.
-    assert {"r0", "r1"} < placement.landing, placement.landing
-    for r in placement.landing:
-        pinned = sum(m.size_bytes for m in [big, *smaller, *tail] if m.name in placement.pinned[r])
-        assert int(4.7 * GB) - pinned >= big.size_bytes or r in placement.assignments["big"], r
-    fixed = place(replace(policy, landing_follows_tail=False), [big, *smaller, *tail], slots, 0.0)
-    for m in [big, *smaller]:
-        assert sorted(placement.assignments[m.name]) == sorted(fixed.assignments[m.name])
-
-
 def test_a_quarter_of_eight_replicas_keep_landing_room() -> None:
     # Hot 4 GB models would fill 8 of every 10 GB; a 6 GB tail model needs a landing replica.
     hot = [model(f"h{k}", rate=5.0, size_gb=4.0) for k in range(16)]
@@ -763,17 +700,9 @@ def test_property_a_model_of_unknown_size_always_finds_a_whole_budget(
 # -- issue 23: protection of hot models ------------------------------------------------------
 
 
-def _landing_names(
-    policy: PlacementPolicy, slots: Sequence[ReplicaSlot], placement: Placement
-) -> set[str]:
-    """The landing replicas that bind hot models: the first `landing_share` of the fixed
-    order (largest budgets, then by name). The placement's own landing set holds them, and
-    the extra ones the tail asks for, chosen after the hot copies, at most all but one."""
+def _landing_names(policy: PlacementPolicy, slots: Sequence[ReplicaSlot]) -> set[str]:
     ranked = sorted(slots, key=lambda r: (-r.budget_bytes, r.name))
-    base = {r.name for r in ranked[: policy.landing_replicas(len(slots))]}
-    assert base <= placement.landing, (base, placement.landing)
-    assert len(placement.landing) <= max(len(slots) - 1, len(base)), (placement.landing, slots)
-    return base
+    return {r.name for r in ranked[: policy.landing_replicas(len(slots))]}
 
 
 @settings(max_examples=300, deadline=None)
@@ -791,7 +720,7 @@ def test_property_a_hot_models_copy_is_never_given_up_for_a_colder_model(
     scores = {m.name: m.score for m in models}
     threshold = policy.hot_threshold(sum(m.rate for m in models))
     into_headroom = policy.hot_in_headroom and policy.landing_replicas(len(slots)) > 0
-    landing = _landing_names(policy, slots, p)
+    landing = _landing_names(policy, slots)
     for h in models:
         if h.score < threshold or h.name in p.too_large or h.score < policy.min_rate:
             continue
@@ -809,33 +738,6 @@ def test_property_a_hot_models_copy_is_never_given_up_for_a_colder_model(
                 continue
             hotter = sum(sizes[m] for m in p.pinned[r.name] if m != h.name and scores[m] >= h.score)
             assert hotter + h.size_bytes > cap(r), (h, r, p.pinned[r.name], p.reasons)
-
-
-@settings(max_examples=300, deadline=None)
-@given(fleets(), st.sampled_from([0.0, 0.02, 0.2]))
-def test_property_the_tails_extra_landing_room_never_takes_a_hot_models_copy(
-    fleet: tuple[PlacementPolicy, list[ModelDemand], list[ReplicaSlot]], hot_share: float
-) -> None:
-    """Landing replicas that follow the tail's share come only out of bytes the hot set does
-    not pin: every model at or above the hot threshold gets exactly the copies, on exactly the
-    replicas, it gets with the fixed `landing_share` alone (issue 23: with them chosen before
-    the hot copies, the busiest 4.0 GB model lost its only pin, seed 23, hot P99 40 -> 406 ms);
-    and an extra landing replica is one where room for the largest model stays."""
-    policy, models, slots = fleet
-    policy = replace(policy, hot_share=hot_share)
-    follows = place(replace(policy, landing_follows_tail=True), models, slots, now=0.0)
-    fixed = place(replace(policy, landing_follows_tail=False), models, slots, now=0.0)
-    threshold = policy.hot_threshold(sum(m.rate for m in models))
-    into_headroom = policy.hot_in_headroom and policy.landing_replicas(len(slots)) > 0
-    for m in models:
-        if into_headroom and m.score >= threshold:
-            assert sorted(follows.assignments[m.name]) == sorted(fixed.assignments[m.name]), (
-                m,
-                follows.reasons[m.name],
-                fixed.reasons[m.name],
-                follows.landing,
-            )
-    assert fixed.landing <= follows.landing, (fixed.landing, follows.landing)
 
 
 @settings(max_examples=200, deadline=None)
@@ -913,7 +815,7 @@ def test_property_a_hot_model_is_never_left_cold_for_a_colder_incumbent(
     sizes = {m.name: m.size_bytes for m in models}
     threshold = policy.hot_threshold(sum(m.rate for m in models))
     hot = {m.name for m in models if m.score >= threshold}
-    landing = _landing_names(policy, slots, p)
+    landing = _landing_names(policy, slots)
     for h in models:
         if h.name not in hot or p.wanted[h.name] == 0 or p.copies(h.name) > 0:
             continue
