@@ -306,7 +306,8 @@ def place(
     # tail's loads within seconds and pay a reload on every rise (simulator, zipf 0.8 seed 23:
     # 80 of 1,100 hot requests). A model that fits a pinnable share needs no such hysteresis
     # (below the threshold it stays pinned within the share); given to every pinned model it
-    # made all pins hot and filled every replica's headroom, the tail's room (issue 23).
+    # made all pins hot and filled every replica's headroom, the tail's room (issue 23). A
+    # model nobody asks for any more (score 0: no rate, no forecast) lets it go.
     pinned_now = frozenset(name for r in replicas for name in r.pinned)
     largest_share = max(usable.values(), default=0)
     hot = frozenset(
@@ -316,7 +317,10 @@ def place(
         and (
             m.score >= threshold
             or (
-                m.name in pinned_now and m.score >= policy.min_rate and m.size_bytes > largest_share
+                m.name in pinned_now
+                and m.score > 0
+                and m.score >= policy.min_rate
+                and m.size_bytes > largest_share
             )
         )
     )
