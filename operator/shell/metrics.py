@@ -141,6 +141,11 @@ API_REQUESTS = Counter(
 CHILDREN_APPLIED = Counter(
     "tidal_operator_children_applied_total", "Children written by server-side apply.", ["kind"]
 )
+CHILDREN_DRIFTED = Counter(
+    "tidal_operator_children_drifted_total",
+    "Children applied again because a field the operator owns was changed by someone else.",
+    ["kind"],
+)
 EVENTS = Counter("tidal_operator_events_total", "Events posted.", ["type", "reason"])
 
 SCALE_DECISIONS = Counter(

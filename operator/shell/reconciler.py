@@ -7,8 +7,10 @@ This module owns the loop body and the in-memory picture of the world it works f
   ``tidal.operator.shell.handlers``; no request is made to read state.
 * :class:`Reconciler` — for one key: parse the spec, ask the pure core for the desired
   children and the status, server-side apply only the children whose applied hash differs
-  from what the watch shows (all of them on a forced pass: at start and on each resync), write
-  the status when it changed, post the Events the core asked for. The replica counts, the
+  from what the watch shows or whose owned fields drifted (``core.drift.find_drift``: someone
+  edited the image, a label, a port; checked again on a forced pass, at start and on each
+  resync, which so writes only what drifted), write the status when it changed, post the
+  Events the core asked for. The replica counts, the
   pool the Service selects and the control loop's status fields come from the per-service
   control loop (``tidal.operator.shell.controller``) once it has decided; before that, the
   Deployments' current replicas stay. The Service's switch between an activator gateway and
@@ -21,6 +23,7 @@ A spec that passes the schema but cannot work touches nothing but the status (De
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -41,6 +44,7 @@ from tidal.operator.core.api import (
     parse_inference_service,
 )
 from tidal.operator.core.control import ControlView, follow_planner, stamp_template_hash
+from tidal.operator.core.drift import COMPARED_KINDS, find_drift, trim_child
 from tidal.operator.core.fleet import FleetView
 from tidal.operator.core.resources import (
     ANNOTATION_APPLIED_HASH,
@@ -115,6 +119,16 @@ def pod_state(body: Mapping[str, Any]) -> PodState:
     )
 
 
+@dataclass(slots=True)
+class LiveChild:
+    """A child's owned fields as the watch last showed them (``drift.trim_child`` as compact
+    JSON: a few KB for a Deployment), and the applied hash it was found to match ("": not
+    compared since it changed)."""
+
+    text: str
+    clean: str = ""
+
+
 @dataclass
 class Children:
     """What the watches show of one InferenceService's children."""
@@ -126,6 +140,17 @@ class Children:
     pod_bodies: dict[str, dict[str, Any]] = field(default_factory=dict)
     # The <isvc>-gateway Deployment (a fleet's, or the activator's), None: there is none.
     gateway: DeploymentState | None = None
+    # What drift detection reads of each applied child, (kind, name) -> LiveChild.
+    live: dict[tuple[str, str], LiveChild] = field(default_factory=dict)
+
+    def put_live(self, kind: str, name: str, body: Mapping[str, Any], clean: str = "") -> None:
+        """Record a child as the API shows it. ``clean``: the applied hash it is known to
+        match (the answer to our own apply); an unchanged body keeps its earlier verdict."""
+        text = json.dumps(trim_child(body), sort_keys=True, separators=(",", ":"))
+        known = self.live.get((kind, name))
+        if not clean and known is not None and known.text == text:
+            return
+        self.live[(kind, name)] = LiveChild(text, clean)
 
     def gateway_live(self) -> bool:
         """Whether the gateway Deployment asks for pods (it exists and is not retired)."""
@@ -166,9 +191,11 @@ class Store:
             return owner
         if deleted:
             kids.applied.pop((kind, name), None)
+            kids.live.pop((kind, name), None)
         else:
             applied = (meta.get("annotations") or {}).get(ANNOTATION_APPLIED_HASH, "")
             kids.applied[(kind, name)] = applied
+            kids.put_live(kind, name, body)
         if kind == "Deployment" and (meta.get("labels") or {}).get(LABEL_COMPONENT) == (
             COMPONENT_GATEWAY
         ):
@@ -228,7 +255,8 @@ class Reconciler:
             await self._write_status_degraded(key, body, [problem], previous, now)
             metrics.RECONCILES.labels(result="degraded").inc()
             return None
-        kids = self.store.children.get(key, Children())
+        # Kept in the store (not a throwaway) so what this pass applies is recorded at once.
+        kids = self.store.children.setdefault(key, Children())
         view = self.control(key)
         if view is not None:
             observed = view.observed
@@ -356,13 +384,25 @@ class Reconciler:
             kind, name = object_key(obj)
             want = obj["metadata"]["annotations"][ANNOTATION_APPLIED_HASH]
             have = kids.applied.get((kind, name))
-            if not force and have == want:
-                continue
-            await self.kube.apply(obj)
+            if have == want:
+                drift = _drift(kids, obj, want, force)
+                if drift is None:
+                    continue
+                metrics.CHILDREN_DRIFTED.labels(kind=kind).inc()
+                log.info(
+                    "%s %s/%s drifted (%s): applying it again",
+                    kind,
+                    obj["metadata"]["namespace"],
+                    name,
+                    drift,
+                )
+            stored = await self.kube.apply(obj)
             metrics.CHILDREN_APPLIED.labels(kind=kind).inc()
             # Record it at once: the watch confirms later, and a reconcile in between must not
-            # apply the same object again.
+            # apply the same object again. What the API server answered is what it made of
+            # our apply (defaults, canonical quantities): that holds what we want.
             kids.applied[(kind, name)] = want
+            kids.put_live(kind, name, stored or obj, clean=want)
             if have != want:
                 verb = "Created" if have is None else "Updated"
                 events.append(EventSpec("Normal", verb, f"{verb} {kind} {name}"))
@@ -402,6 +442,28 @@ class Reconciler:
         await self._write_status(key, body, result.to_wire())
         for event in result.events:
             await self.kube.post_event(body, event, now)
+
+
+def _drift(kids: Children, obj: Mapping[str, Any], want: str, force: bool) -> str | None:
+    """Why a child whose applied hash matches must be applied again (None: it need not).
+
+    When in doubt, apply: a child the watch has not shown, or (on a forced pass) one of a kind
+    the comparison does not know. A verdict holds for one live text and one applied hash; the
+    answer to our own apply counts as clean, so a value the API server stores in another form
+    than we sent (one :func:`find_drift` does not know) costs one apply, not one per pass.
+    """
+    kind, name = object_key(obj)
+    known = kids.live.get((kind, name))
+    if known is None:
+        return "live state unknown"
+    if kind not in COMPARED_KINDS:
+        return f"{kind} not compared" if force else None
+    if known.clean == want:
+        return None
+    drift = find_drift(obj, json.loads(known.text))
+    if drift is None:
+        known.clean = want
+    return drift
 
 
 def _with_switch(isvc: InferenceService, observed: Observed, kids: Children) -> Observed:

@@ -343,8 +343,9 @@ def test_deleted_or_edited_children_are_put_back(
         )
         return json.loads(out.stdout)["data"]["runtime-config.json"] != "{}"
 
-    # An edit that keeps our applied-hash annotation is only seen on a forced resync; the
-    # test operator resyncs every 300 s, so restart it to force one now.
+    # The edit keeps our applied-hash annotation: the operator sees the changed data itself
+    # (drift), on the edit's watch event, and a restart's forced pass would see it too
+    # (the restart stays from when only a forced pass did; either way it is put back).
     operator.stop()
     operator.start()
     wait_for(config_restored, timeout=30, what="ConfigMap restored")
