@@ -16,8 +16,10 @@ while the operator is down is still cleaned up by the garbage collector.
   may scale to zero (``minReplicas: 0``) gets the same loop's activator part (its gateway's
   replica list, and the count of requests it holds, which pokes the control loop).
 * The initial listing of InferenceServices (at start and after a re-list) and a periodic
-  resync enqueue every key with ``force``, so the operator re-asserts every child even if a
-  change happened while nobody watched.
+  resync enqueue every key with ``force``, so the operator compares every child with what it
+  wants even if a change happened while nobody watched; only a child that drifted is written
+  (``tidal.operator.core.drift``). The resync is spread over its period, each key at its own
+  offset, so a thousand services are looked at a few per second, not in one burst.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any
 import kopf
 
 from tidal.operator.core.api import GROUP, LABEL_ISVC, PLURAL, VERSION
+from tidal.operator.core.drift import resync_due, resync_offset
 from tidal.operator.shell import metrics
 from tidal.operator.shell.controller import Controller, ControllerSettings
 from tidal.operator.shell.fleet import FleetController
@@ -153,12 +156,25 @@ async def on_cleanup_stop(**_: Any) -> None:
 
 
 async def _resync_forever() -> None:
+    """Enqueue every key with ``force`` once per resync period, each at its own offset in the
+    period (``drift.resync_offset``): a few keys at a time, never the whole store at once."""
+    period = RUNTIME.settings.resync_seconds
+    step = max(0.01, min(1.0, period / 100))
+    loop = asyncio.get_running_loop()
+    offsets: dict[Key, float] = {}
+    since = loop.time()
     while True:
-        await asyncio.sleep(RUNTIME.settings.resync_seconds)
+        await asyncio.sleep(step)
+        now = loop.time()
+        offsets = {
+            key: offsets[key] if key in offsets else resync_offset(key, period)
+            for key in RUNTIME.store.services
+        }
         queue = RUNTIME.queue
         if queue is not None:
-            for key in list(RUNTIME.store.services):
+            for key in resync_due(offsets, period, since, now):
                 await queue.add(key, force=True)
+        since = now
 
 
 async def _enqueue(key: Key) -> None:
