@@ -73,7 +73,8 @@ def find_drift(desired: Mapping[str, Any], live: Mapping[str, Any]) -> str | Non
 
     ``live`` is the child as the API shows it (whole or :func:`trim_child`-ed). Fields only the
     live object has are not compared; resource quantities compare by value (``1Gi`` is
-    ``1024Mi``), since the API server stores them in its canonical form.
+    ``1024Mi``), since the API server stores them in its canonical form; an empty string or
+    list the live object leaves out is no drift (the API server drops them).
     """
     meta = desired.get("metadata") or {}
     live_meta = live.get("metadata") or {}
@@ -99,6 +100,8 @@ _MISSING: Any = _Missing()
 
 
 def _diff(want: Any, have: Any, path: str) -> str | None:
+    if have is _MISSING and (want == "" or want == []):
+        return None  # the API server leaves out empty strings and lists (omitempty)
     if isinstance(want, Mapping):
         if not isinstance(have, Mapping):
             return path

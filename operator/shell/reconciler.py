@@ -195,7 +195,11 @@ class Store:
         else:
             applied = (meta.get("annotations") or {}).get(ANNOTATION_APPLIED_HASH, "")
             kids.applied[(kind, name)] = applied
-            kids.put_live(kind, name, body)
+            if applied:
+                kids.put_live(kind, name, body)
+            else:
+                # Not one the reconciler applies (the fleet loop's saved state): no copy kept.
+                kids.live.pop((kind, name), None)
         if kind == "Deployment" and (meta.get("labels") or {}).get(LABEL_COMPONENT) == (
             COMPONENT_GATEWAY
         ):

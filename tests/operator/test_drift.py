@@ -133,6 +133,16 @@ def test_quantities_compare_by_value(want: str, have: Any, drifted: bool) -> Non
     assert (find_drift(obj, live) is not None) is drifted
 
 
+def test_empty_values_the_server_leaves_out_are_no_drift() -> None:
+    want = {"spec": {"env": [{"name": "EMPTY", "value": ""}], "args": []}}
+    assert find_drift(want, {"spec": {"env": [{"name": "EMPTY"}]}}) is None
+    assert find_drift(want, {"spec": {"env": [{"name": "EMPTY", "value": "x"}]}}) is not None
+    # An empty object is kept (emptyDir: {} says which volume source): its absence is drift.
+    volume = {"spec": {"volumes": [{"name": "tmp", "emptyDir": {}}]}}
+    hostpath = {"spec": {"volumes": [{"name": "tmp", "hostPath": {"path": "/"}}]}}
+    assert find_drift(volume, hostpath) == "spec.volumes[tmp].emptyDir"
+
+
 def test_a_quantity_outside_resources_compares_as_written() -> None:
     assert find_drift({"data": {"k": "1Gi"}}, {"data": {"k": "1024Mi"}}) == "data.k"
 
