@@ -80,7 +80,8 @@ def parse_args(argv: list[str] | None, env: Mapping[str, str]) -> argparse.Names
         "--resync-seconds",
         type=float,
         default=float(env.get("TIDAL_OPERATOR_RESYNC_SECONDS", "") or 300),
-        help="re-apply every child this often even without events",
+        help="compare every child with what it should be this often, spread over the period "
+        "(writes only what drifted)",
     )
     p.add_argument(
         "--tick-seconds",
@@ -144,6 +145,8 @@ def parse_args(argv: list[str] | None, env: Mapping[str, str]) -> argparse.Names
         args.lease_namespace = args.namespaces[0] if args.namespaces else "default"
     if args.lease_seconds < 4:
         p.error("--lease-seconds must be at least 4")
+    if not args.resync_seconds > 0:
+        p.error("--resync-seconds must be greater than 0")
     return args
 
 

@@ -53,6 +53,8 @@ def test_leader_election_is_off_by_default_and_named_after_the_scope() -> None:
     assert not parse_args(["--no-leader-elect"], {"TIDAL_OPERATOR_LEADER_ELECT": "1"}).leader_elect
     with pytest.raises(SystemExit):
         parse_args(["--lease-seconds", "2"], {})
+    with pytest.raises(SystemExit):
+        parse_args(["--resync-seconds", "0"], {})
 
 
 def test_lease_timings_follow_client_go_proportions_and_are_checked() -> None:
