@@ -8,12 +8,12 @@ This module owns the loop body and the in-memory picture of the world it works f
 * :class:`Reconciler` — for one key: parse the spec, ask the pure core for the desired
   children and the status, server-side apply only the children whose applied hash differs
   from what the watch shows or whose owned fields drifted (``core.drift.find_drift``: someone
-  edited the image, a label, a port; checked again on a forced pass, at start and on each
-  resync, which so writes only what drifted), write the status when it changed, post the
-  Events the core asked for. The replica counts, the
-  pool the Service selects and the control loop's status fields come from the per-service
-  control loop (``tidal.operator.shell.controller``) once it has decided; before that, the
-  Deployments' current replicas stay. The Service's switch between an activator gateway and
+  edited the image, a label, a port; a forced pass, at start and on each resync, checks the
+  same way and so writes only what drifted), write the status when it changed, post the
+  Events the core asked for. The replica counts, the pool the Service selects and the
+  control loop's status fields come from the per-service control loop
+  (``tidal.operator.shell.controller``) once it has decided; before that, the Deployments'
+  current replicas stay. The Service's switch between an activator gateway and
   the pods reads the watched readiness of both (``resources.service_selects_gateway``); a
   gateway left over from ``minReplicas: 0`` is scaled to zero pods once it is not selected.
 

@@ -43,7 +43,7 @@ class WorkQueue(Generic[K]):
         return len(self._waiting)
 
     async def add(self, key: K, *, force: bool = False) -> None:
-        """Ask for ``key`` to be reconciled; ``force`` re-applies every child."""
+        """Ask for ``key`` to be reconciled; ``force``: a forced pass (every child checked)."""
         async with self._wakeup:
             self._add_locked(key, force)
 
