@@ -193,6 +193,20 @@ def _validate(
     return rows, tuple(key)
 
 
+async def _long_poll(request: web.Request, feed: ChangeFeed, cap_seconds: float) -> None:
+    """With ``?since=G[&wait=S]``: wait until ``feed`` moves past G, at most S (default 30) and
+    ``cap_seconds``; without ``since``, return at once."""
+    since_text = request.query.get("since")
+    if since_text is None:
+        return
+    try:
+        since = int(since_text)
+        wait = float(request.query.get("wait", "30"))
+    except ValueError:
+        raise InvalidRequest("'since' must be an integer and 'wait' a number") from None
+    await feed.wait_past(since, min(max(wait, 0.0), cap_seconds))
+
+
 class RequestAccounting:
     """The bookkeeping of one infer request, the same for every transport.
 
@@ -561,27 +575,13 @@ class RuntimeServer:
 
     async def fleet_models(self, request: web.Request) -> web.Response:
         """The hot set and per-model state; with ``since``, a long-poll for the next change."""
-        since_text = request.query.get("since")
-        if since_text is not None:
-            try:
-                since = int(since_text)
-                wait = float(request.query.get("wait", "30"))
-            except ValueError:
-                raise InvalidRequest("'since' must be an integer and 'wait' a number") from None
-            await self.cache.changes.wait_past(since, min(max(wait, 0.0), MAX_LONG_POLL_S))
+        await _long_poll(request, self.cache.changes, MAX_LONG_POLL_S)
         return web.json_response(self.fleet_view(request))
 
     async def activity(self, request: web.Request) -> web.Response:
         """``{"arrivals": N}``, the infer requests that arrived so far; with ``since``, a
         long-poll that answers once the count differs from it (or after ``wait`` seconds)."""
-        since_text = request.query.get("since")
-        if since_text is not None:
-            try:
-                since = int(since_text)
-                wait = float(request.query.get("wait", "30"))
-            except ValueError:
-                raise InvalidRequest("'since' must be an integer and 'wait' a number") from None
-            await self.arrivals.wait_past(since, min(max(wait, 0.0), MAX_ACTIVITY_POLL_S))
+        await _long_poll(request, self.arrivals, MAX_ACTIVITY_POLL_S)
         return web.json_response({"arrivals": self.arrivals.generation})
 
     def fleet_view(self, request: web.Request) -> dict[str, Any]:
