@@ -41,6 +41,42 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGTERM, interrupt)
 
 
+FAILED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """Mark a test whose setup or body failed, for fixtures that print diagnostics on failure
+    (`failed`)."""
+    report = yield
+    if report.failed and report.when in ("setup", "call"):
+        item.stash[FAILED] = True
+    return report
+
+
+def failed(request: pytest.FixtureRequest) -> bool:
+    """Whether the requesting test has failed so far (call it from a fixture's teardown)."""
+    return bool(request.node.stash.get(FAILED, False))
+
+
+def print_namespace(sandbox: Sandbox, namespace: str) -> None:
+    """What a failure message needs about a namespace: its objects, their status, its events."""
+    import sys
+
+    parts = []
+    for args in (
+        ("get", "inferenceservices,deployments,pods,services", "-o", "wide"),
+        ("get", "inferenceservices", "-o", "yaml"),
+        ("get", "events", "--sort-by=.lastTimestamp"),
+    ):
+        try:
+            out = sandbox.kubectl(*args, "-n", namespace, check=False, timeout=30)
+            parts.append(f"$ kubectl {' '.join(args)}\n{out.stdout}{out.stderr}")
+        except Exception as exc:  # diagnostics must not hide the failure
+            parts.append(f"$ kubectl {' '.join(args)}: {exc!r}")
+    sys.stderr.write(f"\n--- namespace {namespace} at failure ---\n" + "\n".join(parts)[-30000:])
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "sandbox" in getattr(item, "fixturenames", ()):
@@ -90,4 +126,6 @@ def namespace(sandbox: Sandbox, request: pytest.FixtureRequest) -> Iterator[str]
         what=f"default service account in {name}",
     )
     yield name
+    if failed(request):
+        print_namespace(sandbox, name)
     api.delete_namespace(name)

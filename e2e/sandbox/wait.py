@@ -23,11 +23,14 @@ def wait_for(
     timeout: float = 30.0,
     interval: float = 0.2,
     what: str = "condition",
+    describe: Callable[[], object] | None = None,
 ) -> T:
     """Call ``fn`` until it returns a truthy value and return that value.
 
     Exceptions raised by ``fn`` count as "not yet" (the last one is reported on timeout), so a
-    caller can poll an API that 404s until an object appears.
+    caller can poll an API that 404s until an object appears. ``describe``, when given, is
+    called at the deadline and its value reported as the last one: the state that explains a
+    falsy ``fn`` (say, an object's status when ``fn`` only says "not Ready yet").
     """
     deadline = time.monotonic() + timeout
     last: object = None
@@ -41,5 +44,10 @@ def wait_for(
                 return value
             last = value
         if time.monotonic() >= deadline:
+            if describe is not None and not isinstance(last, Exception):
+                try:
+                    last = describe()
+                except Exception as exc:
+                    last = exc
             raise WaitTimeout(what, timeout, last)
         time.sleep(interval)

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from tidal.sandbox.operatorproc import OperatorProcess
+from tidal.sandbox.pytest_plugin import failed
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -22,12 +23,16 @@ def isvc_crd(sandbox: Any) -> None:
 
 @pytest.fixture
 def operator(
-    sandbox: Any, namespace: str, isvc_crd: None, tmp_path: Path
+    sandbox: Any,
+    namespace: str,
+    isvc_crd: None,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
 ) -> Iterator[OperatorProcess]:
     env = {**os.environ, **sandbox.env}
     proc = OperatorProcess(env, namespace, tmp_path / "operator.log")
     proc.start()
     yield proc
     proc.stop()
-    if os.environ.get("TIDAL_SHOW_OPERATOR_LOG") == "1":
-        sys.stderr.write(proc.log()[-20000:])
+    if failed(request) or os.environ.get("TIDAL_SHOW_OPERATOR_LOG") == "1":
+        sys.stderr.write("\n--- operator log (tail) ---\n" + proc.log()[-20000:])

@@ -60,6 +60,16 @@ def is_ready(sandbox: Any, namespace: str, name: str) -> dict[str, Any] | None:
     return None
 
 
+def wait_ready(sandbox: Any, namespace: str, name: str, timeout: float = 120) -> dict[str, Any]:
+    """The service once Ready for its generation; on timeout the error holds its status."""
+    return wait_for(
+        lambda: is_ready(sandbox, namespace, name),
+        timeout=timeout,
+        what=f"{name} Ready",
+        describe=lambda: get_isvc(sandbox, namespace, name).get("status"),
+    )
+
+
 def apply(sandbox: Any, namespace: str, manifest: dict[str, Any] | str) -> None:
     text = manifest if isinstance(manifest, str) else yaml.safe_dump(manifest)
     sandbox.kubectl("apply", "-n", namespace, "-f", "-", input=text)
@@ -170,7 +180,7 @@ def test_example_becomes_ready_and_answers_inference(
     manifest = materialize(path, tmp_path / "models")
     name = manifest["metadata"]["name"]
     apply(sandbox, namespace, manifest)
-    body = wait_for(lambda: is_ready(sandbox, namespace, name), timeout=120, what=f"{name} Ready")
+    body = wait_ready(sandbox, namespace, name)
     isvc = api.parse_inference_service(body)
     want = {(o["kind"], o["metadata"]["name"]) for o in desired_objects(isvc, Observed())}
     have = children(sandbox, namespace, name)
@@ -195,7 +205,7 @@ def test_spec_edit_rolls_pods_while_ready_holds(
 ) -> None:
     model = write_mlp(tmp_path / "m.onnx")
     apply(sandbox, namespace, small_service("roll", model.uri))
-    wait_for(lambda: is_ready(sandbox, namespace, "roll"), timeout=120, what="Ready")
+    wait_ready(sandbox, namespace, "roll")
     before = children(sandbox, namespace, "roll")["Pod"]
 
     edited = small_service("roll", model.uri)
@@ -257,7 +267,7 @@ def test_operator_killed_mid_reconcile_leaves_exactly_the_desired_children(
     partial = len(apps.list_namespaced_deployment(namespace, label_selector=selector).items)
     operator.start()
     for name in names:
-        wait_for(lambda n=name: is_ready(sandbox, namespace, n), timeout=120, what=f"{name}")
+        wait_ready(sandbox, namespace, name)
     for name in names:
         body = get_isvc(sandbox, namespace, name)
         isvc = api.parse_inference_service(body)
@@ -291,7 +301,7 @@ def test_deleting_the_service_removes_everything_it_created(
     sandbox: Any, namespace: str, operator: OperatorProcess
 ) -> None:
     apply(sandbox, namespace, fake_service("gone", rollout={"baseline": {"minReplicas": 1}}))
-    wait_for(lambda: is_ready(sandbox, namespace, "gone"), timeout=120, what="Ready")
+    wait_ready(sandbox, namespace, "gone")
     assert children(sandbox, namespace, "gone")["Pod"]
     sandbox.kubectl("delete", "inferenceservice", "gone", "-n", namespace, "--wait=true")
     wait_for(lambda: _all_gone(sandbox, namespace, "gone"), timeout=120, what="children gone")
@@ -301,7 +311,7 @@ def test_deleting_while_the_operator_is_down_still_cleans_up(
     sandbox: Any, namespace: str, operator: OperatorProcess
 ) -> None:
     apply(sandbox, namespace, fake_service("orphan"))
-    wait_for(lambda: is_ready(sandbox, namespace, "orphan"), timeout=120, what="Ready")
+    wait_ready(sandbox, namespace, "orphan")
     operator.kill()
     # No finalizer holds the object: it is gone at once, and the garbage collector follows.
     sandbox.kubectl("delete", "inferenceservice", "orphan", "-n", namespace, "--timeout=30s")
@@ -315,7 +325,7 @@ def test_deleted_or_edited_children_are_put_back(
     sandbox: Any, namespace: str, operator: OperatorProcess
 ) -> None:
     apply(sandbox, namespace, fake_service("heal"))
-    wait_for(lambda: is_ready(sandbox, namespace, "heal"), timeout=120, what="Ready")
+    wait_ready(sandbox, namespace, "heal")
     uid = json.loads(
         sandbox.kubectl("get", "service", "heal", "-n", namespace, "-o", "json").stdout
     )["metadata"]["uid"]
@@ -355,7 +365,7 @@ def test_spec_that_cannot_work_is_degraded_and_touches_nothing(
     sandbox: Any, namespace: str, operator: OperatorProcess
 ) -> None:
     apply(sandbox, namespace, fake_service("broken"))
-    wait_for(lambda: is_ready(sandbox, namespace, "broken"), timeout=120, what="Ready")
+    wait_ready(sandbox, namespace, "broken")
     dep = json.loads(
         sandbox.kubectl("get", "deployment", "broken-primary", "-n", namespace, "-o", "json").stdout
     )
@@ -393,7 +403,7 @@ def test_scale_subresource_sets_the_replica_count(
     sandbox: Any, namespace: str, operator: OperatorProcess
 ) -> None:
     apply(sandbox, namespace, fake_service("scaled"))
-    wait_for(lambda: is_ready(sandbox, namespace, "scaled"), timeout=120, what="Ready")
+    wait_ready(sandbox, namespace, "scaled")
     sandbox.kubectl("scale", "inferenceservice", "scaled", "-n", namespace, "--replicas=3")
 
     def three_ready() -> bool:
