@@ -31,9 +31,14 @@ def parse_time(text: str) -> float:
 
 
 @contextlib.contextmanager
-def running_operator(sandbox: Any, namespace: str, log_path: Path) -> Iterator[OperatorProcess]:
-    """``tidal-operator`` watching ``namespace`` with the sandbox's Prometheus."""
-    with OperatorProcess({**os.environ, **sandbox.env}, namespace, log_path, "plain") as proc:
+def running_operator(
+    sandbox: Any, namespace: str, log_path: Path, *flags: str
+) -> Iterator[OperatorProcess]:
+    """``tidal-operator`` watching ``namespace`` with the sandbox's Prometheus (``flags``: more
+    command-line flags)."""
+    operator = OperatorProcess({**os.environ, **sandbox.env}, namespace, log_path, "plain")
+    operator.start(*flags)
+    with operator as proc:
         try:
             yield proc
         except BaseException:

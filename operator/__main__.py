@@ -21,6 +21,13 @@ flag                        environment                          default
 ``--lease-seconds S``       ``TIDAL_OPERATOR_LEASE_SECONDS``     15
 ==========================  ===================================  =========================
 
+Scale to zero (``minReplicas: 0``): ``--wake-margin-seconds S``
+(``TIDAL_OPERATOR_WAKE_MARGIN_SECONDS``, default 30): a service at zero is woken this long,
+plus its measured time-to-routable, before its forecast demand returns.
+``--forecast-period-seconds S`` (``TIDAL_OPERATOR_FORECAST_PERIOD_SECONDS``, default 86400, at
+least 60): the cycle its demand forecast learns, a day; a shorter one compresses the day (a
+demo, or a test of the wake before the morning rise that lasts minutes).
+
 Credentials: in-cluster service account, else ``KUBECONFIG``.
 
 ``--quiet-tick-seconds S`` (``TIDAL_OPERATOR_QUIET_TICK_SECONDS``, default 5): the period of a
@@ -43,6 +50,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import logging
+import math
 import os
 import sys
 from collections.abc import Mapping
@@ -52,6 +60,7 @@ import kopf
 from prometheus_client import start_http_server
 
 from tidal.operator.shell import handlers
+from tidal.operator.shell.controller import ZERO_FORECAST_MIN_PERIOD
 from tidal.operator.shell.leader import (
     FollowerHealth,
     Leadership,
@@ -104,6 +113,20 @@ def parse_args(argv: list[str] | None, env: Mapping[str, str]) -> argparse.Names
         "activity long-poll parked) and that has no idle timer towards zero",
     )
     p.add_argument(
+        "--wake-margin-seconds",
+        type=float,
+        default=float(env.get("TIDAL_OPERATOR_WAKE_MARGIN_SECONDS", "") or 30.0),
+        help="a service at zero wakes this long plus its time-to-routable before its forecast "
+        "demand",
+    )
+    p.add_argument(
+        "--forecast-period-seconds",
+        type=float,
+        default=float(env.get("TIDAL_OPERATOR_FORECAST_PERIOD_SECONDS", "") or 86400.0),
+        help="the demand cycle a scale-to-zero service's forecast learns (a day; shorter "
+        "compresses it)",
+    )
+    p.add_argument(
         "--prometheus-url",
         default=env.get("TIDAL_PROMETHEUS_URL", "") or None,
         help="Prometheus for latency, error and cold-start signals; unset: pod scrapes only",
@@ -147,6 +170,13 @@ def parse_args(argv: list[str] | None, env: Mapping[str, str]) -> argparse.Names
         p.error("--lease-seconds must be at least 4")
     if not args.resync_seconds > 0:
         p.error("--resync-seconds must be greater than 0")
+    if not (math.isfinite(args.wake_margin_seconds) and args.wake_margin_seconds >= 0):
+        p.error("--wake-margin-seconds must be a finite number >= 0")
+    if not (
+        math.isfinite(args.forecast_period_seconds)
+        and args.forecast_period_seconds >= ZERO_FORECAST_MIN_PERIOD
+    ):
+        p.error(f"--forecast-period-seconds must be at least {ZERO_FORECAST_MIN_PERIOD:.0f}")
     return args
 
 
@@ -209,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
             tick_seconds=args.tick_seconds,
             quiet_tick_seconds=args.quiet_tick_seconds,
             watched_quiet_tick_seconds=args.watched_quiet_tick_seconds,
+            wake_margin_seconds=args.wake_margin_seconds,
+            forecast_period_seconds=args.forecast_period_seconds,
             prometheus_url=args.prometheus_url,
             prometheus_matchers=matchers,
         )

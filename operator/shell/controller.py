@@ -147,6 +147,21 @@ log = logging.getLogger("tidal.operator.controller")
 Enqueue = Callable[[Key], Awaitable[None]]
 
 
+# The per-service demand forecast of a scale-to-zero service: by default the fleet's (a daily
+# profile of 96 x 15 min buckets, sampled every 5 s).
+ZERO_FORECAST_PERIOD = ForecastPolicy().period_seconds
+ZERO_FORECAST_MIN_PERIOD = 60.0
+
+
+def zero_forecast_policy(period_seconds: float) -> ForecastPolicy:
+    """The forecast of a scale-to-zero service over a cycle of ``period_seconds``: the daily
+    default's 96 buckets, fewer for a short (compressed) cycle so that every bucket gets a
+    sample each period (a bucket no shorter than the 5 s sample interval)."""
+    base = ForecastPolicy()
+    slots = max(1, min(base.slots, int(period_seconds // base.sample_interval_seconds)))
+    return ForecastPolicy(period_seconds=period_seconds, slots=slots)
+
+
 @dataclass(frozen=True)
 class ControllerSettings:
     """How often the loop ticks and how eagerly it writes."""
@@ -167,6 +182,11 @@ class ControllerSettings:
     # wakes the loop at once: ``shell.activity``) and with no idle timer towards zero to keep
     # (minReplicas >= 1) has nothing that can change unseen: ticked this often.
     watched_quiet_tick_seconds: float = 60.0
+    # The cycle a scale-to-zero service's demand forecast learns (`zero_forecast_policy`): a
+    # day; a shorter one compresses it (a demo, a test of the wake before the rise).
+    forecast_period_seconds: float = ZERO_FORECAST_PERIOD
+    # Added to the measured time-to-routable: how early a forecast wake comes.
+    wake_margin_seconds: float = ZeroPolicy().wake_margin_seconds
 
 
 # A verdict due at the end of a breach window is taken this long after it (clock skew between
@@ -228,9 +248,6 @@ class ServiceState:
 
 
 _labels, _ready = pod_labels, pod_ready
-# The per-service demand forecast of a scale-to-zero service: the fleet's defaults (a daily
-# profile of 96 x 15 min buckets, sampled every 5 s).
-ZERO_FORECAST = ForecastPolicy()
 
 
 def _annotations(pod: Mapping[str, Any]) -> Mapping[str, str]:
@@ -275,6 +292,7 @@ class Controller:
         self.kube, self.store, self.enqueue = kube, store, enqueue
         self.collector = collector
         self.settings = settings or ControllerSettings()
+        self.zero_forecast = zero_forecast_policy(self.settings.forecast_period_seconds)
         self.mono, self.wall = mono, wall
         self.states: dict[Key, ServiceState] = {}
         self.tasks: dict[Key, asyncio.Task[None]] = {}
@@ -524,7 +542,7 @@ class Controller:
             st.stored_autoscaler = _stored_autoscaler(body)
             st.scaler_loaded = True
             st.zero = load_zero(
-                ZERO_FORECAST, stored_zero_memory(st.stored_autoscaler), wall - mono
+                self.zero_forecast, stored_zero_memory(st.stored_autoscaler), wall - mono
             )
             restored = restore_scaler_state(st.stored_autoscaler, serving, mono, wall)
             if restored is not None:
@@ -864,14 +882,17 @@ class Controller:
         """decide_scale for a pool that may reach zero: the service's forecast learns this
         tick's rate, is asked for its peak over the wake lead, and ``core.idle`` decides;
         ``held``: requests its gateway holds now (they wake a pool at zero at once)."""
-        zero = ZeroPolicy(after_seconds=float(isvc.spec.autoscaling.scale_to_zero_after_seconds))
+        zero = ZeroPolicy(
+            after_seconds=float(isvc.spec.autoscaling.scale_to_zero_after_seconds),
+            wake_margin_seconds=self.settings.wake_margin_seconds,
+        )
         fresh = (
             observation.queue_depth is not None
             and observation.metrics_age_seconds is not None
             and observation.metrics_age_seconds <= policy.max_metrics_age_seconds
         )
         rate = observation.arrival_rate if fresh else None
-        st.zero = learn_demand(ZERO_FORECAST, st.zero, rate, wall, zero.wake_threshold)
+        st.zero = learn_demand(self.zero_forecast, st.zero, rate, wall, zero.wake_threshold)
         routable = st.routable.get(serving[0])
         lead = wake_lead(zero, routable.total_seconds if routable is not None else None)
         active = None
@@ -881,8 +902,8 @@ class Controller:
             mono,
             active=active,
             held=held,
-            forecast_rate=forecast_peak(ZERO_FORECAST, st.zero, wall, lead),
-            quiet_rate=forecast_quiet_peak(ZERO_FORECAST, st.zero, wall, zero.after_seconds),
+            forecast_rate=forecast_peak(self.zero_forecast, st.zero, wall, lead),
+            quiet_rate=forecast_quiet_peak(self.zero_forecast, st.zero, wall, zero.after_seconds),
             lead_seconds=lead,
         )
         decision, new_scaler, idle = decide_scale_zero(
@@ -912,7 +933,7 @@ class Controller:
             st.autoscaler_key = key
             zero = None
             if policy.min_replicas == 0:
-                zero = dump_zero(ZERO_FORECAST, st.zero, wall - mono)
+                zero = dump_zero(self.zero_forecast, st.zero, wall - mono)
             return autoscaler_status(policy, serving, state, mono, wall, zero)
         return previous
 

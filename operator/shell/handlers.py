@@ -57,6 +57,9 @@ class OperatorSettings:
     quiet_tick_seconds: float = 5.0
     # ... and of a quiet one whose pods all wake it at their first request (no idle timer).
     watched_quiet_tick_seconds: float = 60.0
+    # Scale to zero: the wake's margin and the forecast's cycle (see ControllerSettings).
+    wake_margin_seconds: float = 30.0
+    forecast_period_seconds: float = 86400.0
     prometheus_url: str | None = None
     # PromQL matchers narrowing every query (e.g. namespace=~"a|b" when watching namespaces).
     prometheus_matchers: str = ""
@@ -113,6 +116,8 @@ async def on_startup_configure(settings: kopf.OperatorSettings, **_: Any) -> Non
             tick_seconds=config.tick_seconds,
             quiet_tick_seconds=config.quiet_tick_seconds,
             watched_quiet_tick_seconds=config.watched_quiet_tick_seconds,
+            wake_margin_seconds=config.wake_margin_seconds,
+            forecast_period_seconds=config.forecast_period_seconds,
         ),
     )
     RUNTIME.fleet = FleetController(

@@ -269,6 +269,7 @@ BAD_VALUES = [
     (["--set", "unknownKey=1"], "additional properties 'unknownKey' not allowed"),
     (["--set", "operator.workers=0"], "/operator/workers"),
     (["--set", "operator.resyncSeconds=-5"], "/operator/resyncSeconds"),
+    (["--set", "operator.wakeMarginSeconds=-1"], "/operator/wakeMarginSeconds"),
     (["--set", "operator.logFormat=xml"], "/operator/logFormat"),
     (["--set", "operator.logLevel=trace"], "/operator/logLevel"),
     (["--set", "operator.metricsPort=70000"], "/operator/metricsPort"),

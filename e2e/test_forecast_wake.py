@@ -1,0 +1,151 @@
+"""End to end: a service at zero is woken by its forecast before the traffic it has seen
+returns, on a compressed daily cycle.
+
+The operator runs with ``--forecast-period-seconds 90``: the "day" its per-service forecast
+learns lasts 90 s (18 buckets of 5 s), and ``--wake-margin-seconds 10``. A real runtime pod
+(onnxruntime, one small MLP) serves a service with ``minReplicas: 0``:
+
+1. A "morning rise": requests at 1/s for ``RISE_SECONDS``, through the service's gateway.
+2. Then nothing: the pool goes to zero (``scaleToZeroAfterSeconds``: 8 s, once the forecast's
+   short term has calmed down) well before the next "morning".
+3. No request is sent, yet the pool is woken (an Event ``ScaledFromZero`` with reason
+   ``wake:forecast``) before the rise comes back one period later, and a replica is ready
+   when it does: wake lead = measured time-to-routable + the margin.
+4. The second rise is answered in full.
+
+What it does not show: the wake of a service whose forecast has learned several days (the
+simulator's benchmark does, bench/zero_sim.py), nor the wake at a real day's scale.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from scenario import INFER_BODY, apply, events, install_crd, model_service, running_operator
+
+from tidal.sandbox.loadgen import LoadGenerator
+from tidal.sandbox.operatorproc import condition, get_isvc
+from tidal.sandbox.wait import wait_for
+
+pytestmark = [pytest.mark.sandbox, pytest.mark.timeout(480)]
+
+PERIOD = 90.0  # the compressed "day"
+MARGIN = 10.0
+RISE_SECONDS = 12.0
+
+
+def _at_zero(body: dict[str, Any]) -> bool:
+    status = body.get("status") or {}
+    return (
+        condition(body, "Ready").get("reason") == "ScaledToZero"
+        and status.get("desiredReplicas") == 0
+        and not status.get("readyReplicas")
+    )
+
+
+def _wake_events(sandbox: Any, namespace: str, name: str) -> list[dict[str, Any]]:
+    return [
+        e
+        for e in events(sandbox, namespace, name)
+        if e.get("reason") == "ScaledFromZero" and "wake:forecast" in (e.get("message") or "")
+    ]
+
+
+def test_a_service_at_zero_is_woken_by_its_forecast_before_the_rise_returns(
+    sandbox: Any, namespace: str, tmp_path: Path
+) -> None:
+    install_crd(sandbox)
+    name = "daily"
+    manifest = model_service(
+        name,
+        tmp_path / "mlp.onnx",
+        env={},
+        autoscaling={"minReplicas": 0, "maxReplicas": 1, "scaleToZeroAfterSeconds": 8},
+    )
+    flags = ("--forecast-period-seconds", str(PERIOD), "--wake-margin-seconds", str(MARGIN))
+    with running_operator(sandbox, namespace, tmp_path / "operator.log", *flags):
+        apply(sandbox, namespace, manifest)
+        wait_for(
+            lambda: (
+                condition(get_isvc(sandbox, namespace, name), "Ready").get("reason") == "Serving"
+            ),
+            timeout=150,
+            interval=0.5,
+            what="one replica serving (initial scale)",
+        )
+
+        def rise() -> float:
+            started = time.time()
+            load = LoadGenerator(
+                sandbox.api_client(), namespace, name, "mlp", INFER_BODY, lambda t: 1.0, timeout=60
+            )
+            report = asyncio.run(load.run(RISE_SECONDS))
+            assert report.samples and not report.failures(), report.failures()[:5]
+            return started
+
+        first_rise = rise()
+        next_rise = first_rise + PERIOD
+
+        # The pool goes to zero once the rise is over, well before the next one.
+        at_zero = wait_for(
+            lambda: (b := get_isvc(sandbox, namespace, name)) and _at_zero(b) and b,
+            timeout=max(next_rise - 25.0 - time.time(), 1.0),
+            interval=0.5,
+            what="the pool at zero at least 25 s before the next rise",
+            describe=lambda: get_isvc(sandbox, namespace, name).get("status"),
+        )
+        assert not _wake_events(sandbox, namespace, name), at_zero["status"]
+        zero_at = time.time()
+
+        # Nothing is sent: the forecast alone wakes the pool, before the rise returns.
+        def woken() -> dict[str, Any] | None:
+            body = get_isvc(sandbox, namespace, name)
+            desired = (body.get("status") or {}).get("desiredReplicas") or 0
+            return body if desired >= 1 else None
+
+        woke = wait_for(
+            woken,
+            timeout=next_rise + 30.0 - time.time(),
+            interval=0.5,
+            what="a forecast wake",
+            describe=lambda: get_isvc(sandbox, namespace, name).get("status"),
+        )
+        woke_at = time.time()
+        wakes = _wake_events(sandbox, namespace, name)
+        assert wakes, (
+            f"woken without a wake:forecast Event: {woke['status'].get('lastDecision')}; "
+            f"events: {[e.get('message') for e in events(sandbox, namespace, name)]}"
+        )
+        assert woke_at < next_rise, (
+            f"woken {woke_at - next_rise:.1f} s after the rise returned (at zero since "
+            f"{zero_at - first_rise:.1f} s into the period); {wakes[-1].get('message')}"
+        )
+
+        def ready() -> dict[str, Any] | None:
+            body = get_isvc(sandbox, namespace, name)
+            return body if (body.get("status") or {}).get("readyReplicas") else None
+
+        wait_for(
+            ready,
+            timeout=max(next_rise + 60.0 - time.time(), 1.0),
+            interval=0.2,
+            what="a replica ready after the forecast wake",
+            describe=lambda: get_isvc(sandbox, namespace, name).get("status"),
+        )
+        ready_at = time.time()
+        assert ready_at <= next_rise, (
+            f"the replica woken {next_rise - woke_at:.1f} s ahead was ready only "
+            f"{ready_at - next_rise:.1f} s after the rise returned: {wakes[-1].get('message')}"
+        )
+        print(
+            f"compressed day of {PERIOD:.0f} s: at zero {zero_at - first_rise:.1f} s after the "
+            f"rise began, woken {next_rise - woke_at:.1f} s and ready "
+            f"{next_rise - ready_at:.1f} s before it returned"
+        )
+
+        time.sleep(max(next_rise - time.time(), 0.0))  # the scenario's clock: the next morning
+        rise()
