@@ -172,6 +172,43 @@ def ticks_of(metrics: Metrics, loop: str) -> float:
     return sum(v for lab, v in metrics.get("tidal_operator_ticks_total", []) if lab["loop"] == loop)
 
 
+def _key(item: dict[str, Any]) -> str:
+    return f"{item['metadata']['namespace']}/{item['metadata']['name']}"
+
+
+def _flatten(value: Any, path: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out.update(_flatten(v, f"{path}.{k}" if path else str(k)))
+        return out
+    if (
+        isinstance(value, list)
+        and value
+        and all(isinstance(v, dict) and "type" in v for v in value)
+    ):
+        out = {}
+        for v in value:  # conditions, by type
+            out.update(_flatten(v, f"{path}[{v['type']}]"))
+        return out
+    return {path: value}
+
+
+def status_changes(
+    before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]
+) -> dict[str, Any]:
+    """Status fields that changed between two listings: how many services each, one example."""
+    counts: Counter[str] = Counter()
+    example: dict[str, str] = {}
+    for key, status in after.items():
+        old, new = _flatten(before.get(key, {})), _flatten(status)
+        for path in sorted(set(old) | set(new)):
+            if old.get(path) != new.get(path):
+                counts[path] += 1
+                example.setdefault(path, f"{key}: {old.get(path)!r:.80} -> {new.get(path)!r:.80}")
+    return {p: f"{n} services, e.g. {example[p]}" for p, n in counts.most_common(20)}
+
+
 def by_call(metrics: Metrics) -> dict[str, int]:
     calls: Counter[str] = Counter()
     for labels, value in metrics.get("tidal_operator_api_requests_total", []):
@@ -872,7 +909,12 @@ def main(argv: list[str] | None = None) -> int:
                 except WaitTimeout:
                     went_quiet = None
             time.sleep(args.settle_seconds)
+            statuses_before = {_key(i): i.get("status") or {} for i in isvcs()}
             quiet, quiet_cpu, quiet_seconds = window()
+            # What the quiet window's status writes changed, by field (the writes should be 0).
+            quiet_changes = status_changes(
+                statuses_before, {_key(i): i.get("status") or {} for i in isvcs()}
+            )
             quiet_loops_end = int(total(scrape_all(), "tidal_operator_quiet_loops"))
             feeder.stop()
             rss_now = max(rss_mib(op.pid)[0] for op in operators)
@@ -938,6 +980,7 @@ def main(argv: list[str] | None = None) -> int:
         "all_quiet_after_s": None if went_quiet is None else round(went_quiet, 1),
         "quiet": {
             **phase(quiet, quiet_seconds, quiet_cpu),
+            "status_changes": quiet_changes,
             "active_loops": loops,
             "quiet_loops_at_end": quiet_loops_end,
             "tick_rate_per_loop_hz": round(

@@ -161,3 +161,27 @@ def test_fake_pod_exposition_reads_as_an_idle_or_busy_runtime(bench: Any) -> Non
     assert (idle.in_flight, idle.queued, idle.answered, idle.models_ready) == (0, 0, 0, 1)
     busy = parse_pod_metrics(bench.exposition(1, 40), "busy", 10.0)
     assert (busy.in_flight, busy.answered) == (1, 40)
+
+
+def test_status_changes_name_each_changed_field_with_how_many_services(bench: Any) -> None:
+    ready = [{"type": "Ready", "status": "True"}, {"type": "Degraded", "status": "False"}]
+    before = {
+        "ns/a": {"replicas": 2, "conditions": ready, "pools": {"primary": {"ready": 2}}},
+        "ns/b": {"replicas": 2, "conditions": ready},
+    }
+    after = {
+        "ns/a": {"replicas": 2, "conditions": ready, "pools": {"primary": {"ready": 1}}},
+        "ns/b": {"replicas": 3, "conditions": [{"type": "Ready", "status": "False"}]},
+        "ns/c": {"replicas": 1},
+    }
+    changes = bench.status_changes(before, after)
+    assert set(changes) == {
+        "pools.primary.ready",
+        "replicas",
+        "conditions[Ready].status",
+        "conditions[Degraded].status",  # the condition went away: its every field
+        "conditions[Degraded].type",
+    }, changes
+    assert changes["replicas"].startswith("2 services"), changes  # b changed, c is new
+    assert "ns/a: 2 -> 1" in changes["pools.primary.ready"], changes
+    assert bench.status_changes(before, before) == {}
