@@ -244,6 +244,9 @@ class ServiceState:
     timerless: bool = False
     # A view change not handed to the reconciler yet (status writes are rate-limited).
     unsent: bool = False
+    # At zero with a forecast wake due before the next slow tick: ticked every tick until it,
+    # so the wake keeps its lead instead of coming up to a quiet period late.
+    wake_soon: bool = False
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -453,7 +456,7 @@ class Controller:
         if known is not None:
             # Events from here on wake the next wait; those before are seen by this tick.
             known.wake.clear()
-            known.quiet = False
+            known.quiet = known.wake_soon = False
         body = self.store.services.get(key)
         if body is None or body["metadata"].get("deletionTimestamp"):
             return
@@ -628,6 +631,7 @@ class Controller:
             and not helping
             and not events
             and not st.unsent
+            and not st.wake_soon
             and not self._busy_in_background(st)
             and is_quiet(decision, observation, policy.max_metrics_age_seconds)
         )
@@ -910,6 +914,11 @@ class Controller:
             policy, zero, observation, scaler, signals, st.zero.idle
         )
         st.zero = replace(st.zero, idle=idle)
+        if decision.desired_serving == 0:
+            soon = forecast_peak(
+                self.zero_forecast, st.zero, wall, lead + self.settings.quiet_tick_seconds
+            )
+            st.wake_soon = soon is not None and soon >= zero.wake_threshold
         return decision, new_scaler
 
     def _persisted(

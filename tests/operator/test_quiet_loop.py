@@ -113,3 +113,49 @@ def test_quiet_period_is_long_only_when_every_pod_wakes_the_loop_and_no_timer_ru
     short = Recording(ControllerSettings(quiet_tick_seconds=5.0, watched_quiet_tick_seconds=1.0))
     st.activity = Parked(True)  # type: ignore[assignment]
     assert short._quiet_period(st) == 5.0
+
+
+def test_a_service_at_zero_ticks_every_tick_once_its_forecast_wake_is_due_before_the_slow_one() -> (
+    None
+):
+    """At zero, a quiet loop would see a forecast wake up to one slow tick late: within the
+    wake lead plus that tick of the forecast rise, the loop stops being quiet (`wake_soon`)."""
+    from dataclasses import replace
+
+    from isvc_fixtures import minimal
+
+    from tidal.operator.core.api import PoolName, TimeToRoutable, parse_inference_service
+    from tidal.operator.core.autoscaler import Observation, ScalerState
+    from tidal.operator.core.control import scaling_policy_of
+    from tidal.operator.core.idle import IdleState, ZeroMemory, learn_demand
+
+    settings = ControllerSettings(
+        quiet_tick_seconds=5.0, forecast_period_seconds=90.0, wake_margin_seconds=10.0
+    )
+    ctl = Controller(None, Store(), None, NoCollector(), settings)  # type: ignore[arg-type]
+    isvc = parse_inference_service(
+        minimal(autoscaling={"minReplicas": 0, "scaleToZeroAfterSeconds": 8})
+    )
+    policy = scaling_policy_of(isvc, 1.0)
+    rise = 1_000_080.0
+    memory = ZeroMemory()
+    for t in range(int(rise) - 90, int(rise) + 80, 5):  # one "day": a rise of 12 s at `rise`
+        memory = learn_demand(ctl.zero_forecast, memory, 1.0 if 0 <= t - rise < 12 else 0.0, t)
+    st = ServiceState(zero=replace(memory, idle=IdleState(zero_since=0.0)))
+    st.routable[PoolName.PRIMARY] = TimeToRoutable(samples=1, total_seconds=2.0)
+    lead = 2.0 + 10.0
+    next_rise = rise + 90.0
+
+    def at(wall: float) -> tuple[int, bool]:
+        observation = Observation(now=wall, ready_serving=0, queue_depth=0.0, arrival_rate=0.0)
+        decision, _ = ctl._decide_zero(
+            st, isvc, policy, observation, ScalerState(desired_serving=0),
+            (PoolName.PRIMARY,), wall, wall, 0,
+        )  # fmt: skip
+        return decision.desired_serving, st.wake_soon
+
+    # Long before: at zero and quiet (the slow tick); within lead + 5 s: at zero, not quiet;
+    # within the lead: woken.
+    assert at(next_rise - lead - 20.0) == (0, False)
+    assert at(next_rise - lead - 3.0) == (0, True)
+    assert at(next_rise - lead + 1.0)[0] == 1
