@@ -460,7 +460,9 @@ QUIET_REASONS = frozenset({"steady", REASON_FLOOR_MIN, REASON_AT_ZERO})
 
 def is_quiet(decision: ScaleDecision, observation: Observation, max_age_seconds: float) -> bool:
     """Whether a pool has nothing going on: no request seen (fresh metrics, nothing queued or
-    in flight, no arrivals), no replica beyond those asked for (ready or on its way: nothing to
+    in flight, an arrival rate known to be zero: an unknown one, e.g. a pod's counters just
+    reset, is looked at again next tick rather than left to the slow one, which would then
+    find the rate moved and write the status in a quiet minute), no replica beyond those asked for (ready or on its way: nothing to
     remove), and a decision with nothing pending (steady, at its floor, or at zero: no
     scale-down delay running). The idle timer towards zero may run: on a slow tick it ends late
     by at most one period, on a timer of minutes.
@@ -481,7 +483,7 @@ def is_quiet(decision: ScaleDecision, observation: Observation, max_age_seconds:
     return (
         fresh
         and obs.queue_depth == 0
-        and not obs.arrival_rate
+        and obs.arrival_rate == 0
         and not decision.hold
         and decision.reason in QUIET_REASONS
         and decision.promote_standby == 0

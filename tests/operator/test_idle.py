@@ -568,6 +568,9 @@ def test_a_replica_still_starting_is_not_idle() -> None:
         ({"arrival_rate": 0.5}, False),  # traffic
         ({"queue_depth": 1.0}, False),
         ({"queue_depth": None}, False),  # metrics missing: not known to be quiet
+        # The rate unknown (a pod's counters just reset): looked at again next tick, not on the
+        # slow one, which would find it moved and write the status in a quiet minute.
+        ({"arrival_rate": None}, False),
         ({"metrics_age_seconds": 30.0}, False),  # stale
         ({"warming": 1}, False),  # a replica beyond the one asked for, on its way
         ({"pending_unschedulable": 1}, False),
