@@ -462,10 +462,10 @@ def is_quiet(decision: ScaleDecision, observation: Observation, max_age_seconds:
     """Whether a pool has nothing going on: no request seen (fresh metrics, nothing queued or
     in flight, an arrival rate known to be zero: an unknown one, e.g. a pod's counters just
     reset, is looked at again next tick rather than left to the slow one, which would then
-    find the rate moved and write the status in a quiet minute), no replica beyond those asked for (ready or on its way: nothing to
-    remove), and a decision with nothing pending (steady, at its floor, or at zero: no
-    scale-down delay running). The idle timer towards zero may run: on a slow tick it ends late
-    by at most one period, on a timer of minutes.
+    find the rate moved and write the status in a quiet minute), no replica beyond those
+    asked for (ready or on its way: nothing to remove), and a decision with nothing pending
+    (steady, at its floor, or at zero: no scale-down delay running). The idle timer towards
+    zero may run: on a slow tick it ends late by at most one period, on a timer of minutes.
 
     Replicas asked for but not ready yet (not created, or warming) leave a pool quiet: what
     comes next for them is a pod event (created, ready), which wakes the loop, and with no
