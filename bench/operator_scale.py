@@ -289,6 +289,7 @@ class SubnetChain:
         self.subnet = "(none yet)"
         self.index = -1
         self.responder = responder
+        self.torn_down = False
 
     def setup(self) -> None:
         for link in self.links:
@@ -316,6 +317,9 @@ class SubnetChain:
                 link.release_address(ip)
 
     def teardown(self) -> None:
+        if self.torn_down:
+            return
+        self.torn_down = True
         if self.responder is not None:
             self.responder.teardown()
         for link in self.links:
@@ -360,9 +364,31 @@ class PodResponder:
         self.routes: list[str] = []
         self.server: subprocess.Popen[bytes] | None = None
 
+    @staticmethod
+    def remove_stale() -> list[str]:
+        """Delete the namespaces of responders whose server is gone (a bench killed before its
+        teardown): their host routes, more specific than any sandbox bridge's, would otherwise
+        send a later sandbox's pod traffic into a dead namespace. Deleting the namespace takes
+        its veth pair, and the routes through it, along. Returns the names deleted."""
+        from tidal.sandbox.podnet import _ip
+
+        listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+        stale = []
+        for line in listed.stdout.splitlines():
+            name = line.split()[0] if line.split() else ""
+            if not name.startswith("tidalbench"):
+                continue
+            pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True)
+            if not pids.stdout.strip():
+                _ip("netns", "del", name, check=False)
+                stale.append(name)
+        return stale
+
     def setup(self, subnets: list[Any]) -> None:
         from tidal.sandbox.podnet import _ip
 
+        for name in self.remove_stale():
+            print(f"removed the stale fake-pod namespace {name}", file=sys.stderr)
         _ip("netns", "del", self.ns, check=False)
         _ip("netns", "add", self.ns)
         _ip("link", "add", self.host_if, "type", "veth", "peer", "name", "eth0", "netns", self.ns)
@@ -498,10 +524,22 @@ def run_fake_agent(
         else None
     )
     subnets = math.ceil(nodes * pods_per_node / SUBNET_ADDRESSES)
-    agent.network = SubnetChain(subnets, responder)  # type: ignore[assignment]
-    signal.signal(signal.SIGTERM, lambda *_: agent.stopping.set())
-    signal.signal(signal.SIGINT, lambda *_: agent.stopping.set())
-    agent.run()
+    network = SubnetChain(subnets, responder)
+    agent.network = network  # type: ignore[assignment]
+
+    def stop(*_: object) -> None:
+        # The network first: stopping 10,000 fake pods can outlast the sandbox's grace period,
+        # and a SIGKILL then would leave the responder's host routes behind.
+        if network.index >= 0:
+            network.teardown()
+        agent.stopping.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        agent.run()
+    finally:
+        network.teardown()
     return 0
 
 
