@@ -40,11 +40,18 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 
 
 def _remove_subnet(k: int) -> None:
+    """Whatever a dead owner of subnet ``k`` left behind: its pods' namespaces, its bridge, and
+    any route into the subnet (e.g. a killed benchmark's routes through its own namespace,
+    more specific than the bridge's, which would take a new bridge's traffic)."""
     for ns in _ip("netns", "list", check=False).stdout.split("\n"):
         name = ns.split(" ")[0]
         if name.startswith(f"tidal{k}-"):
             _ip("netns", "del", name, check=False)
     _ip("link", "del", f"tidal{k}", check=False)
+    subnet = list(POD_SUPERNET.subnets(new_prefix=SUBNET_PREFIX))[k]
+    for line in _ip("route", "show", "root", str(subnet), check=False).stdout.splitlines():
+        if line.split():
+            _ip("route", "del", line.split()[0], check=False)
 
 
 class PodNetwork:

@@ -113,6 +113,7 @@ def test_pod_network_gives_each_pod_a_reachable_address_of_its_own() -> None:
 
     net = PodNetwork()
     net.setup()
+    server: subprocess.Popen[bytes] | None = None
     try:
         (ns1, ip1), (ns2, ip2) = net.attach(), net.attach()
         assert ip1 != ip2 and net.subnet is not None
@@ -137,6 +138,9 @@ def test_pod_network_gives_each_pod_a_reachable_address_of_its_own() -> None:
         net.detach(ns2, ip2)
         assert net.attach()[1] == ip2  # released addresses are reused
     finally:
+        if server is not None and server.poll() is None:
+            server.kill()  # a failed connection leaves it waiting in accept()
+            server.wait(timeout=10)
         net.teardown()
     assert (
         f"tidal{net.index}-"
@@ -144,3 +148,34 @@ def test_pod_network_gives_each_pod_a_reachable_address_of_its_own() -> None:
             ["ip", "netns", "list"], capture_output=True, text=True, check=True
         ).stdout
     )
+
+
+def test_routes_into_a_pod_subnet_go_with_it() -> None:
+    """A killed benchmark once left routes into a pod subnet through its own namespace, more
+    specific than the bridge's: the next sandbox on that subnet could not reach its pods.
+    Taking down a subnet (as every setup does first for a subnet no live owner holds) removes
+    every route into it."""
+    import subprocess
+
+    from tidal.sandbox.podnet import PodNetwork
+
+    def ip(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["ip", *args], capture_output=True, text=True, check=False)
+
+    net = PodNetwork()
+    net.setup()
+    assert net.subnet is not None
+    half = str(next(net.subnet.subnets(prefixlen_diff=1)))
+    link = f"tstale{net.index}"
+    try:
+        made = ip("link", "add", link, "type", "veth", "peer", "name", f"{link}p")
+        assert made.returncode == 0, made.stderr
+        ip("link", "set", link, "up")
+        added = ip("route", "add", half, "dev", link)
+        assert added.returncode == 0, added.stderr
+        net.teardown()
+        left = ip("route", "show", "root", str(net.subnet)).stdout
+        assert not left.strip(), f"routes into {net.subnet} after teardown: {left}"
+    finally:
+        net.teardown()
+        ip("link", "del", link)
