@@ -372,14 +372,12 @@ class PodResponder:
         its veth pair, and the routes through it, along. Returns the names deleted."""
         from tidal.sandbox.podnet import _ip
 
-        listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
         stale = []
-        for line in listed.stdout.splitlines():
+        for line in _ip("netns", "list", check=False).stdout.splitlines():
             name = line.split()[0] if line.split() else ""
             if not name.startswith("tidalbench"):
                 continue
-            pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True)
-            if not pids.stdout.strip():
+            if not _ip("netns", "pids", name, check=False).stdout.strip():
                 _ip("netns", "del", name, check=False)
                 stale.append(name)
         return stale
