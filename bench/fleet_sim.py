@@ -713,6 +713,10 @@ class Tidal:
     slow_rise = False
     # Lead (c): placement knows which sizes are guesses (False: every guess counts as known).
     learn_sizes = True
+    # Issue 23, third pass: the number of landing replicas follows the tail's share of demand,
+    # and a load that fits in free bytes goes beyond the gateway's load limits.
+    landing_follows_tail = True
+    loads_beyond_into_free = True
 
     def __init__(self, cfg: FleetConfig, only_models_with_traffic: bool = False) -> None:
         self.cfg = cfg
@@ -725,11 +729,16 @@ class Tidal:
             headroom_fraction=cfg.headroom,
             landing_share=self.landing_share,
             hot_in_headroom=self.hot_in_headroom,
+            landing_follows_tail=self.landing_follows_tail,
         )
         self.forecast_policy = ForecastPolicy(
             period_seconds=cfg.day_seconds, slots=cfg.forecast_slots
         )
-        self.budget = LoadBudget(per_replica=cfg.loads_per_replica, total=cfg.loads_total)
+        self.budget = LoadBudget(
+            per_replica=cfg.loads_per_replica,
+            total=cfg.loads_total,
+            beyond_into_free=self.loads_beyond_into_free,
+        )
         self.decisions: dict[str, int] = {}
         self.placement_seconds = 0.0
 
@@ -995,6 +1004,30 @@ class TidalPinnableOnly(Tidal):
     slow_rise = True
 
 
+class TidalFixedLanding(Tidal):
+    """The third pass's comparison (issue 23), same run: landing room on a fixed quarter of
+    the replicas (`landingShare` alone), as in the second pass."""
+
+    name = "tidal, fixed landing quarter"
+    landing_follows_tail = False
+
+
+class TidalFixedLimits(Tidal):
+    """The third pass's comparison (issue 23), same run: the gateway's load limits hold every
+    load, also one that fits in free bytes (`LoadBudget.beyond_into_free` off)."""
+
+    name = "tidal, fixed load limits"
+    loads_beyond_into_free = False
+
+
+class TidalSecondPass(Tidal):
+    """tidal as the second pass left it (issue 23), same run: both of the above."""
+
+    name = "tidal, second pass"
+    landing_follows_tail = False
+    loads_beyond_into_free = False
+
+
 class TidalBefore(Tidal):
     """tidal as it was before these inputs (`--before`, for a same-run comparison): placement
     ranks by one interval's rates, keeps no landing room, and the gateway counts background pin
@@ -1006,6 +1039,8 @@ class TidalBefore(Tidal):
     rate_window = 0.0
     landing_share = 0.0
     pin_loads_count = True
+    landing_follows_tail = False
+    loads_beyond_into_free = False
 
 
 # ------------------------------------------------------------------------------------------
@@ -1297,7 +1332,21 @@ SWEEP_QUICK: dict[str, object] = {
     "mean_rate": 4.0,
     "viral_ramp_seconds": 10.0,
 }
-SWEEP_VARIANTS = (Tidal, TidalPinnableOnly)
+SWEEP_VARIANTS: tuple[type[Tidal], ...] = (
+    Tidal,
+    TidalFixedLanding,
+    TidalFixedLimits,
+    TidalSecondPass,
+    TidalPinnableOnly,
+)
+# --variants: the sweep's policies by a short name.
+VARIANT_NAMES: dict[str, type[Tidal]] = {
+    "tidal": Tidal,
+    "fixed-landing": TidalFixedLanding,
+    "fixed-limits": TidalFixedLimits,
+    "second-pass": TidalSecondPass,
+    "pin-share": TidalPinnableOnly,
+}
 
 
 def sweep_config(family: str, seed: int, quick: bool = False) -> tuple[FleetConfig, float]:
@@ -1462,6 +1511,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--families", default=",".join(FAMILIES), help="sweep families")
     parser.add_argument("--workers", type=int, default=2, help="sweep worker processes")
     parser.add_argument("--tidal-only", action="store_true", help="sweep: no alternative")
+    parser.add_argument(
+        "--variants",
+        default=",".join(VARIANT_NAMES),
+        help=f"sweep: the tidal variants to run, of {', '.join(VARIANT_NAMES)}",
+    )
     parser.add_argument("--log", help="sweep: append each trace's rows here (JSON lines)")
     parser.add_argument("--from-log", help="sweep: report the rows of a log instead of running")
     args = parser.parse_args(argv)
@@ -1473,9 +1527,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         sweep_report(logged, 0.0)
         return 0
     if args.sweep:
+        global SWEEP_VARIANTS
         if args.tidal_only:
-            global SWEEP_VARIANTS
             SWEEP_VARIANTS = (Tidal,)
+        else:
+            unknown = [v for v in args.variants.split(",") if v not in VARIANT_NAMES]
+            if unknown:
+                parser.error(
+                    f"--variants: unknown {', '.join(unknown)}; known: {list(VARIANT_NAMES)}"
+                )
+            SWEEP_VARIANTS = tuple(VARIANT_NAMES[v] for v in args.variants.split(","))
         seeds: list[int] = []
         for part in args.seeds.split(","):
             lo, _, hi = part.partition("-")

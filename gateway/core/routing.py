@@ -20,6 +20,12 @@ reason                     route
 
 Ties are broken by the placement's order and then by replica name, so the same inputs give
 the same route whatever the order of ``replicas``.
+
+The load limits (:class:`LoadBudget`: per replica and fleet-wide) bound loads that evict: each
+pushes some engine out, and many at once are churn. A load of a known size that fits in a
+replica's free bytes evicts nothing, so it goes beyond both limits
+(``LoadBudget.beyond_into_free``): the limits then scale with the fleet's free room instead of
+holding a rare model's request behind a fixed 1 / 4 (fleet simulator, issue 23 third pass).
 """
 
 from __future__ import annotations
@@ -70,6 +76,9 @@ class LoadBudget:
 
     per_replica: int = 1
     total: int = 4
+    # Whether a load that fits in a replica's free bytes (it evicts nothing) may go beyond
+    # both limits: the limits bound the churn of loads that evict; free room bounds the rest.
+    beyond_into_free: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,9 +119,15 @@ def _load_target(
         candidates = [r for r in candidates if r.room_bytes is None or r.room_bytes >= model_bytes]
     if not candidates:
         return None, "unavailable:no-room"
-    if fleet_loads >= loads.total:
-        return None, "unavailable:load-limit"
-    eligible = [r for r in candidates if r.loads_in_flight < loads.per_replica]
+    def into_free(r: ReplicaView) -> bool:
+        return loads.beyond_into_free and 0 < model_bytes <= r.free_bytes
+
+    under_total = fleet_loads < loads.total
+    eligible = [
+        r
+        for r in candidates
+        if into_free(r) or (under_total and r.loads_in_flight < loads.per_replica)
+    ]
     if not eligible:
         return None, "unavailable:load-limit"
     in_placement = [r for r in eligible if r.name in placed]

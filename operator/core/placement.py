@@ -127,6 +127,10 @@ class PlacementPolicy:
     # A model is also hot when its score is at least this share of all models' scores together
     # (scale-free: a fleet whose busiest model has 1 req/s still has hot models).
     hot_share: float = 0.02
+    # Whether the number of landing replicas follows the tail's share of demand, with
+    # `landing_share` as the least (see "Room"); False: `landing_share` alone (the earlier
+    # rule, kept for same-run comparisons).
+    landing_follows_tail: bool = True
 
     def __post_init__(self) -> None:
         problems = []
@@ -159,11 +163,20 @@ class PlacementPolicy:
         share = self.hot_share * total_score
         return min(self.hot_rate, share) if share > 0 else self.hot_rate
 
-    def landing_replicas(self, replicas: int) -> int:
-        """How many of `replicas` keep landing room (none with fewer than two)."""
+    def landing_replicas(self, replicas: int, tail_share: float = 0.0) -> int:
+        """How many of `replicas` keep landing room (none with fewer than two).
+
+        At least `landing_share` of them (rounded up, at least one); more where the tail asks
+        for more (`landing_follows_tail`): `tail_share` of the replicas (rounded up), the
+        tail's share of all demand (models below the hot threshold), all but one at most.
+        """
         if replicas < 2 or self.landing_share <= 0:
             return 0
-        return max(1, math.ceil(replicas * self.landing_share - _EPS))
+        base = max(1, math.ceil(replicas * self.landing_share - _EPS))
+        if not self.landing_follows_tail:
+            return base
+        by_tail = math.ceil(replicas * min(max(tail_share, 0.0), 1.0) - _EPS)
+        return max(base, min(by_tail, replicas - 1))
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +246,8 @@ class Placement:
     # Replica -> what was resident when the placement was made (for `loads`).
     resident: Mapping[str, frozenset[str]] = field(default_factory=dict)
     at: float = 0.0
+    # The replicas that kept landing room for the tail (see "Room").
+    landing: frozenset[str] = frozenset()
 
     def copies(self, model: str) -> int:
         return len(self.assignments.get(model, ()))
@@ -392,13 +407,29 @@ def place(
     # waiting until its score is (1 + stickiness) times theirs.
     hot_now = frozenset(m.name for m in models if headroom_for_hot and m.score >= threshold)
     requests.sort(key=lambda q: (q[1] not in hot_now, q[0], q[1], q[2]))
-    landing = _landing(policy, replicas)
+    # With `landing_follows_tail`, the tail's share of demand (models below the hot threshold,
+    # by rate as the threshold) sets how many replicas keep landing room (see "Room").
+    total_rate = sum(m.rate for m in models)
+    tail_share = (
+        sum(m.rate for m in models if m.score < threshold) / total_rate if total_rate > 0 else 0.0
+    )
+    landing = _landing(replicas, policy.landing_replicas(len(replicas), tail_share))
     # While a model's size is unknown, the first landing replica keeps its whole budget.
-    keeper = _landing(policy, replicas, 1) if any(not m.size_known for m in models) else None
+    keeper = (
+        _landing(replicas, min(len(landing), 1)) if any(not m.size_known for m in models) else None
+    )
 
     demand = {m.name: m for m in models}
     hosted = _grant(
-        requests, replicas, usable, demand, wanted, landing, too_large, hot, keeper or frozenset()
+        requests,
+        replicas,
+        usable,
+        demand,
+        wanted,
+        landing,
+        too_large,
+        hot,
+        keeper or frozenset(),
     )
 
     # Final load per replica (each pinned copy carries its share of the model's score) orders
@@ -432,6 +463,7 @@ def place(
         wanted=wanted,
         resident={r.name: r.resident for r in replicas},
         at=now,
+        landing=landing,
     )
 
 
@@ -570,14 +602,9 @@ def _grant(
     return {name: [slots[i].name for i in where] for name, where in hosted.items()}
 
 
-def _landing(
-    policy: PlacementPolicy, replicas: Sequence[ReplicaSlot], first: int | None = None
-) -> frozenset[str]:
-    """The landing replicas: the largest budgets, then by name (always the same ones); `first`:
-    only that many of them."""
-    count = policy.landing_replicas(len(replicas))
-    if first is not None:
-        count = min(count, first)
+def _landing(replicas: Sequence[ReplicaSlot], count: int) -> frozenset[str]:
+    """The first `count` landing replicas: the largest budgets, then by name (always the same
+    ones, so a larger count only adds replicas)."""
     ranked = sorted(replicas, key=lambda r: (-r.budget_bytes, r.name))
     return frozenset(r.name for r in ranked[:count])
 

@@ -316,3 +316,44 @@ def test_the_replica_view_leaves_background_pin_loads_out_of_the_load_limit() ->
     assert view.loading == {"pinned-one", "cold-one"}
     assert view.loads_in_flight == 1  # only the on-demand load counts
     assert view.room_bytes == 1000 - 300 - 400
+
+
+@given(situations, st.integers(0, 1200))
+def test_a_load_beyond_the_limits_only_into_free_bytes(s: Situation, size: int) -> None:
+    """Issue 23, third pass: the limits bound loads that evict; a load of a known size that
+    fits in a replica's free bytes evicts nothing and may go beyond them — and only such a
+    load does."""
+    route = choose_route(s.model, s.replicas, s.loads, s.placement, model_bytes=size)
+    target = route.replica if route.action == "load" else route.extra_load
+    if target is None:
+        return
+    chosen = next(r for r in s.replicas if r.name == target)
+    assert chosen.healthy and s.model in chosen.models and s.model not in chosen.refused
+    beyond = chosen.loads_in_flight >= s.loads.per_replica or (
+        sum(r.loads_in_flight for r in s.replicas) >= s.loads.total
+    )
+    if beyond:
+        assert 0 < size <= chosen.free_bytes, (route, chosen, s.loads)
+    strict = dataclasses.replace(s.loads, beyond_into_free=False)
+    route = choose_route(s.model, s.replicas, strict, s.placement, model_bytes=size)
+    target = route.replica if route.action == "load" else route.extra_load
+    if target is not None:
+        chosen = next(r for r in s.replicas if r.name == target)
+        assert chosen.loads_in_flight < strict.per_replica, (route, chosen)
+        assert sum(r.loads_in_flight for r in s.replicas) < strict.total
+
+
+def test_a_load_that_fits_in_free_bytes_goes_beyond_the_load_limits() -> None:
+    # Both replicas run a load (per-replica limit 1, fleet-wide 2 reached): a 300-byte model
+    # fits in b's 400 free bytes without evicting anything, so it loads there at once; a
+    # 500-byte one would evict and waits for the limits.
+    a = replica("a", loading="x", free=100)
+    b = replica("b", loading="y", free=400)
+    route = choose_route("m", [a, b], LIMITS, model_bytes=300)
+    assert (route.action, route.replica, route.reason) == ("load", "b", "cold:load-most-free")
+    route = choose_route("m", [a, b], LIMITS, model_bytes=500)
+    assert route == Route("reject", "unavailable:load-limit", status=503)
+    # Unknown size (0): never beyond the limits.
+    assert choose_route("m", [a, b], LIMITS).reason == "unavailable:load-limit"
+    strict = dataclasses.replace(LIMITS, beyond_into_free=False)
+    assert choose_route("m", [a, b], strict, model_bytes=300).reason == "unavailable:load-limit"

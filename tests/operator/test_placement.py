@@ -414,6 +414,7 @@ def fleets(
         min_rate=draw(st.sampled_from([0.0, 0.1, 1.0])),
         headroom_fraction=draw(st.sampled_from([0.0, 0.2, 0.5])),
         hot_rate=draw(st.sampled_from([10.0, 1e9])),
+        landing_follows_tail=draw(st.booleans()),
     )
     count = draw(st.integers(min_value=0, max_value=max_models))
     models = [
@@ -629,6 +630,43 @@ def test_landing_replicas_are_a_share_rounded_up_at_least_one(
     assert [policy.landing_replicas(n) for n in (1, 2, 3, 4, 5, 8, 9, 16)] == counts
 
 
+@pytest.mark.parametrize(
+    ("tail_share", "follows", "count"),
+    [
+        (0.0, True, 2),  # never below landing_share's count (a quarter of 8)
+        (0.2, True, 2),
+        (0.26, True, 3),  # ceil(8 x 0.26)
+        (0.5, True, 4),
+        (0.95, True, 7),  # all but one: the hot set keeps a replica
+        (1.0, True, 7),
+        (0.95, False, 2),  # the earlier rule: landing_share alone
+    ],
+)
+def test_landing_replicas_follow_the_tails_share_when_asked(
+    tail_share: float, follows: bool, count: int
+) -> None:
+    policy = replace(POLICY, landing_follows_tail=follows)
+    assert policy.landing_replicas(8, tail_share) == count
+    assert policy.landing_replicas(1, tail_share) == 0
+
+
+def test_a_busy_tail_gets_more_landing_replicas_than_a_quarter() -> None:
+    # Two hot 2 GB models carry 40 % of the demand, 30 tail models (1 GB, 0.1 req/s each: 3%
+    # of the demand each, under the 5 % hot share here) the other 60 %: 60 % of 8 replicas,
+    # rounded up, keep landing room (5), where the fixed quarter (the earlier rule) keeps 2.
+    hot = [model(f"h{k}", rate=1.0, size_gb=2.0) for k in range(2)]
+    tail = [model(f"t{k:02d}", rate=0.1, size_gb=1.0) for k in range(30)]
+    slots = replicas(8)
+    policy = replace(POLICY, hot_share=0.05, min_rate=0.01)
+    fixed = place(replace(policy, landing_follows_tail=False), [*hot, *tail], slots, now=0.0)
+    follows = place(policy, [*hot, *tail], slots, now=0.0)
+    assert len(fixed.landing) == 2, fixed.landing
+    assert len(follows.landing) == 5, follows.landing
+    assert fixed.landing <= follows.landing
+    # The hot models are pinned either way.
+    assert all(follows.copies(h.name) >= 1 for h in hot), follows.reasons
+
+
 def test_a_quarter_of_eight_replicas_keep_landing_room() -> None:
     # Hot 4 GB models would fill 8 of every 10 GB; a 6 GB tail model needs a landing replica.
     hot = [model(f"h{k}", rate=5.0, size_gb=4.0) for k in range(16)]
@@ -716,9 +754,18 @@ def test_property_a_model_of_unknown_size_always_finds_a_whole_budget(
 # -- issue 23: protection of hot models ------------------------------------------------------
 
 
-def _landing_names(policy: PlacementPolicy, slots: Sequence[ReplicaSlot]) -> set[str]:
+def _landing_names(
+    policy: PlacementPolicy, slots: Sequence[ReplicaSlot], placement: Placement
+) -> set[str]:
+    """The landing replicas: the placement's own, which are the first of the fixed order
+    (largest budgets, then by name), at least `landing_share` of them."""
     ranked = sorted(slots, key=lambda r: (-r.budget_bytes, r.name))
-    return {r.name for r in ranked[: policy.landing_replicas(len(slots))]}
+    count = len(placement.landing)
+    assert placement.landing == {r.name for r in ranked[:count]}, placement.landing
+    assert policy.landing_replicas(len(slots)) <= count <= max(len(slots) - 1, 0) or (
+        count == policy.landing_replicas(len(slots))
+    ), (count, len(slots))
+    return set(placement.landing)
 
 
 @settings(max_examples=300, deadline=None)
@@ -736,7 +783,7 @@ def test_property_a_hot_models_copy_is_never_given_up_for_a_colder_model(
     scores = {m.name: m.score for m in models}
     threshold = policy.hot_threshold(sum(m.rate for m in models))
     into_headroom = policy.hot_in_headroom and policy.landing_replicas(len(slots)) > 0
-    landing = _landing_names(policy, slots)
+    landing = _landing_names(policy, slots, p)
     for h in models:
         if h.score < threshold or h.name in p.too_large or h.score < policy.min_rate:
             continue
@@ -831,7 +878,7 @@ def test_property_a_hot_model_is_never_left_cold_for_a_colder_incumbent(
     sizes = {m.name: m.size_bytes for m in models}
     threshold = policy.hot_threshold(sum(m.rate for m in models))
     hot = {m.name for m in models if m.score >= threshold}
-    landing = _landing_names(policy, slots)
+    landing = _landing_names(policy, slots, p)
     for h in models:
         if h.name not in hot or p.wanted[h.name] == 0 or p.copies(h.name) > 0:
             continue
