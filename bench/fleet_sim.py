@@ -759,6 +759,8 @@ class Tidal:
         self.last_tick: float | None = None
         self.forecasts: dict[str, ModelForecast] = {}
         self.pins: dict[str, frozenset[str]] = {r.name: frozenset() for r in sim.replicas}
+        self.landing: frozenset[str] = frozenset()
+        self.hot: frozenset[str] | None = None
         self.pending: list[list[int]] = [[] for _ in sim.replicas]
         self.hints: Mapping[str, tuple[str, ...]] = {}
         self.held: list[int] = []
@@ -968,11 +970,14 @@ class Tidal:
                 budget_bytes=int(replica.budget),
                 resident=frozenset(self.names[m] for m in replica.engines),
                 pinned=self.pins[replica.name],
+                landing=replica.name in self.landing,
             )
             for replica in sim.replicas
         ]
-        placement = place(self.placement_policy, demands, slots, t)
+        placement = place(self.placement_policy, demands, slots, t, hot_before=self.hot)
+        self.hot = placement.hot
         self.hints = {m: where for m, where in placement.assignments.items() if where}
+        self.landing = placement.landing
         for replica in sim.replicas:
             pins = placement.pinned[replica.name]
             self.pins[replica.name] = pins

@@ -119,6 +119,7 @@ def _load_target(
         candidates = [r for r in candidates if r.room_bytes is None or r.room_bytes >= model_bytes]
     if not candidates:
         return None, "unavailable:no-room"
+
     def into_free(r: ReplicaView) -> bool:
         return loads.beyond_into_free and 0 < model_bytes <= r.free_bytes
 

@@ -280,16 +280,20 @@ def model_demands(
 
 
 def replica_slots(
-    reports: Sequence[ReplicaReport], pinned: Mapping[str, frozenset[str]]
+    reports: Sequence[ReplicaReport],
+    pinned: Mapping[str, frozenset[str]],
+    landing: frozenset[str] = frozenset(),
 ) -> list[ReplicaSlot]:
-    """Placement's view of the replicas: budgets and hot sets from their reports, and the pins
-    the last placement gave them (which a replica may not have acknowledged yet)."""
+    """Placement's view of the replicas: budgets and hot sets from their reports, the pins the
+    last placement gave them (which a replica may not have acknowledged yet) and whether it
+    kept landing room there."""
     return [
         ReplicaSlot(
             name=r.name,
             budget_bytes=r.budget_bytes,
             resident=r.resident,
             pinned=pinned.get(r.name, r.pinned),
+            landing=r.name in landing,
         )
         for r in reports
     ]

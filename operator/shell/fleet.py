@@ -423,10 +423,11 @@ class FleetController:
                 landing_share=placement_landing_share(isvc),
             ),
             demands,
-            replica_slots(reports, previous),
+            replica_slots(reports, previous, st.placement.landing if st.placement else frozenset()),
             wall,
             # After a restart, pins the runtimes report count as an earlier placement.
             history=True if st.placement is not None else None,
+            hot_before=st.placement.hot if st.placement is not None else None,
         )
         pins = placement.pinned
         if st.placement is None or st.placement.pinned != pins:
