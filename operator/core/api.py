@@ -1474,10 +1474,12 @@ class FleetPlacement(ApiModel):
     )
     landing_share: Percent = Field(
         default="25%",
-        description="Share of the replicas (rounded up, at least one) that also keep room for "
-        "the largest model not pinned everywhere, so that a cold request for any model finds a "
-        "replica that can load it. More spreads large cold loads over more replicas (lower "
-        "latency for rare models) at the price of fewer pinned models; 0%: none.",
+        description="Least share of the replicas (rounded up, at least one) that also keep room "
+        "for the largest model not pinned everywhere, so that a cold request for any model finds "
+        "a replica that can load it. More keep it while the tail (models that are not hot) takes "
+        "a larger share of the requests: that share of the replicas, all but one at most. More "
+        "spreads large cold loads over more replicas (lower latency for rare models) at the "
+        "price of fewer pinned models; 0%: none.",
     )
     interval_seconds: float = Field(
         default=2.0, ge=0.5, le=300, description="How often placement is recomputed, seconds."
