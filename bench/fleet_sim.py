@@ -92,7 +92,13 @@ from tidal.operator.core.fleet import (
     smooth_rates,
 )
 from tidal.operator.core.forecast import ForecastPolicy, ModelForecast, observe, predict_peak
-from tidal.operator.core.placement import ModelDemand, PlacementPolicy, ReplicaSlot, place
+from tidal.operator.core.placement import (
+    ModelDemand,
+    Placement,
+    PlacementPolicy,
+    ReplicaSlot,
+    place,
+)
 
 GB = 1e9
 # What the operator assumes of a model nobody has measured yet (tidal.operator.core.fleet).
@@ -759,8 +765,7 @@ class Tidal:
         self.last_tick: float | None = None
         self.forecasts: dict[str, ModelForecast] = {}
         self.pins: dict[str, frozenset[str]] = {r.name: frozenset() for r in sim.replicas}
-        self.landing: frozenset[str] = frozenset()
-        self.hot: frozenset[str] | None = None
+        self.placement: Placement | None = None  # the last one (its landing and hot sets)
         self.pending: list[list[int]] = [[] for _ in sim.replicas]
         self.hints: Mapping[str, tuple[str, ...]] = {}
         self.held: list[int] = []
@@ -970,14 +975,14 @@ class Tidal:
                 budget_bytes=int(replica.budget),
                 resident=frozenset(self.names[m] for m in replica.engines),
                 pinned=self.pins[replica.name],
-                landing=replica.name in self.landing,
+                landing=self.placement is not None and replica.name in self.placement.landing,
             )
             for replica in sim.replicas
         ]
-        placement = place(self.placement_policy, demands, slots, t, hot_before=self.hot)
-        self.hot = placement.hot
+        hot_before = self.placement.hot if self.placement is not None else None
+        placement = place(self.placement_policy, demands, slots, t, hot_before=hot_before)
+        self.placement = placement
         self.hints = {m: where for m, where in placement.assignments.items() if where}
-        self.landing = placement.landing
         for replica in sim.replicas:
             pins = placement.pinned[replica.name]
             self.pins[replica.name] = pins

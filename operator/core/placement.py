@@ -180,6 +180,13 @@ class PlacementPolicy:
         share = self.hot_share * total_score
         return min(self.hot_rate, share) if share > 0 else self.hot_rate
 
+    @property
+    def band(self) -> float:
+        """(1 + tolerance) / (1 - tolerance): the factor by which demand noise within the
+        tolerance can move a score, the hot threshold or the tail's share, and so the band of
+        hot status and of the landing count (see "Room")."""
+        return (1.0 + self.tolerance) / (1.0 - self.tolerance)
+
     def landing_replicas(self, replicas: int, tail_share: float = 0.0) -> int:
         """How many of `replicas` keep landing room (none with fewer than two).
 
@@ -339,7 +346,7 @@ def place(
     threshold = policy.hot_threshold(sum(m.rate for m in models))
     # Hot status has a band (see "Room"): with the previous placement's hot set known, a model
     # becomes hot at `band` times the threshold and stays hot down to the threshold / `band`.
-    band = (1.0 + policy.tolerance) / (1.0 - policy.tolerance)
+    band = policy.band
 
     def above(m: ModelDemand) -> bool:
         if hot_before is None:
@@ -441,7 +448,7 @@ def place(
     hot_now = frozenset(m.name for m in models if headroom_for_hot and above(m))
     requests.sort(key=lambda q: (q[1] not in hot_now, q[0], q[1], q[2]))
     # With `landing_follows_tail`, the tail's share of demand sets how many replicas keep
-    # landing room, as long as the hot models' copies still fit on the others (see "Room").
+    # landing room (see "Room").
     landing = _landing(replicas, _landing_count(policy, models, replicas, hot))
     # While a model's size is unknown, the first landing replica keeps its whole budget.
     keeper = (
@@ -684,9 +691,8 @@ def _landing_count(
     previous = sum(1 for r in replicas if r.landing)
     if not previous:
         return policy.landing_replicas(count, tail)
-    band = (1.0 + policy.tolerance) / (1.0 - policy.tolerance)
-    lower = policy.landing_replicas(count, tail / band)
-    upper = policy.landing_replicas(count, min(tail * band, 1.0))
+    lower = policy.landing_replicas(count, tail / policy.band)
+    upper = policy.landing_replicas(count, min(tail * policy.band, 1.0))
     return min(max(previous, lower), upper)
 
 
