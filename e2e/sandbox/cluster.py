@@ -511,7 +511,7 @@ class Sandbox:
 
         node = self.node
         node.api_url = self.api_url
-        node.start(self.images.archives())
+        node.start(self.images.archives(), self.images.names())
         self.files = FileServer(self.host)
         api = client.CoreV1Api(self.api_client())
 
@@ -522,6 +522,7 @@ class Sandbox:
                     raise SandboxError(f"{proc.name} exited; {proc.log_path}:\n{proc.tail(20)}")
 
         realnode.wait_node_ready(api, timeout=120, check=alive)
+        node.wait_images_visible(api, self.images.names(), timeout=120)
         realnode.advertise_gpus(api, self.config.real_node_gpus)
         manifests = realnode.cluster_dns_manifests(self.images.coredns.name)
         if self.config.prometheus:

@@ -31,6 +31,9 @@ REPO = Path(__file__).resolve().parents[2]
 BASE_IMAGE = "localhost/tidal/debian-python:bookworm"
 OPERATOR_IMAGE = "localhost/tidal/operator"
 RUNTIME_CPU_IMAGE = "localhost/tidal/runtime-cpu"
+# Archives kept in the cache of each kind (operator, runtime-cpu, ...): a few recent builds, so
+# that switching between branches does not rebuild.
+KEPT_PER_KIND = 4
 # Bump to rebuild the base when its recipe changes.
 BASE_RECIPE = "bookworm minbase python3 python3-venv python-is-python3 ca-certificates v2"
 
@@ -322,14 +325,15 @@ class ProjectImages:
     operator: BuiltImage
     runtime_cpu: BuiltImage
 
+    def all(self) -> list[BuiltImage]:
+        """In the order the node imports them."""
+        return [self.pause, self.coredns, self.base, self.operator, self.runtime_cpu]
+
     def archives(self) -> list[Path]:
-        return [
-            self.pause.archive,
-            self.coredns.archive,
-            self.base.archive,
-            self.operator.archive,
-            self.runtime_cpu.archive,
-        ]
+        return [image.archive for image in self.all()]
+
+    def names(self) -> list[str]:
+        return [image.name for image in self.all()]
 
     def timings(self) -> dict[str, float]:
         return {
@@ -342,7 +346,7 @@ def build_project_images(node_bin: Path) -> ProjectImages:
     from tidal.sandbox.realnode import PAUSE_IMAGE
 
     base = base_image()
-    return ProjectImages(
+    built = ProjectImages(
         pause=binary_image(node_bin / "pause", PAUSE_IMAGE),
         coredns=binary_image(node_bin / "coredns", "localhost/tidal/coredns:sandbox"),
         base=base,
@@ -351,3 +355,24 @@ def build_project_images(node_bin: Path) -> ProjectImages:
             REPO / "images" / "runtime-cpu.Dockerfile", RUNTIME_CPU_IMAGE, base
         ),
     )
+    prune_archives(keep=set(built.archives()))
+    return built
+
+
+def prune_archives(keep: set[Path], per_kind: int = KEPT_PER_KIND) -> list[Path]:
+    """Drop cached archives beyond the ``per_kind`` most recently used of each kind (the
+    name before the digest), never one in ``keep``: every source change builds two new
+    images, and the cache would otherwise grow by about 300 MB a change."""
+    for path in keep:
+        path.touch(exist_ok=True)  # "recently used" is the modification time
+    kinds: dict[str, list[Path]] = {}
+    for path in images_dir().glob("*.oci.tar"):
+        kinds.setdefault(path.name.rsplit("-", 1)[0], []).append(path)
+    dropped = []
+    for paths in kinds.values():
+        paths.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+        for path in paths[per_kind:]:
+            if path not in keep:
+                path.unlink(missing_ok=True)
+                dropped.append(path)
+    return dropped

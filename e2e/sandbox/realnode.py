@@ -38,6 +38,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -381,8 +382,12 @@ class RealNode:
         record_host_state()
         net_up()
 
-    def start(self, images: list[Path]) -> None:
-        """containerd, the images, kubelet (node Ready, GPUs advertised), kube-proxy."""
+    def start(self, images: list[Path], names: list[str] | None = None) -> None:
+        """containerd, the images, kubelet (node Ready, GPUs advertised), kube-proxy.
+
+        ``names`` are the references the archives hold: the node's containerd keeps no other
+        ``localhost/tidal/`` image (its root is cached between runs and would otherwise grow by
+        two images a build). Call :meth:`wait_images_visible` once kubelet is up."""
         for d in (RUN_DIR, STATE_DIR / "kubelet", self.etc, self.etc / "net.d", _containerd_root()):
             d.mkdir(parents=True, exist_ok=True)
         self._write_configs()
@@ -390,6 +395,9 @@ class RealNode:
             "containerd", [str(self.bins["containerd"]), f"--config={self.etc / 'containerd.toml'}"]
         )
         self._wait(lambda: self.ctr("version").returncode == 0, "containerd answers", 60)
+        if names is not None:
+            self.remove_stale_containers()
+            self.remove_images_except(names)
         for archive in images:
             self.import_image(archive)
         self._start_kubelet()
@@ -426,6 +434,75 @@ class RealNode:
         if done.returncode != 0:
             raise RealNodeError(f"ctr images import {archive}: {done.stderr.strip()}")
 
+    def remove_stale_containers(self) -> list[str]:
+        """Remove the containers, sandboxes and leases an earlier run left in the cached root:
+        their pods went with that run's cluster, and they would keep old images' snapshots
+        (hundreds of MB each) from being collected."""
+        gone: list[str] = []
+        for kind in ("containers", "sandboxes", "leases"):
+            ids = self.ctr(kind, "ls", "-q").stdout.split()
+            if ids:
+                done = self.ctr(kind, "rm", *ids)
+                if done.returncode != 0:
+                    log.warning("ctr %s rm: %s", kind, done.stderr.strip())
+                gone += ids
+        return gone
+
+    def image_digests(self) -> dict[str, str]:
+        """Every image reference in containerd and the digest it points to."""
+        done = self.ctr("images", "ls")
+        if done.returncode != 0:
+            raise RealNodeError(f"ctr images ls: {done.stderr.strip()}")
+        rows = [line.split() for line in done.stdout.splitlines()[1:]]
+        return {row[0]: row[2] for row in rows if len(row) >= 3}
+
+    def image_names(self) -> list[str]:
+        return sorted(self.image_digests())
+
+    def remove_images_except(self, keep: list[str]) -> list[str]:
+        """Remove every image reference that is neither in ``keep`` nor the CRI's by-id
+        reference (``sha256:…``) of one of them; containerd then collects their content and
+        snapshots (``--sync``: before the imports)."""
+        refs = self.image_digests()
+        kept = {refs[name] for name in keep if name in refs}
+        stale = [ref for ref, digest in refs.items() if ref not in keep and digest not in kept]
+        if stale:
+            done = self.ctr("images", "rm", "--sync", *stale)
+            if done.returncode != 0:
+                log.warning("ctr images rm: %s", done.stderr.strip())
+        return stale
+
+    def wait_images_visible(self, core_api: Any, names: list[str], timeout: float) -> None:
+        """Every imported image pinned and listed by kubelet (the CRI's view, in the node's
+        ``status.images``), or a :class:`RealNodeError` saying which is missing and what
+        containerd holds.
+
+        Pinned (``io.cri-containerd.pinned``) so that kubelet's image GC never removes an
+        image that pods can only use as present (``imagePullPolicy: Never``). The label is
+        set after kubelet is up, and again while an image is missing: its ``ImageUpdate``
+        event reaches the CRI plugin's image cache even where the import's ``ImageCreate``
+        did not (an import that finishes while the plugin subscribes to events at start-up is
+        in containerd but not in the CRI's cache, and every pod using it is
+        ``ErrImageNeverPull``)."""
+        last_label = [-1e9]
+
+        def visible() -> bool:
+            node = core_api.read_node(NODE_NAME)
+            listed = {n for img in (node.status.images or []) for n in (img.names or [])}
+            missing = [n for n in names if n not in listed]
+            if missing and time.monotonic() - last_label[0] > 10.0:
+                last_label[0] = time.monotonic()
+                for name in missing:
+                    self.ctr("images", "label", name, "io.cri-containerd.pinned=pinned")
+            return not missing
+
+        def describe() -> str:
+            node = core_api.read_node(NODE_NAME)
+            listed = sorted({n for img in (node.status.images or []) for n in (img.names or [])})
+            return f"wanted {names}; kubelet lists {listed}; containerd holds {self.image_names()}"
+
+        self._wait_described(visible, "every imported image listed by kubelet", timeout, describe)
+
     def _start(self, name: str, argv: list[str]) -> None:
         env = {
             "PATH": f"{self.bins.bin}:{self.bins.cni}:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -449,6 +526,9 @@ class RealNode:
         )
 
     def _wait(self, fn: Any, what: str, timeout: float) -> Any:
+        return self._wait_described(fn, what, timeout, None)
+
+    def _wait_described(self, fn: Any, what: str, timeout: float, describe: Any) -> Any:
         def probe() -> Any:
             for proc in self.processes.values():
                 if not proc.alive():
@@ -456,7 +536,7 @@ class RealNode:
             return fn()
 
         try:
-            return wait_for(probe, timeout=timeout, interval=0.2, what=what)
+            return wait_for(probe, timeout=timeout, interval=0.2, what=what, describe=describe)
         except TimeoutError as exc:
             tails = "\n".join(f"--- {p.name}:\n{p.tail(15)}" for p in self.processes.values())
             raise RealNodeError(f"{exc}\n{tails}") from exc
@@ -593,11 +673,15 @@ state = "{run}/containerd"
             "systemReserved": {"cpu": self.cpu_reserved},
             "evictionHard": {
                 "memory.available": "100Mi",
-                "nodefs.available": "2%",
-                "imagefs.available": "2%",
+                "nodefs.available": "0%",
+                "nodefs.inodesFree": "0%",
+                "imagefs.available": "0%",
             },
-            "imageGCHighThresholdPercent": 98,
-            "imageGCLowThresholdPercent": 95,
+            # The node's disk is the host's, shared with everything else on it: kubelet must
+            # neither collect images (they are imported, never pulled) nor evict pods over what
+            # other programs use. kind's nodes do the same.
+            "imageGCHighThresholdPercent": 100,
+            "nodeStatusMaxImages": -1,
             "shutdownGracePeriod": "0s",
             "syncFrequency": "5s",
             "nodeStatusUpdateFrequency": "5s",
