@@ -94,7 +94,9 @@ class Slot:
     pinned: bool = False
     outstanding: int = 0  # infer requests received for this model and not yet answered
     requests: int = 0  # infer requests answered, cumulative
-    last_size_bytes: int = 0  # measured size of the last successful load (kept after eviction)
+    # measured size of the last successful load (kept after eviction), or the size a load was
+    # refused for as larger than the whole budget
+    last_size_bytes: int = 0
     last_load_seconds: float = 0.0  # wall time of the last successful load, every phase
     # When the current (or last) load moved weights host->device: (start, end) on the cache's
     # clock, for the transfer wait of the requests that waited for it.
@@ -332,6 +334,9 @@ class EngineCache:
         slot.history.append(plan.reason)
         if not plan.admit:
             if plan.reason.startswith("too-large"):
+                # Its size is known now, even though it never loads: the operator reports it
+                # too large from this (``lastSizeBytes``), never from a guess.
+                slot.last_size_bytes = max(slot.last_size_bytes, nbytes)
                 raise EngineLoadError(f"model {slot.spec.name!r}: {plan.reason}")
             raise Overloaded(
                 f"model {slot.spec.name!r} cannot load now: {plan.reason}", retry_after=1

@@ -412,7 +412,7 @@ def place(
     for model in models:
         name = model.name
         wanted[name] = 0
-        if replicas and model.size_bytes > largest_budget:
+        if replicas and model.size_known and model.size_bytes > largest_budget:
             too_large[name] = model.size_bytes - largest_budget
             reasons[name] = REASON_TOO_LARGE
             continue

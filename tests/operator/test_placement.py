@@ -798,6 +798,20 @@ def test_a_model_of_unknown_size_is_pinned_nowhere_and_a_whole_budget_stays_free
     assert measured.copies("new") == 1 and measured.pinned["r0"]
 
 
+def test_a_guessed_size_over_every_budget_is_not_reported_too_large() -> None:
+    # Before any model is measured the guess is the default size, which can exceed small
+    # budgets: the operator reported every model of a fresh fleet as too large (Degraded and
+    # a Warning Event, e2e fleet test) until the first measurements came. Only a measured or
+    # declared size is a reason to refuse.
+    guess = replace(model("new", rate=5.0, size_gb=12.0), size_known=False)
+    slots = replicas(2)
+    placement = place(POLICY, [guess], slots, now=0.0)
+    assert "new" not in placement.too_large, placement.too_large
+    assert placement.reasons["new"] == REASON_COLD_SIZE_UNKNOWN, placement.reasons
+    measured = place(POLICY, [model("new", rate=5.0, size_gb=12.0)], slots, now=2.0)
+    assert measured.too_large == {"new": 2 * GB}, measured.too_large
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     sizes=st.lists(st.floats(min_value=0.1, max_value=9.5), min_size=2, max_size=12),

@@ -190,6 +190,19 @@ def test_pins_that_cannot_fit_together_are_rejected_with_the_reason(serve, three
     assert view["m1"]["state"] == "UNAVAILABLE"
 
 
+def test_a_model_larger_than_the_budget_reports_its_size(serve, three_models) -> None:
+    # The operator reports a model too large only from a measured (or declared) size: a load
+    # refused as larger than the whole budget still tells it.
+    entries, size = three_models
+    rt = serve({"models": entries[:1], "memory": {"engineCacheBudgetBytes": size // 2}})
+    with pytest.raises(Exception, match="too-large"):
+        infer(rt.url, "m0")
+    view = fleet(rt.url)["models"]["m0"]
+    assert view["state"] == "UNAVAILABLE" and view["sizeBytes"] == 0, view
+    assert view["lastSizeBytes"] >= size // 2, view
+    assert "too-large" in (view["lastError"] or ""), view
+
+
 def test_a_failed_pinned_load_says_why_and_is_retried(serve, models, model_entry) -> None:
     broken = model_entry(models["mlp"], "broken", preload=False)
     broken["engines"][0]["sha256"] = "0" * 64
