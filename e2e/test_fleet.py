@@ -1,15 +1,19 @@
 """End to end: a fleet of 30 models on 4 replicas behind the model gateway.
 
-One InferenceService with ``spec.fleet`` serves 30 generated ONNX models of different sizes on
+One InferenceService with ``spec.fleet`` serves 44 generated ONNX models of different sizes on
 4 runtime replicas whose engine budgets hold about 10 models each. A load generator sends a
 Zipf mix (alpha 1.1) through the Service, which selects the gateway pods; after a while one model
-that nobody asked for goes viral. Asserted, from what the runtimes and the gateway report:
+that nobody asked for goes viral and, at the same moment, the long tail bursts: 14 more models
+that nobody asked for before are asked for at once, each needing an on-demand load into room the
+hot models must keep. Asserted, from what the runtimes and the gateway report:
 
 * every request is answered (0 failed), also while one replica is SIGKILLed mid-run;
 * models are loaded on demand about once each (no churn): the gateway's cold requests are the
   first ones of each model, and of models whose only copy a placement change or the killed
   replica took away, not a stream of reloads;
 * the viral model is hot on a second replica within a few seconds of its surge;
+* the hot models do not pay for the tail: none of their requests is held for a load during the
+  burst, and their P99 during it stays within generous bounds of their P99 before it;
 * no replica ever holds more engine bytes than its budget (sampled throughout);
 * an unknown model gets 404 naming it; status.fleet shows models hot / total.
 
@@ -47,14 +51,22 @@ MODELS = 30
 REPLICAS = 4
 VIRAL = "m29"  # the least popular model: nobody asks for it until it goes viral
 BASE_RPS, VIRAL_RPS = 24.0, 12.0
-VIRAL_AT, KILL_AT, DURATION = 25.0, 38.0, 55.0
+VIRAL_AT, KILL_AT, DURATION = 25.0, 42.0, 58.0
+# The bursty tail: BURST_RPS more requests spread evenly over TAIL_MODELS models asked for only
+# then, from the viral surge on for BURST_SECONDS (ended before the kill, which may take a hot
+# model's only copy).
+TAIL_MODELS, BURST_RPS, BURST_SECONDS = 14, 8.0, 12.0
+BURST_END = VIRAL_AT + BURST_SECONDS
+TAIL = [f"m{i}" for i in range(MODELS, MODELS + TAIL_MODELS)]
+HOT = ["m0", "m1", "m2"]  # the Zipf mix's busiest
 LABEL_COMPONENT = "serving.tidal.dev/component"
 
 
 def _models(root: Path) -> tuple[list[dict[str, Any]], int]:
-    """30 MLPs from ~40 KB to ~400 KB; returns the spec entries and the per-replica budget."""
+    """44 MLPs from ~40 KB to ~400 KB (30, then the burst's 14); returns the spec entries and
+    the per-replica budget (about 10 of the first 30)."""
     entries, sizes = [], []
-    for i in range(MODELS):
+    for i in range(MODELS + TAIL_MODELS):
         target = 40_000 + (i * 7919 % MODELS) * 12_500
         path = root / f"m{i}.onnx"
         write_mlp(path, hidden=mlp_hidden_for_bytes(target), seed=i)
@@ -69,7 +81,7 @@ def _models(root: Path) -> tuple[list[dict[str, Any]], int]:
                 "preload": False,
             }
         )
-    budget = int(sum(sizes) / MODELS * 10)  # about 10 models of average size
+    budget = int(sum(sizes[:MODELS]) / MODELS * 10)  # about 10 models of average size
     return entries, budget
 
 
@@ -77,18 +89,30 @@ def _zipf_chooser(seed: int) -> Callable[[float], str]:
     rng = random.Random(seed)
     names = [f"m{i}" for i in range(MODELS - 1)]
     weights = [1.0 / (k + 1) ** 1.1 for k in range(len(names))]
-    total_rate = BASE_RPS + VIRAL_RPS
 
     def choose(t: float) -> str:
-        if t >= VIRAL_AT and rng.random() < VIRAL_RPS / total_rate:
-            return VIRAL
+        if t >= VIRAL_AT:
+            draw = rng.random() * _rate(t)
+            if draw < VIRAL_RPS:
+                return VIRAL
+            if draw < VIRAL_RPS + _burst(t):
+                return rng.choice(TAIL)
         return rng.choices(names, weights)[0]
 
     return choose
 
 
+def _burst(t: float) -> float:
+    return BURST_RPS if VIRAL_AT <= t < BURST_END else 0.0
+
+
 def _rate(t: float) -> float:
-    return BASE_RPS + (VIRAL_RPS if t >= VIRAL_AT else 0.0)
+    return BASE_RPS + (VIRAL_RPS if t >= VIRAL_AT else 0.0) + _burst(t)
+
+
+def _p99(latencies: list[float]) -> float:
+    ordered = sorted(latencies)
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else 0.0
 
 
 class HotSetSampler:
@@ -320,15 +344,32 @@ def test_fleet_routes_to_hot_replicas_places_a_viral_model_and_loses_nothing(
                 with contextlib.suppress(Exception):
                     kill_one(time.time() - started)
 
+        # The gateway's counters as the burst starts and as it ends: which requests of the hot
+        # models were held (cache="cold") in between.
+        snapshots: dict[str, Any] = {}
+
+        def snapshot() -> None:
+            for label, at in (("burst", VIRAL_AT), ("after", BURST_END)):
+                while time.time() - started < at:
+                    if stop_killer.wait(0.05):
+                        return
+                try:
+                    snapshots[label] = _gateway_metrics(sandbox, namespace)
+                except Exception as exc:  # reported by the assertion below
+                    snapshots[label] = f"{label} at +{time.time() - started:.1f}s: {exc!r}"
+
         with HotSetSampler(sandbox, namespace) as sampler:
             started = time.time()
             thread = threading.Thread(target=killer, daemon=True, name="killer")
+            watcher = threading.Thread(target=snapshot, daemon=True, name="snapshots")
             thread.start()
+            watcher.start()
             try:
                 report = asyncio.run(loadgen.run(DURATION))
             finally:
                 stop_killer.set()
                 thread.join(timeout=10)
+                watcher.join(timeout=10)
         gateway = _gateway_metrics(sandbox, namespace)
         body = get_isvc(sandbox, namespace, name)
 
@@ -369,6 +410,40 @@ def test_fleet_routes_to_hot_replicas_places_a_viral_model_and_loses_nothing(
     print(f"viral model on 2 replicas {two - (started + VIRAL_AT):.1f}s after its surge")
     assert two - (started + VIRAL_AT) <= 10.0, copies
 
+    # The hot models and the bursty tail: not one hot request held for a load during the burst
+    # (pinned copies are never evicted by on-demand loads), and their P99 within generous
+    # bounds of theirs in the same span before it (behaviour, not figures: a 2-core CI machine
+    # is busier in the burst whatever the placement does).
+    before, after = snapshots.get("burst"), snapshots.get("after")
+    assert isinstance(before, dict) and isinstance(after, dict), snapshots
+    held = {
+        m: _sum(after, "tidal_gateway_requests_total", model=m, cache="cold")
+        - _sum(before, "tidal_gateway_requests_total", model=m, cache="cold")
+        for m in HOT
+    }
+    tail_held = sum(
+        _sum(after, "tidal_gateway_requests_total", model=m, cache="cold")
+        - _sum(before, "tidal_gateway_requests_total", model=m, cache="cold")
+        for m in TAIL
+    )
+    quiet = [s.latency for s in samples if s.model in HOT and VIRAL_AT - 15 <= s.sent < VIRAL_AT]
+    burst = [s.latency for s in samples if s.model in HOT and VIRAL_AT <= s.sent < BURST_END]
+    burst_tail = [s for s in samples if s.model in TAIL and VIRAL_AT <= s.sent < BURST_END]
+    print(
+        f"burst: {len(burst_tail)} tail requests over {len({s.model for s in burst_tail})} "
+        f"models, {tail_held:.0f} of them held for loads; hot models' requests held "
+        f"{held}; hot P99 {_p99(quiet) * 1000:.0f} ms before ({len(quiet)} requests), "
+        f"{_p99(burst) * 1000:.0f} ms during ({len(burst)})"
+    )
+    assert len(burst_tail) >= BURST_RPS * BURST_SECONDS * 0.5 and tail_held >= 1, (
+        "the burst did not reach the tail",
+        len(burst_tail),
+        tail_held,
+    )
+    assert not any(held.values()), held
+    assert quiet and burst, (len(quiet), len(burst))
+    assert _p99(burst) <= 3 * _p99(quiet) + 0.5, (_p99(quiet), _p99(burst))
+
     # Cold requests: the first ones of each model (and those held with them), no reloads.
     total = _sum(gateway, "tidal_gateway_requests_total")
     cold = _sum(gateway, "tidal_gateway_requests_total", cache="cold")
@@ -383,12 +458,26 @@ def test_fleet_routes_to_hot_replicas_places_a_viral_model_and_loses_nothing(
     # placement change evicted its only copy before the pinned one was warm, or the killed
     # replica held its only copy. Measured: 48-49 loads for 30 models (every placement change
     # of the run included); a reloading churn would be hundreds.
-    assert loads <= 2 * len(requested), loads
-    assert cold / total < 0.06, (cold, total)
+    # Before the burst that is the whole story; the burst's 14 models are then loaded on demand
+    # into the headroom, where they evict each other and the mix's unpinned models, which are
+    # loaded again (measured: about 75 loads more for 80 burst requests): the tail's price, not
+    # churn, bounded by two loads a burst request.
+    steady = sorted({s.model for s in samples if s.sent < VIRAL_AT})
+    loads_before = _sum(before, "tidal_gateway_loads_total", result="ok")
+    print(f"  {loads_before:.0f} loads for {len(steady)} models before the burst")
+    assert loads_before <= 2 * len(steady), (loads_before, steady)
+    burst_requests = len([s for s in samples if s.model in TAIL])
+    assert loads <= 2 * len(requested) + 2 * burst_requests, (loads, burst_requests)
+    tail_cold = sum(
+        _sum(gateway, "tidal_gateway_requests_total", model=m, cache="cold") for m in TAIL
+    )
+    # the mix's models over the whole run, the reloads the burst caused included (measured 4 %)
+    assert (cold - tail_cold) / total < 0.10, (cold, tail_cold, total)
 
     fleet = (body.get("status") or {}).get("fleet") or {}
-    assert fleet.get("modelsTotal") == MODELS and fleet.get("modelsHot", 0) >= 10, fleet
-    assert fleet.get("summary") == f"{fleet['modelsHot']}/{MODELS}", fleet
+    models = MODELS + TAIL_MODELS
+    assert fleet.get("modelsTotal") == models and fleet.get("modelsHot", 0) >= 10, fleet
+    assert fleet.get("summary") == f"{fleet['modelsHot']}/{models}", fleet
 
     status, text = unknown
     assert status == 404 and "nope" in text, (status, text)
