@@ -1,9 +1,11 @@
 """Per-model demand forecast for predictive preloading (pure).
 
 Owns `observe` (fold one arrival-rate sample into a model's `ModelForecast`), `predict` (the
-rate expected at a wall time) and `predict_peak` (the largest rate expected over a horizon: what
+rate expected at a wall time), `predict_peak` (the largest rate expected over a horizon: what
 placement asks for with horizon = the model's load time plus a margin, so that a model is loaded
-at least its load time before its predicted rise), plus the JSON form the shell keeps in a
+at least its load time before its predicted rise) and `period_mean` (the profile's average
+over a whole period, lows included: the shell gives placement at least that as a model's rate;
+see `tidal.operator.shell.fleet`), plus the JSON form the shell keeps in a
 ConfigMap so that what was learned survives an operator restart. Time is always an argument
 (epoch seconds from the shell's clock); nothing here reads a clock or does I/O.
 
@@ -232,6 +234,18 @@ def predict_peak(
         for at in (lo, max(lo, hi)):
             peak = max(peak, _forecast(policy, state, at, slot, stale))
     return peak
+
+
+def period_mean(state: ModelForecast | None, coverage: float = 0.9) -> float:
+    """The mean rate over the learned profile (req/s): what the model averages over a period,
+    its lows included. 0 until the profile has seen at least `coverage` of its buckets (a
+    model first seen this morning has no day to average)."""
+    if state is None or not state.profile:
+        return 0.0
+    seen = [value for value, count in zip(state.profile, state.counts, strict=True) if count > 0]
+    if len(seen) < coverage * len(state.profile):
+        return 0.0
+    return sum(seen) / len(seen)
 
 
 # ------------------------------------------------------------------------------------------

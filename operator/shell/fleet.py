@@ -61,6 +61,7 @@ from tidal.operator.core.fleet import (
     model_demands,
     model_rates,
     parse_replica_report,
+    placement_rates,
     replica_slots,
     smooth_rates,
     too_large_problems,
@@ -405,7 +406,12 @@ class FleetController:
                 st.forecasts[demand.name] = state
                 horizon = demand.load_seconds + fleet.forecast.lead_seconds
                 forecast_rates[demand.name] = predict_peak(policy, state, wall, horizon)
-        demands = model_demands(models, reports, st.smoothed_rates, forecast_rates)
+        # A model's rate is at least its mean over the forecast's period (once a whole period
+        # is learned): ranks, the hot threshold (a share of all rates) and the tail's share
+        # follow the day's demand, not the trough's (`placement_rates`).
+        demands = model_demands(
+            models, reports, placement_rates(st.smoothed_rates, st.forecasts), forecast_rates
+        )
         for gone in set(st.forecasts) - names:
             del st.forecasts[gone]
         for gone in set(st.smoothed_rates) - names:

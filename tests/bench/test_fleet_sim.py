@@ -234,8 +234,12 @@ def test_tidal_decides_with_the_real_cores(
     result = fs.simulate(cfg, fleet, trace, policy, trace.hot)
     ticks = math.floor(trace.times[-1] / cfg.placement_interval)
     assert calls["choose_route"] >= len(trace)
-    assert calls["place"] == ticks
-    assert calls["observe"] == calls["predict_peak"] == (ticks - 1) * cfg.models
+    # One placement a tick up to the last arrival, and more after it only while requests are
+    # still held (the fleet goes on serving them, at most a hold timeout).
+    extra = math.ceil(cfg.hold_timeout / cfg.placement_interval) + 1
+    assert ticks <= calls["place"] <= ticks + extra, (calls, ticks)
+    placed = calls["place"]
+    assert calls["observe"] == calls["predict_peak"] == (placed - 1) * cfg.models
     # The horizon: a model's load time plus the lead.
     assert min(horizons) >= cfg.lead_seconds + cfg.load_overhead
     assert result.requests > 0 and policy.decisions["hot:least-outstanding"] > 0
@@ -395,3 +399,18 @@ def test_quick_sweep_runs_every_policy_on_each_seed(
     for r in rows:
         assert r["max_used"] <= 1.0 + 1e-9, r
         assert math.isfinite(r["hot_ratio"]) and r["hot_ratio"] > 0, r
+
+
+def test_requests_held_when_the_trace_ends_are_served_not_lost(fs: ModuleType) -> None:
+    # The small easy fleet, seed 7: one request, in the trace's last second, is held when the
+    # trace ends (waiting for a refused replica's cool-down). It used to be failed there and
+    # counted lost; the fleet now goes on until it is served.
+    cfg, alpha = fs.sweep_config("small easy fleet", 7)
+    fleet, trace = fs.make_fleet(cfg), fs.make_trace(cfg, alpha)
+    policy = fs.Tidal(cfg)
+    sim = fs.run_sim(cfg, fleet, trace, policy)
+    lost = np.flatnonzero(sim.failed)
+    assert not lost.size, [(float(trace.times[i]), int(trace.models[i])) for i in lost]
+    assert not policy.held
+    last = int(np.argmax(trace.times))
+    assert sim.latency[last] < cfg.hold_timeout, sim.latency[last]

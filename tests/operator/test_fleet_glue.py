@@ -25,6 +25,7 @@ from tidal.operator.core.fleet import (
     model_rates,
     model_sizes,
     parse_replica_report,
+    placement_rates,
     smooth_rates,
 )
 from tidal.operator.core.resources import (
@@ -346,6 +347,29 @@ def test_status_fleet_goes_when_the_fleet_goes() -> None:
     assert compute_status(status_input(previous=previous)).status.fleet is None
     kept = compute_status(status_input(previous=previous, fleet_enabled=True)).status.fleet
     assert kept is not None and kept.summary == "1/2"
+
+
+def test_placement_rates_are_at_least_the_mean_over_a_learned_period() -> None:
+    from tidal.operator.core.forecast import ForecastPolicy, observe
+
+    policy = ForecastPolicy(period_seconds=960.0, slots=96, sample_interval_seconds=2.0)
+
+    def learned(busy: float, quiet: float, until: float) -> Any:
+        state = None
+        for k in range(int(until / 2)):  # busy the first quarter of each period
+            t = 2.0 * k
+            state = observe(policy, state, busy if t % 960 < 240 else quiet, t)
+        return state
+
+    day = learned(8.0, 0.0, 960.0)  # a whole period: mean 2 req/s
+    half = learned(8.0, 0.0, 480.0)  # half a period: no mean yet
+    rates = placement_rates(
+        {"low": 0.1, "busy-now": 9.0, "new": 0.5, "plain": 1.0},
+        {"low": day, "busy-now": day, "new": half},
+    )
+    assert rates["low"] == pytest.approx(2.0, rel=0.05)  # at its low: the day's mean
+    assert rates["busy-now"] == 9.0  # above the mean: the rate of the moment
+    assert rates["new"] == 0.5 and rates["plain"] == 1.0  # no whole period, no forecast
 
 
 def test_smoothed_rates_ignore_a_single_request_of_a_rare_model() -> None:

@@ -18,6 +18,7 @@ from tidal.operator.core.forecast import (
     forecasts_to_json,
     observe,
     observe_all,
+    period_mean,
     predict,
     predict_peak,
 )
@@ -102,6 +103,21 @@ def test_daily_profile_predicts_the_rise_ahead_of_time(learned: ModelForecast) -
     # And the fall at noon.
     state = run(state, office_hours, now + STEP, rise + 3 * HOUR - horizon + STEP)
     assert predict(POLICY, state, at=rise + 3 * HOUR + 1, now=state.last_at) < 10.0
+
+
+def test_period_mean_is_the_days_average_lows_included(learned: ModelForecast) -> None:
+    # 3 h at 100 req/s and 21 h at 1 req/s: 13.375 req/s a day, whatever the hour asked at.
+    assert period_mean(learned) == pytest.approx((3 * 100 + 21 * 1) / 24, rel=0.02)
+    low = predict_peak(POLICY, learned, 3 * DAY + 2 * HOUR, 60.0)
+    assert low < 2.0 and period_mean(learned) > 6 * low
+
+
+def test_period_mean_needs_a_whole_period_seen() -> None:
+    # Half a day seen is no day to average: 0, not the mean of the busy half.
+    assert period_mean(None) == 0.0
+    assert period_mean(run(None, office_hours, 0.0, DAY / 2)) == 0.0
+    almost = run(None, office_hours, 0.0, 0.95 * DAY)
+    assert period_mean(almost) == pytest.approx((3 * 100 + 20 * 1) / 23, rel=0.05)
 
 
 def test_after_a_restart_the_profile_alone_forecasts(learned: ModelForecast) -> None:
