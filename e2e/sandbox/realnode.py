@@ -386,8 +386,8 @@ class RealNode:
         """containerd, the images, kubelet (node Ready, GPUs advertised), kube-proxy.
 
         ``names`` are the references the archives hold: the node's containerd keeps no other
-        ``localhost/tidal/`` image (its root is cached between runs and would otherwise grow by
-        two images a build). Call :meth:`wait_images_visible` once kubelet is up."""
+        image (its root is cached between runs and would otherwise grow by two images a
+        build). Call :meth:`wait_images_visible` once kubelet is up."""
         for d in (RUN_DIR, STATE_DIR / "kubelet", self.etc, self.etc / "net.d", _containerd_root()):
             d.mkdir(parents=True, exist_ok=True)
         self._write_configs()
@@ -473,17 +473,17 @@ class RealNode:
         return stale
 
     def wait_images_visible(self, core_api: Any, names: list[str], timeout: float) -> None:
-        """Every imported image pinned and listed by kubelet (the CRI's view, in the node's
+        """Every imported image listed by kubelet (the CRI's view, in the node's
         ``status.images``), or a :class:`RealNodeError` saying which is missing and what
         containerd holds.
 
-        Pinned (``io.cri-containerd.pinned``) so that kubelet's image GC never removes an
-        image that pods can only use as present (``imagePullPolicy: Never``). The label is
-        set after kubelet is up, and again while an image is missing: its ``ImageUpdate``
-        event reaches the CRI plugin's image cache even where the import's ``ImageCreate``
-        did not (an import that finishes while the plugin subscribes to events at start-up is
-        in containerd but not in the CRI's cache, and every pod using it is
-        ``ErrImageNeverPull``)."""
+        An image kubelet does not list is labelled ``io.cri-containerd.pinned`` (at once, then
+        every 10 s while it is missing): the label's ``ImageUpdate`` event reaches the CRI
+        plugin's image cache even where the import's ``ImageCreate`` did not (an import that
+        finishes while the plugin subscribes to events at start-up is in containerd but not in
+        the CRI's cache, and every pod using it is ``ErrImageNeverPull``), and a pinned image
+        is one kubelet's image GC never removes (which the kubelet configuration turns off
+        anyway: the images are imported, never pulled)."""
         last_label = [-1e9]
 
         def visible() -> bool:
