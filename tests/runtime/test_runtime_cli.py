@@ -39,8 +39,11 @@ def test_serves_on_tidal_host_and_port_and_stops_on_sigterm(models: dict[str, An
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
+    # Closed here, in the test's own thread: left to the garbage collector, its gevent pool
+    # was closed in whatever thread collected it, with no hub there (an unraisable exception
+    # in CI's warnings summary).
+    client = triton.InferenceServerClient(f"{host}:{port}")
     try:
-        client = triton.InferenceServerClient(f"{host}:{port}")
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -58,6 +61,7 @@ def test_serves_on_tidal_host_and_port_and_stops_on_sigterm(models: dict[str, An
         with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5) as response:
             assert b"tidal_queue_depth" in response.read()
     finally:
+        client.close()
         process.send_signal(signal.SIGTERM)
         code = process.wait(30)
     assert code == 0
@@ -105,8 +109,11 @@ def test_sigterm_drains_not_ready_but_still_serving_then_exits(models: dict[str,
     process = subprocess.Popen(
         [sys.executable, "-m", "tidal.runtime"], env=env, stdout=subprocess.DEVNULL
     )
+    # Closed here, in the test's own thread: left to the garbage collector, its gevent pool
+    # was closed in whatever thread collected it, with no hub there (an unraisable exception
+    # in CI's warnings summary).
+    client = triton.InferenceServerClient(f"{host}:{port}")
     try:
-        client = triton.InferenceServerClient(f"{host}:{port}")
         deadline = time.monotonic() + 60
         while True:
             with contextlib.suppress(Exception):
@@ -128,5 +135,6 @@ def test_sigterm_drains_not_ready_but_still_serving_then_exits(models: dict[str,
         assert code == 0
         assert time.monotonic() - stopped >= 1.5
     finally:
+        client.close()
         if process.poll() is None:
             process.kill()
