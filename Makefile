@@ -47,7 +47,7 @@ lint: venv
 
 # Regenerate crds/ from the pydantic models (a test fails when they drift).
 crds: venv
-	$(BIN)/python -m tidal.operator.crdgen crds/
+	$(BIN)/python -m tidal.operator.crdgen --readme operator/README.md crds/
 	cp crds/*.yaml charts/tidal/crds/
 
 unit: venv

@@ -172,7 +172,7 @@ def pools_of(isvc: InferenceService) -> tuple[Pool, ...]:
 
 
 @dataclass(frozen=True)
-class _Paths:
+class PoolPaths:
     """Where a pool's settings were written: the baseline's unset fields are the primary's."""
 
     runtime_overrides: frozenset[str]
@@ -185,12 +185,12 @@ class _Paths:
         return f"{at}.{name}"
 
 
-def _paths_of(isvc: InferenceService, pool: PoolName) -> _Paths:
+def paths_of(isvc: InferenceService, pool: PoolName) -> PoolPaths:
     baseline = isvc.spec.rollout.baseline
     if pool is PoolName.PRIMARY or baseline is None:
-        return _Paths(frozenset(), "spec.models", "spec.memory")
+        return PoolPaths(frozenset(), "spec.models", "spec.memory")
     at = "spec.rollout.baseline"
-    return _Paths(
+    return PoolPaths(
         frozenset(Runtime.model_fields[n].alias or n for n in _overridden(baseline.runtime)),
         f"{at}.models" if baseline.models is not None else "spec.models",
         f"{at}.memory" if baseline.memory is not None else "spec.memory",
@@ -207,7 +207,7 @@ def find_spec_problems(isvc: InferenceService) -> list[str]:
         except ValueError as exc:
             return [f"{PoolName.BASELINE.value} pool: {exc}"]
     for pool in pools_of(isvc):
-        paths = _paths_of(isvc, pool.name)
+        paths = paths_of(isvc, pool.name)
         prefix = f"{pool.name.value} pool"
         problems += [f"{prefix}: {p}" for p in _model_problems(pool, paths)]
         problems += [f"{prefix}: {p}" for p in _memory_problems(pool, paths, isvc.spec.fleet)]
@@ -222,7 +222,7 @@ def find_spec_problems(isvc: InferenceService) -> list[str]:
     return problems
 
 
-def _too_large_for_the_budget(pool: Pool, paths: _Paths) -> list[str]:
+def too_large_for_the_budget(pool: Pool, paths: PoolPaths) -> list[str]:
     """Models declared (``models[].memory``) larger than a replica's engine budget."""
     budget = engine_budget_bytes(pool.memory)
     lower = f" or lower {paths.memory}.reserve" if quantity_bytes(pool.memory.reserve) else ""
@@ -240,78 +240,12 @@ def _too_large_for_the_budget(pool: Pool, paths: _Paths) -> list[str]:
     return found
 
 
-def find_spec_warnings(isvc: InferenceService) -> list[str]:
-    """Settings of a working spec that can never act as written, each saying what will not
-    happen and what to change (empty: none). The service is built and serves all the same;
-    the shell reports these as ``Degraded`` (reason ``IneffectiveSetting``) with an Event.
-
-    Contradictions that are wrong whatever the cluster holds are refused by the schema
-    instead (the CEL rules of :mod:`tidal.operator.core.api`); these are the ones a user may
-    mean for a while (a cap above reach, a standby squeezed at the floor), so refusing them
-    would be harsher than the mistake.
-    """
-    warnings: list[str] = []
-    if isvc.spec.fleet is None:
-        # Under a fleet placement plans on the declared size, so it is a spec problem there;
-        # without one the runtime measures what it loads, and the other models serve.
-        for pool in pools_of(isvc):
-            for text in _too_large_for_the_budget(pool, _paths_of(isvc, pool.name)):
-                warnings.append(f"{pool.name.value} pool: {text}; its load will be refused")
-    scaling = isvc.spec.autoscaling
-    standby, low, high = scaling.standby_replicas, scaling.min_replicas, scaling.max_replicas
-    if low == 0 and standby > 0:
-        warnings.append(
-            f"spec.autoscaling.standbyReplicas {standby} with minReplicas 0: at zero serving "
-            "replicas no request reaches the pool, so nothing promotes the standby and its "
-            "pods hold their GPUs idle; set spec.autoscaling.minReplicas to 1 or more, or "
-            "standbyReplicas to 0"
-        )
-    elif low + standby > high:
-        warnings.append(
-            f"spec.autoscaling.standbyReplicas {standby}: standby pods count against "
-            f"maxReplicas {high}, which leaves room for only {high - low} of them beside "
-            f"minReplicas {low} serving; raise spec.autoscaling.maxReplicas to {low + standby} "
-            "or lower standbyReplicas"
-        )
-    top = scaling.max_standby_replicas
-    if top is not None and top == standby and standby > 0:
-        warnings.append(
-            f"spec.autoscaling.maxStandbyReplicas {top} equals standbyReplicas: sizing the "
-            "standby from surges cannot change anything; raise maxStandbyReplicas above "
-            "standbyReplicas, or remove it"
-        )
-    fleet = isvc.spec.fleet
-    hold = scaling.hold_timeout_seconds
-    if hold is not None and fleet is not None:
-        warnings.append(
-            f"spec.autoscaling.holdTimeoutSeconds {hold:g} never acts with spec.fleet: the "
-            "fleet's gateway holds requests for spec.fleet.gateway.holdTimeoutSeconds; set "
-            "that instead, and remove spec.autoscaling.holdTimeoutSeconds"
-        )
-    elif hold is not None and not may_scale_to_zero(isvc):
-        manual = isvc.spec.replicas is not None
-        floor = "spec.replicas is set" if manual else f"minReplicas is {low}"
-        warnings.append(
-            f"spec.autoscaling.holdTimeoutSeconds {hold:g} never acts: {floor}, so the "
-            "service never reaches zero and no gateway holds its requests; set "
-            "spec.autoscaling.minReplicas to 0, or remove holdTimeoutSeconds"
-        )
-    copies = fleet.placement.max_copies if fleet is not None else None
-    if copies is not None and copies > high:
-        warnings.append(
-            f"spec.fleet.placement.maxCopies {copies} never binds: a model has at most one "
-            f"copy per replica and spec.autoscaling.maxReplicas is {high}; lower maxCopies to "
-            f"{high} or less, or remove it"
-        )
-    return warnings
-
-
 def _config_env_bytes(pool: Pool, fleet: bool) -> int:
     text = _canonical_json(render_runtime_config(pool, fleet))
     return len(f"{RUNTIME_CONFIG_ENV}={text}".encode()) + 1
 
 
-def _model_problems(pool: Pool, paths: _Paths) -> list[str]:
+def _model_problems(pool: Pool, paths: PoolPaths) -> list[str]:
     problems: list[str] = []
     backend = pool.runtime.backend
     for model in pool.models:
@@ -341,7 +275,7 @@ def _model_problems(pool: Pool, paths: _Paths) -> list[str]:
     return problems
 
 
-def _memory_problems(pool: Pool, paths: _Paths, fleet: Fleet | None) -> list[str]:
+def _memory_problems(pool: Pool, paths: PoolPaths, fleet: Fleet | None) -> list[str]:
     problems: list[str] = []
     memory = pool.memory
     budget = engine_budget_bytes(memory)
@@ -352,7 +286,7 @@ def _memory_problems(pool: Pool, paths: _Paths, fleet: Fleet | None) -> list[str
             f"{paths.memory}.reserve or set {paths.memory}.engineCacheBudget above it"
         )
     if fleet is not None:
-        problems += _too_large_for_the_budget(pool, paths)
+        problems += too_large_for_the_budget(pool, paths)
     if memory.weight_streaming_budget is not None and pool.runtime.backend is not Backend.TENSORRT:
         problems.append(
             f"{paths.memory}.weightStreamingBudget needs backend tensorrt; remove it or set "

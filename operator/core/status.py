@@ -37,8 +37,10 @@ READY = "Ready"
 PROGRESSING = "Progressing"
 DEGRADED = "Degraded"
 OWNED_CONDITIONS = (READY, PROGRESSING, DEGRADED)
-# Degraded's reason for a working spec with settings that can never act as written.
+# Degraded's reasons for a working spec with settings that can never act as written, or that
+# contradict each other (tidal.operator.core.rules).
 INEFFECTIVE_SETTING = "IneffectiveSetting"
+CONFLICTING_SETTINGS = "ConflictingSettings"
 
 
 @dataclass(frozen=True)
@@ -85,8 +87,10 @@ class StatusInput:
     fleet_enabled: bool = False
     fleet: FleetStatus | None = None
     fleet_problems: Sequence[str] = ()
-    # Settings that can never act as written (find_spec_warnings): Degraded, serving goes on.
+    # Settings that can never act as written, and settings that contradict each other
+    # (core.rules): Degraded, serving goes on; a conflict outranks an ineffective setting.
     warnings: Sequence[str] = ()
+    conflicts: Sequence[str] = ()
 
 
 @dataclass(frozen=True)
@@ -201,6 +205,8 @@ def _degraded(inp: StatusInput) -> tuple[ConditionStatus, str, str]:
         return ConditionStatus.TRUE, "EngineLoadFailed", "; ".join(inp.control.pod_problems)
     if inp.fleet_problems:
         return ConditionStatus.TRUE, "ModelTooLarge", "; ".join(inp.fleet_problems)
+    if inp.conflicts:
+        return ConditionStatus.TRUE, CONFLICTING_SETTINGS, "; ".join(inp.conflicts)
     if inp.warnings:
         return ConditionStatus.TRUE, INEFFECTIVE_SETTING, "; ".join(inp.warnings)
     return ConditionStatus.FALSE, "AsExpected", "no problems found"

@@ -55,13 +55,13 @@ from tidal.operator.core.resources import (
     deployment_name,
     desired_objects,
     find_spec_problems,
-    find_spec_warnings,
     gateway_name,
     gateway_retired,
     object_key,
     pools_of,
     resolve_active_pool,
 )
+from tidal.operator.core.rules import Outcome, find_setting_findings
 from tidal.operator.core.status import (
     DeploymentState,
     EventSpec,
@@ -278,6 +278,7 @@ class Reconciler:
             routed = isvc
         observed = _with_switch(routed, observed, kids)
         problems = find_spec_problems(isvc)
+        findings = find_setting_findings(isvc)
         fleet_view = self.fleet(key) if isvc.spec.fleet is not None else None
         events: list[EventSpec] = []
         error: str | None = None
@@ -311,7 +312,8 @@ class Reconciler:
                 fleet_enabled=isvc.spec.fleet is not None,
                 fleet=fleet_view.status if fleet_view is not None else None,
                 fleet_problems=fleet_view.problems if fleet_view is not None else (),
-                warnings=find_spec_warnings(isvc),
+                warnings=[f.message for f in findings if f.outcome is Outcome.INEFFECTIVE],
+                conflicts=[f.message for f in findings if f.outcome is Outcome.CONFLICTING],
             )
         )
         events += result.events

@@ -34,10 +34,10 @@ from tidal.operator.core.resources import (
     desired_objects,
     engine_budget_bytes,
     find_spec_problems,
-    find_spec_warnings,
     gateway_config,
     placement_headroom,
 )
+from tidal.operator.core.rules import find_spec_warnings
 from tidal.operator.core.status import StatusInput, compute_status
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)

@@ -5,8 +5,9 @@ its field. Here: the manifests whose header says ``errors: 1`` get that one erro
 misleading one (CEL rules guard on the fields they read); and every ``invalid/degraded/*.yaml``,
 which the schema accepts, turns the service Degraded with the field in the condition and in an
 Event, without any child being created; every ``invalid/ineffective/*.yaml`` (a working spec
-with a setting that can never act) is built all the same and turns Degraded
-(``IneffectiveSetting``) naming the field, with an Event.
+with a setting that can never act, or two that contradict each other) is built all the same and
+turns Degraded (``IneffectiveSetting`` or ``ConflictingSettings``) naming the field, with an
+Event.
 """
 
 from __future__ import annotations
@@ -118,6 +119,8 @@ def test_ineffective_setting_is_built_and_degraded_naming_the_field(
     sandbox: Any, namespace: str, operator: OperatorProcess
 ) -> None:
     cases = ineffective_cases()
+    # IneffectiveSetting or ConflictingSettings, as each manifest's header says.
+    reasons = {m["metadata"]["name"]: h["reason"] for _p, h, m in cases}
     for _path, _header, manifest in cases:
         # The pods stay Pending (no node has this label): a runtime that started would fail
         # to load the corpus's made-up engine, and EngineLoadFailed outranks the warning.
@@ -130,7 +133,7 @@ def test_ineffective_setting_is_built_and_degraded_naming_the_field(
         for _path, _header, manifest in cases:
             name = manifest["metadata"]["name"]
             cond = condition(get_isvc(sandbox, namespace, name), "Degraded")
-            if cond.get("reason") != "IneffectiveSetting":
+            if cond.get("reason") != reasons[name]:
                 return None
             found[name] = cond
         return found
@@ -145,14 +148,16 @@ def test_ineffective_setting_is_built_and_degraded_naming_the_field(
                 "-n",
                 namespace,
                 "--field-selector",
-                "reason=IneffectiveSetting,type=Warning",
+                "type=Warning",
                 "-o",
                 "json",
             ).stdout
         )["items"]
         found: dict[str, list[str]] = {}
         for e in items:
-            found.setdefault(e["involvedObject"]["name"], []).append(e["message"])
+            name = e["involvedObject"]["name"]
+            if e["reason"] == reasons.get(name):
+                found.setdefault(name, []).append(e["message"])
         names = {m["metadata"]["name"] for _p, _h, m in cases}
         return found if names <= found.keys() else None
 

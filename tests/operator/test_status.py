@@ -9,6 +9,7 @@ import pytest
 from tidal.operator.core.api import ConditionStatus, InferenceServiceStatus, PoolName
 from tidal.operator.core.control import ControlStatus
 from tidal.operator.core.status import (
+    CONFLICTING_SETTINGS,
     DEGRADED,
     INEFFECTIVE_SETTING,
     PROGRESSING,
@@ -258,6 +259,25 @@ def test_an_ineffective_setting_is_degraded_while_the_service_serves() -> None:
     # Fixing the setting clears Degraded.
     fixed = compute_status(_input(previous=warned.status))
     assert {c.type: c for c in fixed.status.conditions}[DEGRADED].status is ConditionStatus.FALSE
+
+
+def test_conflicting_settings_are_degraded_and_outrank_an_ineffective_one() -> None:
+    conflict = "spec.fleet.gateway.holdTimeoutSeconds 5 is shorter than ..."
+    first = compute_status(_input())
+    both = compute_status(
+        _input(previous=first.status, warnings=["spec.x never acts"], conflicts=[conflict])
+    )
+    by_type = {c.type: c for c in both.status.conditions}
+    assert by_type[DEGRADED].status is ConditionStatus.TRUE
+    assert by_type[DEGRADED].reason == CONFLICTING_SETTINGS
+    assert by_type[DEGRADED].message == conflict
+    assert by_type[READY].status is ConditionStatus.TRUE  # serving goes on
+    (event,) = [e for e in both.events if e.reason == CONFLICTING_SETTINGS]
+    assert event.type == "Warning" and conflict in event.message
+    # Resolving the conflict leaves the ineffective setting, with an Event of its own.
+    rest = compute_status(_input(previous=both.status, warnings=["spec.x never acts"]))
+    assert {c.type: c for c in rest.status.conditions}[DEGRADED].reason == INEFFECTIVE_SETTING
+    assert [e.reason for e in rest.events] == [INEFFECTIVE_SETTING]
 
 
 def test_conditions_owned_by_others_are_kept() -> None:
