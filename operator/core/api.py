@@ -527,6 +527,17 @@ class Toleration(ApiModel):
         return self
 
 
+HOST_PATH_BACKSTEP_MESSAGE = (
+    "runtime.engineCache.hostPath must be an absolute directory with no '..' segment, such as "
+    "/var/cache/tidal/engines (Kubernetes refuses a hostPath volume that steps back)"
+)
+SIZE_LIMIT_WITH_HOST_PATH_MESSAGE = (
+    "runtime.engineCache.sizeLimit bounds the per-pod emptyDir only: with hostPath nothing "
+    "limits the node's directory; remove sizeLimit, or hostPath"
+)
+_BACKSTEP = r"(^|/)\.\.(/|$)"
+
+
 class EngineCache(ApiModel):
     """Where a runtime pod keeps the engines it downloads (http(s) engine URIs), verified by
     sha256. Without ``hostPath``: an emptyDir, gone with the pod. With it: a directory on the
@@ -536,6 +547,21 @@ class EngineCache(ApiModel):
     ReadWriteMany volume is network storage, not node-local. The directory must be writable
     by the runtime's user (uid 65532), and hostPath volumes need a namespace whose Pod Security
     level allows them (baseline does not)."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            cel(
+                f"!has(self.hostPath) || !self.hostPath.matches(r'{_BACKSTEP}')",
+                HOST_PATH_BACKSTEP_MESSAGE,
+                ".hostPath",
+            ),
+            cel(
+                "!has(self.hostPath) || !has(self.sizeLimit)",
+                SIZE_LIMIT_WITH_HOST_PATH_MESSAGE,
+                ".sizeLimit",
+            ),
+        )
+    )
 
     host_path: str | None = Field(
         default=None,
@@ -547,8 +573,16 @@ class EngineCache(ApiModel):
     )
     size_limit: ByteQuantity | None = Field(
         default=None,
-        description="Most bytes the per-pod emptyDir may hold (unused with hostPath), e.g. 20Gi.",
+        description="Most bytes the per-pod emptyDir may hold (not with hostPath), e.g. 20Gi.",
     )
+
+    @model_validator(mode="after")
+    def _host_path_rules(self) -> EngineCache:
+        if self.host_path is not None and re.search(_BACKSTEP, self.host_path):
+            raise ValueError(HOST_PATH_BACKSTEP_MESSAGE)
+        if self.host_path is not None and self.size_limit is not None:
+            raise ValueError(SIZE_LIMIT_WITH_HOST_PATH_MESSAGE)
+        return self
 
 
 class Runtime(ApiModel):

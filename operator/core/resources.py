@@ -66,6 +66,7 @@ CONTAINER_NAME = "runtime"
 # images' USER): what they write goes to an emptyDir at /tmp and the engine cache volume.
 POD_UID = 65532
 ENGINE_CACHE_MOUNT = "/var/cache/tidal/engines"
+ENGINE_CACHE_VOLUME = "engine-cache"  # the pod's volumes[1] (volumes[0] is tmp)
 TMP_MOUNT = "/tmp"
 ROLE_SERVING = "serving"
 ROLE_STANDBY = "standby"
@@ -592,7 +593,7 @@ def _deployment(
     )
     container["volumeMounts"] = [
         {"name": "tmp", "mountPath": TMP_MOUNT},
-        {"name": "engine-cache", "mountPath": ENGINE_CACHE_MOUNT},
+        {"name": ENGINE_CACHE_VOLUME, "mountPath": ENGINE_CACHE_MOUNT},
     ]
     container["securityContext"] = CONTAINER_SECURITY
     pod_spec: dict[str, Any] = {
@@ -601,7 +602,7 @@ def _deployment(
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": 30,
         "securityContext": POD_SECURITY,
-        "volumes": [{"name": "tmp", "emptyDir": {}}, {"name": "engine-cache", **engine_cache}],
+        "volumes": [{"name": "tmp", "emptyDir": {}}, {"name": ENGINE_CACHE_VOLUME, **engine_cache}],
     }
     if pool.runtime.node_selector:
         pod_spec["nodeSelector"] = dict(pool.runtime.node_selector)
@@ -642,6 +643,41 @@ def _deployment(
             },
         },
     }
+
+
+# How the API server words a refusal of the engine cache's hostPath volume: Pod Security
+# (`hostPath volumes (volume "engine-cache")`, in a ReplicaSet's FailedCreate that the Deployment
+# reports as ReplicaFailure) and the Deployment's own validation (a 422 on
+# `spec.template.spec.volumes[1].hostPath.path`).
+_HOST_PATH_REFUSED = re.compile(
+    rf'hostPath volumes? \(volumes? [^)]*"{ENGINE_CACHE_VOLUME}"|volumes\[1\]\.hostPath'
+)
+
+
+def explain_pool_failure(isvc: InferenceService, message: str) -> str:
+    """A failure the API server reports about a pool's Deployment or its pods, with the spec
+    field it comes from named where the operator knows it; else ``message`` unchanged.
+
+    The engine cache's hostPath volume is the operator's rendering of
+    ``runtime.engineCache.hostPath``: the user sees that field (the baseline's own, or the
+    primary's it copies), not the volume's name or index."""
+    if _HOST_PATH_REFUSED.search(message) is None:
+        return message
+    pool = PoolName.PRIMARY
+    if f'"{deployment_name(isvc.name, PoolName.BASELINE)}' in message:
+        pool = PoolName.BASELINE
+    field = f"{paths_of(isvc, pool).runtime('engineCache')}.hostPath"
+    runtime = next(p.runtime for p in pools_of(isvc) if p.name is pool)
+    where = f"{field} {runtime.engine_cache.host_path or ''}".rstrip()
+    if "PodSecurity" in message:
+        return (
+            f"{where}: the namespace {isvc.namespace}'s Pod Security level forbids hostPath "
+            f"volumes, so no pod of pool {pool.value} can be created; unset {field} (each pod "
+            "then caches in an emptyDir), or label the namespace "
+            "pod-security.kubernetes.io/enforce=privileged (API server: "
+            f"{message})"
+        )
+    return f"{where}: the API server refused it as a hostPath volume (API server: {message})"
 
 
 def gateway_name(isvc_name: str) -> str:

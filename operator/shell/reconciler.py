@@ -54,6 +54,7 @@ from tidal.operator.core.resources import (
     Observed,
     deployment_name,
     desired_objects,
+    explain_pool_failure,
     find_spec_problems,
     gateway_name,
     gateway_retired,
@@ -101,6 +102,13 @@ def deployment_state(body: Mapping[str, Any]) -> DeploymentState:
         available_replicas=int(status.get("availableReplicas", 0)),
         failure=failure,
     )
+
+
+def _named_failure(isvc: InferenceService, state: DeploymentState) -> DeploymentState:
+    """``state`` with its failure naming the spec field it comes from, where known."""
+    if state.failure is None:
+        return state
+    return replace(state, failure=explain_pool_failure(isvc, state.failure))
 
 
 def pod_state(body: Mapping[str, Any]) -> PodState:
@@ -290,7 +298,7 @@ class Reconciler:
             except KubeError as exc:
                 metrics.RECONCILE_ERRORS.labels(kind="api").inc()
                 log.warning("reconcile %s/%s: %s", *key, exc)
-                error = str(exc)
+                error = explain_pool_failure(isvc, str(exc))
                 retry = self._backoff(key)
         result = compute_status(
             StatusInput(
@@ -300,7 +308,7 @@ class Reconciler:
                 active_pool=resolve_active_pool(routed, observed),
                 desired={pool.name: _desired(isvc, pool.name, observed) for pool in pools_of(isvc)},
                 deployments={
-                    PoolName(p): d
+                    PoolName(p): _named_failure(isvc, d)
                     for p, d in kids.deployments.items()
                     if p in (PoolName.PRIMARY.value, PoolName.BASELINE.value)
                 },

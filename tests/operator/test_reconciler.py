@@ -311,3 +311,57 @@ async def test_pods_feed_the_status_counts() -> None:
     status = kube.statuses[-1]
     assert status["readyReplicas"] == 1
     assert next(c for c in status["conditions"] if c["type"] == "Ready")["status"] == "True"
+
+
+# What the API server says when the engine cache's hostPath is refused: Pod Security (the
+# ReplicaSet's FailedCreate, which the Deployment reports as ReplicaFailure) and the Deployment's
+# own validation (a 422 naming the volume's index).
+POD_SECURITY_REFUSAL = (
+    'pods "svc-primary-6c9f7b-x2k4q" is forbidden: violates PodSecurity "baseline:latest": '
+    'hostPath volumes (volume "engine-cache")'
+)
+VOLUME_REFUSAL = (
+    'apply Deployment ns/svc-primary: HTTP 422: Deployment.apps "svc-primary" is invalid: '
+    'spec.template.spec.volumes[1].hostPath.path: Invalid value: "/var/../x": must not '
+    "contain '..'"
+)
+
+
+async def test_a_hostpath_forbidden_by_pod_security_is_degraded_naming_the_field() -> None:
+    body = minimal(runtime={"backend": "onnxruntime", "engineCache": {"hostPath": "/var/c"}})
+    store, kube, rec = _setup(body)
+    await rec.reconcile(("ns", "svc"), False)
+    failed = copy.deepcopy(kube.objects[("Deployment", "svc-primary")])
+    failed["status"]["conditions"] = [
+        {
+            "type": "ReplicaFailure",
+            "status": "True",
+            "reason": "FailedCreate",
+            "message": POD_SECURITY_REFUSAL,
+        }
+    ]
+    store.put_child(failed, deleted=False)
+    await rec.reconcile(("ns", "svc"), False)
+    degraded = next(c for c in kube.statuses[-1]["conditions"] if c["type"] == "Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == "DeploymentFailed"
+    assert "spec.runtime.engineCache.hostPath /var/c" in degraded["message"]
+    assert "Pod Security level forbids hostPath" in degraded["message"]
+    (event,) = [e for e in kube.events if e.reason == "DeploymentFailed"]
+    assert event.type == "Warning" and "spec.runtime.engineCache.hostPath" in event.message
+
+
+async def test_a_hostpath_the_api_server_refuses_is_degraded_naming_the_field() -> None:
+    body = minimal(runtime={"backend": "onnxruntime", "engineCache": {"hostPath": "/var/c"}})
+    _store, kube, rec = _setup(body)
+
+    async def refuse(obj: Mapping[str, Any]) -> dict[str, Any]:
+        raise KubeError(VOLUME_REFUSAL, status=422, retryable=False)
+
+    kube.apply = refuse  # type: ignore[method-assign]
+    await rec.reconcile(("ns", "svc"), False)
+    degraded = next(c for c in kube.statuses[-1]["conditions"] if c["type"] == "Degraded")
+    assert degraded["reason"] == "ReconcileError"
+    assert degraded["message"].startswith("spec.runtime.engineCache.hostPath /var/c: ")
+    assert "volumes[1].hostPath.path" in degraded["message"]  # the server's words are kept
+    (event,) = [e for e in kube.events if e.reason == "ReconcileError"]
+    assert "spec.runtime.engineCache.hostPath" in event.message

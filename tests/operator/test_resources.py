@@ -24,6 +24,7 @@ from tidal.operator.core.resources import (
     Observed,
     desired_objects,
     desired_replicas,
+    explain_pool_failure,
     find_spec_problems,
     pools_of,
     render_runtime_config,
@@ -573,3 +574,57 @@ def test_runtime_override_has_runtime_fields_without_defaults() -> None:
         api.RuntimeOverride.model_validate({"image": ""})
     with pytest.raises(ValidationError, match="names must be unique"):
         api.RuntimeOverride.model_validate({"env": [{"name": "A"}, {"name": "A"}]})
+
+
+# -- failures the API server reports about a pool, named by the spec field ----------------------
+
+POD_SECURITY = (
+    'pods "svc-{pool}-6c9f7b-x2k4q" is forbidden: violates PodSecurity "baseline:latest": '
+    'hostPath volumes (volume "engine-cache")'
+)
+
+
+@pytest.mark.parametrize(
+    ("spec", "pool", "field"),
+    [
+        (
+            {"runtime": {"backend": "onnxruntime", "engineCache": {"hostPath": "/c"}}},
+            "primary",
+            "spec.runtime.engineCache.hostPath /c",
+        ),
+        # The baseline's own engineCache, or the primary's it copies.
+        (
+            {
+                "runtime": {"backend": "onnxruntime"},
+                "rollout": {"baseline": {"runtime": {"engineCache": {"hostPath": "/b"}}}},
+            },
+            "baseline",
+            "spec.rollout.baseline.runtime.engineCache.hostPath /b",
+        ),
+        (
+            {
+                "runtime": {"backend": "onnxruntime", "engineCache": {"hostPath": "/c"}},
+                "rollout": {"baseline": {}},
+            },
+            "baseline",
+            "spec.runtime.engineCache.hostPath /c",
+        ),
+    ],
+)
+def test_a_pod_security_refusal_of_the_cache_names_the_field(
+    spec: dict[str, Any], pool: str, field: str
+) -> None:
+    message = POD_SECURITY.format(pool=pool)
+    explained = explain_pool_failure(_isvc(**spec), message)
+    assert explained.startswith(f"{field}: the namespace ns's Pod Security level forbids")
+    assert f"pool {pool}" in explained and message in explained
+
+
+def test_other_pool_failures_are_left_as_the_api_server_words_them() -> None:
+    isvc = _isvc(runtime={"backend": "onnxruntime", "engineCache": {"hostPath": "/c"}})
+    for message in (
+        'pods "x" is forbidden: exceeded quota: gpu, requested: nvidia.com/gpu=1',
+        'violates PodSecurity "restricted:latest": runAsNonRoot != true (pod)',
+        "ProgressDeadlineExceeded",
+    ):
+        assert explain_pool_failure(isvc, message) == message

@@ -147,6 +147,12 @@ def test_readme_rules_table_is_generated_from_the_rules() -> None:
         assert message.replace("|", "\\|") in table
 
 
+def test_admission_rules_cover_the_engine_cache_refusals() -> None:
+    fields = dict((message, field) for field, message in crdgen.admission_rules())
+    assert fields[api.HOST_PATH_BACKSTEP_MESSAGE] == "spec.runtime.engineCache.hostPath"
+    assert fields[api.SIZE_LIMIT_WITH_HOST_PATH_MESSAGE] == "spec.runtime.engineCache.sizeLimit"
+
+
 def test_crdgen_check_fails_on_a_stale_rules_table(tmp_path: Path) -> None:
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{crdgen.RULES_BEGIN}\nold\n{crdgen.RULES_END}\nrest\n")
