@@ -73,6 +73,12 @@ REASON_WAKE_FORECAST = "wake:forecast"
 REASON_HOLD_FORECAST = "hold:forecast-due"
 REASON_BUSY = "busy"
 REASON_ZERO_QUIET = "scale-to-zero:forecast-quiet"
+REASON_WAIT_FIRST_READY = "wait:first-ready"
+
+# How long a new service that may reach zero keeps its first replica while none has been
+# Ready: a Deployment's default progressDeadlineSeconds, after which Kubernetes itself calls
+# the rollout failed.
+FIRST_READY_WAIT_SECONDS = 600.0
 
 DEFAULT_SCALE_TO_ZERO_AFTER_SECONDS = 300
 
@@ -492,4 +498,26 @@ def is_quiet(decision: ScaleDecision, observation: Observation, max_age_seconds:
         and obs.ready_standby <= decision.desired_standby
         and obs.ready_serving + obs.ready_standby + obs.warming
         <= decision.desired_serving + decision.desired_standby
+    )
+
+
+def hold_until_served(
+    decision: ScaleDecision, scaler: ScalerState, served: bool, waited_seconds: float
+) -> tuple[ScaleDecision, ScalerState]:
+    """Keep one replica of a service that has never had a Ready replica (``served`` False),
+    whatever the idle verdict, for up to `FIRST_READY_WAIT_SECONDS` (``waited_seconds``: since
+    the operator first saw the service).
+
+    Why: a new service with ``scaleToZeroAfterSeconds: 0`` (or a short one) would otherwise go
+    to zero seconds after creation, before its first replica loaded anything: an engine that
+    cannot load would never be seen (no pod, no EngineLoadFailed) and the first caller would
+    find out. Knative likewise reaches its initial scale before it scales a revision down.
+    Past the deadline the replica goes (a broken service must not hold a GPU for ever); the
+    status then says the pool is at zero without having served (``NotYetServed``).
+    """
+    if served or decision.desired_serving > 0 or waited_seconds >= FIRST_READY_WAIT_SECONDS:
+        return decision, scaler
+    return (
+        replace(decision, desired_serving=1, reason=REASON_WAIT_FIRST_READY),
+        replace(scaler, desired_serving=1),
     )

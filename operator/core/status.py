@@ -41,6 +41,8 @@ OWNED_CONDITIONS = (READY, PROGRESSING, DEGRADED)
 # contradict each other (tidal.operator.core.rules).
 INEFFECTIVE_SETTING = "IneffectiveSetting"
 CONFLICTING_SETTINGS = "ConflictingSettings"
+# Ready's reason for a pool at zero that has never had a Ready replica (see has_served).
+NOT_YET_SERVED = "NotYetServed"
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,18 @@ def count_pool(
     )
 
 
+def has_served(status: InferenceServiceStatus | None) -> bool:
+    """Whether the service has been Ready (serving, or at zero after serving) by ``status``.
+
+    A pool at zero is healthy only once some replica has been Ready: a service taken to zero
+    before (``spec.replicas: 0``, or a first replica that never came up) has shown nothing,
+    and an engine that cannot load stays unseen while no pod runs. So ``ScaledToZero`` is
+    Ready=True only after ``Serving`` was, and carries that forward."""
+    if status is None:
+        return False
+    return any(c.type == READY and c.status is ConditionStatus.TRUE for c in status.conditions)
+
+
 def _ready(inp: StatusInput, active: PoolStatus) -> tuple[ConditionStatus, str, str]:
     pool = inp.active_pool.value
     fleet = inp.fleet
@@ -147,8 +161,16 @@ def _ready(inp: StatusInput, active: PoolStatus) -> tuple[ConditionStatus, str, 
             "Serving",
             f"{active.ready} of {active.desired} replicas of pool {pool} ready and serving",
         )
-    if active.desired == 0 and not inp.problems:
+    if active.desired == 0 and not inp.problems and has_served(inp.previous):
         return ConditionStatus.TRUE, "ScaledToZero", f"pool {pool} is scaled to zero"
+    if active.desired == 0 and not inp.problems:
+        return (
+            ConditionStatus.FALSE,
+            NOT_YET_SERVED,
+            f"pool {pool} is at zero and no replica has been Ready yet: nothing has shown that "
+            "its models load and serve; the first request wakes it (and Degraded says what "
+            "fails, if it does)",
+        )
     if inp.problems:
         return ConditionStatus.FALSE, "InvalidSpec", "no ready replicas; see the Degraded condition"
     if active.warming > 0:

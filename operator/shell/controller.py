@@ -99,6 +99,7 @@ from tidal.operator.core.idle import (
     dump_zero,
     forecast_peak,
     forecast_quiet_peak,
+    hold_until_served,
     is_quiet,
     learn_demand,
     load_zero,
@@ -134,7 +135,7 @@ from tidal.operator.core.signals import (
     scrape_targets,
     time_to_routable,
 )
-from tidal.operator.core.status import EventSpec
+from tidal.operator.core.status import EventSpec, has_served
 from tidal.operator.shell import metrics
 from tidal.operator.shell.activity import ActivityWatch
 from tidal.operator.shell.kube import Kube, KubeError
@@ -565,6 +566,13 @@ class Controller:
             if policy.min_replicas == 0:
                 decision, st.scalers[serving] = self._decide_zero(
                     st, isvc, policy, observation, scaler, serving, mono, wall, self.held(key)
+                )
+                # Not to zero before a first replica was Ready (as the status has recorded).
+                decision, st.scalers[serving] = hold_until_served(
+                    decision,
+                    st.scalers[serving],
+                    has_served(_stored_status(body)),
+                    mono - (st.first_tick_at if st.first_tick_at is not None else mono),
                 )
             else:
                 decision, st.scalers[serving] = decide_scale(policy, observation, scaler)

@@ -15,9 +15,11 @@ from tidal.operator.core.autoscaler import Observation, ScalerState, ScalingPoli
 from tidal.operator.core.control import autoscaler_status, scale_event, stored_zero_memory
 from tidal.operator.core.forecast import ForecastPolicy
 from tidal.operator.core.idle import (
+    FIRST_READY_WAIT_SECONDS,
     REASON_AT_ZERO,
     REASON_BUSY,
     REASON_HOLD_FORECAST,
+    REASON_WAIT_FIRST_READY,
     REASON_WAIT_ZERO,
     REASON_WAKE_FORECAST,
     REASON_WAKE_REQUEST,
@@ -32,6 +34,7 @@ from tidal.operator.core.idle import (
     dump_zero,
     forecast_peak,
     forecast_quiet_peak,
+    hold_until_served,
     idle_window,
     is_quiet,
     learn_demand,
@@ -631,3 +634,42 @@ def test_pending_scale_down_is_not_quiet_an_idle_timer_and_zero_are() -> None:
         IdleState(0.0, 400.0),
     )
     assert at_zero.reason == REASON_AT_ZERO and is_quiet(at_zero, obs(900.0, 0), 5.0)
+
+
+@pytest.mark.parametrize(
+    ("served", "waited", "serving", "reason"),
+    [
+        (False, 2.0, 1, REASON_WAIT_FIRST_READY),  # issue 31: not to zero 2 s after creation
+        (False, FIRST_READY_WAIT_SECONDS - 1, 1, REASON_WAIT_FIRST_READY),
+        (False, FIRST_READY_WAIT_SECONDS, 0, REASON_ZERO_IDLE),  # a broken service lets go
+        (True, 2.0, 0, REASON_ZERO_IDLE),  # once a replica was Ready, zero as decided
+    ],
+)
+def test_a_new_service_keeps_its_first_replica_until_one_was_ready(
+    served: bool, waited: float, serving: int, reason: str
+) -> None:
+    """scaleToZeroAfterSeconds 0: the idle verdict says zero at once; until a replica has
+    been Ready (or the wait is over) the first one stays, and the next tick decides again."""
+    zero = ZeroPolicy(after_seconds=0.0, wake_margin_seconds=30.0)
+    idle = IdleState(active_at=0.0)
+    scaler = ScalerState(desired_serving=1)
+    decision, new_scaler, idle = decide_scale_zero(
+        POLICY, zero, obs(2.0, 1), scaler, IdleSignals(2.0, False), idle
+    )
+    assert (decision.desired_serving, decision.reason) == (0, REASON_ZERO_IDLE)
+    held, kept = hold_until_served(decision, new_scaler, served, waited)
+    assert (held.desired_serving, held.reason) == (serving, reason)
+    assert kept.desired_serving == serving
+    if serving:  # not "at zero" next tick: the verdict is asked again, not a wake
+        again, _, _ = decide_scale_zero(
+            POLICY, zero, obs(3.0, 1), kept, IdleSignals(3.0, False), idle
+        )
+        assert again.desired_serving == 0 and again.reason == REASON_ZERO_IDLE
+
+
+def test_a_service_that_wants_replicas_is_never_held_back() -> None:
+    held = IdleSignals(5.0, False, held=3)  # requests held at zero: a wake
+    at_zero = ScalerState(desired_serving=0)
+    decision, scaler, _ = decide_scale_zero(POLICY, ZERO, obs(5.0, 0), at_zero, held, IdleState())
+    assert decision.desired_serving >= 1
+    assert hold_until_served(decision, scaler, False, 1.0) == (decision, scaler)

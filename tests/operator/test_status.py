@@ -103,8 +103,20 @@ def _cond(status: InferenceServiceStatus, kind: str) -> tuple[str, str]:
         ),
         ({"pods": _pods(3)}, ("True", "Serving"), ("True", "ScalingDown"), ("False", "AsExpected")),
         (
-            {"desired": {PRIMARY: 0}, "pods": [], "deployments": {PRIMARY: _steady(0)}},
+            {
+                "desired": {PRIMARY: 0},
+                "pods": [],
+                "deployments": {PRIMARY: _steady(0)},
+                "previous": compute_status(_input()).status,  # it served before
+            },
             ("True", "ScaledToZero"),
+            ("False", "Complete"),
+            ("False", "AsExpected"),
+        ),
+        (
+            # At zero without ever having served: nothing shows it works (issue 31).
+            {"desired": {PRIMARY: 0}, "pods": [], "deployments": {PRIMARY: _steady(0)}},
+            ("False", "NotYetServed"),
             ("False", "Complete"),
             ("False", "AsExpected"),
         ),
@@ -278,6 +290,22 @@ def test_conflicting_settings_are_degraded_and_outrank_an_ineffective_one() -> N
     rest = compute_status(_input(previous=both.status, warnings=["spec.x never acts"]))
     assert {c.type: c for c in rest.status.conditions}[DEGRADED].reason == INEFFECTIVE_SETTING
     assert [e.reason for e in rest.events] == [INEFFECTIVE_SETTING]
+
+
+def test_at_zero_is_healthy_only_after_a_replica_was_ready() -> None:
+    at_zero = {"desired": {PRIMARY: 0}, "pods": [], "deployments": {PRIMARY: _steady(0)}}
+    warming = compute_status(_input(pods=_pods(warming=1), desired={PRIMARY: 1}))
+    never = compute_status(_input(previous=warming.status, **at_zero))
+    ready = {c.type: c for c in never.status.conditions}[READY]
+    assert (ready.status, ready.reason) == (ConditionStatus.FALSE, "NotYetServed")
+    assert "no replica has been Ready yet" in ready.message
+    # Once a replica has been Ready, zero is healthy, and stays so across passes at zero.
+    served = compute_status(_input(previous=never.status))
+    zero = compute_status(_input(previous=served.status, **at_zero))
+    again = compute_status(_input(previous=zero.status, **at_zero))
+    for result in (zero, again):
+        ready = {c.type: c for c in result.status.conditions}[READY]
+        assert (ready.status, ready.reason) == (ConditionStatus.TRUE, "ScaledToZero")
 
 
 def test_conditions_owned_by_others_are_kept() -> None:
