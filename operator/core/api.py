@@ -1149,7 +1149,8 @@ class Autoscaling(ApiModel):
         description="With minReplicas 0: seconds without any request before the last replica "
         "(and the standby) is removed. A request held at the gateway or demand the service's "
         "forecast expects within one time-to-routable (plus 30 s) keeps it, and brings a "
-        "service at zero back.",
+        "service at zero back. A new service keeps its first replica until one has been Ready "
+        "(at most 600 s), so that a model that cannot load shows before it goes to zero.",
     )
     hold_timeout_seconds: float | None = Field(
         default=None,

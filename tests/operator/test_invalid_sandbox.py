@@ -241,3 +241,40 @@ def test_api_server_and_models_agree_on_byte_quantities(
             if server != models:
                 disagree.append((spec, "server" if server else "models"))
     assert disagree == [], disagree
+
+
+def test_a_hostpath_forbidden_by_pod_security_is_degraded_naming_the_field(
+    sandbox: Any, namespace: str, operator: OperatorProcess
+) -> None:
+    """Issue 31: a namespace whose Pod Security level forbids hostPath volumes refuses the
+    pods; the user is told spec.runtime.engineCache.hostPath, not the volume's name."""
+    sandbox.kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=baseline")
+    body = minimal(
+        name="cache",
+        namespace=namespace,
+        runtime={"backend": "onnxruntime", "engineCache": {"hostPath": "/var/cache/tidal-x"}},
+    )
+    body["metadata"] = {"name": "cache"}
+    sandbox.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(body))
+
+    def degraded() -> dict[str, Any] | None:
+        cond = condition(get_isvc(sandbox, namespace, "cache"), "Degraded")
+        return cond if cond.get("reason") == "DeploymentFailed" else None
+
+    cond = wait_for(degraded, timeout=120, what="Degraded=DeploymentFailed")
+    assert cond["status"] == "True", cond
+    assert cond["message"].startswith("pool primary: spec.runtime.engineCache.hostPath "), cond
+    assert "Pod Security level forbids hostPath" in cond["message"], cond
+
+    def warning() -> list[str] | None:
+        items = json.loads(
+            sandbox.kubectl(
+                "get", "events", "-n", namespace, "--field-selector",
+                "reason=DeploymentFailed,type=Warning", "-o", "json",
+            ).stdout
+        )["items"]  # fmt: skip
+        found = [e["message"] for e in items if e["involvedObject"]["name"] == "cache"]
+        return found or None
+
+    messages = wait_for(warning, timeout=60, what="a DeploymentFailed Warning Event")
+    assert any("spec.runtime.engineCache.hostPath" in m for m in messages), messages
