@@ -31,6 +31,7 @@ from tidal.operator.core.api import (
     Backend,
     FleetForecast,
     InferenceService,
+    percent_value,
     quantity_bytes,
 )
 from tidal.operator.core.idle import DEFAULT_SCALE_TO_ZERO_AFTER_SECONDS
@@ -267,6 +268,28 @@ def _cache_budget_above_memory_limit(isvc: InferenceService) -> list[str]:
     return found
 
 
+def _streaming_budget_above_engine_budget(isvc: InferenceService) -> list[str]:
+    found = []
+    for pool in pools_of(isvc):
+        wanted = pool.memory.weight_streaming_budget
+        if pool.runtime.backend is not Backend.TENSORRT or wanted is None:
+            continue  # without TensorRT it is a spec problem (find_spec_problems)
+        if wanted == "auto" or percent_value(wanted) is not None:
+            continue
+        budget = engine_budget_bytes(pool.memory)
+        if quantity_bytes(wanted) < budget:
+            continue
+        paths = paths_of(isvc, pool.name)
+        found.append(
+            f"{pool.name.value} pool: {paths.memory}.weightStreamingBudget {wanted} never acts "
+            f"as written: it is at least the engine budget ({budget} bytes: "
+            f"{paths.memory}.engineCacheBudget less reserve), and the runtime clamps it to what "
+            "that budget leaves each engine, as auto does; set auto, or a byte count below the "
+            "engine budget"
+        )
+    return found
+
+
 # The table. Order is the README's; ids are what tests/operator/invalid/ineffective/ names.
 SETTING_RULES: tuple[SettingRule, ...] = (
     SettingRule(
@@ -350,6 +373,14 @@ SETTING_RULES: tuple[SettingRule, ...] = (
         "runtime.resources.limits.memory (the pod is OOM-killed before the cache evicts)",
         Outcome.CONFLICTING,
         _cache_budget_above_memory_limit,
+    ),
+    SettingRule(
+        "weight-streaming-budget-above-engine-budget",
+        "spec.memory.weightStreamingBudget",
+        "with backend tensorrt, a byte count at or above the engine budget (engineCacheBudget "
+        "less reserve): clamped to what the budget leaves, as auto",
+        Outcome.INEFFECTIVE,
+        _streaming_budget_above_engine_budget,
     ),
     SettingRule(
         "model-larger-than-budget",

@@ -94,6 +94,21 @@ def test_every_rule_has_a_manifest_and_every_manifest_a_rule() -> None:
                 "onBreach": "alert",
             },
         },
+        # A weight streaming budget below the engine budget, or a share of the weights.
+        {
+            "runtime": {"backend": "tensorrt"},
+            "models": [{"name": "m", "engines": [{"uri": "file:///m/sm90-trt10.0-fp16.engine"}]}],
+            "memory": {
+                "engineCacheBudget": "8Gi",
+                "reserve": "1Gi",
+                "weightStreamingBudget": "6Gi",
+            },
+        },
+        {
+            "runtime": {"backend": "tensorrt"},
+            "models": [{"name": "m", "engines": [{"uri": "file:///m/sm90-trt10.0-fp16.engine"}]}],
+            "memory": {"engineCacheBudget": "1Gi", "weightStreamingBudget": "100%"},
+        },
         # An engine budget that fits the container's memory, or a GPU budget.
         {
             "runtime": {"backend": "onnxruntime", "resources": {"limits": {"memory": "2Gi"}}},
