@@ -13,7 +13,10 @@ that both layers reject each of them with a message naming the field.
 Everything a spec can say that passes these rules but still cannot work (for example no engine
 for the selected backend) is found by :func:`tidal.operator.core.resources.find_spec_problems`
 and reported as the ``Degraded`` condition instead of being rejected: those depend on facts the
-schema cannot know.
+schema cannot know. Settings of a working spec that can never act, or that contradict each
+other, are the rows of :data:`tidal.operator.core.rules.SETTING_RULES` (``Degraded``
+``IneffectiveSetting`` / ``ConflictingSettings``); the operator README's rules table lists them
+beside the CEL rules here (``make crds`` writes it).
 """
 
 from __future__ import annotations
