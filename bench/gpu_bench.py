@@ -280,17 +280,30 @@ def make_cache(config: Any, backend: Any) -> Any:
 
 
 def section_throughput(dev: Device, backend: Any, path: Path, seconds: float) -> None:
+    """The engine with its CUDA graphs and the same engine run eagerly (graphs off at its load)
+    against the direct calls of the same package, all in this process."""
     torch = dev.torch
     width_in, max_batch = input_width(path), MODELS["mlp"][3]
-    config = make_config({"mlp": path}, 8 << 30, {"mlp": max_batch})
+    config = make_config(
+        {"mlp": path, "mlp_eager": path}, 8 << 30, dict.fromkeys(["mlp", "mlp_eager"], max_batch)
+    )
     cache = make_cache(config, backend)
 
-    async def load() -> Any:
-        engine, _ = await cache.acquire("mlp")
-        cache.release("mlp")
+    async def load(name: str) -> Any:
+        engine, _ = await cache.acquire(name)
+        cache.release(name)
         return engine
 
-    engine = asyncio.run(load())
+    engine = asyncio.run(load("mlp"))
+    previous = os.environ.get("TIDAL_TORCH_CUDA_GRAPHS")
+    os.environ["TIDAL_TORCH_CUDA_GRAPHS"] = "0"
+    try:
+        eager = asyncio.run(load("mlp_eager"))
+    finally:
+        if previous is None:
+            os.environ.pop("TIDAL_TORCH_CUDA_GRAPHS")
+        else:
+            os.environ["TIDAL_TORCH_CUDA_GRAPHS"] = previous
     # The direct call: the same package, loaded by torch alone (on the backend's loader thread,
     # like the engine's), weights from the same file; called from this thread like the engine.
     section = read_tidal_section(path)
@@ -307,6 +320,18 @@ def section_throughput(dev: Device, backend: Any, path: Path, seconds: float) ->
     direct.load_constants(constants, check_full_update=True, user_managed=True)
     sync = dev.sync
     print(f"[2] {path.name}: first load's phases {json.dumps(engine.load_phases)}")
+    print(
+        f"    graphs: {len(getattr(engine, 'graph_batch_sizes', []))} batch sizes captured, "
+        f"{getattr(engine, 'graph_bytes', 0) / 2**20:.2f} MiB in their pool, error "
+        f"{getattr(engine, 'graph_error', None)!r}; eager twin: graphs "
+        f"{len(getattr(eager, 'graph_batch_sizes', []))}"
+    )
+    ref = read_ref(path)
+    if ref is not None:
+        for name, eng in (("graphs", engine), ("eager", eager)):
+            got = eng.infer({"x": ref["x"]})["y"].astype(np.float32)
+            err = float(np.abs(got - ref["y"].astype(np.float32)).max())
+            print(f"    {name}: max abs error vs the eager torch model {err:.3g}")
     x64 = np.zeros((64, width_in), dtype=dev.np_dtype)
     timed_calls(lambda: engine.infer({"x": x64}), 0.3, sync)  # clocks up before measuring
     timed_calls(lambda: direct(dev.put(torch.from_numpy(x64))), 0.3, sync)
@@ -314,13 +339,14 @@ def section_throughput(dev: Device, backend: Any, path: Path, seconds: float) ->
     # .__call__, which parses the call spec and flattens its arguments on every call) and the
     # package loader's run (a list in, a list out), the entry point the runtime's engine uses.
     print(
-        "    batch | runtime rows/s  P50 ms  P99 ms | direct(__call__) rows/s  P50  P99 | "
-        "runtime/direct | direct(loader.run) rows/s  P50 | runtime/that | "
-        "direct(device-resident) rows/s"
+        "    batch | runtime(graphs) rows/s  P50 ms  P99 ms | runtime(eager) rows/s  P50  P99 |"
+        " direct(__call__) rows/s  P50 | direct(loader.run) rows/s  P50  P99 | graphs/loader.run"
+        " | eager/loader.run | graphs/__call__ | direct(device-resident) rows/s"
     )
     for batch in (1, 8, 64):
         x = np.random.default_rng(batch).standard_normal((batch, width_in)).astype(dev.np_dtype)
         ours = timed_calls(lambda x=x: engine.infer({"x": x}), seconds, sync)
+        ours_eager = timed_calls(lambda x=x: eager.infer({"x": x}), seconds, sync)
 
         def host_call(x: np.ndarray[Any, Any] = x) -> None:
             out = direct(dev.put(torch.from_numpy(x)))
@@ -335,19 +361,33 @@ def section_throughput(dev: Device, backend: Any, path: Path, seconds: float) ->
         xd = dev.put(torch.from_numpy(x))
         resident = timed_calls(lambda xd=xd: direct(xd), seconds, sync)
         ours_rate = batch / statistics.mean(ours)
+        eager_rate = batch / statistics.mean(ours_eager)
         theirs_rate = batch / statistics.mean(theirs)
         flat_rate = batch / statistics.mean(flat)
         print(
-            f"    {batch:5d} | {ours_rate:14.0f} {percentile(ours, 0.5) * 1e3:7.3f} "
-            f"{percentile(ours, 0.99) * 1e3:7.3f} | {theirs_rate:23.0f} "
-            f"{percentile(theirs, 0.5) * 1e3:5.3f} {percentile(theirs, 0.99) * 1e3:5.3f} | "
-            f"{ours_rate / theirs_rate:14.1%} | {flat_rate:25.0f} "
-            f"{percentile(flat, 0.5) * 1e3:5.3f} | {ours_rate / flat_rate:12.1%} | "
-            f"{batch / statistics.mean(resident):.0f}"
+            f"    {batch:5d} | {ours_rate:22.0f} {ms(ours, 0.5):7.3f} {ms(ours, 0.99):7.3f} | "
+            f"{eager_rate:21.0f} {ms(ours_eager, 0.5):.3f} {ms(ours_eager, 0.99):.3f} | "
+            f"{theirs_rate:23.0f} {ms(theirs, 0.5):.3f} | {flat_rate:25.0f} {ms(flat, 0.5):.3f} "
+            f"{ms(flat, 0.99):.3f} | {ours_rate / flat_rate:17.1%} | {eager_rate / flat_rate:16.1%}"
+            f" | {ours_rate / theirs_rate:15.1%} | {batch / statistics.mean(resident):.0f}"
         )
     cache.close()
     constants.clear()
     dev.empty_cache()
+
+
+def ms(values: list[float], q: float) -> float:
+    return percentile(values, q) * 1e3
+
+
+def read_ref(path: Path) -> Any:
+    """The <model>.ref.npz that build wrote beside the package's folder, if any."""
+    for folder in (path.parent.parent, path.parent):
+        for ref in folder.glob("*.ref.npz"):
+            data = np.load(ref)
+            if data["x"].shape[1] == input_width(path):
+                return data
+    return None
 
 
 def phase_sums(metrics: Any, model: str) -> dict[str, float]:
@@ -422,41 +462,104 @@ def section_cold_load(dev: Device, backend: Any, path: Path, limit: float) -> No
     cache.close()
 
 
-def section_churn(dev: Device, backend: Any, path: Path, requests: int, seconds: float) -> None:
+class PeakSampler:
+    """Reads cudaMemGetInfo every ``period_s`` on its own thread: the device's peak use."""
+
+    def __init__(self, dev: Device, period_s: float = 0.0005) -> None:
+        self.dev = dev
+        self.period_s = period_s
+        self.base_free = dev.free()
+        self.peak = 0
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="peak-sampler", daemon=True)
+
+    def sample(self) -> None:
+        self.peak = max(self.peak, self.base_free - self.dev.free())
+        self.samples += 1
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            time.sleep(self.period_s)
+
+    def __enter__(self) -> PeakSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.sample()
+
+
+def churn(
+    dev: Device,
+    backend: Any,
+    path: Path,
+    budget: int,
+    requests: int,
+    seconds: float,
+    concurrency: int,
+    seed: int = 7,
+) -> dict[str, Any]:
+    """Zipf(1.1) requests over six models of ``path``, ``concurrency`` at a time (each infer on
+    its own thread, batch 1..8), with cudaMemGetInfo sampled all along.  Returns the figures."""
+    torch = dev.torch
     names = [f"m{i}" for i in range(6)]
-    section = read_tidal_section(path)
-    budget = int(section.manifest.weights_bytes * 3.3)
-    # No sha256 here (section 3 times it): the churn measures the cache, not the hash.
     config = make_config(dict.fromkeys(names, path), budget, dict.fromkeys(names, 8))
+    dev.sync()
+    dev.empty_cache()
     cache = make_cache(config, backend)
-    rng = np.random.default_rng(7)
+    rng = np.random.default_rng(seed)
     weights = np.array([1 / (i + 1) ** 1.1 for i in range(len(names))])
     picks = rng.choice(len(names), size=requests, p=weights / weights.sum())
-    x = np.zeros((1, input_width(path)), dtype=dev.np_dtype)
-    base_free = dev.free()
+    sizes = rng.integers(1, 9, size=requests)
+    width = input_width(path)
+    xs = {b: np.zeros((b, width), dtype=dev.np_dtype) for b in range(1, 9)}
     latencies: dict[bool, list[float]] = {True: [], False: []}
-    max_used = 0
+    counts = {"retried": 0, "failed": 0}
+    torch.cuda.reset_peak_memory_stats()
+    from tidal.runtime.errors import Overloaded
 
-    async def run() -> int:
-        nonlocal max_used
-        done = 0
-        deadline = time.perf_counter() + seconds
-        for pick in picks:
-            if time.perf_counter() > deadline:
-                break
-            name = names[pick]
-            started = time.perf_counter()
-            engine, cold = await cache.acquire(name)
+    async def one(name: str, x: np.ndarray[Any, Any]) -> None:
+        started = time.perf_counter()
+        for _ in range(200):
             try:
-                engine.infer({"x": x})
+                engine, cold = await cache.acquire(name)
+            except Overloaded:  # every resident engine busy: the client retries
+                counts["retried"] += 1
+                await asyncio.sleep(0.005)
+                continue
+            try:
+                await asyncio.to_thread(engine.infer, {"x": x})
             finally:
                 cache.release(name)
             latencies[cold].append(time.perf_counter() - started)
-            max_used = max(max_used, base_free - dev.free())
-            done += 1
+            return
+        counts["failed"] += 1
+
+    async def run(sampler: PeakSampler) -> int:
+        done = 0
+        deadline = time.perf_counter() + seconds
+        for start in range(0, requests, concurrency):
+            if time.perf_counter() > deadline:
+                break
+            group = range(start, min(requests, start + concurrency))
+            results = await asyncio.gather(
+                *(one(names[picks[i]], xs[int(sizes[i])]) for i in group),
+                return_exceptions=True,
+            )
+            for result in results:
+                if isinstance(result, BaseException):
+                    counts["failed"] += 1
+                    print(f"    request failed: {type(result).__name__}: {result}")
+            sampler.sample()
+            done += len(group)
         return done
 
-    done = asyncio.run(run())
+    with PeakSampler(dev) as sampler:
+        done = asyncio.run(run(sampler))
     evictions = sum(
         s.value
         for f in cache.metrics.registry.collect()
@@ -464,22 +567,67 @@ def section_churn(dev: Device, backend: Any, path: Path, requests: int, seconds:
         for s in f.samples
         if s.name.endswith("_total")
     )
-    hot, cold = latencies[False], latencies[True]
-    print(
-        f"[4] churn: {done} requests, Zipf(1.1) over {len(names)} models of "
-        f"{section.manifest.weights_bytes / 2**30:.2f} GiB, budget {budget / 2**30:.2f} GiB "
-        f"(cache.budget {cache.budget / 2**30:.2f}): hit ratio {len(hot) / max(1, done):.0%}, "
-        f"{len(cold)} cold loads, {evictions:.0f} evictions"
-    )
-    print(
-        f"    cold P50 {percentile(cold, 0.5) * 1e3:.1f} ms P99 {percentile(cold, 0.99) * 1e3:.1f}"
-        f" ms; hot P50 {percentile(hot, 0.5) * 1e3:.3f} ms P99 {percentile(hot, 0.99) * 1e3:.3f}"
-        f" ms; peak device memory above the start {max_used / 2**30:.2f} GiB (budget "
-        f"{budget / 2**30:.2f}); resident at the end {cache.resident_bytes() / 2**30:.2f} GiB"
-        if cold and hot
-        else "    (too few requests for percentiles)"
-    )
+    result = {
+        "done": done,
+        "concurrency": concurrency,
+        "budget": budget,
+        "cache_budget": cache.budget,
+        "overhead": cache.overhead_bytes,
+        "peak_above_start": sampler.peak,
+        "samples": sampler.samples,
+        "allocator_peak_reserved": torch.cuda.max_memory_reserved(),
+        "resident_end": cache.resident_bytes(),
+        "hot": latencies[False],
+        "cold": latencies[True],
+        "evictions": evictions,
+        **counts,
+    }
     cache.close()
+    return result
+
+
+def print_churn(label: str, r: dict[str, Any]) -> None:
+    hot, cold = r["hot"], r["cold"]
+    gib = 2**30
+    total = r["peak_above_start"] + r["overhead"]
+    print(
+        f"[4] churn {label}: {r['done']} requests ({r['concurrency']} at a time, batch 1-8), "
+        f"Zipf(1.1) over 6 models, budget {r['budget'] / gib:.2f} GiB (engines get "
+        f"{r['cache_budget'] / gib:.2f}, backend overhead {r['overhead'] / 2**20:.0f} MiB): hit "
+        f"ratio {len(hot) / max(1, len(hot) + len(cold)):.0%}, {len(cold)} cold loads, "
+        f"{r['evictions']:.0f} evictions, {r['retried']} busy-retries, {r['failed']} failed"
+    )
+    if hot and cold:
+        print(
+            f"    cold P50 {ms(cold, 0.5):.1f} ms P99 {ms(cold, 0.99):.1f} ms; hot P50 "
+            f"{ms(hot, 0.5):.3f} ms P99 {ms(hot, 0.99):.3f} ms"
+        )
+    print(
+        f"    peak device memory above the start {r['peak_above_start'] / gib:.3f} GiB "
+        f"({r['samples']} cudaMemGetInfo samples) + backend overhead held before it "
+        f"{r['overhead'] / gib:.3f} = {total / gib:.3f} GiB against the budget "
+        f"{r['budget'] / gib:.3f}: {'WITHIN' if total <= r['budget'] else 'OVER'} "
+        f"({(r['budget'] - total) / 2**20:+.0f} MiB); allocator peak reserved "
+        f"{r['allocator_peak_reserved'] / gib:.3f} GiB; resident at the end "
+        f"{r['resident_end'] / gib:.2f} GiB"
+    )
+
+
+def section_churn(dev: Device, backend: Any, path: Path, requests: int, seconds: float) -> None:
+    weights = read_tidal_section(path).manifest.weights_bytes
+    budget = int(weights * 3.3)
+    for label, concurrency, cap in (
+        ("sequential, accounting only", 1, False),
+        ("4 concurrent, accounting only", 4, False),
+        ("4 concurrent, accounting + allocator cap", 4, True),
+    ):
+        if cap:
+            backend.limit_device_memory(budget)
+        try:
+            print_churn(label, churn(dev, backend, path, budget, requests, seconds, concurrency))
+        finally:
+            if cap:
+                backend.limit_device_memory(None)
 
 
 def cmd_run(pkg_dir: Path, seconds: float, sections: str) -> None:
@@ -497,6 +645,13 @@ def cmd_run(pkg_dir: Path, seconds: float, sections: str) -> None:
         print(f"torch {torch.__version__}, no CUDA device: CPU trial run, figures mean nothing")
     backend = TorchAOTIBackend(0 if dev.cuda else "cpu")
     log("run: backend ready")
+    print(
+        "backend start phases (s): "
+        + json.dumps({k: round(v, 3) for k, v in backend.start_phases.items()})
+        + f"; cpu ISA {backend.cpu_isa!r}; {len(backend._slots)} stream slots, cuBLAS "
+        f"workspaces {backend.workspace_bytes / 2**20:.1f} MiB, overhead "
+        f"{backend.overhead_bytes / 2**20:.1f} MiB"
+    )
     print(f"backend target: {backend.target(type('M', (), {'precisions': []})())}")
     limit = pinned_copy_limit(torch) if dev.cuda else float("nan")
     built = {

@@ -165,8 +165,12 @@ class EngineCache:
         self.clock = clock
         self.policy = make_policy(config.memory.eviction_policy)
         memory = backend.device_memory()
+        # What the backend holds whatever is loaded (the torch backend: its streams' cuBLAS
+        # workspaces and allocator slack) comes out of the configured budget: the budget bounds
+        # everything the runtime adds on the device, not only the engines.
+        self.overhead_bytes = int(getattr(backend, "overhead_bytes", 0) or 0)
         self.budget_plan = plan_cache_budget(
-            config.memory.engine_cache_budget_bytes,
+            max(0, config.memory.engine_cache_budget_bytes - self.overhead_bytes),
             config.memory.reserve_bytes,
             None if memory is None else memory.total_bytes - memory.used_bytes,
         )
@@ -290,11 +294,11 @@ class EngineCache:
             phases = {"deserialize": ended - started}
         for phase, seconds in phases.items():
             self.metrics.engine_load.labels(slot.spec.name, phase).observe(seconds)
-        # The torch backend stages and copies the weights last, then profiles: the transfer
-        # ends `profile` seconds before backend.load returned.
+        # The torch backend stages and copies the weights last, then profiles and captures its
+        # graphs: the transfer ends `profile` + `graphs` seconds before backend.load returned.
         transfer = phases.get("stage", 0.0) + phases.get("h2d", 0.0)
         if transfer > 0:
-            end = ended - phases.get("profile", 0.0)
+            end = ended - phases.get("profile", 0.0) - phases.get("graphs", 0.0)
             slot.transfers.append((end - transfer, end))
         return engine
 
@@ -363,6 +367,10 @@ class EngineCache:
                     slot.staged = (chosen.uri, path)
                 self.metrics.cache_bytes.labels("host").set(self.store.host_bytes())
                 estimate = self.backend.estimate_bytes(path, chosen)
+                if slot.engine_uri == chosen.uri:
+                    # Reloading an engine measured before: reserve what it really took (weights,
+                    # I/O, workspace, graphs), so the load itself never runs past the budget.
+                    estimate = max(estimate, slot.last_size_bytes)
                 self._reserve(slot, estimate)
                 slot.state = LOADING
                 self.changes.bump()

@@ -82,7 +82,12 @@ def make_backend(config: RuntimeConfig) -> Backend:
     if backend == "torch":
         from tidal.runtime.backends.torch_aoti import TorchAOTIBackend
 
-        return TorchAOTIBackend(config.tensorrt.device)
+        # The caching allocator may hold no more than the configured budget: a byte the cache's
+        # accounting misses cannot take this runtime past it (tests/gpu: the peak under churn).
+        return TorchAOTIBackend(
+            config.tensorrt.device,
+            memory_limit_bytes=config.memory.engine_cache_budget_bytes,
+        )
     if backend == "onnxruntime":
         from tidal.runtime.backends.onnx import OnnxRuntimeBackend
 

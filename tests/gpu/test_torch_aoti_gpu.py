@@ -31,6 +31,7 @@ def _why_no_gpu() -> str | None:
 WHY_NO_GPU = _why_no_gpu()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(WHY_NO_GPU is not None, reason=str(WHY_NO_GPU))]
 MiB = 1 << 20
+ROOT = Path(__file__).resolve().parents[2]
 # What an eviction may leave behind on the device: torch's per-stream cuBLAS workspaces (tens
 # of MiB each), against the 1 GiB of weights that must come back.
 SLACK = 128 * MiB
@@ -118,8 +119,101 @@ def test_load_phases_are_timed_in_the_metric(backend: Any, packages: Path) -> No
         for s in f.samples
         if s.name.endswith("_count") and s.value > 0
     }
-    assert phases == {"fetch", "deserialize", "stage", "h2d", "profile", "warmup"}
+    assert phases == {"fetch", "deserialize", "stage", "h2d", "profile", "graphs", "warmup"}
     cache.close()
+
+
+def test_graphs_replay_what_the_eager_path_computes(
+    backend: Any, packages: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = package(packages, "mlp")
+    cache = make_cache(backend, {"graphs": path, "eager": path}, 8 << 30, 64)
+    graphs = asyncio.run(load(cache, "graphs"))
+    monkeypatch.setenv("TIDAL_TORCH_CUDA_GRAPHS", "0")
+    eager = asyncio.run(load(cache, "eager"))
+    assert graphs.graph_error is None
+    assert graphs.graph_batch_sizes == list(range(1, 65))
+    assert eager.graph_batch_sizes == []
+    rng = np.random.default_rng(3)
+    for rows in (1, 3, 64):
+        x = rng.standard_normal((rows, 512)).astype(np.float16)
+        np.testing.assert_array_equal(graphs.infer({"x": x})["y"], eager.infer({"x": x})["y"])
+    cache.close()
+
+
+START_SCRIPT = """
+import asyncio, json, sys, time
+started = time.perf_counter()
+from tidal.runtime.backends.torch_aoti import TorchAOTIBackend
+from tidal.runtime.clock import CLOCK
+from tidal.runtime.config import parse_config
+from tidal.runtime.enginecache import EngineCache
+from tidal.runtime.metrics import RuntimeMetrics
+from tidal.runtime.storage import EngineStore
+backend = TorchAOTIBackend(0)
+config = parse_config({"models": [{"name": "mlp", "engines": [{"uri": sys.argv[1]}],
+                                   "maxBatchSize": 64, "preload": False}]})
+cache = EngineCache(config, backend, EngineStore(None), RuntimeMetrics(), CLOCK)
+asyncio.run(cache.ensure_loaded("mlp"))
+print(json.dumps({"loader": backend.package_loader, "seconds": time.perf_counter() - started,
+                  "inductor": "torch._inductor" in sys.modules,
+                  "overhead": backend.overhead_bytes}))
+"""
+
+
+def test_a_fresh_process_loads_without_torch_inductor_or_isa_probes(packages: Path) -> None:
+    """Before issue 34 every process imported torch._inductor (6 s on the H100) and its first
+    load ran inductor's CPU-ISA probes (compiler and Python subprocesses, 34 s)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
+    out = subprocess.run(
+        [sys.executable, "-c", START_SCRIPT, str(package(packages, "mlp"))],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
+        check=True,
+    )
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["loader"] == "torch._C._aoti"
+    assert result["inductor"] is False
+    assert result["overhead"] > 0  # the stream slots' cuBLAS workspaces, counted
+    assert result["seconds"] < 15, result
+
+
+def test_device_memory_peak_stays_within_the_budget_under_churn_and_concurrency(
+    torch: Any, packages: Path
+) -> None:
+    """Zipf churn over six 1 GiB models, four requests at a time (batch 1-8, each on its own
+    thread), the allocator capped at the budget as the runtime sets it (make_backend): the
+    device's peak above the start, sampled every 0.5 ms, plus what the backend held before the
+    start, stays within the budget, and no request fails."""
+    import importlib.util
+
+    from tidal.runtime.backends.torch_aoti import TorchAOTIBackend, read_tidal_section
+
+    spec = importlib.util.spec_from_file_location("gpu_bench", ROOT / "bench" / "gpu_bench.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    path = package(packages, "big")
+    budget = int(read_tidal_section(path).manifest.weights_bytes * 3.3)
+    backend = TorchAOTIBackend(0, memory_limit_bytes=budget)
+    try:
+        result = bench.churn(bench.Device(torch), backend, path, budget, 60, 60.0, 4)
+    finally:
+        backend.limit_device_memory(None)
+        backend.close()
+    assert result["failed"] == 0
+    assert len(result["cold"]) >= 5 and result["evictions"] >= 3  # it churned
+    assert result["samples"] >= 100
+    peak = result["peak_above_start"] + result["overhead"]
+    assert peak <= budget, (peak / 2**30, budget / 2**30, result["allocator_peak_reserved"])
 
 
 def test_eviction_gives_device_memory_back(torch: Any, backend: Any, packages: Path) -> None:
