@@ -44,7 +44,6 @@ from tidal.runtime.errors import (
     InvalidRequest,
     ModelNotFound,
     ServingError,
-    Unavailable,
 )
 from tidal.runtime.grpc import oip_v2_pb2 as pb
 from tidal.runtime.protocol import DATATYPES, datatype_of
@@ -388,8 +387,7 @@ class GrpcInference:
         name = request.model_name
         spec = runtime.cache.slot(name).spec
         _check_version(runtime, name, request.model_version)
-        if not runtime.ready and spec.preload:
-            raise Unavailable("server is warming up; not ready", retry_after=1)
+        runtime.check_servable(name)
         inputs = decode_inputs(request)
         wanted = [o.name for o in request.outputs] if request.outputs else None
         faults = runtime.config.faults
