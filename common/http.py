@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 
 from aiohttp import web
@@ -132,4 +133,29 @@ class JsonErrorRunner(web.AppRunner):
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
         server.__class__ = _JsonErrorServer  # same state; only the handler factory differs
+        server.request_handler = _json_http_errors(server.request_handler)
         return server
+
+
+def _json_http_errors(
+    handle: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]],
+) -> Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]:
+    """The application's handler, with the HTTP errors aiohttp raises before the middlewares
+    run (an ``Expect`` other than ``100-continue``: 417) answered in JSON too."""
+
+    async def handle_in_json(request: web.BaseRequest) -> web.StreamResponse:
+        try:
+            return await handle(request)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            text = " ".join((exc.text or exc.reason or "").split())
+            if exc.status == 417:
+                text += "; only 'Expect: 100-continue' is supported"
+            kept = {k: v for k, v in exc.headers.items() if k.lower() not in _BODY_HEADERS}
+            return json_error(exc.status, text, kept)
+
+    return handle_in_json
+
+
+_BODY_HEADERS = {"content-type", "content-length", "content-encoding"}

@@ -47,7 +47,13 @@ from tidal.runtime.errors import (
 )
 from tidal.runtime.grpc import oip_v2_pb2 as pb
 from tidal.runtime.protocol import DATATYPES, datatype_of
-from tidal.runtime.server import VERSIONS, RequestAccounting, RuntimeServer, _validate
+from tidal.runtime.server import (
+    VERSIONS,
+    RequestAccounting,
+    RuntimeServer,
+    _validate,
+    make_runner,
+)
 
 log = logging.getLogger("tidal.runtime.grpc")
 
@@ -526,7 +532,8 @@ async def serve(
     from aiohttp import web
 
     runtime = RuntimeServer(config, backend)
-    runner = web.AppRunner(runtime.build_app(), access_log=None, handle_signals=False)
+    # The same runner as HTTP alone: a plain AppRunner answered malformed HTTP in plain text.
+    runner = make_runner(runtime)
     await runner.setup()  # starts the batchers (the app's on_startup)
     grpc_server: grpc.aio.Server | None = None
     try:

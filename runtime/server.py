@@ -770,6 +770,12 @@ class RuntimeServer:
         )
 
 
+def make_runner(server: RuntimeServer) -> JsonErrorRunner:
+    """The one runner of the HTTP app, alone or beside gRPC: aiohttp's own protocol-level
+    answers in JSON."""
+    return JsonErrorRunner(server.build_app(), access_log=None, handle_signals=False)
+
+
 async def serve(
     config: RuntimeConfig,
     host: str,
@@ -783,7 +789,7 @@ async def serve(
     ``shutdownDrainSeconds`` (endpoints and client balancers catch up meanwhile), then it exits.
     """
     server = RuntimeServer(config, backend)
-    runner = JsonErrorRunner(server.build_app(), access_log=None, handle_signals=False)
+    runner = make_runner(server)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

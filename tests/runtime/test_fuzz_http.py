@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import http.client
 import json
 import os
 import random
@@ -23,7 +24,7 @@ import struct
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 import numpy as np
@@ -73,13 +74,20 @@ def rss_bytes() -> int:
 
 def exchange(port: int, data: bytes, *, hang_up: bool = False) -> int | None:
     """Send raw bytes; the answer's status, or None when there is none (or we hang up)."""
+    return exchange_for_error(port, data, hang_up=hang_up)[0]
+
+
+def exchange_for_error(
+    port: int, data: bytes, *, hang_up: bool = False
+) -> tuple[int | None, str | None]:
+    """:func:`exchange`, with the error message of a 4xx or 5xx answer (checked to be JSON)."""
     with socket.create_connection(("127.0.0.1", port), timeout=PATIENCE_S) as sock:
         try:
             sock.sendall(data)
         except OSError:
             pass  # the server may refuse early and close while we still send
         if hang_up:
-            return None
+            return None, None
         answer = b""
         while True:
             head, sep, body = answer.partition(b"\r\n\r\n")
@@ -95,7 +103,7 @@ def exchange(port: int, data: bytes, *, hang_up: bool = False) -> int | None:
                 chunk = sock.recv(65536)
             except TimeoutError:
                 if not sep:
-                    return HANG
+                    return HANG, None
                 break
             except ConnectionResetError:
                 break
@@ -103,13 +111,15 @@ def exchange(port: int, data: bytes, *, hang_up: bool = False) -> int | None:
                 break
             answer += chunk
     if not answer.startswith(b"HTTP/1."):
-        return None
+        return None, None
     head, _, body = answer.partition(b"\r\n\r\n")
     status = int(answer.split(b" ", 2)[1])
-    if status >= 400:
-        assert b"application/json" in head.lower(), f"error {status} is not JSON: {answer[:300]!r}"
-        assert "error" in json.loads(body), answer[:300]
-    return status
+    if status < 400:
+        return status, None
+    assert b"application/json" in head.lower(), f"error {status} is not JSON: {answer[:300]!r}"
+    error = json.loads(body).get("error")
+    assert isinstance(error, str) and error, answer[:300]
+    return status, error
 
 
 class Generator:
@@ -123,7 +133,7 @@ class Generator:
         r = self.rng
         choice = r.randrange(9 if depth < 3 else 6)
         if choice == 0:
-            return None
+            return None, None
         if choice == 1:
             return r.choice([True, False])
         if choice == 2:
@@ -299,8 +309,17 @@ class Generator:
         return head.encode() + size.encode() + b"\r\n" + body + tail
 
 
-def fuzz(port: int, routes: list[tuple[str, str]]) -> tuple[Counter[int | None], float, int]:
-    """Send CASES seeded cases; (statuses, seconds, RSS growth after warm-up)."""
+def fuzz(
+    port: int,
+    routes: list[tuple[str, str]],
+    *,
+    broken: str | None = None,
+    between: Callable[[int], None] | None = None,
+) -> tuple[Counter[int | None], float, int]:
+    """Send CASES seeded cases; (statuses, seconds, RSS growth after warm-up).
+
+    ``broken``: a model that failed to load; its requests may be answered 503, naming the load
+    error. ``between``: called with the case's index every 20 cases (the good models' check)."""
     generator = Generator(SEED, routes)
     statuses: Counter[int | None] = Counter()
     started = time.monotonic()
@@ -309,10 +328,17 @@ def fuzz(port: int, routes: list[tuple[str, str]]) -> tuple[Counter[int | None],
         if index == 40:  # after warm-up: allocator pools, first-use imports, caches
             baseline = rss_bytes()
         data, hang_up = generator.request()
-        status = exchange(port, data, hang_up=hang_up)
+        status, error = exchange_for_error(port, data, hang_up=hang_up)
         statuses[status] += 1
         assert status != HANG, f"case {index}: no answer within {PATIENCE_S} s: {data[:300]!r}"
-        assert status is None or status < 500, (index, status, data[:300])
+        request_line = data.split(b"\r\n", 1)[0]
+        path = request_line.split(b" ")[1] if request_line.count(b" ") >= 2 else b""
+        if status == 503 and broken is not None and path.split(b"/")[3:4] == [broken.encode()]:
+            assert error is not None and f"{broken!r} failed to load" in error, (index, error)
+        else:
+            assert status is None or status < 500, (index, status, error, data[:300])
+        if between is not None and index % 20 == 0:
+            between(index)
     return statuses, time.monotonic() - started, rss_bytes() - baseline
 
 
@@ -449,3 +475,154 @@ def test_fuzzed_requests_through_the_gateway_get_no_5xx_and_no_hang(
     assert growth < 64 * 2**20, f"RSS grew {growth / 2**20:.1f} MiB over {CASES} cases"
     assert elapsed < 60, f"{elapsed:.1f} s"
     print(f"gateway fuzz: {CASES} cases in {elapsed:.1f} s, {statuses}")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def served_main() -> Iterator[Callable[..., None]]:
+    """Run a server's own ``serve(..., stop=...)``, as its process does, on a thread's loop."""
+    started: list[tuple[dict[str, Any], threading.Thread]] = []
+
+    def start(main: Callable[[asyncio.Event], Coroutine[Any, Any, None]], port: int) -> None:
+        box: dict[str, Any] = {}
+
+        async def run() -> None:
+            box["loop"], box["stop"] = asyncio.get_running_loop(), asyncio.Event()
+            await main(box["stop"])
+
+        def thread_main() -> None:
+            try:
+                asyncio.run(run())
+            except BaseException as exc:  # shown by the test
+                box["error"] = exc
+
+        thread = threading.Thread(target=thread_main, daemon=True)
+        thread.start()
+        started.append((box, thread))
+        deadline = time.monotonic() + 60
+        while True:
+            assert thread.is_alive(), f"the server exited: {box.get('error')!r}"
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    return
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, f"nothing listens on {port} after 60 s"
+            time.sleep(0.05)
+
+    yield start
+    for box, thread in started:
+        if "loop" in box:
+            box["loop"].call_soon_threadsafe(box["stop"].set)
+        thread.join(30)
+
+
+def get_status(port: int, path: str) -> int:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=PATIENCE_S)
+    try:
+        connection.request("GET", path)
+        return connection.getresponse().status
+    finally:
+        connection.close()
+
+
+def corrupt_model(tmp_path: Any, name: str) -> dict[str, Any]:
+    """A preloaded model whose engine is not an engine (its sha256 matches): it never loads."""
+    path = tmp_path / f"{name}.onnx"
+    path.write_bytes(b"this is not an onnx model")
+    return {"name": name, "engines": [{"uri": path.as_uri()}]}
+
+
+def valid_infer(model: str) -> bytes:
+    body = json.dumps(
+        {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 16], "data": [0.5] * 16}]}
+    ).encode()
+    head = f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+    return head.encode() + b"Connection: close\r\n\r\n" + body
+
+
+# Malformed at the protocol level: aiohttp answers these itself, before any route runs.
+PROTOCOL_FAULTS = [
+    b"GET /v2 HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n",
+    b"GE\x01T /v2 HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"GET /v2 HTTP/9.9\r\nHost: x\r\n\r\n",
+    b"GET /v2 HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab",
+    b"POST /v2/repository/index HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+    b"Content-Length: 3\r\n\r\n",
+    b"GET /v2 HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n",
+    b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"POST /v2/repository/index HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n",
+    b"GET /v2 HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
+    b"GET /v2 HTTP/1.1\r\nHost: x\r\nContent-Length: 1e3\r\n\r\n",
+    b"GET /v2 HTTP/1.1\r\nHo st: x\r\n\r\n",
+    b"GET /v2 HTTP/1.1\r\nHost: x\r\n\x00: y\r\n\r\n",
+    b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    b"GET /v2 HTTP/1.1\r\nHost: x\r\nExpect: bogus\r\n\r\n",
+    b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nExpect: bogus\r\n"
+    b"Content-Length: 2\r\n\r\n{}",
+    b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03" + bytes(range(32)) + b"\r\n\r\n",
+]
+
+
+def test_with_grpc_on_and_a_broken_model_every_error_is_json_and_the_good_models_serve(
+    served_main, models, model_entry, tmp_path, caplog
+) -> None:
+    """As pods run: the runtime's own serve() with gRPC on, one preloaded model broken."""
+    from tidal.runtime import grpc_server
+    from tidal.runtime.config import parse_config
+
+    caplog.set_level("INFO")
+    config = parse_config(
+        {
+            "models": [
+                model_entry(models["mlp"], "mlp"),
+                model_entry(models["mlp_b"], "words"),
+                corrupt_model(tmp_path, "broken"),
+            ],
+            "maxRequestBytes": MAX_BODY,
+            "requestReadTimeoutSeconds": STALL_S,
+            "shutdownDrainSeconds": 0,
+        }
+    )
+    port, grpc_port = free_port(), free_port()
+    served_main(
+        lambda stop: grpc_server.serve(config, "127.0.0.1", port, grpc_port, stop=stop), port
+    )
+    deadline = time.monotonic() + 60
+    for model in ("mlp", "words"):  # the runtime never turns ready: wait for these two
+        while get_status(port, f"/v2/models/{model}/ready") != 200:
+            assert time.monotonic() < deadline, f"{model} did not load beside a broken model"
+            time.sleep(0.05)
+
+    answers = {data[:40]: exchange_for_error(port, data) for data in PROTOCOL_FAULTS}
+    refused = {k: v for k, v in answers.items() if v[0] is None or v[0] < 400 or v[0] >= 500}
+    assert not refused, refused  # each answered with a 4xx (JSON: checked by the exchange)
+    expect = answers[PROTOCOL_FAULTS[-3][:40]]
+    assert expect[0] == 417 and "100-continue" in str(expect[1]), expect
+
+    def good_models_serve(index: int) -> None:
+        for model in ("mlp", "words"):
+            status, error = exchange_for_error(port, valid_infer(model))
+            assert status == 200, (index, model, status, error)
+        status, error = exchange_for_error(port, valid_infer("broken"))
+        assert status == 503 and error is not None, (index, status, error)
+        assert "'broken' failed to load" in error and "cannot load" in error, (index, error)
+
+    routes = [*ROUTES, ("POST", "/v2/models/broken/infer"), ("GET", "/v2/models/broken")]
+    statuses, elapsed, _ = fuzz(port, routes, broken="broken", between=good_models_serve)
+    good_models_serve(CASES)
+    # Not ready, saying which model failed and why (the operator's Degraded quotes it).
+    status, error = exchange_for_error(port, b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert status == 503 and "'broken' failed to load" in str(error), (status, error)
+    loud = [
+        r
+        for r in caplog.records
+        if r.exc_info or (r.levelno >= 40 and "preloading broken failed" not in r.getMessage())
+    ]
+    assert not loud, [(r.levelname, r.getMessage()) for r in loud[:3]]
+    print(f"fuzz with gRPC on and a broken model: {CASES} cases in {elapsed:.1f} s, {statuses}")
