@@ -772,8 +772,13 @@ class RuntimeServer:
 
 def make_runner(server: RuntimeServer) -> JsonErrorRunner:
     """The one runner of the HTTP app, alone or beside gRPC: aiohttp's own protocol-level
-    answers in JSON."""
-    return JsonErrorRunner(server.build_app(), access_log=None, handle_signals=False)
+    answers in JSON, and header blocks bounded by ``headerReadTimeoutSeconds``."""
+    return JsonErrorRunner(
+        server.build_app(),
+        access_log=None,
+        handle_signals=False,
+        header_read_timeout=server.config.header_read_timeout_seconds,
+    )
 
 
 async def serve(

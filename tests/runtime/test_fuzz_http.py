@@ -586,6 +586,7 @@ def test_with_grpc_on_and_a_broken_model_every_error_is_json_and_the_good_models
             ],
             "maxRequestBytes": MAX_BODY,
             "requestReadTimeoutSeconds": STALL_S,
+            "headerReadTimeoutSeconds": 2,
             "shutdownDrainSeconds": 0,
         }
     )
@@ -626,3 +627,181 @@ def test_with_grpc_on_and_a_broken_model_every_error_is_json_and_the_good_models
     ]
     assert not loud, [(r.levelname, r.getMessage()) for r in loud[:3]]
     print(f"fuzz with gRPC on and a broken model: {CASES} cases in {elapsed:.1f} s, {statuses}")
+
+
+HEADER_TIMEOUT_S = 1.0  # the header read timeout of the slow-header tests
+SLOW_CASES = 24
+RESPONSE = "wait for the answer"  # a step of slow_client
+Step = bytes | float | str
+
+
+def slow_client(port: int, steps: list[Step], trickle: bytes = b"") -> tuple[bytes, bool, float]:
+    """Send ``steps`` (bytes, RESPONSE, or seconds to wait), then ``trickle`` one byte every 50 ms,
+    cycled, reading what comes, until the server closes the connection or PATIENCE_S passes.
+    Returns (what was received, closed by the server, seconds from the last step to the close)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=PATIENCE_S) as sock:
+        received, position = b"", 0
+        for step in steps:
+            if step == RESPONSE:
+                while not answers(received, complete=False):
+                    chunk = sock.recv(65536)
+                    assert chunk, f"closed before answering: {received[:300]!r}"
+                    received += chunk
+            elif isinstance(step, float):
+                time.sleep(step)
+            elif isinstance(step, bytes):
+                sock.sendall(step)
+        started = time.monotonic()
+        sock.settimeout(0.05)
+        while time.monotonic() - started < 3 * PATIENCE_S:
+            try:
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                chunk = None
+            except ConnectionResetError:
+                return received, True, time.monotonic() - started
+            if chunk == b"":
+                return received, True, time.monotonic() - started
+            if chunk:
+                received += chunk
+            elif trickle:
+                try:
+                    sock.sendall(trickle[position % len(trickle) : position % len(trickle) + 1])
+                except OSError:  # closed by the server meanwhile: read what it said
+                    trickle = b""
+                position += 1
+        return received, False, time.monotonic() - started
+
+
+def answers(received: bytes, *, complete: bool = True) -> list[tuple[int, dict[str, Any]]]:
+    """The (status, JSON body) of each response in ``received``, in order (``complete``: and
+    nothing else; else the complete responses so far)."""
+    out = []
+    while received.startswith(b"HTTP/1."):
+        head, sep, rest = received.partition(b"\r\n\r\n")
+        if not complete and (not sep or b"content-length" not in head.lower()):
+            break
+        lengths = [
+            int(line.split(b":", 1)[1])
+            for line in head.split(b"\r\n")[1:]
+            if line.lower().startswith(b"content-length:")
+        ]
+        assert lengths, received[:300]
+        if not complete and len(rest) < lengths[0]:
+            break
+        body, received = rest[: lengths[0]], rest[lengths[0] :]
+        status = int(head.split(b" ", 2)[1])
+        assert b"application/json" in head.lower(), f"not JSON: {head[:300]!r}"
+        out.append((status, json.loads(body)))
+    assert not complete or not received, f"not HTTP: {received[:300]!r}"
+    return out
+
+
+def slow_header_cases(seed: int) -> list[tuple[str, list[Step], bytes]]:
+    """Clients that never finish a header block (each must be closed, told 408 when it sent
+    anything), and slow ones the limit must leave alone: an idle kept-alive connection, a body
+    trickling in after a complete header block. (name, steps, trickled bytes)."""
+    rng = random.Random(seed)
+    body = valid_infer("mlp").partition(b"\r\n\r\n")[2]
+    head = (
+        f"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+        "Content-Type: application/json\r\n\r\n"
+    ).encode()
+    closing = head.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n")
+    cases: list[tuple[str, list[Step], bytes]] = [
+        ("silent", [], b""),
+        ("idle keep-alive", [head + body, 2.5 * HEADER_TIMEOUT_S, closing + body], b""),
+        (
+            "slow body",
+            [closing, *[b for i in range(0, len(body), 40) for b in (body[i : i + 40], 0.15)]],
+            b"",
+        ),
+    ]
+    while len(cases) < SLOW_CASES:
+        cut = head[: rng.randrange(1, len(head) - 1)]
+        kind = rng.choice(["stall", "trickle line", "trickle lines", "after a request"])
+        if kind == "stall":
+            cases.append((f"stall at {len(cut)}", [cut], b""))
+        elif kind == "trickle line":  # a header value that never ends
+            cases.append((kind, [head[: head.index(b"\r\n") + 2] + b"X-Slow: "], b"a"))
+        elif kind == "trickle lines":  # header lines that never end
+            cases.append((kind, [head.rpartition(b"\r\n\r\n")[0] + b"\r\n"], b"X-Slow: a\r\n"))
+        else:  # answered, then the next request stalls (RESPONSE: wait for the answer)
+            cases.append((f"{kind}, stall at {len(cut)}", [head + body, RESPONSE, cut], b""))
+    return cases
+
+
+def check_slow_headers(port: int) -> None:
+    """Run the slow-header cases at once and check what each got; the server must stay fit."""
+    cases = slow_header_cases(SEED)
+    results: dict[int, Any] = {}
+
+    def run(index: int) -> None:
+        _, steps, trickle = cases[index]
+        try:
+            results[index] = slow_client(port, steps, trickle)
+        except BaseException as exc:  # reported below, with the case
+            results[index] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(cases))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(5 * PATIENCE_S)
+    for index, (name, _, _) in enumerate(cases):
+        result = results.get(index)
+        assert isinstance(result, tuple), (name, result)
+        received, closed, elapsed = result
+        assert closed, f"{name}: still open {elapsed:.1f} s after its last step: {received[:200]!r}"
+        got = answers(received)
+        statuses = [status for status, _ in got]
+        if name == "silent":  # never asked anything: closed without an answer
+            assert got == [] and elapsed >= HEADER_TIMEOUT_S / 2, (name, got, elapsed)
+        elif name in ("idle keep-alive", "slow body"):  # slow, not stuck: served
+            assert statuses == [200] * (2 if name == "idle keep-alive" else 1), (name, got)
+        else:
+            assert statuses[-1] == 408 and set(statuses[:-1]) <= {200}, (name, got)
+            assert "header" in got[-1][1]["error"], (name, got)
+            assert elapsed >= HEADER_TIMEOUT_S / 2, (name, elapsed)
+    # Still serving, and every held connection was let go.
+    status, error = exchange_for_error(port, valid_infer("mlp"))
+    assert status == 200, (status, error)
+
+
+def test_slow_header_blocks_are_closed_by_the_runtime(served_main, models, model_entry) -> None:
+    from tidal.runtime.config import parse_config
+    from tidal.runtime.server import serve
+
+    config = parse_config(
+        {
+            "models": [model_entry(models["mlp"], "mlp")],
+            "headerReadTimeoutSeconds": HEADER_TIMEOUT_S,
+            "shutdownDrainSeconds": 0,
+        }
+    )
+    port = free_port()
+    served_main(lambda stop: serve(config, "127.0.0.1", port, stop=stop), port)
+    deadline = time.monotonic() + 60
+    while get_status(port, "/v2/health/ready") != 200:
+        assert time.monotonic() < deadline, "the runtime did not turn ready"
+        time.sleep(0.05)
+    check_slow_headers(port)
+
+
+def test_slow_header_blocks_are_closed_by_the_gateway(
+    serve, served_main, models, model_entry
+) -> None:
+    from tidal.gateway.server import serve as serve_gateway
+
+    rt = serve({"models": [model_entry(models["mlp"], "mlp")]})
+    config = GatewayConfig.model_validate(
+        {"headerReadTimeoutSeconds": HEADER_TIMEOUT_S, "shutdownDrainSeconds": 0}
+    )
+    port = free_port()
+    replicas = [ReplicaRef(name="rt", url=f"http://{rt.url}")]
+    served_main(lambda stop: serve_gateway(config, "127.0.0.1", port, replicas, stop), port)
+    deadline = time.monotonic() + 60
+    while get_status(port, "/v2/health/ready") != 200:
+        assert time.monotonic() < deadline, "the gateway did not turn ready"
+        time.sleep(0.05)
+    check_slow_headers(port)
