@@ -569,6 +569,14 @@ PROTOCOL_FAULTS = [
 ]
 
 
+def check_protocol_faults(port: int) -> None:
+    answers = {data[:40]: exchange_for_error(port, data) for data in PROTOCOL_FAULTS}
+    refused = {k: v for k, v in answers.items() if v[0] is None or v[0] < 400 or v[0] >= 500}
+    assert not refused, refused  # each answered with a 4xx (JSON: checked by the exchange)
+    expect = answers[PROTOCOL_FAULTS[-3][:40]]
+    assert expect[0] == 417 and "100-continue" in str(expect[1]), expect
+
+
 def test_with_grpc_on_and_a_broken_model_every_error_is_json_and_the_good_models_serve(
     served_main, models, model_entry, tmp_path, caplog
 ) -> None:
@@ -600,11 +608,7 @@ def test_with_grpc_on_and_a_broken_model_every_error_is_json_and_the_good_models
             assert time.monotonic() < deadline, f"{model} did not load beside a broken model"
             time.sleep(0.05)
 
-    answers = {data[:40]: exchange_for_error(port, data) for data in PROTOCOL_FAULTS}
-    refused = {k: v for k, v in answers.items() if v[0] is None or v[0] < 400 or v[0] >= 500}
-    assert not refused, refused  # each answered with a 4xx (JSON: checked by the exchange)
-    expect = answers[PROTOCOL_FAULTS[-3][:40]]
-    assert expect[0] == 417 and "100-continue" in str(expect[1]), expect
+    check_protocol_faults(port)
 
     def good_models_serve(index: int) -> None:
         for model in ("mlp", "words"):
@@ -768,7 +772,9 @@ def check_slow_headers(port: int) -> None:
     assert status == 200, (status, error)
 
 
-def test_slow_header_blocks_are_closed_by_the_runtime(served_main, models, model_entry) -> None:
+def test_slow_header_blocks_are_closed_and_errors_are_json_in_the_runtime(
+    served_main, models, model_entry
+) -> None:
     from tidal.runtime.config import parse_config
     from tidal.runtime.server import serve
 
@@ -785,10 +791,11 @@ def test_slow_header_blocks_are_closed_by_the_runtime(served_main, models, model
     while get_status(port, "/v2/health/ready") != 200:
         assert time.monotonic() < deadline, "the runtime did not turn ready"
         time.sleep(0.05)
+    check_protocol_faults(port)
     check_slow_headers(port)
 
 
-def test_slow_header_blocks_are_closed_by_the_gateway(
+def test_slow_header_blocks_are_closed_and_errors_are_json_in_the_gateway(
     serve, served_main, models, model_entry
 ) -> None:
     from tidal.gateway.server import serve as serve_gateway
@@ -804,4 +811,5 @@ def test_slow_header_blocks_are_closed_by_the_gateway(
     while get_status(port, "/v2/health/ready") != 200:
         assert time.monotonic() < deadline, "the gateway did not turn ready"
         time.sleep(0.05)
+    check_protocol_faults(port)
     check_slow_headers(port)
