@@ -56,6 +56,12 @@ class GatewayConfig(_Model):
     request_read_timeout_seconds: float = Field(
         default=30.0, gt=0, le=600, description="a body that has not arrived by then: 408"
     )
+    header_read_timeout_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        le=600,
+        description="a request header block that has not arrived by then: 408, connection closed",
+    )
     max_connections_per_replica: int = Field(
         default=512, gt=0, description="keep-alive connections to one replica"
     )

@@ -861,7 +861,11 @@ async def serve(
 
     gateway = Gateway(config, replicas)
     runner = JsonErrorRunner(
-        gateway.build_app(), access_log=None, handle_signals=False, auto_decompress=False
+        gateway.build_app(),
+        access_log=None,
+        handle_signals=False,
+        auto_decompress=False,
+        header_read_timeout=config.header_read_timeout_seconds,
     )
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=1024)

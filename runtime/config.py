@@ -223,6 +223,13 @@ class RuntimeConfig(_Model):
     request_read_timeout_seconds: float = Field(
         default=30.0, gt=0, le=3600, description="longest wait for a request body (then 408)"
     )
+    header_read_timeout_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="longest wait for a request's header block (then 408 and the connection "
+        "is closed): a client that never finishes its headers cannot hold a connection",
+    )
     # How a NaN or an infinity of an output is written in a JSON response: "tokens" (bare NaN,
     # Infinity, -Infinity, as Triton writes them; not strict JSON) or "strings" (the strings
     # "NaN", "Infinity", "-Infinity": strict JSON). Binary outputs carry any value either way.

@@ -44,11 +44,16 @@ from tidal.runtime.errors import (
     InvalidRequest,
     ModelNotFound,
     ServingError,
-    Unavailable,
 )
 from tidal.runtime.grpc import oip_v2_pb2 as pb
 from tidal.runtime.protocol import DATATYPES, datatype_of
-from tidal.runtime.server import VERSIONS, RequestAccounting, RuntimeServer, _validate
+from tidal.runtime.server import (
+    VERSIONS,
+    RequestAccounting,
+    RuntimeServer,
+    _validate,
+    make_runner,
+)
 
 log = logging.getLogger("tidal.runtime.grpc")
 
@@ -388,8 +393,7 @@ class GrpcInference:
         name = request.model_name
         spec = runtime.cache.slot(name).spec
         _check_version(runtime, name, request.model_version)
-        if not runtime.ready and spec.preload:
-            raise Unavailable("server is warming up; not ready", retry_after=1)
+        runtime.check_servable(name)
         inputs = decode_inputs(request)
         wanted = [o.name for o in request.outputs] if request.outputs else None
         faults = runtime.config.faults
@@ -528,7 +532,8 @@ async def serve(
     from aiohttp import web
 
     runtime = RuntimeServer(config, backend)
-    runner = web.AppRunner(runtime.build_app(), access_log=None, handle_signals=False)
+    # The same runner as HTTP alone: a plain AppRunner answered malformed HTTP in plain text.
+    runner = make_runner(runtime)
     await runner.setup()  # starts the batchers (the app's on_startup)
     grpc_server: grpc.aio.Server | None = None
     try:

@@ -157,11 +157,14 @@ def _json_array(
             raise InvalidInput(f"input {name!r}: BOOL data must be true/false values")
     elif dtype.kind in "iu":
         info = np.iinfo(dtype)
-        if kind == "O" and all(_is_int(v) for v in array.flat):  # past 64 bits: Python ints
-            raise InvalidInput(
-                f"input {name!r}: a value is outside {datatype}'s range {info.min}..{info.max}"
-            )
         if kind not in "iu":
+            # Integers that no 64-bit type holds together are still integers, only out of range:
+            # past 64 bits numpy keeps Python ints (object), and one past INT64's top beside a
+            # negative one (or beside any other) makes it float64.
+            if kind in "fO" and all(_is_int(v) for v in np.asarray(data, dtype=object).flat):
+                raise InvalidInput(
+                    f"input {name!r}: a value is outside {datatype}'s range {info.min}..{info.max}"
+                )
             raise InvalidInput(f"input {name!r}: {datatype} data must be integers")
         lo, hi = _extremes(data, array)
         if lo < info.min or hi > info.max:
@@ -341,7 +344,7 @@ def decode_request(body: bytes, header_length: int | None) -> InferRequest:
             binary_out = _bool_param(out_params, "binary_data", binary_default, where)
             outputs.append(RequestedOutput(out_name, binary_out))
     request_id = header.get("id")
-    if request_id is not None and not isinstance(request_id, str):
+    if "id" in header and not isinstance(request_id, str):  # the protocol's id is a string
         raise InvalidRequest(f"'id' must be a string, got {request_id!r:.40}")
     return InferRequest(
         inputs=inputs,

@@ -193,6 +193,13 @@ def _validate(
     return rows, tuple(key)
 
 
+def _load_error(name: str, exc: Exception) -> str:
+    """The load error without the ``model 'x' failed to load:`` the cache puts before it."""
+    text = exc.message if isinstance(exc, ServingError) else str(exc)
+    prefix = f"model {name!r} failed to load: "
+    return text[len(prefix) :] if text.startswith(prefix) else text
+
+
 async def _long_poll(request: web.Request, feed: ChangeFeed, cap_seconds: float) -> None:
     """With ``?since=G[&wait=S]``: wait until ``feed`` moves past G, at most S (default 30) and
     ``cap_seconds``; without ``since``, return at once."""
@@ -294,7 +301,13 @@ class RuntimeServer:
         self.draining = False  # shutting down: not ready, still serving
         # Infer requests arrived (every transport): long-polled by GET /v2/tidal/activity.
         self.arrivals = ChangeFeed()
-        self.startup_error: str | None = None
+        # Preloaded models whose last load failed (name -> the load error), retried in the
+        # background; the others are served meanwhile. Readiness names these.
+        self.preload_failures: dict[str, str] = {}
+        # Preloaded models not loaded yet: refused until they are (then served like any other,
+        # even while another one still fails).
+        self.preload_pending = {m.name for m in config.models if m.preload}
+        self._preload_retry_s = 1.0
         self._startup_task: asyncio.Task[None] | None = None
         self._random = random.Random(config.faults.seed)
         self.replica_name = os.environ.get("POD_NAME") or None  # else the listening host:port
@@ -340,16 +353,50 @@ class RuntimeServer:
             self.batchers[spec.name] = batcher
         self._startup_task = asyncio.create_task(self._preload(), name="preload")
 
+    @property
+    def startup_error(self) -> str | None:
+        """Why the runtime is not ready yet, naming each preloaded model that failed to load
+        and why (the operator's ``Degraded``/``EngineLoadFailed`` quotes it); None when none
+        failed."""
+        if not self.preload_failures:
+            return None
+        total = sum(1 for m in self.config.models if m.preload)
+        failed = "; ".join(
+            f"model {name!r} failed to load: {error}"
+            for name, error in sorted(self.preload_failures.items())
+        )
+        return f"{failed} (serving the other {total - len(self.preload_failures)} of {total})"
+
+    def check_servable(self, name: str) -> None:
+        """Refuse a request for a preloaded model that is not loaded yet (503 warming up) or
+        whose load failed (503 naming its load error, retried in the background). A model that
+        loaded is served while another one fails, as Triton does: readiness stays false and
+        says which model failed, and only that model's requests are refused."""
+        slot = self.cache.slot(name)  # an unknown model: 404
+        if name not in self.preload_pending or slot.state == READY:
+            return
+        self._check_preload_failure(name)
+        raise Unavailable("server is warming up; not ready", retry_after=1)
+
+    def _check_preload_failure(self, name: str) -> None:
+        """The 503 of a preloaded model whose load failed (and is being retried)."""
+        failure = self.preload_failures.get(name)
+        if failure is not None:
+            raise Unavailable(
+                f"model {name!r} failed to load: {failure} (retrying)",
+                retry_after=max(1, round(self._preload_retry_s)),
+            )
+
     async def _preload(self) -> None:
         """Load and warm every ``preload`` model, retrying failures, then turn ready.
 
+        The models that loaded are served meanwhile (:meth:`check_servable`).
         Started host-warm (``TIDAL_START_TIER=host``): fetch and verify them only, and turn
         ready as a host-warm standby (requests refused until ``PUT /v2/tidal/tier``)."""
         pending = [m.name for m in self.config.models if m.preload]
         host = os.environ.get("TIDAL_START_TIER", "device") == "host"
         if host:
             self.cache.tier = "host"
-        delay = 1.0
         while pending:
             failed = []
             for name in pending:
@@ -359,14 +406,19 @@ class RuntimeServer:
                     else:
                         await self.cache.ensure_loaded(name)
                 except Exception as exc:
-                    self.startup_error = f"{name}: {exc}"
+                    self.preload_failures[name] = _load_error(name, exc)
                     log.error("preloading %s failed (will retry): %s", name, exc)
                     failed.append(name)
+                else:
+                    self.preload_failures.pop(name, None)
+                    self.preload_pending.discard(name)
             pending = failed
             if pending:
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 30.0)
-        self.startup_error = None
+                self.cache.changes.bump()
+                await asyncio.sleep(self._preload_retry_s)
+                self._preload_retry_s = min(self._preload_retry_s * 2, 30.0)
+        self.preload_failures.clear()
+        self.preload_pending.clear()
         self.ready = True
         self.cache.changes.bump()
         elapsed = self.clock.now() - self.started_at
@@ -439,7 +491,9 @@ class RuntimeServer:
     async def _known_metadata(self, name: str) -> Any:
         slot = self.cache.slot(name)
         if not slot.inputs:
-            # Metadata is known once the engine has been loaded (it stays known after eviction).
+            # Metadata is known once the engine has been loaded (it stays known after eviction);
+            # a preload that failed is not tried again here (the preload retries it).
+            self._check_preload_failure(name)
             await self.cache.ensure_loaded(name)
         return slot
 
@@ -499,9 +553,11 @@ class RuntimeServer:
         self._version(request)
         slot = self.cache.slot(request.match_info["model"])
         ready = slot.state == READY
-        return web.json_response(
-            {"name": request.match_info["model"], "ready": ready}, status=200 if ready else 400
-        )
+        body: dict[str, Any] = {"name": request.match_info["model"], "ready": ready}
+        failure = None if ready else self.preload_failures.get(slot.spec.name) or slot.last_error
+        if failure:
+            body["error"] = f"model {slot.spec.name!r} failed to load: {failure}"
+        return web.json_response(body, status=200 if ready else 400)
 
     async def model_stats(self, request: web.Request) -> web.Response:
         """The statistics extension: Triton's ``model_stats`` list (all models without a name)."""
@@ -663,8 +719,7 @@ class RuntimeServer:
             raise as_body_error(refused)
         version = self._version(request)
         spec = self.cache.slot(name).spec
-        if not self.ready and spec.preload:
-            raise Unavailable("server is warming up; not ready", retry_after=1)
+        self.check_servable(name)
         body = await read_body(request, self.config.max_request_bytes, self.body_read_timeout_s)
         header = request.headers.get(HEADER_LENGTH)
         try:
@@ -715,6 +770,17 @@ class RuntimeServer:
         )
 
 
+def make_runner(server: RuntimeServer) -> JsonErrorRunner:
+    """The one runner of the HTTP app, alone or beside gRPC: aiohttp's own protocol-level
+    answers in JSON, and header blocks bounded by ``headerReadTimeoutSeconds``."""
+    return JsonErrorRunner(
+        server.build_app(),
+        access_log=None,
+        handle_signals=False,
+        header_read_timeout=server.config.header_read_timeout_seconds,
+    )
+
+
 async def serve(
     config: RuntimeConfig,
     host: str,
@@ -728,7 +794,7 @@ async def serve(
     ``shutdownDrainSeconds`` (endpoints and client balancers catch up meanwhile), then it exits.
     """
     server = RuntimeServer(config, backend)
-    runner = JsonErrorRunner(server.build_app(), access_log=None, handle_signals=False)
+    runner = make_runner(server)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

@@ -98,7 +98,8 @@ def stop(process: subprocess.Popen[bytes]) -> None:
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """A runtime process serving one model and a gateway process in front of it."""
+    """A runtime process serving one model, with gRPC on as pods run it (its HTTP errors
+    were plain text only then), and a gateway process in front of it."""
     from tidal.runtime.modelgen import write_mlp
 
     info = write_mlp(tmp_path_factory.mktemp("oip") / "mlp.onnx", 16, 32, 4, seed=1)
@@ -114,6 +115,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
             **env,
             "TIDAL_RUNTIME_CONFIG_JSON": json.dumps(config),
             "TIDAL_PORT": str(runtime_port),
+            "TIDAL_GRPC_PORT": str(free_port()),
         },
     )
     urls = {"runtime": f"http://127.0.0.1:{runtime_port}"}

@@ -16,10 +16,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from tidal.common.http import JsonErrorRunner
 from tidal.runtime.backends import Backend
 from tidal.runtime.config import RuntimeConfig, parse_config
-from tidal.runtime.server import RuntimeServer
+from tidal.runtime.server import RuntimeServer, make_runner
 
 
 class ServedRuntime:
@@ -48,7 +47,7 @@ class ServedRuntime:
             self._loop = asyncio.get_running_loop()
             self._stop = asyncio.Event()
             self.server = RuntimeServer(self.config, self._backend)
-            runner = JsonErrorRunner(self.server.build_app(), access_log=None)
+            runner = make_runner(self.server)  # as the runtime serves, with or without gRPC
             await runner.setup()
             site = web.TCPSite(runner, "127.0.0.1", 0)
             await site.start()

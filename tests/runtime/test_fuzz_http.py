@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import http.client
 import json
 import os
 import random
@@ -23,7 +24,7 @@ import struct
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 import numpy as np
@@ -73,13 +74,20 @@ def rss_bytes() -> int:
 
 def exchange(port: int, data: bytes, *, hang_up: bool = False) -> int | None:
     """Send raw bytes; the answer's status, or None when there is none (or we hang up)."""
+    return exchange_for_error(port, data, hang_up=hang_up)[0]
+
+
+def exchange_for_error(
+    port: int, data: bytes, *, hang_up: bool = False
+) -> tuple[int | None, str | None]:
+    """:func:`exchange`, with the error message of a 4xx or 5xx answer (checked to be JSON)."""
     with socket.create_connection(("127.0.0.1", port), timeout=PATIENCE_S) as sock:
         try:
             sock.sendall(data)
         except OSError:
             pass  # the server may refuse early and close while we still send
         if hang_up:
-            return None
+            return None, None
         answer = b""
         while True:
             head, sep, body = answer.partition(b"\r\n\r\n")
@@ -95,7 +103,7 @@ def exchange(port: int, data: bytes, *, hang_up: bool = False) -> int | None:
                 chunk = sock.recv(65536)
             except TimeoutError:
                 if not sep:
-                    return HANG
+                    return HANG, None
                 break
             except ConnectionResetError:
                 break
@@ -103,13 +111,15 @@ def exchange(port: int, data: bytes, *, hang_up: bool = False) -> int | None:
                 break
             answer += chunk
     if not answer.startswith(b"HTTP/1."):
-        return None
+        return None, None
     head, _, body = answer.partition(b"\r\n\r\n")
     status = int(answer.split(b" ", 2)[1])
-    if status >= 400:
-        assert b"application/json" in head.lower(), f"error {status} is not JSON: {answer[:300]!r}"
-        assert "error" in json.loads(body), answer[:300]
-    return status
+    if status < 400:
+        return status, None
+    assert b"application/json" in head.lower(), f"error {status} is not JSON: {answer[:300]!r}"
+    error = json.loads(body).get("error")
+    assert isinstance(error, str) and error, answer[:300]
+    return status, error
 
 
 class Generator:
@@ -123,7 +133,7 @@ class Generator:
         r = self.rng
         choice = r.randrange(9 if depth < 3 else 6)
         if choice == 0:
-            return None
+            return None, None
         if choice == 1:
             return r.choice([True, False])
         if choice == 2:
@@ -299,8 +309,17 @@ class Generator:
         return head.encode() + size.encode() + b"\r\n" + body + tail
 
 
-def fuzz(port: int, routes: list[tuple[str, str]]) -> tuple[Counter[int | None], float, int]:
-    """Send CASES seeded cases; (statuses, seconds, RSS growth after warm-up)."""
+def fuzz(
+    port: int,
+    routes: list[tuple[str, str]],
+    *,
+    broken: str | None = None,
+    between: Callable[[int], None] | None = None,
+) -> tuple[Counter[int | None], float, int]:
+    """Send CASES seeded cases; (statuses, seconds, RSS growth after warm-up).
+
+    ``broken``: a model that failed to load; its requests may be answered 503, naming the load
+    error. ``between``: called with the case's index every 20 cases (the good models' check)."""
     generator = Generator(SEED, routes)
     statuses: Counter[int | None] = Counter()
     started = time.monotonic()
@@ -309,10 +328,17 @@ def fuzz(port: int, routes: list[tuple[str, str]]) -> tuple[Counter[int | None],
         if index == 40:  # after warm-up: allocator pools, first-use imports, caches
             baseline = rss_bytes()
         data, hang_up = generator.request()
-        status = exchange(port, data, hang_up=hang_up)
+        status, error = exchange_for_error(port, data, hang_up=hang_up)
         statuses[status] += 1
         assert status != HANG, f"case {index}: no answer within {PATIENCE_S} s: {data[:300]!r}"
-        assert status is None or status < 500, (index, status, data[:300])
+        request_line = data.split(b"\r\n", 1)[0]
+        path = request_line.split(b" ")[1] if request_line.count(b" ") >= 2 else b""
+        if status == 503 and broken is not None and path.split(b"/")[3:4] == [broken.encode()]:
+            assert error is not None and f"{broken!r} failed to load" in error, (index, error)
+        else:
+            assert status is None or status < 500, (index, status, error, data[:300])
+        if between is not None and index % 20 == 0:
+            between(index)
     return statuses, time.monotonic() - started, rss_bytes() - baseline
 
 
@@ -449,3 +475,348 @@ def test_fuzzed_requests_through_the_gateway_get_no_5xx_and_no_hang(
     assert growth < 64 * 2**20, f"RSS grew {growth / 2**20:.1f} MiB over {CASES} cases"
     assert elapsed < 60, f"{elapsed:.1f} s"
     print(f"gateway fuzz: {CASES} cases in {elapsed:.1f} s, {statuses}")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def served_main() -> Iterator[Callable[..., None]]:
+    """Run a server's own ``serve(..., stop=...)``, as its process does, on a thread's loop."""
+    started: list[tuple[dict[str, Any], threading.Thread]] = []
+
+    def start(main: Callable[[asyncio.Event], Coroutine[Any, Any, None]], port: int) -> None:
+        box: dict[str, Any] = {}
+
+        async def run() -> None:
+            box["loop"], box["stop"] = asyncio.get_running_loop(), asyncio.Event()
+            await main(box["stop"])
+
+        def thread_main() -> None:
+            try:
+                asyncio.run(run())
+            except BaseException as exc:  # shown by the test
+                box["error"] = exc
+
+        thread = threading.Thread(target=thread_main, daemon=True)
+        thread.start()
+        started.append((box, thread))
+        deadline = time.monotonic() + 60
+        while True:
+            assert thread.is_alive(), f"the server exited: {box.get('error')!r}"
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    return
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, f"nothing listens on {port} after 60 s"
+            time.sleep(0.05)
+
+    yield start
+    for box, thread in started:
+        if "loop" in box:
+            box["loop"].call_soon_threadsafe(box["stop"].set)
+        thread.join(30)
+
+
+def get_status(port: int, path: str) -> int:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=PATIENCE_S)
+    try:
+        connection.request("GET", path)
+        return connection.getresponse().status
+    finally:
+        connection.close()
+
+
+def corrupt_model(tmp_path: Any, name: str) -> dict[str, Any]:
+    """A preloaded model whose engine is not an engine (its sha256 matches): it never loads."""
+    path = tmp_path / f"{name}.onnx"
+    path.write_bytes(b"this is not an onnx model")
+    return {"name": name, "engines": [{"uri": path.as_uri()}]}
+
+
+def valid_infer(model: str) -> bytes:
+    body = json.dumps(
+        {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 16], "data": [0.5] * 16}]}
+    ).encode()
+    head = f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+    return head.encode() + b"Connection: close\r\n\r\n" + body
+
+
+# Malformed at the protocol level: aiohttp answers these itself, before any route runs.
+PROTOCOL_FAULTS = [
+    b"GET /v2 HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n",
+    b"GE\x01T /v2 HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"GET /v2 HTTP/9.9\r\nHost: x\r\n\r\n",
+    b"GET /v2 HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab",
+    b"POST /v2/repository/index HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+    b"Content-Length: 3\r\n\r\n",
+    b"GET /v2 HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n",
+    b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"POST /v2/repository/index HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n",
+    b"GET /v2 HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
+    b"GET /v2 HTTP/1.1\r\nHost: x\r\nContent-Length: 1e3\r\n\r\n",
+    b"GET /v2 HTTP/1.1\r\nHo st: x\r\n\r\n",
+    b"GET /v2 HTTP/1.1\r\nHost: x\r\n\x00: y\r\n\r\n",
+    b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    b"GET /v2 HTTP/1.1\r\nHost: x\r\nExpect: bogus\r\n\r\n",
+    b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nExpect: bogus\r\n"
+    b"Content-Length: 2\r\n\r\n{}",
+    b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03" + bytes(range(32)) + b"\r\n\r\n",
+]
+
+
+def check_protocol_faults(port: int) -> None:
+    answers = {data[:40]: exchange_for_error(port, data) for data in PROTOCOL_FAULTS}
+    refused = {k: v for k, v in answers.items() if v[0] is None or v[0] < 400 or v[0] >= 500}
+    assert not refused, refused  # each answered with a 4xx (JSON: checked by the exchange)
+    expect = answers[PROTOCOL_FAULTS[-3][:40]]
+    assert expect[0] == 417 and "100-continue" in str(expect[1]), expect
+
+
+def test_with_grpc_on_and_a_broken_model_every_error_is_json_and_the_good_models_serve(
+    served_main, models, model_entry, tmp_path, caplog
+) -> None:
+    """As pods run: the runtime's own serve() with gRPC on, one preloaded model broken."""
+    from tidal.runtime import grpc_server
+    from tidal.runtime.config import parse_config
+
+    caplog.set_level("INFO")
+    config = parse_config(
+        {
+            "models": [
+                model_entry(models["mlp"], "mlp"),
+                model_entry(models["mlp_b"], "words"),
+                corrupt_model(tmp_path, "broken"),
+            ],
+            "maxRequestBytes": MAX_BODY,
+            "requestReadTimeoutSeconds": STALL_S,
+            "headerReadTimeoutSeconds": 2,
+            "shutdownDrainSeconds": 0,
+        }
+    )
+    port, grpc_port = free_port(), free_port()
+    served_main(
+        lambda stop: grpc_server.serve(config, "127.0.0.1", port, grpc_port, stop=stop), port
+    )
+    deadline = time.monotonic() + 60
+    for model in ("mlp", "words"):  # the runtime never turns ready: wait for these two
+        while get_status(port, f"/v2/models/{model}/ready") != 200:
+            assert time.monotonic() < deadline, f"{model} did not load beside a broken model"
+            time.sleep(0.05)
+
+    check_protocol_faults(port)
+
+    def good_models_serve(index: int) -> None:
+        for model in ("mlp", "words"):
+            status, error = exchange_for_error(port, valid_infer(model))
+            assert status == 200, (index, model, status, error)
+        status, error = exchange_for_error(port, valid_infer("broken"))
+        assert status == 503 and error is not None, (index, status, error)
+        assert "'broken' failed to load" in error and "cannot load" in error, (index, error)
+
+    routes = [*ROUTES, ("POST", "/v2/models/broken/infer"), ("GET", "/v2/models/broken")]
+    statuses, elapsed, _ = fuzz(port, routes, broken="broken", between=good_models_serve)
+    good_models_serve(CASES)
+    # Not ready, saying which model failed and why (the operator's Degraded quotes it).
+    status, error = exchange_for_error(port, b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert status == 503 and "'broken' failed to load" in str(error), (status, error)
+    loud = [
+        r
+        for r in caplog.records
+        if r.exc_info or (r.levelno >= 40 and "preloading broken failed" not in r.getMessage())
+    ]
+    assert not loud, [(r.levelname, r.getMessage()) for r in loud[:3]]
+    print(f"fuzz with gRPC on and a broken model: {CASES} cases in {elapsed:.1f} s, {statuses}")
+
+
+HEADER_TIMEOUT_S = 1.0  # the header read timeout of the slow-header tests
+SLOW_CASES = 24
+RESPONSE = "wait for the answer"  # a step of slow_client
+Step = bytes | float | str
+
+
+def slow_client(port: int, steps: list[Step], trickle: bytes = b"") -> tuple[bytes, bool, float]:
+    """Send ``steps`` (bytes, RESPONSE, or seconds to wait), then ``trickle`` one byte every 50 ms,
+    cycled, reading what comes, until the server closes the connection or PATIENCE_S passes.
+    Returns (what was received, closed by the server, seconds from the last step to the close)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=PATIENCE_S) as sock:
+        received, position = b"", 0
+        for step in steps:
+            if step == RESPONSE:
+                while not answers(received, complete=False):
+                    chunk = sock.recv(65536)
+                    assert chunk, f"closed before answering: {received[:300]!r}"
+                    received += chunk
+            elif isinstance(step, float):
+                time.sleep(step)
+            elif isinstance(step, bytes):
+                sock.sendall(step)
+        started = time.monotonic()
+        sock.settimeout(0.05)
+        while time.monotonic() - started < 3 * PATIENCE_S:
+            try:
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                chunk = None
+            except ConnectionResetError:
+                return received, True, time.monotonic() - started
+            if chunk == b"":
+                return received, True, time.monotonic() - started
+            if chunk:
+                received += chunk
+            elif trickle:
+                try:
+                    sock.sendall(trickle[position % len(trickle) : position % len(trickle) + 1])
+                except OSError:  # closed by the server meanwhile: read what it said
+                    trickle = b""
+                position += 1
+        return received, False, time.monotonic() - started
+
+
+def answers(received: bytes, *, complete: bool = True) -> list[tuple[int, dict[str, Any]]]:
+    """The (status, JSON body) of each response in ``received``, in order (``complete``: and
+    nothing else; else the complete responses so far)."""
+    out = []
+    while received.startswith(b"HTTP/1."):
+        head, sep, rest = received.partition(b"\r\n\r\n")
+        if not complete and (not sep or b"content-length" not in head.lower()):
+            break
+        lengths = [
+            int(line.split(b":", 1)[1])
+            for line in head.split(b"\r\n")[1:]
+            if line.lower().startswith(b"content-length:")
+        ]
+        assert lengths, received[:300]
+        if not complete and len(rest) < lengths[0]:
+            break
+        body, received = rest[: lengths[0]], rest[lengths[0] :]
+        status = int(head.split(b" ", 2)[1])
+        assert b"application/json" in head.lower(), f"not JSON: {head[:300]!r}"
+        out.append((status, json.loads(body)))
+    assert not complete or not received, f"not HTTP: {received[:300]!r}"
+    return out
+
+
+def slow_header_cases(seed: int) -> list[tuple[str, list[Step], bytes]]:
+    """Clients that never finish a header block (each must be closed, told 408 when it sent
+    anything), and slow ones the limit must leave alone: an idle kept-alive connection, a body
+    trickling in after a complete header block. (name, steps, trickled bytes)."""
+    rng = random.Random(seed)
+    body = valid_infer("mlp").partition(b"\r\n\r\n")[2]
+    head = (
+        f"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+        "Content-Type: application/json\r\n\r\n"
+    ).encode()
+    closing = head.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n")
+    step, pause = -(-len(body) // 8), HEADER_TIMEOUT_S / 4
+    cases: list[tuple[str, list[Step], bytes]] = [
+        ("silent", [], b""),
+        ("idle keep-alive", [head + body, 2.5 * HEADER_TIMEOUT_S, closing + body], b""),
+        (
+            "slow body",  # eight pieces over twice the header limit, then kept alive, idle
+            [
+                head,
+                *[b for i in range(8) for b in (body[i * step : (i + 1) * step], pause)],
+                RESPONSE,
+                2.5 * HEADER_TIMEOUT_S,
+                closing + body,
+            ],
+            b"",
+        ),
+    ]
+    while len(cases) < SLOW_CASES:
+        cut = head[: rng.randrange(1, len(head) - 1)]
+        kind = rng.choice(["stall", "trickle line", "trickle lines", "after a request"])
+        if kind == "stall":
+            cases.append((f"stall at {len(cut)}", [cut], b""))
+        elif kind == "trickle line":  # a header value that never ends
+            cases.append((kind, [head[: head.index(b"\r\n") + 2] + b"X-Slow: "], b"a"))
+        elif kind == "trickle lines":  # header lines that never end
+            cases.append((kind, [head.rpartition(b"\r\n\r\n")[0] + b"\r\n"], b"X-Slow: a\r\n"))
+        else:  # answered, then the next request stalls (RESPONSE: wait for the answer)
+            cases.append((f"{kind}, stall at {len(cut)}", [head + body, RESPONSE, cut], b""))
+    return cases
+
+
+def check_slow_headers(port: int) -> None:
+    """Run the slow-header cases at once and check what each got; the server must stay fit."""
+    cases = slow_header_cases(SEED)
+    results: dict[int, Any] = {}
+
+    def run(index: int) -> None:
+        _, steps, trickle = cases[index]
+        try:
+            results[index] = slow_client(port, steps, trickle)
+        except BaseException as exc:  # reported below, with the case
+            results[index] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(cases))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(5 * PATIENCE_S)
+    for index, (name, _, _) in enumerate(cases):
+        result = results.get(index)
+        assert isinstance(result, tuple), (name, result)
+        received, closed, elapsed = result
+        assert closed, f"{name}: still open {elapsed:.1f} s after its last step: {received[:200]!r}"
+        got = answers(received)
+        statuses = [status for status, _ in got]
+        if name == "silent":  # never asked anything: closed without an answer
+            assert got == [] and elapsed >= HEADER_TIMEOUT_S / 2, (name, got, elapsed)
+        elif name in ("idle keep-alive", "slow body"):  # slow, not stuck: served
+            assert statuses == [200, 200], (name, got)
+        else:
+            assert statuses[-1] == 408 and set(statuses[:-1]) <= {200}, (name, got)
+            assert "header" in got[-1][1]["error"], (name, got)
+            assert elapsed >= HEADER_TIMEOUT_S / 2, (name, elapsed)
+    # Still serving, and every held connection was let go.
+    status, error = exchange_for_error(port, valid_infer("mlp"))
+    assert status == 200, (status, error)
+
+
+def test_slow_header_blocks_are_closed_and_errors_are_json_in_the_runtime(
+    served_main, models, model_entry
+) -> None:
+    from tidal.runtime.config import parse_config
+    from tidal.runtime.server import serve
+
+    config = parse_config(
+        {
+            "models": [model_entry(models["mlp"], "mlp")],
+            "headerReadTimeoutSeconds": HEADER_TIMEOUT_S,
+            "shutdownDrainSeconds": 0,
+        }
+    )
+    port = free_port()
+    served_main(lambda stop: serve(config, "127.0.0.1", port, stop=stop), port)
+    deadline = time.monotonic() + 60
+    while get_status(port, "/v2/health/ready") != 200:
+        assert time.monotonic() < deadline, "the runtime did not turn ready"
+        time.sleep(0.05)
+    check_protocol_faults(port)
+    check_slow_headers(port)
+
+
+def test_slow_header_blocks_are_closed_and_errors_are_json_in_the_gateway(
+    serve, served_main, models, model_entry
+) -> None:
+    from tidal.gateway.server import serve as serve_gateway
+
+    rt = serve({"models": [model_entry(models["mlp"], "mlp")]})
+    config = GatewayConfig.model_validate(
+        {"headerReadTimeoutSeconds": HEADER_TIMEOUT_S, "shutdownDrainSeconds": 0}
+    )
+    port = free_port()
+    replicas = [ReplicaRef(name="rt", url=f"http://{rt.url}")]
+    served_main(lambda stop: serve_gateway(config, "127.0.0.1", port, replicas, stop), port)
+    deadline = time.monotonic() + 60
+    while get_status(port, "/v2/health/ready") != 200:
+        assert time.monotonic() < deadline, "the gateway did not turn ready"
+        time.sleep(0.05)
+    check_protocol_faults(port)
+    check_slow_headers(port)

@@ -224,6 +224,30 @@ def test_not_ready_is_unavailable_with_retry_after(serve_grpc, models, model_ent
             assert ("retry-after", "1") in tuple(error.trailing_metadata())
 
 
+def test_a_model_that_fails_to_load_leaves_the_others_served(
+    serve_grpc, models, model_entry, tmp_path
+) -> None:
+    garbage = tmp_path / "corrupt.onnx"
+    garbage.write_bytes(b"this is not an onnx model")
+    broken = {"name": "broken", "engines": [{"uri": garbage.as_uri()}]}
+    _, url = serve_grpc({"models": [model_entry(models["mlp"], "mlp"), broken]}, ready=False)
+    x = np.ones((1, 16), np.float32)
+    with grpc.insecure_channel(url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        ready = service_pb2.ModelReadyRequest(name="mlp")
+        deadline = time.monotonic() + 60
+        while not stub.ModelReady(ready).ready:
+            assert time.monotonic() < deadline, "mlp did not load beside a broken model"
+            time.sleep(0.05)
+        answer = stub.ModelInfer(typed_request("mlp", x))
+        assert answer.model_name == "mlp" and answer.outputs[0].name == "output"
+        code, message = code_of(lambda: stub.ModelInfer(typed_request("broken", x)))
+        assert code == grpc.StatusCode.UNAVAILABLE, (code, message)
+        assert "'broken' failed to load" in message and "cannot load" in message, message
+        assert not stub.ServerReady(service_pb2.ServerReadyRequest()).ready
+        assert not stub.ModelReady(service_pb2.ModelReadyRequest(name="broken")).ready
+
+
 def test_statistics_count_requests_of_both_transports(serve_grpc, models, model_entry) -> None:
     runtime, url = serve_grpc({"models": [model_entry(models["mlp"], "mlp")]})
     client = tgrpc.InferenceServerClient(url)

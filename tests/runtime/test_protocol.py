@@ -124,6 +124,10 @@ def output(name: str, **parameters: object) -> dict[str, object]:
         (tensor_body("INT8", [1], [-129]), "outside INT8's range"),
         (tensor_body("INT64", [2], [1, 2**64]), r"outside INT64's range -9223372036854775808\.\."),
         (tensor_body("INT64", [1], [-(2**70)]), "outside INT64's range"),
+        # Past INT64's top beside other integers numpy reads them as float64, not uint64.
+        (tensor_body("INT64", [2], [0, 2**63]), r"outside INT64's range -9223372036854775808\.\."),
+        (tensor_body("INT64", [2, 1], [[2**63], [-1]]), "outside INT64's range"),
+        (tensor_body("UINT64", [2], [-1, 2**63]), r"outside UINT64's range 0\.\."),
         (tensor_body("UINT64", [1], [2**64]), "outside UINT64's range"),
         (tensor_body("FP32", [1], [1], parameters=[]), "'parameters' must be a JSON object"),
         (tensor_body("FP32", [1], [1], parameters=0), "'parameters' must be a JSON object"),
@@ -146,6 +150,7 @@ def output(name: str, **parameters: object) -> dict[str, object]:
             "true or false",
         ),
         (tensor_body("FP32", [1], [1], id=5), "'id' must be a string"),
+        (tensor_body("FP32", [1], [1], id=None), "'id' must be a string, got None"),
         (tensor_body("FP32", [1], [1], parameters={"timeout": -1}), "timeout"),
         (tensor_body("FP32", [1], [1], parameters={"timeout": "10"}), "timeout"),
         (tensor_body("BYTES", [2], ["a", 1]), "BYTES data must be strings"),

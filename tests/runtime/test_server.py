@@ -450,6 +450,60 @@ def test_ready_only_after_every_preloaded_model_is_warm(serve, models, model_ent
     assert rt.metric("tidal_startup_seconds") >= 0.5
 
 
+def corrupt_engine(tmp_path: Path) -> dict[str, Any]:
+    """A preloaded model whose engine file is garbage (its sha256 matches: the load fails)."""
+    import hashlib
+
+    garbage = tmp_path / "corrupt.onnx"
+    garbage.write_bytes(b"this is not an onnx model")
+    sha = hashlib.sha256(garbage.read_bytes()).hexdigest()
+    return {"name": "broken", "engines": [{"uri": garbage.as_uri(), "sha256": sha}]}
+
+
+def get(url: str) -> tuple[int, dict[str, Any], Any]:
+    return post(url, None, method="GET")
+
+
+def test_a_preloaded_model_that_fails_to_load_leaves_the_others_served(
+    serve, models, model_entry, tmp_path
+) -> None:
+    entries = [
+        model_entry(models["mlp"], "mlp"),
+        corrupt_engine(tmp_path),
+        model_entry(models["mlp_b"], "words"),
+    ]
+    rt = serve({"models": entries}, ready=False)
+    x = np.ones((2, 16), np.float32)
+    # The broken model is retried in the background forever: the others are served meanwhile.
+    wait_for(lambda: get(f"{rt.url}/v2/models/words/ready")[0] == 200, timeout=60)
+    client = triton.InferenceServerClient(rt.url)
+    np.testing.assert_allclose(infer(client, "mlp", x), direct(models["mlp"], x), rtol=1e-5)
+    np.testing.assert_allclose(infer(client, "words", x), direct(models["mlp_b"], x), rtol=1e-5)
+    assert client.is_model_ready("mlp") and not client.is_model_ready("broken")
+
+    body = json.dumps(
+        {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 16], "data": [0.0] * 16}]}
+    ).encode()
+    status, headers, answer = post(f"{rt.url}/v2/models/broken/infer", body)
+    assert status == 503 and int(headers["Retry-After"]) >= 1, (status, headers, answer)
+    assert "'broken' failed to load" in answer["error"], answer
+    assert "warming up" not in answer["error"] and "cannot load" in answer["error"], answer
+    status, _, answer = get(f"{rt.url}/v2/models/broken/ready")
+    assert status == 400 and answer["ready"] is False, (status, answer)
+    assert "'broken' failed to load" in answer["error"] and "cannot load" in answer["error"]
+    # The pod stays not Ready, saying which model failed and why: the operator's Degraded
+    # (EngineLoadFailed) quotes this error.
+    status, _, answer = get(f"{rt.url}/v2/health/ready")
+    assert status == 503 and answer["ready"] is False, (status, answer)
+    assert "model 'broken' failed to load" in answer["error"], answer
+    assert "cannot load" in answer["error"] and "2 of 3" in answer["error"], answer
+    assert not client.is_server_ready()
+    index = {e["name"]: e for e in client.get_model_repository_index()}
+    assert index["mlp"]["state"] == "READY" and index["broken"]["state"] == "UNAVAILABLE"
+    assert "cannot load" in index["broken"]["reason"], index
+    assert rt.metric("tidal_requests_total", model="mlp", code="200") >= 1
+
+
 def test_every_contract_metric_is_exposed(serve, models, model_entry) -> None:
     rt = serve({"models": [model_entry(models["mlp"], "mlp")]})
     infer(triton.InferenceServerClient(rt.url), "mlp", np.ones((1, 16), np.float32))
