@@ -59,6 +59,7 @@ class _Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self._waiter: asyncio.Future[Answer] | None = None
         self._buffer = bytearray()
+        self.answered = False  # a byte of the current request's answer has arrived
         self._reset()
 
     def _reset(self) -> None:
@@ -81,6 +82,7 @@ class _Connection(asyncio.Protocol):
         if self._waiter is None:  # nothing asked: a broken or confused peer
             self.close()
             return
+        self.answered = True
         self._buffer += data
         try:
             answer = self._parse()
@@ -114,6 +116,7 @@ class _Connection(asyncio.Protocol):
         assert self.transport is not None
         self._waiter = self.loop.create_future()
         self._buffer.clear()
+        self.answered = False
         self._reset()
         if body:
             self.transport.writelines((head, body))
@@ -222,9 +225,24 @@ class UpstreamPool:
             head += f"{name}: {value}\r\n".encode("latin-1")
         head += b"Content-Length: %d\r\n\r\n" % len(body)
         async with self._slots:
-            connection = await self._connection()
+            connection, reused = await self._connection()
             try:
                 answer = await connection.send(bytes(head), body)
+            except UpstreamError as exc:
+                connection.close()
+                if not (reused and exc.kind == "disconnect" and not connection.answered):
+                    raise
+                # A kept-alive connection the replica closed as this request went out (its idle
+                # timeout, or a close after an answer whose body it did not read): nothing of
+                # an answer came back, so the request is sent once more on a new connection,
+                # as HTTP clients do for a stale pooled connection; a replica that is really
+                # gone fails the new connection too.
+                connection, _ = await self._connection(fresh=True)
+                try:
+                    answer = await connection.send(bytes(head), body)
+                except BaseException:
+                    connection.close()
+                    raise
             except BaseException:
                 connection.close()  # a late answer must not be read as the next one's
                 raise
@@ -233,13 +251,14 @@ class UpstreamPool:
                 self._idle.append(connection)
             return answer
 
-    async def _connection(self) -> _Connection:
+    async def _connection(self, fresh: bool = False) -> tuple[_Connection, bool]:
+        """A connection and whether it was reused (kept alive from an earlier request)."""
         loop = asyncio.get_running_loop()
         idle = self._idle
-        while idle:
+        while idle and not fresh:
             connection = idle.pop()
             if not connection.closed and loop.time() - connection.idle_since < IDLE_LIMIT_S:
-                return connection
+                return connection, True
             connection.close()
         try:
             _, protocol = await loop.create_connection(
@@ -247,7 +266,7 @@ class UpstreamPool:
             )
         except OSError as exc:
             raise UpstreamError("connect", f"cannot connect: {exc}") from exc
-        return protocol
+        return protocol, False
 
     def close(self) -> None:
         for connection in self._idle:
