@@ -14,6 +14,9 @@ from the store). Each tick (``tick_seconds``, at most 1 s):
 4. relabel pods ``serving``/``standby`` (``choose_standby``; a surge promotes standby pods at
    once, before any new pod is asked for) and, before a scale-down, set each pod's
    ``controller.kubernetes.io/pod-deletion-cost`` so the ReplicaSet removes the cheapest;
+   every traffic move is make-before-break (``core.traffic.plan_traffic``): what it adds is
+   written at once, what it takes away (a pool the Service stops selecting, demotions, a routed
+   pool's scale-down) waits until the Service's EndpointSlices list the pods that stay;
 5. publish a :class:`~tidal.operator.core.control.ControlView` (replicas per pool, the pool the
    Service selects, the status fields this loop owns) for the reconciler, and enqueue a
    reconcile when the children must change (at once) or the status did (at most once per
@@ -59,6 +62,7 @@ from tidal.operator.core.autoscaler import (
 )
 from tidal.operator.core.autoscaler_pods import (
     ANNOTATION_POD_DELETION_COST,
+    StandbyAssignment,
     choose_standby,
     pod_deletion_cost,
 )
@@ -108,6 +112,7 @@ from tidal.operator.core.idle import (
 )
 from tidal.operator.core.podfaults import PodFaults, due, not_ready_pods
 from tidal.operator.core.resources import (
+    LABEL_COMPONENT,
     ROLE_SERVING,
     ROLE_STANDBY,
     Observed,
@@ -136,11 +141,18 @@ from tidal.operator.core.signals import (
     time_to_routable,
 )
 from tidal.operator.core.status import EventSpec, has_served
+from tidal.operator.core.traffic import (
+    RoutePod,
+    TrafficPolicy,
+    TrafficStep,
+    TrafficWant,
+    plan_traffic,
+)
 from tidal.operator.shell import metrics
 from tidal.operator.shell.activity import ActivityWatch
 from tidal.operator.shell.kube import Kube, KubeError
 from tidal.operator.shell.podmetrics import new_scrape_session, probe_ready
-from tidal.operator.shell.reconciler import Key, Store
+from tidal.operator.shell.reconciler import Children, Key, Store
 from tidal.operator.shell.signals import PoolReading, SignalCollector
 
 log = logging.getLogger("tidal.operator.controller")
@@ -188,6 +200,8 @@ class ControllerSettings:
     forecast_period_seconds: float = ZERO_FORECAST_PERIOD
     # Added to the measured time-to-routable: how early a forecast wake comes.
     wake_margin_seconds: float = ZeroPolicy().wake_margin_seconds
+    # How long a traffic move waits for the EndpointSlices before it says so (core.traffic).
+    traffic: TrafficPolicy = field(default_factory=TrafficPolicy)
 
 
 # A verdict due at the end of a breach window is taken this long after it (clock skew between
@@ -249,6 +263,11 @@ class ServiceState:
     # so the wake keeps its lead instead of coming up to a quiet period late.
     wake_soon: bool = False
     wake: asyncio.Event = field(default_factory=asyncio.Event)
+    # A traffic move waiting for endpoints (``core.traffic``): since when (monotonic), why,
+    # and whether its wait ran out (its Warning posted).
+    traffic_since: float | None = None
+    traffic_reason: str = "unchanged"
+    traffic_overdue: bool = False
 
 
 _labels, _ready = pod_labels, pod_ready
@@ -603,6 +622,7 @@ class Controller:
             )
 
         observed = plan_children(isvc, decision, rollout, current)
+        roles: list[RoleChanges] = []
         if decision is not None:
             event = scale_event(serving[0], st.last_total.get(serving), decision)
             if event is not None:
@@ -611,16 +631,27 @@ class Controller:
             targets = role_targets(serving, decision, helping, rollout)
             for pool, (want_serving, want_standby) in targets.items():
                 split = rollout is not None and rollout.traffic is Traffic.SPLIT
-                await self._assign_roles(
-                    key,
-                    st,
-                    pods[pool],
-                    readings[pool],
-                    want_serving,
-                    want_standby,
-                    # The baseline's rollback reserve stays on the device: an abort is instant.
-                    StandbyTier.DEVICE if split else isvc.spec.autoscaling.standby_tier,
+                roles.append(
+                    await self._choose_roles(
+                        key,
+                        st,
+                        pods[pool],
+                        readings[pool],
+                        want_serving,
+                        want_standby,
+                        # The baseline's rollback reserve stays on the device: an abort is
+                        # instant.
+                        StandbyTier.DEVICE if split else isvc.spec.autoscaling.standby_tier,
+                    )
                 )
+        # Every traffic move is make-before-break (core.traffic): what it takes away waits for
+        # the EndpointSlices to list what stays.
+        observed, demote = self._move_traffic(
+            key, st, isvc, kids, pods, observed, current, roles, mono, events
+        )
+        for role_changes in roles:
+            await self._write_roles(key, st, role_changes, demote)
+        if decision is not None:
             for pool in serving:
                 if observed.replicas.get(pool, 0) < sum(1 for p in pods[pool] if _live(p)):
                     await self._set_deletion_costs(key, st, pods[pool], readings[pool])
@@ -640,6 +671,7 @@ class Controller:
             and not events
             and not st.unsent
             and not st.wake_soon
+            and st.traffic_since is None
             and not self._busy_in_background(st)
             and is_quiet(decision, observation, policy.max_metrics_age_seconds)
         )
@@ -803,7 +835,7 @@ class Controller:
         except KubeError as exc:
             log.warning("patch pod %s/%s: %s", key[0], pod, exc)
 
-    async def _assign_roles(
+    async def _choose_roles(
         self,
         key: Key,
         st: ServiceState,
@@ -812,7 +844,9 @@ class Controller:
         desired_serving: int,
         desired_standby: int,
         tier: StandbyTier = StandbyTier.DEVICE,
-    ) -> None:
+    ) -> RoleChanges:
+        """The role labels one pool's pods are to get (``choose_standby``); a host-warm pod to
+        promote is moved back onto the device first (and stays standby if that failed)."""
         views = pod_views(pods, reading.pod_scrapes, self.wall())
         assignment = choose_standby(views, desired_serving, desired_standby)
         changes = [(n, ROLE_SERVING) for n in assignment.promote]
@@ -832,6 +866,15 @@ class Controller:
         }
         if tier is StandbyTier.HOST:
             changes = await self._to_device_first(key, st, changes, urls)
+        return RoleChanges(assignment, tuple(changes), urls, tier, started)
+
+    async def _write_roles(
+        self, key: Key, st: ServiceState, roles: RoleChanges, demote: frozenset[str]
+    ) -> None:
+        """Write the promotions and those demotions the traffic move lets go now (``demote``:
+        a demotion waits while the EndpointSlices do not list the pods that stay)."""
+        assignment = roles.assignment
+        changes = [(n, r) for n, r in roles.changes if r == ROLE_SERVING or n in demote]
         if changes:
             log.info(
                 "%s/%s roles (%s): %s",
@@ -849,25 +892,103 @@ class Controller:
             )
         )
         if any(role == ROLE_SERVING for _, role in changes) and assignment.promote:
-            st.promote_seconds = round(self.mono() - started, 3)
-        if tier is StandbyTier.HOST:
+            st.promote_seconds = round(self.mono() - roles.started, 3)
+        if roles.tier is StandbyTier.HOST:
             # Standby pods go host-warm once out of the Service: HOST_TIER_AFTER_SECONDS after
             # they became standby (endpoints and the clients that watch them lag the label), in
-            # the background (the runtime also waits until requests have stopped arriving).
+            # the background (the runtime also waits until requests have stopped arriving). A
+            # demotion still waiting for endpoints is not standby yet.
             now = self.mono()
-            standby = set(assignment.standby)
+            held = {n for n, r in roles.changes if r == ROLE_STANDBY and n not in demote}
+            standby = set(assignment.standby) - held
             for name in list(st.standby_since):
                 if name not in standby:
                     del st.standby_since[name]
             for name in assignment.standby:
+                if name in held:
+                    continue
                 since = st.standby_since.setdefault(name, now)
-                if name in st.host_tier or name in st.tier_tasks or name not in urls:
+                if name in st.host_tier or name in st.tier_tasks or name not in roles.urls:
                     continue
                 if now - since < HOST_TIER_AFTER_SECONDS:
                     continue
                 st.tier_tasks[name] = asyncio.create_task(
-                    self._to_host(st, name, urls[name]), name=f"host-tier {name}"
+                    self._to_host(st, name, roles.urls[name]), name=f"host-tier {name}"
                 )
+
+    def _move_traffic(
+        self,
+        key: Key,
+        st: ServiceState,
+        isvc: InferenceService,
+        kids: Children | None,
+        pods: Mapping[PoolName, Sequence[Mapping[str, Any]]],
+        observed: Observed,
+        current: Mapping[PoolName, int],
+        roles: Sequence[RoleChanges],
+        mono: float,
+        events: list[EventSpec],
+    ) -> tuple[Observed, frozenset[str]]:
+        """Make before break (``core.traffic``): the routing and replicas to publish this tick,
+        and the demotions that may be written. What a move adds goes at once; what it takes
+        away (a pool the Service stops selecting, pods demoted to standby, replicas of a pool
+        that gets traffic) waits until the Service's EndpointSlices list the pods that stay."""
+        demote = frozenset(n for r in roles for n, role in r.changes if role == ROLE_STANDBY)
+        selector = kids.service_selector if kids is not None else None
+        if isvc.spec.fleet is not None or (selector is not None and LABEL_COMPONENT in selector):
+            return observed, demote  # the Service selects the gateway, which routes itself
+        has_baseline = isvc.spec.rollout.baseline is not None
+        both = frozenset(PoolName) if has_baseline else frozenset({PoolName.PRIMARY})
+        active = observed.active_pool if has_baseline else PoolName.PRIMARY
+        want_pools = both if observed.split and has_baseline else frozenset({active})
+        selected = _selected_pools(selector, both, want_pools)
+        route_pods = [
+            RoutePod(
+                str((b.get("metadata") or {}).get("name")),
+                pool,
+                _labels(b).get(LABEL_ROLE) == ROLE_SERVING,
+                _ready(b),
+            )
+            for pool, bodies in pods.items()
+            for b in bodies
+            if _live(b)
+        ]
+        shrink = any(
+            observed.replicas.get(pool, current[pool]) < current[pool]
+            for pool in selected | want_pools
+            if pool in current
+        )
+        want = TrafficWant(
+            pools=want_pools,
+            promote=frozenset(n for r in roles for n, role in r.changes if role == ROLE_SERVING),
+            demote=demote,
+            shrink=shrink,
+        )
+        endpoints = kids.ready_endpoints() if kids is not None else None
+        step = plan_traffic(
+            want, route_pods, selected, endpoints, st.traffic_since, mono, self.settings.traffic
+        )
+        if step.reason != st.traffic_reason and step.reason != "unchanged":
+            log.info(
+                "%s/%s traffic %s: select %s%s",
+                key[0],
+                key[1],
+                step.reason,
+                "+".join(sorted(p.value for p in step.pools)),
+                f", not listed ready yet: {', '.join(step.missing)}" if step.missing else "",
+            )
+        st.traffic_reason = step.reason
+        if step.overdue and not st.traffic_overdue:
+            events.append(traffic_event(isvc.name, step, self.settings.traffic))
+        st.traffic_overdue = step.overdue
+        st.traffic_since = step.waiting_since
+        replicas = dict(observed.replicas)
+        if not step.shrink:
+            for pool in step.pools:
+                if pool in replicas and pool in current:
+                    replicas[pool] = max(replicas[pool], current[pool])
+        moved = replace(observed, replicas=replicas, split=len(step.pools) > 1)
+        return moved, step.demote
 
     @staticmethod
     def _busy_in_background(st: ServiceState) -> bool:
@@ -1087,3 +1208,59 @@ def _helping_pools(state: RolloutState | None) -> tuple[PoolName, ...]:
     if state is not None and state.traffic is Traffic.OVERFLOW:
         return (PoolName.BASELINE,)
     return ()
+
+
+@dataclass(frozen=True)
+class RoleChanges:
+    """One pool's role labels to write (``Controller._choose_roles``)."""
+
+    assignment: StandbyAssignment
+    changes: tuple[tuple[str, str], ...]  # (pod, role)
+    urls: Mapping[str, str]  # pod -> its tier URL (host-warm standby)
+    tier: StandbyTier
+    started: float  # monotonic, for the promotion's duration
+
+
+def _selected_pools(
+    selector: Mapping[str, str] | None, both: frozenset[PoolName], want: frozenset[PoolName]
+) -> frozenset[PoolName]:
+    """The pools the live Service selects (its selector names one, or none: all); before the
+    Service exists, the ones wanted."""
+    if selector is None:
+        return want
+    pool = selector.get(LABEL_POOL)
+    if pool is None:
+        return both
+    try:
+        return frozenset({PoolName(pool)})
+    except ValueError:
+        return want
+
+
+def traffic_event(service: str, step: TrafficStep, policy: TrafficPolicy) -> EventSpec:
+    """The Warning of a traffic move whose wait for endpoints ran out."""
+    wait = f"{policy.wait_seconds:g}s"
+    missing = ", ".join(step.missing) or "none"
+    pools = "+".join(sorted(p.value for p in step.pools))
+    if step.reason == "endpoints-unseen":
+        return EventSpec(
+            "Warning",
+            "EndpointSlicesUnseen",
+            f"no EndpointSlice of Service {service} seen in {wait}: traffic moved to {pools} "
+            "without waiting for its endpoints (may the operator list and watch "
+            "endpointslices.discovery.k8s.io?)",
+        )
+    if step.complete:
+        return EventSpec(
+            "Warning",
+            "EndpointsSlow",
+            f"traffic moved to {pools} after waiting {wait} for the EndpointSlices of Service "
+            f"{service}: Ready pods not listed ready yet: {missing}",
+        )
+    return EventSpec(
+        "Warning",
+        "EndpointsNotReady",
+        f"traffic move waits: after {wait} the EndpointSlices of Service {service} list none of "
+        f"the pods that are to take the traffic as ready (Ready pods not listed: {missing}); "
+        f"the Service keeps selecting {pools}, so the pods serving now keep answering",
+    )

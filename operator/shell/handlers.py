@@ -8,6 +8,8 @@ while the operator is down is still cleaned up by the garbage collector.
 * InferenceService events store the body and enqueue the key.
 * Events of labelled children (Deployments, pods, Services, ConfigMaps) update the store and
   enqueue the owner, so a deleted or edited child is put back, and status follows the pods.
+  The Service's EndpointSlices (labelled like it) update the store and poke the control loop,
+  whose traffic moves wait for them (``tidal.operator.core.traffic``).
 * Every InferenceService gets a control loop (``tidal.operator.shell.controller``), started
   on its first event and stopped when it is deleted; the loop publishes replica counts,
   routing and its status fields for the reconciler and enqueues the key when they change.
@@ -246,6 +248,16 @@ async def on_event_pod(event: dict[str, Any], body: kopf.Body, **_: Any) -> None
 @kopf.on.event("", "v1", "services", **_CHILD)  # type: ignore[arg-type]
 async def on_event_service(event: dict[str, Any], body: kopf.Body, **_: Any) -> None:
     await _on_child(event, body, "Service")
+
+
+@kopf.on.event("discovery.k8s.io", "v1", "endpointslices", **_CHILD)  # type: ignore[arg-type]
+async def on_event_endpoint_slice(event: dict[str, Any], body: kopf.Body, **_: Any) -> None:
+    # The control loop's traffic moves wait for these (``core.traffic``); nothing to reconcile.
+    plain = _plain(body)
+    plain["kind"] = "EndpointSlice"
+    owner = RUNTIME.store.put_child(plain, deleted=event.get("type") == "DELETED")
+    if owner is not None and RUNTIME.controller is not None:
+        RUNTIME.controller.poke(owner)
 
 
 @kopf.on.event("", "v1", "configmaps", **_CHILD)  # type: ignore[arg-type]

@@ -84,6 +84,21 @@ def _owner(body: Mapping[str, Any]) -> Key | None:
     return (meta.get("namespace", ""), isvc) if isvc else None
 
 
+LABEL_SERVICE_NAME = "kubernetes.io/service-name"
+
+
+def slice_ready_pods(body: Mapping[str, Any]) -> frozenset[str]:
+    """The pods an EndpointSlice lists as ready (``conditions.ready`` true or unset, which
+    consumers are told to read as ready)."""
+    return frozenset(
+        str(ref["name"])
+        for ep in body.get("endpoints") or []
+        if (ep.get("conditions") or {}).get("ready") is not False
+        and (ref := ep.get("targetRef") or {}).get("kind") == "Pod"
+        and ref.get("name")
+    )
+
+
 def deployment_state(body: Mapping[str, Any]) -> DeploymentState:
     meta, spec, status = body["metadata"], body.get("spec", {}), body.get("status") or {}
     failure = None
@@ -150,6 +165,16 @@ class Children:
     gateway: DeploymentState | None = None
     # What drift detection reads of each applied child, (kind, name) -> LiveChild.
     live: dict[tuple[str, str], LiveChild] = field(default_factory=dict)
+    # The Service <isvc>'s selector as the watch last showed it (None: not seen), and its
+    # EndpointSlices: slice name -> the pods it lists as ready (``core.traffic``).
+    service_selector: dict[str, str] | None = None
+    endpoint_slices: dict[str, frozenset[str]] = field(default_factory=dict)
+
+    def ready_endpoints(self) -> frozenset[str] | None:
+        """The pods the Service's EndpointSlices list as ready; None: no slice seen."""
+        if not self.endpoint_slices:
+            return None
+        return frozenset().union(*self.endpoint_slices.values())
 
     def put_live(self, kind: str, name: str, body: Mapping[str, Any], clean: str = "") -> None:
         """Record a child as the API shows it. ``clean``: the applied hash it is known to
@@ -189,6 +214,18 @@ class Store:
         kids = self.children.setdefault(owner, Children())
         meta, kind = body["metadata"], str(body.get("kind", ""))
         name = meta["name"]
+        if kind == "EndpointSlice":
+            # Only the slices of the Service <isvc> (they carry its labels, so its owner's).
+            if (meta.get("labels") or {}).get(LABEL_SERVICE_NAME) != owner[1]:
+                return None
+            if deleted:
+                kids.endpoint_slices.pop(name, None)
+            else:
+                kids.endpoint_slices[name] = slice_ready_pods(body)
+            return owner
+        if kind == "Service" and name == owner[1]:
+            selector = (body.get("spec") or {}).get("selector")
+            kids.service_selector = None if deleted or selector is None else dict(selector)
         if kind == "Pod":
             if deleted:
                 kids.pods.pop(name, None)

@@ -115,6 +115,9 @@ OPERATOR_RIGHTS = {
     ("", "pods", "watch"),
     # the control loop: role label (serving/standby) and pod-deletion-cost annotation
     ("", "pods", "patch"),
+    # make-before-break traffic moves wait for the Service's EndpointSlices (core.traffic)
+    ("discovery.k8s.io", "endpointslices", "list"),
+    ("discovery.k8s.io", "endpointslices", "watch"),
     # kube.py: server-side apply of the children (an apply that creates the object is
     # authorised as patch and as create: the sandbox refuses it without create)
     ("apps", "deployments", "patch"),

@@ -63,7 +63,8 @@ The operator's own API rights, derived from operator/shell (see charts/README.md
     owner's finalizers subresource.
 Pods are watched (status and the control loop follow them) and patched: the control loop sets
 their serving/standby role label and the pod-deletion-cost annotation (a merge patch of
-metadata only).
+metadata only). The Services' EndpointSlices are watched: a traffic move takes the old pods
+out only once the slices list the new ones as ready.
 Nothing is ever deleted by the operator: children go with their owner (garbage collector).
 */}}
 {{- define "tidal.operatorRules" -}}
@@ -89,6 +90,10 @@ Nothing is ever deleted by the operator: children go with their owner (garbage c
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list", "watch", "patch"]
+# Traffic moves wait until the Service's EndpointSlices list the new pods ready (read only).
+- apiGroups: ["discovery.k8s.io"]
+  resources: ["endpointslices"]
+  verbs: ["list", "watch"]
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]

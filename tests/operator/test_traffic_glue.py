@@ -1,0 +1,193 @@
+"""The control loop's side of make-before-break traffic moves: the store keeps the Service's
+selector and its EndpointSlices as the watches show them, and ``Controller._move_traffic`` turns
+the decision's routing into what the reconciler writes this tick (both pools selected while the
+new one is not listed ready; a routed pool's scale-down and demotions held meanwhile)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from isvc_fixtures import minimal
+
+from tidal.operator.core.api import (
+    LABEL_ISVC,
+    LABEL_POOL,
+    LABEL_ROLE,
+    PoolName,
+    StandbyTier,
+    parse_inference_service,
+)
+from tidal.operator.core.autoscaler_pods import StandbyAssignment
+from tidal.operator.core.resources import Observed
+from tidal.operator.core.traffic import TrafficPolicy
+from tidal.operator.shell.controller import (
+    Controller,
+    ControllerSettings,
+    RoleChanges,
+    ServiceState,
+)
+from tidal.operator.shell.reconciler import Store
+
+P, B = PoolName.PRIMARY, PoolName.BASELINE
+KEY = ("ns", "svc")
+
+
+def pod_body(
+    name: str, pool: PoolName, role: str = "serving", ready: bool = True
+) -> dict[str, Any]:
+    return {
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "labels": {LABEL_ISVC: "svc", LABEL_POOL: pool.value, LABEL_ROLE: role},
+        },
+        "status": {
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }
+
+
+def slice_body(name: str, ready: dict[str, bool], service: str = "svc") -> dict[str, Any]:
+    return {
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            # The EndpointSlice controller copies the Service's labels onto its slices.
+            "labels": {LABEL_ISVC: "svc", "kubernetes.io/service-name": service},
+        },
+        "endpoints": [
+            {
+                "addresses": [f"10.0.0.{i}"],
+                "conditions": {"ready": r},
+                "targetRef": {"kind": "Pod", "name": pod, "namespace": "ns"},
+            }
+            for i, (pod, r) in enumerate(ready.items())
+        ],
+    }
+
+
+def service_body(selector: dict[str, str]) -> dict[str, Any]:
+    return {
+        "kind": "Service",
+        "metadata": {"name": "svc", "namespace": "ns", "labels": {LABEL_ISVC: "svc"}},
+        "spec": {"selector": selector},
+    }
+
+
+def test_store_keeps_the_services_selector_and_the_pods_its_slices_list_ready() -> None:
+    store = Store()
+    store.put_child(service_body({LABEL_ISVC: "svc", LABEL_POOL: "primary"}), deleted=False)
+    kids = store.children[KEY]
+    assert kids.ready_endpoints() is None  # no slice seen yet
+    store.put_child(slice_body("svc-a", {"p1": True, "p2": False}), deleted=False)
+    store.put_child(slice_body("svc-b", {"b1": True}), deleted=False)
+    # A slice of another Service carrying the same labels (none today) is not this one's.
+    store.put_child(slice_body("other-x", {"x1": True}, service="other"), deleted=False)
+    assert kids.ready_endpoints() == frozenset({"p1", "b1"})
+    assert kids.service_selector == {LABEL_ISVC: "svc", LABEL_POOL: "primary"}
+    store.put_child(slice_body("svc-b", {}), deleted=True)
+    assert kids.ready_endpoints() == frozenset({"p1"})
+
+
+def _world(spec: dict[str, Any], *pods: dict[str, Any]) -> tuple[Store, Any]:
+    """A store holding the service, its Service selecting the primary, and ``pods``."""
+    store = Store()
+    store.services[KEY] = spec
+    store.put_child(
+        service_body({LABEL_ISVC: "svc", LABEL_POOL: "primary", LABEL_ROLE: "serving"}),
+        deleted=False,
+    )
+    for body in pods:
+        store.put_child(body, deleted=False)
+    return store, parse_inference_service(spec)
+
+
+def _flip_world() -> tuple[Controller, Store, Any]:
+    pods = [pod_body(n, pool) for n, pool in (("p1", P), ("p2", P), ("b1", B), ("b2", B))]
+    store, isvc = _world(minimal(rollout={"baseline": {"minReplicas": 1}}), *pods)
+    settings = ControllerSettings(traffic=TrafficPolicy(wait_seconds=60.0))
+    ctl = Controller(None, store, None, None, settings)  # type: ignore[arg-type]
+    return ctl, store, isvc
+
+
+def _pods(store: Store) -> dict[PoolName, list[dict[str, Any]]]:
+    bodies = store.children[KEY].pod_bodies.values()
+    return {
+        pool: [b for b in bodies if b["metadata"]["labels"][LABEL_POOL] == pool.value]
+        for pool in (P, B)
+    }
+
+
+def test_a_flip_selects_both_pools_and_keeps_the_primary_until_the_baseline_is_listed() -> None:
+    ctl, store, isvc = _flip_world()
+    st = ServiceState()
+    kids = store.children[KEY]
+    store.put_child(slice_body("svc-a", {"p1": True, "p2": True}), deleted=False)
+    # The rollout flipped to the baseline and shrinks the primary (2 -> 1).
+    flip = Observed(replicas={P: 1, B: 2}, active_pool=B, split=False)
+    current = {P: 2, B: 2}
+    events: list[Any] = []
+    observed, _ = ctl._move_traffic(
+        KEY, st, isvc, kids, _pods(store), flip, current, [], 0.0, events
+    )
+    assert observed.split and observed.active_pool is B  # both selected, the target reported
+    assert observed.replicas[P] == 2  # the primary serves until the move is made
+    assert st.traffic_since == 0.0 and not events
+    # The slices list one baseline pod: still both.
+    store.put_child(slice_body("svc-a", {"p1": True, "p2": True, "b1": True}), deleted=False)
+    observed, _ = ctl._move_traffic(
+        KEY, st, isvc, kids, _pods(store), flip, current, [], 1.0, events
+    )
+    assert observed.split
+    # Both listed ready: the baseline alone, the primary may shrink.
+    store.put_child(
+        slice_body("svc-a", {"p1": True, "p2": True, "b1": True, "b2": True}), deleted=False
+    )
+    observed, _ = ctl._move_traffic(
+        KEY, st, isvc, kids, _pods(store), flip, current, [], 2.0, events
+    )
+    assert observed == flip
+    assert st.traffic_since is None and not events
+
+
+def test_a_move_whose_endpoints_never_show_says_so_once_and_keeps_the_old_pods() -> None:
+    ctl, store, isvc = _flip_world()
+    st = ServiceState()
+    kids = store.children[KEY]
+    store.put_child(slice_body("svc-a", {"p1": True, "p2": True}), deleted=False)
+    flip = Observed(replicas={P: 2, B: 2}, active_pool=B)
+    events: list[Any] = []
+    for now in (0.0, 30.0, 61.0, 62.0):
+        observed, _ = ctl._move_traffic(
+            KEY, st, isvc, kids, _pods(store), flip, {P: 2, B: 2}, [], now, events
+        )
+        assert observed.split, now
+    assert [e.reason for e in events] == ["EndpointsNotReady"]
+    assert "b1, b2" in events[0].message
+
+
+def test_a_demotion_waits_for_the_pod_that_stays_and_the_promotion_goes_at_once() -> None:
+    store, isvc = _world(minimal(), pod_body("p1", P), pod_body("s1", P, role="standby"))
+    store.put_child(slice_body("svc-a", {"p1": True}), deleted=False)
+    ctl = Controller(None, store, None, None, ControllerSettings())  # type: ignore[arg-type]
+    kids = store.children[KEY]
+    swap = RoleChanges(
+        StandbyAssignment(("s1",), ("p1",), ("s1",), ("p1",), "promote-standby"),
+        (("s1", "serving"), ("p1", "standby")),
+        {},
+        StandbyTier.DEVICE,
+        0.0,
+    )
+    pods = {P: list(kids.pod_bodies.values())}
+    observed = Observed(replicas={P: 2})
+    st = ServiceState()
+    _, demote = ctl._move_traffic(KEY, st, isvc, kids, pods, observed, {P: 2}, [swap], 0.0, [])
+    assert demote == frozenset()
+    store.put_child(pod_body("s1", P), deleted=False)  # the promotion written, watched back
+    store.put_child(slice_body("svc-a", {"p1": True, "s1": True}), deleted=False)
+    pods = {P: list(kids.pod_bodies.values())}
+    _, demote = ctl._move_traffic(KEY, st, isvc, kids, pods, observed, {P: 2}, [swap], 1.0, [])
+    assert demote == frozenset({"p1"})
