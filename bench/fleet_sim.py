@@ -57,16 +57,18 @@ The policies, on the same traces:
   `tidal.gateway.core.routing.choose_route` over views built by `tidal.gateway.core.views` from
   the runtimes' snapshots and its own loads (reserved on dispatch, released on the answer;
   load limits 1 per replica and 4 in all, busy at 8 outstanding, refusals forgotten after
-  2 s) and holds requests that are not forwarded until
-  something changes (a load ends, a placement) or 30 s pass (503). Every 2 s the operator's fleet
-  loop, modelled on `tidal.operator.shell.fleet` with the API's defaults, takes per-model rates
-  over the interval, folds them into `tidal.operator.core.forecast.observe`, asks `predict_peak`
-  over each model's load time + 5 s lead, and runs `tidal.operator.core.placement.place`; each
-  replica loads the models pinned on it in the background (one at a time, in name order, as the
-  runtime does) and keeps unpinned ones as an LRU cache. The forecast's period is set to the
-  compressed day (`spec.fleet.forecast.period: 1h`); its other knobs keep their defaults. A
-  model no replica has loaded yet is passed to placement as a guess (`size_known=False`, sized
-  as the largest measured so far), as `fleet.model_demands` does for a model with no size.
+  2 s) and holds requests that are not forwarded until something changes (a load ends, a
+  placement) or 30 s pass (503). Every 2 s the operator's fleet loop runs the shell's own steps
+  on the runtimes' reports (`Tidal.reports`: states, sizes and load times measured on each
+  replica, each runtime's cumulative request counter) with the API's defaults:
+  `tidal.operator.core.fleet.learn_demands` (rates over the interval, smoothing, the forecast's
+  `observe` and `predict_peak` over each model's load time + 5 s lead) and `plan_placement`
+  (`place` with the pins last sent and the previous placement); each replica loads the models
+  pinned on it in the background (one at a time, in name order, as the runtime does) and keeps
+  unpinned ones as an LRU cache. The forecast's period is set to the compressed day
+  (`spec.fleet.forecast.period: 1h`); its other knobs keep their defaults. A model no replica
+  has loaded yet is passed to placement as a guess (`size_known=False`, sized as the largest
+  measured so far), as `fleet.model_demands` does for a model with no size.
 * `optimum`: Belady with future knowledge: on a miss evict the engines whose next request is
   farthest in the future, on the replica where that costs least; route to a replica that holds
   the model. It is the optimal *demand-loading* policy for one cache of equal-size entries; here
@@ -94,27 +96,16 @@ import numpy as np
 
 from tidal.gateway.core.routing import LoadBudget, ReplicaView, choose_route
 from tidal.gateway.core.views import NO_LOADS, OwnLoads, Snapshot, model_bytes, replica_view
+from tidal.operator.core.api import Model
 from tidal.operator.core.fleet import (
-    DEFAULT_LOAD_BYTES_PER_SECOND,
-    DEFAULT_LOAD_OVERHEAD_SECONDS,
-    DEFAULT_MODEL_BYTES,
-    placement_rates,
-    smooth_rates,
+    DemandState,
+    ModelReport,
+    ReplicaReport,
+    learn_demands,
+    plan_placement,
 )
-from tidal.operator.core.forecast import (
-    ForecastPolicy,
-    ModelForecast,
-    observe,
-    period_mean,
-    predict_peak,
-)
-from tidal.operator.core.placement import (
-    ModelDemand,
-    Placement,
-    PlacementPolicy,
-    ReplicaSlot,
-    place,
-)
+from tidal.operator.core.forecast import ForecastPolicy, period_mean
+from tidal.operator.core.placement import ModelDemand, Placement, PlacementPolicy
 
 GB = 1e9
 
@@ -384,6 +375,7 @@ class Replica:
     load_queue: deque[Engine] = field(default_factory=deque)
     version: int = 0  # bumps when an engine is added, becomes ready or is evicted
     measured: dict[int, float] = field(default_factory=dict)  # last loaded size per model
+    measured_load: dict[int, float] = field(default_factory=dict)  # its load's seconds
     queue_peak: int = 0  # the longest its load queue has been
 
     def outstanding(self, t: float) -> int:
@@ -583,6 +575,7 @@ class Sim:
         replica.running -= 1
         replica.version += 1
         replica.measured[engine.model] = engine.size
+        replica.measured_load[engine.model] = engine.load_seconds
         waiters, engine.waiters = engine.waiters, []
         replica.waiting -= len(waiters)
         for i in waiters:
@@ -846,17 +839,17 @@ class Tidal:
         self.index = {n: k for k, n in enumerate(self.names)}
         self.rindex = {r.name: r.index for r in sim.replicas}
         self.gw = [_GatewayReplica() for _ in sim.replicas]
-        self.counts = np.zeros(sim.cfg.models)
-        self.last_tick: float | None = None
-        self.forecasts: dict[str, ModelForecast] = {}
+        self.requests = np.zeros((len(sim.replicas), sim.cfg.models))  # forwarded, per replica
+        self.demand = DemandState()
+        self.models = [
+            Model.model_validate({"name": self.names[k], "engines": [{"uri": "file:///e.onnx"}]})
+            for k in self.served
+        ]
         self.pins: dict[str, frozenset[str]] = {r.name: frozenset() for r in sim.replicas}
         self.placement: Placement | None = None  # the last one (its landing and hot sets)
         self.pending: list[list[int]] = [[] for _ in sim.replicas]
         self.hints: Mapping[str, tuple[str, ...]] = {}
         self.held: list[int] = []
-        self.smoothed: dict[str, float] = {}
-        self.sizes: dict[int, float] = {}  # measured by a replica (after a first load)
-        self.load_times: dict[int, float] = {}
         self.models_of = sim.trace.models
         sim.on_ready = self.on_ready
         sim.on_refused = self.on_refused
@@ -943,7 +936,9 @@ class Tidal:
                 assert route.replica is not None
                 if route.extra_load is not None:
                     self.gateway_load(sim, self.rindex[route.extra_load], model, t)
-                sim.send(i, sim.replicas[self.rindex[route.replica]].engines[model], t)
+                r = self.rindex[route.replica]
+                self.requests[r, model] += 1  # the runtime's `requests` counter
+                sim.send(i, sim.replicas[r].engines[model], t)
                 return True
             if route.action == "load":
                 assert route.replica is not None
@@ -982,7 +977,6 @@ class Tidal:
         self.retry_held(sim, t)
 
     def route(self, sim: Sim, i: int, model: int, t: float) -> None:
-        self.counts[model] += 1
         if not self.dispatch(sim, i, model, t):
             sim.cold[i] = True
             self.held.append(i)
@@ -1029,85 +1023,80 @@ class Tidal:
         if name in gw.own:  # the gateway's POST .../load answers 200
             gw.own = gw.own.release(name)
             gw.views = {}
-        self.sizes[engine.model] = engine.size
-        self.load_times[engine.model] = engine.load_seconds
         self.admit_pins(sim, engine.replica, t)
         self.retry_held(sim, t)
 
     # -- the operator's fleet loop -----------------------------------------------------------
-    def measure_rates(self, sim: Sim, t: float) -> np.ndarray:
-        """Requests per second per model since the last tick, as the shell's `model_rates`
-        takes them from the runtimes' counters (none on the first tick)."""
-        first = self.last_tick is None
-        elapsed = t - (self.last_tick or 0.0)
-        self.last_tick = t
-        rates = self.counts / elapsed if not first else np.zeros(sim.cfg.models)
-        self.counts = np.zeros(sim.cfg.models)
-        return np.asarray(rates)
-
-    def tick(self, sim: Sim, t: float) -> None:
-        started = time.perf_counter()
-        first = self.last_tick is None
-        elapsed = t - (self.last_tick or 0.0)
-        rates = self.measure_rates(sim, t)
-        window = self.cfg.rate_window if self.rate_window is None else self.rate_window
-        if not first:  # as the shell: the forecast learns the interval's rates, placement
-            # ranks by the smoothed ones
-            self.smoothed = smooth_rates(
-                self.smoothed,
-                {self.names[k]: float(rates[k]) for k in self.served},
-                elapsed,
-                window,
-                rise_to=(
-                    None
-                    if self.slow_rise
-                    else self.placement_policy.hot_threshold(float(rates.sum()))
-                ),
-            )
-        known = list(self.sizes.values())
-        # As `fleet.model_sizes`: a model never measured is possibly the largest seen.
-        fallback = float(max(known)) if known else DEFAULT_MODEL_BYTES
-        demands = []
-        for k in self.served:
-            name = self.names[k]
-            size = self.sizes.get(k, fallback)
-            load = self.load_times.get(
-                k, DEFAULT_LOAD_OVERHEAD_SECONDS + size / DEFAULT_LOAD_BYTES_PER_SECOND
-            )
-            rate = float(rates[k])
-            peak = 0.0
-            if self.cfg.forecast and not first:
-                state = observe(self.forecast_policy, self.forecasts.get(name), rate, t)
-                self.forecasts[name] = state
-                peak = predict_peak(self.forecast_policy, state, t, load + self.cfg.lead_seconds)
-                if self.daily_mean_forecast:
-                    peak = max(peak, period_mean(state))
-            demands.append(
-                ModelDemand(
-                    name,
-                    int(size),
-                    load,
-                    self.smoothed.get(name, 0.0),
-                    peak,
-                    size_known=k in self.sizes or not self.learn_sizes,
+    def reports(self, sim: Sim, t: float) -> list[ReplicaReport]:
+        """What each runtime's `GET /v2/tidal/models` tells the operator's fleet loop: every
+        model's state, sizes and load time measured there, its pin and its request counter
+        (cumulative, here counted as the gateway forwards)."""
+        out = []
+        names = self.names
+        for replica in sim.replicas:
+            engines = replica.engines
+            pins = self.pins[replica.name]
+            counters = self.requests[replica.index]
+            models = {}
+            for k in self.served:
+                engine = engines.get(k)
+                state = "UNAVAILABLE"
+                if engine is not None:
+                    state = "READY" if engine.state == READY else "LOADING"
+                models[names[k]] = ModelReport(
+                    state=state,
+                    size_bytes=int(engine.size) if engine is not None and engine.reserved else 0,
+                    last_size_bytes=int(replica.measured.get(k, 0)),
+                    load_seconds=replica.measured_load.get(k, 0.0),
+                    requests=float(counters[k]),
+                    pinned=names[k] in pins,
+                )
+            out.append(
+                ReplicaReport(
+                    name=replica.name,
+                    url=replica.name,
+                    at=t,
+                    generation=replica.version,
+                    ready=True,
+                    budget_bytes=int(replica.budget),
+                    resident_bytes=int(sum(e.size for e in engines.values() if e.reserved)),
+                    models=models,
                 )
             )
-        if self.daily_mean_rate:  # as the shell, after the forecast has seen this interval
-            floor = placement_rates(self.smoothed, self.forecasts)
-            demands = [replace(d, rate=floor.get(d.name, d.rate)) for d in demands]
-        slots = [
-            ReplicaSlot(
-                name=replica.name,
-                budget_bytes=int(replica.budget),
-                resident=frozenset(self.names[m] for m in replica.engines),
-                pinned=self.pins[replica.name],
-                landing=self.placement is not None and replica.name in self.placement.landing,
-            )
-            for replica in sim.replicas
-        ]
-        hot_before = self.placement.hot if self.placement is not None else None
+        return out
+
+    def tick(self, sim: Sim, t: float) -> None:
+        """One interval of the operator's fleet loop, by the shell's own steps
+        (`fleet.learn_demands`, `fleet.plan_placement`); the runtimes load the pins."""
+        started = time.perf_counter()
+        reports = self.reports(sim, t)
+        window = self.cfg.rate_window if self.rate_window is None else self.rate_window
+        self.demand, demands = learn_demands(
+            self.demand,
+            self.models,
+            reports,
+            t,
+            t,
+            window_seconds=window,
+            forecast=self.forecast_policy if self.cfg.forecast else None,
+            lead_seconds=self.cfg.lead_seconds,
+            fast_attack=not self.slow_rise,
+            daily_mean=self.daily_mean_rate,
+        )
+        if self.daily_mean_forecast:
+            forecasts = self.demand.forecasts
+            demands = [
+                replace(d, forecast_rate=max(d.forecast_rate, period_mean(forecasts[d.name])))
+                if d.name in forecasts
+                else d
+                for d in demands
+            ]
+        if not self.learn_sizes:
+            demands = [replace(d, size_known=True) for d in demands]
         demands = self.adjust_demands(sim, demands)
-        placement = place(self.placement_policy, demands, slots, t, hot_before=hot_before)
+        placement = plan_placement(
+            self.placement_policy, demands, reports, self.pins, self.placement, t
+        )
         self.placement = placement
         self.hints = {m: where for m, where in placement.assignments.items() if where}
         for replica in sim.replicas:

@@ -210,11 +210,13 @@ def test_tidal_decides_with_the_real_cores(
     fs: ModuleType, tiny: tuple[Any, Any, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from tidal.gateway.core import routing
+    from tidal.operator.core import fleet as glue
     from tidal.operator.core import forecast, placement
 
     assert fs.choose_route is routing.choose_route
-    assert fs.place is placement.place
-    assert fs.observe is forecast.observe and fs.predict_peak is forecast.predict_peak
+    assert fs.learn_demands is glue.learn_demands and fs.plan_placement is glue.plan_placement
+    assert glue.place is placement.place
+    assert glue.observe is forecast.observe and glue.predict_peak is forecast.predict_peak
     calls: dict[str, int] = {}
     horizons: list[float] = []
 
@@ -227,8 +229,9 @@ def test_tidal_decides_with_the_real_cores(
 
         return wrapper
 
-    for name in ("choose_route", "place", "observe", "predict_peak"):
-        monkeypatch.setattr(fs, name, counting(name, getattr(fs, name)))
+    monkeypatch.setattr(fs, "choose_route", counting("choose_route", fs.choose_route))
+    for name in ("place", "observe", "predict_peak"):  # where the shared glue calls them
+        monkeypatch.setattr(glue, name, counting(name, getattr(glue, name)))
     cfg, fleet, trace = tiny
     policy = fs.Tidal(cfg)
     result = fs.simulate(cfg, fleet, trace, policy, trace.hot)
@@ -275,17 +278,19 @@ def test_tidal_tells_placement_which_sizes_are_guesses_and_never_pins_those(
     cfg, fleet, trace = tiny
     policy = fs.Tidal(cfg)
     seen: list[tuple[set[str], set[str], set[str]]] = []
-    real_place = fs.place
+    real_plan = fs.plan_placement
 
-    def place(pol: Any, demands: Any, slots: Any, now: float, **kw: Any) -> Any:
-        out = real_place(pol, demands, slots, now, **kw)
+    def plan(pol: Any, demands: Any, reports: Any, *args: Any) -> Any:
+        out = real_plan(pol, demands, reports, *args)
         guessed = {d.name for d in demands if not d.size_known}
-        measured = {policy.names[m] for m in policy.sizes}
+        measured = {
+            n for r in reports for n, m in r.models.items() if max(m.size_bytes, m.last_size_bytes)
+        }
         pinned = {n for pins in out.pinned.values() for n in pins}
         seen.append((guessed, measured, pinned))
         return out
 
-    monkeypatch.setattr(fs, "place", place)
+    monkeypatch.setattr(fs, "plan_placement", plan)
     fs.run_sim(cfg, fleet, trace, policy)
     everyone = {policy.names[m] for m in range(cfg.models)}
     assert seen and seen[0][0] | seen[0][1] == everyone and len(seen[0][0]) > len(everyone) // 2
@@ -437,6 +442,7 @@ def test_the_simulator_imports_the_glue_rather_than_copies(fs: ModuleType) -> No
     import importlib
 
     from tidal.gateway.core import routing, views
+    from tidal.operator.core import fleet
 
     for name, module in (
         ("choose_route", routing),
@@ -445,6 +451,9 @@ def test_the_simulator_imports_the_glue_rather_than_copies(fs: ModuleType) -> No
         ("model_bytes", views),
         ("OwnLoads", views),
         ("Snapshot", views),
+        ("learn_demands", fleet),
+        ("plan_placement", fleet),
+        ("DemandState", fleet),
     ):
         assert getattr(fs, name) is getattr(module, name), name
     glue = {
@@ -461,7 +470,7 @@ def test_the_simulator_imports_the_glue_rather_than_copies(fs: ModuleType) -> No
     }
     imported_there = {n for n in glue if getattr(fs, n, None) is not None}
     assert not (defined & glue), sorted(defined & glue)
-    assert {"replica_view", "choose_route", "place", "observe"} <= imported_there
+    assert {"replica_view", "choose_route", "learn_demands", "plan_placement"} <= imported_there
 
 
 def test_a_burst_of_cold_requests_spreads_within_each_replicas_load_slots(
