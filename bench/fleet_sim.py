@@ -7,8 +7,9 @@ the traces, four placement/routing policies and the comparison table. Run it wit
     .venv/bin/python bench/fleet_sim.py --sweep [--seeds 1-10] [--families ...] [--quick]
 
 `--sweep` (issue 23) judges on many traces: every family of `FAMILIES` (Zipf 0.8 and 1.1, a
-rotating hot set, 3 viral models at once, a bursty tail, a small easy fleet) on every seed,
-with 200-s days, tidal and an alternative (`TidalPinnableOnly`) against ModelMesh-like and
+rotating hot set, 3 viral models at once, a bursty tail, bursts of cold requests for 40
+tail models in the same second (issue 30), a small easy fleet) on every seed,
+with 200-s days, tidal and its alternatives (`SWEEP_VARIANTS`) against ModelMesh-like and
 the optimum, over 2 worker processes; it prints the median and the worst seed of every metric
 and each goal not met on a family's worst seed with its value.
 
@@ -22,9 +23,13 @@ further loads wait in its queue; a running load occupies one of the replica's se
 requests at a time, each for `service_seconds`, FIFO; requests beyond that queue, so a hot
 model's P99 reflects queueing. A request for a model that is not ready where it is sent is
 *cold*: it waits for a load (its own or one under way) and then queues like any other; a
-request refused (503: no room, load limit, hold timeout) counts as cold too. Bytes are
-reserved when a load is queued; engines that are loading, have requests in flight or are
-pinned are never evicted (as in `tidal.runtime.core.cache`).
+request refused (503: no room, load limit, hold timeout) counts as cold too. Engines that are
+loading, have requests in flight or are pinned are never evicted (as in
+`tidal.runtime.core.cache`). The baselines reserve a load's bytes when they queue it; tidal's
+gateway asks the runtime as the real one does (`Sim.accept_load`, issue 30): the load is
+accepted at once and reserves its bytes (evicting) only when it gets a load slot, and the
+gateway sees what the runtime reports (`Tidal.snapshot`: `residentBytes` without the queued
+loads, which `pendingLoads` names).
 
 The traces (seeded, so every policy sees the same arrivals). Model k (0-based popularity rank;
 names are shuffled) has Zipf share (k+1)^-alpha of `mean_rate` requests per second. The day is
@@ -49,17 +54,21 @@ The policies, on the same traces:
   `scaleup_rpm_threshold`). No forecast. ModelMesh's second copy for recently used models is
   left out (it would only add churn).
 * `tidal`: the gateway, modelled on `tidal.gateway.server`, routes every request with the real
-  `tidal.gateway.core.routing.choose_route` (load limits 1 per replica and 4 in all, busy at 8
-  outstanding, refusals forgotten after 2 s) and holds requests that are not forwarded until
-  something changes (a load ends, a placement) or 30 s pass (503). Every 2 s the operator's fleet
-  loop, modelled on `tidal.operator.shell.fleet` with the API's defaults, takes per-model rates
-  over the interval, folds them into `tidal.operator.core.forecast.observe`, asks `predict_peak`
-  over each model's load time + 5 s lead, and runs `tidal.operator.core.placement.place`; each
-  replica loads the models pinned on it in the background (one at a time, in name order, as the
-  runtime does) and keeps unpinned ones as an LRU cache. The forecast's period is set to the
-  compressed day (`spec.fleet.forecast.period: 1h`); its other knobs keep their defaults. A
-  model no replica has loaded yet is passed to placement as a guess (`size_known=False`, sized
-  as the largest measured so far), as `fleet.model_demands` does for a model with no size.
+  `tidal.gateway.core.routing.choose_route` over views built by `tidal.gateway.core.views` from
+  the runtimes' snapshots and its own loads (reserved on dispatch, released on the answer;
+  load limits 1 per replica and 4 in all, busy at 8 outstanding, refusals forgotten after
+  2 s) and holds requests that are not forwarded until something changes (a load ends, a
+  placement) or 30 s pass (503). Every 2 s the operator's fleet loop runs the shell's own steps
+  on the runtimes' reports (`Tidal.reports`: states, sizes and load times measured on each
+  replica, each runtime's cumulative request counter) with the API's defaults:
+  `tidal.operator.core.fleet.learn_demands` (rates over the interval, smoothing, the forecast's
+  `observe` and `predict_peak` over each model's load time + 5 s lead) and `plan_placement`
+  (`place` with the pins last sent and the previous placement); each replica loads the models
+  pinned on it in the background (one at a time, in name order, as the runtime does) and keeps
+  unpinned ones as an LRU cache. The forecast's period is set to the compressed day
+  (`spec.fleet.forecast.period: 1h`); its other knobs keep their defaults. A model no replica
+  has loaded yet is passed to placement as a guess (`size_known=False`, sized as the largest
+  measured so far), as `fleet.model_demands` does for a model with no size.
 * `optimum`: Belady with future knowledge: on a miss evict the engines whose next request is
   farthest in the future, on the replica where that costs least; route to a replica that holds
   the model. It is the optimal *demand-loading* policy for one cache of equal-size entries; here
@@ -86,30 +95,19 @@ from typing import Protocol
 import numpy as np
 
 from tidal.gateway.core.routing import LoadBudget, ReplicaView, choose_route
+from tidal.gateway.core.views import NO_LOADS, OwnLoads, Snapshot, model_bytes, replica_view
+from tidal.operator.core.api import Model
 from tidal.operator.core.fleet import (
-    DEFAULT_LOAD_BYTES_PER_SECOND,
-    DEFAULT_LOAD_OVERHEAD_SECONDS,
-    placement_rates,
-    smooth_rates,
+    DemandState,
+    ModelReport,
+    ReplicaReport,
+    learn_demands,
+    plan_placement,
 )
-from tidal.operator.core.forecast import (
-    ForecastPolicy,
-    ModelForecast,
-    observe,
-    period_mean,
-    predict_peak,
-)
-from tidal.operator.core.placement import (
-    ModelDemand,
-    Placement,
-    PlacementPolicy,
-    ReplicaSlot,
-    place,
-)
+from tidal.operator.core.forecast import ForecastPolicy, period_mean
+from tidal.operator.core.placement import ModelDemand, Placement, PlacementPolicy
 
 GB = 1e9
-# What the operator assumes of a model nobody has measured yet (tidal.operator.core.fleet).
-DEFAULT_MODEL_BYTES = 256 * 2**20
 
 # ------------------------------------------------------------------------------------------
 # Configuration and traces
@@ -168,6 +166,11 @@ class FleetConfig:
     burst_factor: float = 30.0
     burst_seconds: float = 20.0
     burst_gap_seconds: float = 1800.0
+    # "coldburst" (issue 30): `cold_bursts_per_day` times a day, `cold_burst_models` tail models
+    # (beyond the top 20) each get `cold_burst_rate` requests in the same second.
+    cold_bursts_per_day: int = 8
+    cold_burst_models: int = 40
+    cold_burst_rate: float = 2.0
 
     @property
     def duration(self) -> float:
@@ -257,7 +260,7 @@ def _daily_shape(cfg: FleetConfig, t: np.ndarray) -> np.ndarray:
     return np.asarray(shape(t) / day.mean(axis=1)[:, None])
 
 
-def model_rates(cfg: FleetConfig, alpha: float, t: np.ndarray) -> np.ndarray:
+def trace_rates(cfg: FleetConfig, alpha: float, t: np.ndarray) -> np.ndarray:
     """Expected requests per second, models x times (the viral model included)."""
     shares = zipf_shares(cfg.models, alpha)
     rates = np.asarray(cfg.mean_rate * shares[:, None] * _daily_shape(cfg, t))
@@ -293,14 +296,22 @@ def model_rates(cfg: FleetConfig, alpha: float, t: np.ndarray) -> np.ndarray:
             for start in rng.uniform(0.0, cfg.duration, bursts[m]):
                 on |= (t >= start) & (t < start + cfg.burst_seconds)
             rates[m, on] *= cfg.burst_factor
+    if cfg.family == "coldburst":
+        # Many cold models at once: a batch job or a new tenant touching models nobody uses.
+        tail = np.arange(min(20, cfg.models // 2), cfg.models)
+        count = min(cfg.cold_burst_models, len(tail))
+        for start in rng.uniform(0.0, cfg.duration, int(cfg.cold_bursts_per_day * cfg.days)):
+            col = np.searchsorted(t, math.floor(start))
+            if col < len(t):
+                rates[rng.choice(tail, count, replace=False), col] += cfg.cold_burst_rate
     return rates
 
 
 def make_trace(cfg: FleetConfig, alpha: float) -> Trace:
-    """Poisson arrivals per model per second from `model_rates`, seeded by (seed, alpha)."""
+    """Poisson arrivals per model per second from `trace_rates`, seeded by (seed, alpha)."""
     rng = np.random.default_rng([cfg.seed, 3, round(alpha * 1000)])
     t = np.arange(0.0, cfg.duration, 1.0)
-    counts = rng.poisson(model_rates(cfg, alpha, t + 0.5))  # models x seconds
+    counts = rng.poisson(trace_rates(cfg, alpha, t + 0.5))  # models x seconds
     models = np.repeat(np.arange(cfg.models), counts.sum(axis=1))
     seconds = np.concatenate([np.repeat(t, row) for row in counts])
     times = seconds + rng.uniform(0.0, 1.0, len(seconds))
@@ -333,6 +344,10 @@ class Engine:
     busy_until: float = 0.0  # the last completion of a request sent to it
     pinned: bool = False
     background: bool = False  # a pinned model's background load (the runtime runs one)
+    started: bool = False  # its load holds one of the replica's load slots
+    reserved: bool = True  # its bytes count in the replica's `used` (see `Sim.accept_load`)
+    queued_at: float = 0.0  # when the replica accepted its load
+    reason: str = ""  # why it loads (`LoadRecord.reason`), for a load reserved when it starts
     waiters: list[int] = field(default_factory=list)
     done: deque[float] = field(default_factory=deque)  # completions of its requests in flight
 
@@ -359,6 +374,9 @@ class Replica:
     running: int = 0  # loads running
     load_queue: deque[Engine] = field(default_factory=deque)
     version: int = 0  # bumps when an engine is added, becomes ready or is evicted
+    measured: dict[int, float] = field(default_factory=dict)  # last loaded size per model
+    measured_load: dict[int, float] = field(default_factory=dict)  # its load's seconds
+    queue_peak: int = 0  # the longest its load queue has been
 
     def outstanding(self, t: float) -> int:
         done = self.done
@@ -402,7 +420,10 @@ class Sim:
         self.evictions = 0
         self.load_seconds = [cfg.load_seconds(s) for s in fleet.sizes]
         self.on_ready: Callable[[Sim, Engine, float], None] | None = None
+        # A load `accept_load` queued found no room when its turn came (the runtime's 503).
+        self.on_refused: Callable[[Sim, Engine, float], None] | None = None
         self.max_used = 0.0
+        self.load_waits: list[float] = []  # per load: seconds queued for a load slot
 
     # -- time ------------------------------------------------------------------------------
     def advance(self, t: float) -> None:
@@ -481,22 +502,65 @@ class Sim:
             self.evict(v)
         size = float(self.fleet.sizes[model])
         assert model not in replica.engines and size <= replica.free + 1e-6
-        engine = Engine(model, size, replica.index, self.load_seconds[model], last_used=t)
-        engine.pinned = pinned
-        replica.engines[model] = engine
-        self.copies[model][replica.index] = engine
+        engine = Engine(model, size, replica.index, self.load_seconds[model], pinned=pinned)
         replica.used += size
-        replica.version += 1
         self.max_used = max(self.max_used, replica.used / replica.budget)
         self.loads.append(LoadRecord(t, model, replica.index, size, reason))
+        return self._queue(replica, engine, t)
+
+    def accept_load(
+        self, model: int, replica: Replica, t: float, reason: str, pinned: bool = False
+    ) -> Engine:
+        """Queue a load as the runtime does (`POST .../load`, `EngineCache._load`): accepted at
+        once, its bytes reserved and its victims evicted only when it gets a load slot; if no
+        room can be made then, it fails (`on_refused`)."""
+        size = float(self.fleet.sizes[model])
+        engine = Engine(model, size, replica.index, self.load_seconds[model], pinned=pinned)
+        engine.reserved, engine.reason = False, reason
+        return self._queue(replica, engine, t)
+
+    def _queue(self, replica: Replica, engine: Engine, t: float) -> Engine:
+        engine.last_used = engine.queued_at = t
+        replica.engines[engine.model] = engine
+        self.copies[engine.model][replica.index] = engine
+        replica.version += 1
         if replica.running < self.cfg.concurrent_loads:
             self._start_load(replica, engine, t)
         else:
             replica.load_queue.append(engine)
+            replica.queue_peak = max(replica.queue_peak, len(replica.load_queue))
         return engine
 
+    def _reserve(self, replica: Replica, engine: Engine, t: float) -> bool:
+        victims = self.victims(replica, engine.size, t, lru_key)
+        if victims is None:
+            del replica.engines[engine.model]
+            del self.copies[engine.model][replica.index]
+            replica.version += 1
+            waiters, engine.waiters = engine.waiters, []
+            replica.waiting -= len(waiters)
+            for i in waiters:
+                self.fail(i)
+            if self.on_refused is not None:
+                self.on_refused(self, engine, t)
+            return False
+        for v in victims:
+            self.evict(v)
+        replica.used += engine.size
+        engine.reserved = True
+        self.loads.append(LoadRecord(t, engine.model, replica.index, engine.size, engine.reason))
+        self.max_used = max(self.max_used, replica.used / replica.budget)
+        return True
+
     def _start_load(self, replica: Replica, engine: Engine, t: float) -> None:
+        if not engine.reserved and not self._reserve(replica, engine, t):
+            if replica.load_queue and replica.running < self.cfg.concurrent_loads:
+                self._start_load(replica, replica.load_queue.popleft(), t)
+            return
         replica.running += 1
+        engine.started = True
+        replica.version += 1
+        self.load_waits.append(t - engine.queued_at)
         slots = replica.slots
         start = slots[0] if slots[0] > t else t
         end = start + engine.load_seconds
@@ -510,6 +574,8 @@ class Sim:
         engine.state = READY
         replica.running -= 1
         replica.version += 1
+        replica.measured[engine.model] = engine.size
+        replica.measured_load[engine.model] = engine.load_seconds
         waiters, engine.waiters = engine.waiters, []
         replica.waiting -= len(waiters)
         for i in waiters:
@@ -696,19 +762,16 @@ class Belady:
         pass
 
 
-@dataclass
+@dataclass(eq=False)
 class _GatewayReplica:
-    """The gateway's cached view of one replica, rebuilt only when the replica changes."""
+    """The gateway's state of one replica: its last snapshot (rebuilt only when the replica
+    changes), its own loads there and its refusals; as `tidal.gateway.server.Replica`."""
 
-    version: int = -1  # the replica's version this view was built from
-    refused_seen: int = -1
-    hot: frozenset[str] = frozenset()
-    loading: frozenset[str] = frozenset()
-    on_demand_loads: int = 0  # loading engines that are not background pin loads
-    pinned_bytes: float = 0.0
+    version: int = -1  # the replica's version the snapshot was taken at
+    snapshot: Snapshot = field(default_factory=Snapshot)
+    own: OwnLoads = NO_LOADS
     refused: dict[int, float] = field(default_factory=dict)  # model -> forgiven at
     forgive_at: float = math.inf  # the earliest of those
-    refused_version: int = 0
     views: dict[int, ReplicaView] = field(default_factory=dict)  # by outstanding
 
 
@@ -730,6 +793,9 @@ class Tidal:
     # and a load that fits in free bytes goes beyond the gateway's load limits.
     landing_follows_tail = True
     loads_beyond_into_free = True
+    # Issue 30: free bytes count the loads queued at the runtime and the gateway's own loads,
+    # and loads into free bytes stop at the replica's load slots (False: as before the fix).
+    count_loads_under_way = True
     # Issue 23, sixth pass: placement's rates are at least each model's mean over the
     # forecast's period (`fleet.placement_rates`, as the shell); tried and not adopted
     # (`TidalDailyMeanForecast`): the forecast at least that mean instead.
@@ -773,39 +839,60 @@ class Tidal:
         self.index = {n: k for k, n in enumerate(self.names)}
         self.rindex = {r.name: r.index for r in sim.replicas}
         self.gw = [_GatewayReplica() for _ in sim.replicas]
-        self.counts = np.zeros(sim.cfg.models)
-        self.last_tick: float | None = None
-        self.forecasts: dict[str, ModelForecast] = {}
+        self.requests = np.zeros((len(sim.replicas), sim.cfg.models))  # forwarded, per replica
+        self.demand = DemandState()
+        self.models = [
+            Model.model_validate({"name": self.names[k], "engines": [{"uri": "file:///e.onnx"}]})
+            for k in self.served
+        ]
         self.pins: dict[str, frozenset[str]] = {r.name: frozenset() for r in sim.replicas}
         self.placement: Placement | None = None  # the last one (its landing and hot sets)
         self.pending: list[list[int]] = [[] for _ in sim.replicas]
         self.hints: Mapping[str, tuple[str, ...]] = {}
         self.held: list[int] = []
-        self.smoothed: dict[str, float] = {}
-        self.sizes: dict[int, float] = {}  # measured by a replica (after a first load)
-        self.load_times: dict[int, float] = {}
         self.models_of = sim.trace.models
         sim.on_ready = self.on_ready
+        sim.on_refused = self.on_refused
 
     # -- the gateway -----------------------------------------------------------------------
+    def snapshot(self, sim: Sim, replica: Replica) -> Snapshot:
+        """What the replica's runtime reports (`GET /v2/tidal/models`, `runtime.server`):
+        `residentBytes` counts engines ready and loads holding a load slot (`_reserve` runs
+        when a load starts), every accepted load is LOADING, and `pendingLoads` names the
+        queued ones with their last size measured on that replica (0: never loaded there)."""
+        names = self.names
+        engines = replica.engines.values()
+        queued = [e for e in engines if e.state == LOADING and not e.started]
+        return Snapshot(
+            generation=replica.version,
+            ready=True,
+            models=self.all_names,
+            hot=frozenset(names[e.model] for e in engines if e.state == READY),
+            loading=frozenset(names[e.model] for e in engines if e.state == LOADING),
+            budget_bytes=int(replica.budget),
+            resident_bytes=int(
+                sum(e.size for e in engines if e.reserved and (e.state == READY or e.started))
+            ),
+            sizes={names[m]: int(b) for m, b in replica.measured.items()},
+            pinned=self.pins[replica.name],
+            pending={names[e.model]: int(replica.measured.get(e.model, 0)) for e in queued},
+            load_slots=sim.cfg.concurrent_loads,
+            load_queue=len(replica.load_queue),
+        )
+
     def views(self, sim: Sim, t: float) -> list[ReplicaView]:
-        """The gateway's view of every replica at `t` (cached while a replica is unchanged)."""
+        """The gateway's view of every replica at `t`, by `tidal.gateway.core.views` as the
+        gateway builds it (cached while a replica, its own loads and refusals are unchanged)."""
         out = []
         names = self.names
         for replica, gw in zip(sim.replicas, self.gw, strict=True):
             if gw.forgive_at <= t:
                 gw.refused = {m: until for m, until in gw.refused.items() if until > t}
                 gw.forgive_at = min(gw.refused.values(), default=math.inf)
-                gw.refused_version += 1
-            if gw.version != replica.version or gw.refused_seen != gw.refused_version:
-                engines = replica.engines.values()
-                gw.hot = frozenset(names[e.model] for e in engines if e.state == READY)
-                gw.loading = frozenset(names[e.model] for e in engines if e.state == LOADING)
-                gw.on_demand_loads = sum(
-                    1 for e in engines if e.state == LOADING and not e.background
-                )
-                gw.pinned_bytes = sum(e.size for e in engines if e.pinned)
-                gw.version, gw.refused_seen = replica.version, gw.refused_version
+                gw.views = {}
+            if gw.version != replica.version:
+                gw.snapshot = self.snapshot(sim, replica)
+                gw.version = replica.version
                 gw.views = {}
             done = replica.done
             while done and done[0] <= t:
@@ -813,30 +900,27 @@ class Tidal:
             outstanding = len(done) + replica.waiting
             v = gw.views.get(outstanding)
             if v is None:
-                v = gw.views[outstanding] = ReplicaView(
-                    name=replica.name,
+                snapshot = gw.snapshot
+                if not self.count_loads_under_way:  # before issue 30: residentBytes only
+                    snapshot = replace(snapshot, pending={}, load_slots=1_000_000)
+                v = replica_view(
+                    replica.name,
+                    snapshot,
                     healthy=True,
-                    models=self.all_names,
-                    hot=gw.hot,
-                    loading=gw.loading,
                     outstanding=outstanding,
-                    free_bytes=int(replica.free),
-                    budget_bytes=int(replica.budget),
-                    loads_in_flight=len(gw.loading) if self.pin_loads_count else gw.on_demand_loads,
+                    own=gw.own if self.count_loads_under_way else NO_LOADS,
                     refused=frozenset(names[m] for m in gw.refused),
-                    room_bytes=(
-                        None
-                        if self.pin_loads_count
-                        else int(max(replica.budget - gw.pinned_bytes, 0.0))
-                    ),
                 )
+                if self.pin_loads_count:
+                    v = replace(v, loads_in_flight=len(v.loading), room_bytes=None)
+                gw.views[outstanding] = v
             out.append(v)
         return out
 
     def dispatch(self, sim: Sim, i: int, model: int, t: float) -> bool:
         """One pass of the gateway's dispatch loop; True when the request was forwarded."""
         name = self.names[model]
-        size = int(self.sizes.get(model, 0))
+        size = model_bytes((gw.snapshot for gw in self.gw), name)
         for _ in range(len(sim.replicas) + 1):
             views = self.views(sim, t)
             route = choose_route(
@@ -852,7 +936,9 @@ class Tidal:
                 assert route.replica is not None
                 if route.extra_load is not None:
                     self.gateway_load(sim, self.rindex[route.extra_load], model, t)
-                sim.send(i, sim.replicas[self.rindex[route.replica]].engines[model], t)
+                r = self.rindex[route.replica]
+                self.requests[r, model] += 1  # the runtime's `requests` counter
+                sim.send(i, sim.replicas[r].engines[model], t)
                 return True
             if route.action == "load":
                 assert route.replica is not None
@@ -866,19 +952,31 @@ class Tidal:
         replica = sim.replicas[r]
         if model in replica.engines:
             return True
-        victims = sim.victims(replica, sim.fleet.sizes[model], t, lru_key)
-        if victims is None:
-            gw = self.gw[r]
-            gw.refused[model] = t + self.cfg.refused_cooldown
-            gw.forgive_at = min(gw.forgive_at, t + self.cfg.refused_cooldown)
-            gw.refused_version += 1
+        gw = self.gw[r]
+        name = self.names[model]
+        if sim.fleet.sizes[model] > replica.budget:  # too large: 503 at once
+            self.refuse(r, model, t)
             return False
-        pinned = self.names[model] in self.pins[replica.name]
-        sim.load(model, replica, t, victims, "gateway", pinned=pinned)
+        # Reserved on dispatch, released when the load answers (`on_ready`, `on_refused`).
+        gw.own = gw.own.reserve(name, model_bytes((g.snapshot for g in self.gw), name))
+        gw.views = {}
+        pinned = name in self.pins[replica.name]
+        sim.accept_load(model, replica, t, "gateway", pinned=pinned)
         return True
 
+    def refuse(self, r: int, model: int, t: float) -> None:
+        """A load answered 503 (no room there now): not asked there again for a while."""
+        gw = self.gw[r]
+        gw.refused[model] = t + self.cfg.refused_cooldown
+        gw.forgive_at = min(gw.forgive_at, t + self.cfg.refused_cooldown)
+        gw.own = gw.own.release(self.names[model])
+        gw.views = {}
+
+    def on_refused(self, sim: Sim, engine: Engine, t: float) -> None:
+        self.refuse(engine.replica, engine.model, t)
+        self.retry_held(sim, t)
+
     def route(self, sim: Sim, i: int, model: int, t: float) -> None:
-        self.counts[model] += 1
         if not self.dispatch(sim, i, model, t):
             sim.cold[i] = True
             self.held.append(i)
@@ -920,89 +1018,91 @@ class Tidal:
             return
 
     def on_ready(self, sim: Sim, engine: Engine, t: float) -> None:
-        self.sizes[engine.model] = engine.size
-        self.load_times[engine.model] = engine.load_seconds
+        gw = self.gw[engine.replica]
+        name = self.names[engine.model]
+        if name in gw.own:  # the gateway's POST .../load answers 200
+            gw.own = gw.own.release(name)
+            gw.views = {}
         self.admit_pins(sim, engine.replica, t)
         self.retry_held(sim, t)
 
     # -- the operator's fleet loop -----------------------------------------------------------
-    def measure_rates(self, sim: Sim, t: float) -> np.ndarray:
-        """Requests per second per model since the last tick, as the shell's `model_rates`
-        takes them from the runtimes' counters (none on the first tick)."""
-        first = self.last_tick is None
-        elapsed = t - (self.last_tick or 0.0)
-        self.last_tick = t
-        rates = self.counts / elapsed if not first else np.zeros(sim.cfg.models)
-        self.counts = np.zeros(sim.cfg.models)
-        return np.asarray(rates)
-
-    def tick(self, sim: Sim, t: float) -> None:
-        started = time.perf_counter()
-        first = self.last_tick is None
-        elapsed = t - (self.last_tick or 0.0)
-        rates = self.measure_rates(sim, t)
-        window = self.cfg.rate_window if self.rate_window is None else self.rate_window
-        if not first:  # as the shell: the forecast learns the interval's rates, placement
-            # ranks by the smoothed ones
-            self.smoothed = smooth_rates(
-                self.smoothed,
-                {self.names[k]: float(rates[k]) for k in self.served},
-                elapsed,
-                window,
-                rise_to=(
-                    None
-                    if self.slow_rise
-                    else self.placement_policy.hot_threshold(float(rates.sum()))
-                ),
-            )
-        known = list(self.sizes.values())
-        # As `fleet.model_sizes`: a model never measured is possibly the largest seen.
-        fallback = float(max(known)) if known else DEFAULT_MODEL_BYTES
-        demands = []
-        for k in self.served:
-            name = self.names[k]
-            size = self.sizes.get(k, fallback)
-            load = self.load_times.get(
-                k, DEFAULT_LOAD_OVERHEAD_SECONDS + size / DEFAULT_LOAD_BYTES_PER_SECOND
-            )
-            rate = float(rates[k])
-            peak = 0.0
-            if self.cfg.forecast and not first:
-                state = observe(self.forecast_policy, self.forecasts.get(name), rate, t)
-                self.forecasts[name] = state
-                peak = predict_peak(self.forecast_policy, state, t, load + self.cfg.lead_seconds)
-                if self.daily_mean_forecast:
-                    peak = max(peak, period_mean(state))
-            demands.append(
-                ModelDemand(
-                    name,
-                    int(size),
-                    load,
-                    self.smoothed.get(name, 0.0),
-                    peak,
-                    size_known=k in self.sizes or not self.learn_sizes,
+    def reports(self, sim: Sim, t: float) -> list[ReplicaReport]:
+        """What each runtime's `GET /v2/tidal/models` tells the operator's fleet loop: every
+        model's state, sizes and load time measured there, its pin and its request counter
+        (cumulative, here counted as the gateway forwards)."""
+        out = []
+        names = self.names
+        for replica in sim.replicas:
+            engines = replica.engines
+            pins = self.pins[replica.name]
+            counters = self.requests[replica.index]
+            models = {}
+            for k in self.served:
+                engine = engines.get(k)
+                state = "UNAVAILABLE"
+                if engine is not None:
+                    state = "READY" if engine.state == READY else "LOADING"
+                models[names[k]] = ModelReport(
+                    state=state,
+                    size_bytes=int(engine.size) if engine is not None and engine.reserved else 0,
+                    last_size_bytes=int(replica.measured.get(k, 0)),
+                    load_seconds=replica.measured_load.get(k, 0.0),
+                    requests=float(counters[k]),
+                    pinned=names[k] in pins,
+                )
+            out.append(
+                ReplicaReport(
+                    name=replica.name,
+                    url=replica.name,
+                    at=t,
+                    generation=replica.version,
+                    ready=True,
+                    budget_bytes=int(replica.budget),
+                    resident_bytes=int(sum(e.size for e in engines.values() if e.reserved)),
+                    models=models,
                 )
             )
-        if self.daily_mean_rate:  # as the shell, after the forecast has seen this interval
-            floor = placement_rates(self.smoothed, self.forecasts)
-            demands = [replace(d, rate=floor.get(d.name, d.rate)) for d in demands]
-        slots = [
-            ReplicaSlot(
-                name=replica.name,
-                budget_bytes=int(replica.budget),
-                resident=frozenset(self.names[m] for m in replica.engines),
-                pinned=self.pins[replica.name],
-                landing=self.placement is not None and replica.name in self.placement.landing,
-            )
-            for replica in sim.replicas
-        ]
-        hot_before = self.placement.hot if self.placement is not None else None
+        return out
+
+    def tick(self, sim: Sim, t: float) -> None:
+        """One interval of the operator's fleet loop, by the shell's own steps
+        (`fleet.learn_demands`, `fleet.plan_placement`); the runtimes load the pins."""
+        started = time.perf_counter()
+        reports = self.reports(sim, t)
+        window = self.cfg.rate_window if self.rate_window is None else self.rate_window
+        self.demand, demands = learn_demands(
+            self.demand,
+            self.models,
+            reports,
+            t,
+            t,
+            window_seconds=window,
+            forecast=self.forecast_policy if self.cfg.forecast else None,
+            lead_seconds=self.cfg.lead_seconds,
+            fast_attack=not self.slow_rise,
+            daily_mean=self.daily_mean_rate,
+        )
+        if self.daily_mean_forecast:
+            forecasts = self.demand.forecasts
+            demands = [
+                replace(d, forecast_rate=max(d.forecast_rate, period_mean(forecasts[d.name])))
+                if d.name in forecasts
+                else d
+                for d in demands
+            ]
+        if not self.learn_sizes:
+            demands = [replace(d, size_known=True) for d in demands]
         demands = self.adjust_demands(sim, demands)
-        placement = place(self.placement_policy, demands, slots, t, hot_before=hot_before)
+        placement = plan_placement(
+            self.placement_policy, demands, reports, self.pins, self.placement, t
+        )
         self.placement = placement
         self.hints = {m: where for m, where in placement.assignments.items() if where}
         for replica in sim.replicas:
             pins = placement.pinned[replica.name]
+            if pins != self.pins[replica.name]:
+                replica.version += 1  # the runtime reports its new pins
             self.pins[replica.name] = pins
             for engine in replica.engines.values():
                 pinned = self.names[engine.model] in pins
@@ -1084,6 +1184,15 @@ class TidalFixedLimits(Tidal):
     loads_beyond_into_free = False
 
 
+class TidalBeforeIssue30(Tidal):
+    """The gateway before issue 30, same run: free bytes are `budgetBytes - residentBytes` of
+    the last snapshot (neither the runtime's queued loads nor the gateway's own counted) and a
+    load into free bytes goes beyond every limit, the replica's load slots included."""
+
+    name = "tidal, before issue 30"
+    count_loads_under_way = False
+
+
 class TidalSecondPass(Tidal):
     """tidal as the second pass left it (issue 23), same run: both of the above."""
 
@@ -1125,6 +1234,8 @@ class Result:
     max_used_share: float  # the fullest replica's reserved bytes over its budget (<= 1)
     seconds: float
     notes: str = ""
+    load_queue_peak: int = 0  # the longest any replica's load queue was (whole run)
+    load_wait_p99: float = 0.0  # seconds a load waited for a load slot, P99 (whole run)
 
 
 def run_sim(cfg: FleetConfig, fleet: Fleet, trace: Trace, policy: Policy) -> Sim:
@@ -1195,6 +1306,8 @@ def summarise(
         max_used_share=sim.max_used,
         seconds=seconds,
         notes=notes,
+        load_queue_peak=max((r.queue_peak for r in sim.replicas), default=0),
+        load_wait_p99=_p99(np.asarray(sim.load_waits)) if sim.load_waits else 0.0,
     )
 
 
@@ -1396,6 +1509,7 @@ FAMILIES: dict[str, tuple[float, dict[str, object]]] = {
     "rotating hot set": (1.0, {"family": "rotating"}),
     "3 viral at once": (0.9, {"family": "viral"}),
     "bursty tail": (0.9, {"family": "bursty"}),
+    "cold bursts": (0.9, {"family": "coldburst"}),
     "small easy fleet": (
         1.0,
         {"models": 30, "replicas": 4, "cache_share": 0.5, "mean_rate": 6.0, "viral_rank": 25},
@@ -1410,10 +1524,8 @@ SWEEP_QUICK: dict[str, object] = {
 }
 SWEEP_VARIANTS: tuple[type[Tidal], ...] = (
     Tidal,
-    TidalFixedLanding,
     TidalFixedLimits,
-    TidalSecondPass,
-    TidalPinnableOnly,
+    TidalBeforeIssue30,
 )
 # --variants: the sweep's policies by a short name.
 VARIANT_NAMES: dict[str, type[Tidal]] = {
@@ -1425,6 +1537,7 @@ VARIANT_NAMES: dict[str, type[Tidal]] = {
     "oracle-hot": TidalOracleHot,
     "daily-mean-forecast": TidalDailyMeanForecast,
     "no-daily-mean": TidalNoDailyMean,
+    "before-issue-30": TidalBeforeIssue30,
 }
 
 
@@ -1466,6 +1579,8 @@ def sweep_one(job: tuple[str, int, bool]) -> list[dict[str, object]]:
                 "cold_vs_opt": full.cold_share / best.cold_share if best.cold_share else 0.0,
                 "max_used": full.max_used_share,
                 "lost": full.failed_share,
+                "queue_peak": full.load_queue_peak,
+                "load_wait_p99": full.load_wait_p99,
             }
         )
     return rows
@@ -1480,6 +1595,8 @@ SWEEP_METRICS: tuple[tuple[str, str, float | None, str], ...] = (
     ("cold_vs_opt", "cold / optimum", 1.1, "{:.2f}x"),
     ("max_used", "fullest budget", 1.0, "{:.3f}"),
     ("lost", "lost", 0.0, "pct"),
+    ("queue_peak", "load queue peak", None, "{:.0f}"),
+    ("load_wait_p99", "load wait P99 s", None, "{:.1f}"),
 )
 
 
@@ -1592,7 +1709,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tidal-only", action="store_true", help="sweep: no alternative")
     parser.add_argument(
         "--variants",
-        default=",".join(VARIANT_NAMES),
+        default="tidal,fixed-limits,before-issue-30",
         help=f"sweep: the tidal variants to run, of {', '.join(VARIANT_NAMES)}",
     )
     parser.add_argument("--log", help="sweep: append each trace's rows here (JSON lines)")

@@ -156,12 +156,8 @@ def model_service(
 ) -> dict[str, Any]:
     """An InferenceService on the real runtime (onnxruntime) serving one generated MLP."""
     write_mlp(model_path, seed=1)
-    runtime = {
-        "backend": "onnxruntime",
-        "env": [{"name": k, "value": v} for k, v in {"OMP_NUM_THREADS": "1", **env}.items()],
-    }
     spec: dict[str, Any] = {
-        "runtime": runtime,
+        "runtime": onnx_runtime(env),
         "models": [
             {
                 "name": "mlp",
@@ -175,6 +171,18 @@ def model_service(
     }
     if rollout is not None:
         spec["rollout"] = rollout
+    return inference_service(name, spec)
+
+
+def onnx_runtime(env: dict[str, str]) -> dict[str, Any]:
+    """``spec.runtime``: the real runtime on onnxruntime, one thread, with ``env`` added."""
+    return {
+        "backend": "onnxruntime",
+        "env": [{"name": k, "value": v} for k, v in {"OMP_NUM_THREADS": "1", **env}.items()],
+    }
+
+
+def inference_service(name: str, spec: dict[str, Any]) -> dict[str, Any]:
     return {
         "apiVersion": "serving.tidal.dev/v1alpha1",
         "kind": "InferenceService",

@@ -1,4 +1,5 @@
-"""End to end: a fleet of 30 models on 4 replicas behind the model gateway.
+"""End to end: a fleet of 30 models on 4 replicas behind the model gateway (and, in a second
+scenario, a burst of cold requests for 24 models at once: loads spread within the limits).
 
 One InferenceService with ``spec.fleet`` serves 44 generated ONNX models of different sizes on
 4 runtime replicas whose engine budgets hold about 10 models each. A load generator sends a
@@ -38,7 +39,17 @@ from typing import Any
 
 import aiohttp
 import pytest
-from scenario import INFER_BODY, apply, events, install_crd, pods, running_operator, runtime_pids
+from scenario import (
+    INFER_BODY,
+    apply,
+    events,
+    inference_service,
+    install_crd,
+    onnx_runtime,
+    pods,
+    running_operator,
+    runtime_pids,
+)
 
 from tidal.runtime.modelgen import mlp_hidden_for_bytes, write_mlp
 from tidal.sandbox.loadgen import LoadGenerator
@@ -83,6 +94,23 @@ def _models(root: Path) -> tuple[list[dict[str, Any]], int]:
         )
     budget = int(sum(sizes[:MODELS]) / MODELS * 10)  # about 10 models of average size
     return entries, budget
+
+
+def _fleet_service(
+    sandbox: Any, root: Path, name: str, env: dict[str, str], fleet: dict[str, Any]
+) -> tuple[dict[str, Any], list[dict[str, Any]], int]:
+    """The CRD installed and the fleet's InferenceService: the 44 models on REPLICAS replicas;
+    returns it, the models' entries and the per-replica budget."""
+    install_crd(sandbox)
+    entries, budget = _models(root)
+    spec = {
+        "runtime": onnx_runtime(env),
+        "models": entries,
+        "memory": {"engineCacheBudget": str(budget)},
+        "autoscaling": {"minReplicas": REPLICAS, "maxReplicas": REPLICAS},
+        "fleet": fleet,
+    }
+    return inference_service(name, spec), entries, budget
 
 
 def _zipf_chooser(seed: int) -> Callable[[float], str]:
@@ -203,32 +231,19 @@ def _sum(metrics: dict[str, float], name: str, **labels: str) -> float:
 def test_fleet_routes_to_hot_replicas_places_a_viral_model_and_loses_nothing(
     sandbox: Any, namespace: str, tmp_path: Path
 ) -> None:
-    install_crd(sandbox)
-    entries, budget = _models(tmp_path / "models")
     name = "fleet"
-    manifest = {
-        "apiVersion": "serving.tidal.dev/v1alpha1",
-        "kind": "InferenceService",
-        "metadata": {"name": name},
-        "spec": {
-            "runtime": {
-                "backend": "onnxruntime",
-                # Each request holds its replica 150 ms (a sleep: no CPU), so that a replica
-                # killed mid-run has requests in flight.
-                "env": [
-                    {"name": "OMP_NUM_THREADS", "value": "1"},
-                    {"name": "TIDAL_FAULT_ADDED_LATENCY_MS", "value": "150"},
-                ],
-            },
-            "models": entries,
-            "memory": {"engineCacheBudget": str(budget)},
-            "autoscaling": {"minReplicas": REPLICAS, "maxReplicas": REPLICAS},
-            "fleet": {
-                "gateway": {"holdTimeoutSeconds": 20},
-                "placement": {"ratePerCopy": 5, "intervalSeconds": 1, "minRate": 0.05},
-            },
+    # Each request holds its replica 150 ms (a sleep: no CPU), so that a replica killed mid-run
+    # has requests in flight.
+    manifest, entries, budget = _fleet_service(
+        sandbox,
+        tmp_path / "models",
+        name,
+        {"TIDAL_FAULT_ADDED_LATENCY_MS": "150"},
+        {
+            "gateway": {"holdTimeoutSeconds": 20},
+            "placement": {"ratePerCopy": 5, "intervalSeconds": 1, "minRate": 0.05},
         },
-    }
+    )
     too_big = {
         "apiVersion": "serving.tidal.dev/v1alpha1",
         "kind": "InferenceService",
@@ -481,6 +496,116 @@ def test_fleet_routes_to_hot_replicas_places_a_viral_model_and_loses_nothing(
 
     status, text = unknown
     assert status == 404 and "nope" in text, (status, text)
+
+
+# -- a burst of cold requests for many models at once (issue 30) ------------------------------
+
+BURST_MODELS = 24  # of the 44: about 6 a replica, where about 10 fit
+LOAD_SECONDS = 1.0  # each load's emulated warm-up: loads that queue stay queued for a while
+
+
+def _gateway_ip(sandbox: Any, namespace: str) -> str | None:
+    for pod in pods(sandbox, namespace):
+        labels = pod["metadata"].get("labels") or {}
+        ip = (pod.get("status") or {}).get("podIP")
+        if labels.get(LABEL_COMPONENT) == "gateway" and ip:
+            return str(ip)
+    return None
+
+
+def _replicas_seen(ip: str) -> dict[str, Any] | None:
+    try:
+        with urllib.request.urlopen(f"http://{ip}:8080/v2/tidal/replicas", timeout=5) as r:
+            return json.loads(r.read())  # type: ignore[no-any-return]
+    except (OSError, ValueError):
+        return None
+
+
+async def _burst(url: str, models: list[str]) -> list[tuple[str, int, str]]:
+    """One request for each model, all at once; (model, status, body) each."""
+    timeout = aiohttp.ClientTimeout(total=150)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+
+        async def one(model: str) -> tuple[str, int, str]:
+            try:
+                async with session.post(f"{url}/v2/models/{model}/infer", json=INFER_BODY) as r:
+                    return model, r.status, (await r.text())[:200]
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                return model, 0, repr(exc)
+
+        return await asyncio.gather(*(one(m) for m in models))
+
+
+def test_a_burst_of_cold_requests_spreads_within_the_load_limits(
+    sandbox: Any, namespace: str, tmp_path: Path
+) -> None:
+    """Issue 30: cold requests for 24 different models at once. The gateway counts the loads it
+    sent and those the runtimes queued in each replica's free bytes, and sends a replica no more
+    loads than its load slots: no runtime's load queue ever goes beyond maxConcurrentLoads - 1
+    (a pin's background load may hold the other slot), the loads spread over the replicas, and
+    every request is answered 200 (each model fits on any replica). Before, every load of the
+    burst saw the same free bytes and went to one replica, whose queue held them all."""
+    name = "burst"
+    manifest, _, _ = _fleet_service(
+        sandbox,
+        tmp_path / "models",
+        name,
+        {"TIDAL_FAULT_EXTRA_WARMUP_SECONDS": str(LOAD_SECONDS)},
+        {"gateway": {"holdTimeoutSeconds": 120}, "placement": {"intervalSeconds": 1}},
+    )
+    burst = [f"m{i}" for i in range(MODELS + TAIL_MODELS - BURST_MODELS, MODELS + TAIL_MODELS)]
+    with running_operator(sandbox, namespace, tmp_path / "operator.log"):
+        apply(sandbox, namespace, manifest)
+
+        def gateway_sees_every_replica() -> tuple[str, dict[str, Any]] | None:
+            ip = _gateway_ip(sandbox, namespace)
+            seen = _replicas_seen(ip) if ip else None
+            if ip is None or seen is None:
+                return None
+            healthy = [r for r in seen["replicas"] if r["healthy"]]
+            return (ip, seen) if len(healthy) == REPLICAS else None
+
+        ip, _ = wait_for(
+            gateway_sees_every_replica,
+            timeout=240,
+            interval=0.5,
+            what=f"a gateway routing to {REPLICAS} healthy replicas",
+        )
+        with HotSetSampler(sandbox, namespace) as sampler:
+            # The sampler has read every runtime once before the burst.
+            wait_for(
+                lambda: len({n for _, n, _ in sampler.samples}) >= REPLICAS or None,
+                timeout=60,
+                interval=0.2,
+                what="a first report of every runtime",
+            )
+            sent = time.time()
+            answers = asyncio.run(_burst(f"http://{ip}:8080", burst))
+            # The loads of the burst have all ended by now; one more round of reports.
+            done = len(sampler.samples)
+            wait_for(
+                lambda: len(sampler.samples) >= done + REPLICAS or None,
+                timeout=60,
+                interval=0.2,
+                what="the runtimes' reports after the burst",
+            )
+        after = _replicas_seen(ip)
+
+    failed = [a for a in answers if a[1] != 200]
+    assert not failed, failed
+    during = [(at, n, b) for at, n, b in sampler.samples if at >= sent]
+    queues = {n: max(b.get("loadQueue", 0) for at, m, b in during if m == n) for _, n, _ in during}
+    slots = {n: b["maxConcurrentLoads"] for _, n, b in during}
+    loaded = {
+        n: sorted(m for m in burst if (b["models"].get(m) or {}).get("state") == "READY")
+        for _, n, b in sampler.samples
+    }  # the last report of each runtime
+    print(f"\nburst of {len(burst)}: load queue peaks {queues}; loaded {loaded}; gateway {after}")
+    assert all("loadQueue" in b for _, _, b in during), "the runtimes report no loadQueue"
+    over = {n: q for n, q in queues.items() if q > slots[n] - 1}
+    assert not over, (over, slots, loaded, after)
+    spread = [n for n, models in loaded.items() if models]
+    assert len(spread) >= 2, (loaded, after)
 
 
 async def _post(url: str, body: dict[str, Any]) -> tuple[int, str]:

@@ -30,7 +30,7 @@ import json
 import logging
 import math
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -52,6 +52,17 @@ from tidal.common.http import (
 from tidal.gateway import __version__
 from tidal.gateway.config import GatewayConfig, ReplicaList, ReplicaRef, format_validation_error
 from tidal.gateway.core.routing import LoadBudget, ReplicaView, Route, choose_route
+from tidal.gateway.core.views import (
+    NO_LOADS,
+    OwnLoads,
+    Snapshot,
+    free_bytes,
+    model_bytes,
+    parse_snapshot,
+    replica_view,
+    with_hot,
+    without_model,
+)
 from tidal.gateway.metrics import GatewayMetrics
 from tidal.gateway.upstream import UpstreamError, UpstreamPool
 
@@ -163,18 +174,9 @@ class Replica:
     url: str
     pool: UpstreamPool
     healthy: bool = False
-    generation: int = -1
-    models: frozenset[str] = frozenset()
-    hot: frozenset[str] = frozenset()
-    loading: frozenset[str] = frozenset()
-    budget_bytes: int = 0
-    free_bytes: int = 0
-    sizes: dict[str, int] = field(default_factory=dict)
-    pinned: frozenset[str] = frozenset()
-    pinned_bytes: int = 0
-    load_seconds: dict[str, float] = field(default_factory=dict)
+    snapshot: Snapshot = field(default_factory=Snapshot)  # its last GET /v2/tidal/models
     outstanding: int = 0
-    own_loads: set[str] = field(default_factory=set)
+    own_loads: OwnLoads = NO_LOADS  # loads asked for here, not answered yet
     refused: set[str] = field(default_factory=set)
     last_error: str | None = None
     watcher: asyncio.Task[None] | None = None
@@ -184,6 +186,26 @@ class Replica:
     control: aiohttp.ClientSession | None = None
     _view: ReplicaView | None = None
 
+    @property
+    def generation(self) -> int:
+        return self.snapshot.generation
+
+    @property
+    def models(self) -> frozenset[str]:
+        return self.snapshot.models
+
+    @property
+    def hot(self) -> frozenset[str]:
+        return self.snapshot.hot
+
+    @property
+    def loading(self) -> frozenset[str]:
+        return self.snapshot.loading
+
+    @property
+    def load_seconds(self) -> Mapping[str, float]:
+        return self.snapshot.load_seconds
+
     def invalidate(self) -> None:
         self._view = None
 
@@ -191,20 +213,13 @@ class Replica:
         cached = self._view
         if cached is not None and cached.outstanding == self.outstanding:
             return cached
-        loading = self.loading | self.own_loads if self.own_loads else self.loading
-        on_demand = (self.loading - self.pinned) | self.own_loads
-        cached = self._view = ReplicaView(
-            name=self.name,
+        cached = self._view = replica_view(
+            self.name,
+            self.snapshot,
             healthy=self.healthy,
-            models=self.models,
-            hot=self.hot,
-            loading=loading,
             outstanding=self.outstanding,
-            free_bytes=self.free_bytes,
-            budget_bytes=self.budget_bytes,
-            loads_in_flight=len(on_demand),
+            own=self.own_loads,
             refused=frozenset(self.refused),
-            room_bytes=max(self.budget_bytes - self.pinned_bytes, 0) if self.budget_bytes else None,
         )
         return cached
 
@@ -215,10 +230,12 @@ class Replica:
             "healthy": self.healthy,
             "generation": self.generation,
             "hot": sorted(self.hot),
-            "loading": sorted(self.loading | self.own_loads),
+            "loading": sorted(self.loading | self.own_loads.models),
             "outstanding": self.outstanding,
-            "freeBytes": self.free_bytes,
-            "budgetBytes": self.budget_bytes,
+            "freeBytes": free_bytes(self.snapshot, self.own_loads),
+            "budgetBytes": self.snapshot.budget_bytes,
+            "loadQueue": self.snapshot.load_queue,
+            "loadSlots": self.snapshot.load_slots,
             "refused": sorted(self.refused),
             "lastError": self.last_error,
         }
@@ -422,22 +439,12 @@ class Gateway:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, WATCH_BACKOFF_MAX_S)
 
-    def _apply_snapshot(self, replica: Replica, snapshot: dict[str, Any]) -> None:
-        models: dict[str, dict[str, Any]] = snapshot["models"]
-        replica.generation = int(snapshot["generation"])
-        replica.models = frozenset(models)
-        replica.hot = frozenset(n for n, m in models.items() if m["state"] == "READY")
-        replica.loading = frozenset(n for n, m in models.items() if m["state"] == "LOADING")
-        replica.budget_bytes = int(snapshot["budgetBytes"])
-        replica.free_bytes = replica.budget_bytes - int(snapshot["residentBytes"])
-        replica.sizes = {n: int(m.get("lastSizeBytes", 0)) for n, m in models.items()}
-        replica.pinned = frozenset(n for n, m in models.items() if m.get("pinned"))
-        replica.pinned_bytes = sum(replica.sizes.get(n, 0) for n in replica.pinned)
-        replica.load_seconds = {n: float(m.get("loadSeconds", 0.0)) for n, m in models.items()}
-        healthy = bool(snapshot["ready"])
-        if healthy != replica.healthy:
-            log.info("replica %s is %s", replica.name, "healthy" if healthy else "not ready")
-        replica.healthy = healthy
+    def _apply_snapshot(self, replica: Replica, document: dict[str, Any]) -> None:
+        snapshot = parse_snapshot(document)
+        if snapshot.ready != replica.healthy:
+            log.info("replica %s is %s", replica.name, "healthy" if snapshot.ready else "not ready")
+        replica.snapshot = snapshot
+        replica.healthy = snapshot.ready
         replica.last_error = None
         replica.invalidate()
         self._replicas_changed()
@@ -455,8 +462,11 @@ class Gateway:
             self.placement,
             busy_outstanding=self.config.busy_outstanding,
             known_models=self.known,
-            model_bytes=max((r.sizes.get(model, 0) for r in self.replicas.values()), default=0),
+            model_bytes=self._model_bytes(model),
         )
+
+    def _model_bytes(self, model: str) -> int:
+        return model_bytes((r.snapshot for r in self.replicas.values()), model)
 
     def _model_label(self, model: str) -> str:
         if self.known:
@@ -633,7 +643,7 @@ class Gateway:
         replica = self.replicas.get(replica_name)
         if replica is None or model in replica.own_loads:
             return
-        replica.own_loads.add(model)
+        replica.own_loads = replica.own_loads.reserve(model, self._model_bytes(model))
         replica.invalidate()
         task = asyncio.create_task(self._load(replica, model), name=f"load-{model}@{replica_name}")
         self._background.add(task)
@@ -653,13 +663,15 @@ class Gateway:
                 data = await response.read()
                 if response.status == 200:
                     result = "ok"
-                    replica.hot = replica.hot | {model}  # the long-poll confirms it
+                    replica.snapshot = with_hot(
+                        replica.snapshot, model
+                    )  # the long-poll confirms it
                 elif response.status == 503:  # no room there now: try elsewhere for a while
                     result = "refused"
                     self._refuse(replica, model)
                 elif response.status == 404:  # its configuration lacks the model after all
                     result = "failed"
-                    replica.models = replica.models - {model}
+                    replica.snapshot = without_model(replica.snapshot, model)
                 else:
                     result = "failed"
                     self._load_failures[model] = LoadFailure(
@@ -677,7 +689,7 @@ class Gateway:
         except TimeoutError:
             log.warning("loading %s on %s: no answer within %.0f s", model, replica.name, timeout)
         finally:
-            replica.own_loads.discard(model)
+            replica.own_loads = replica.own_loads.release(model)
             replica.invalidate()
             self.metrics.load_result[result].inc()
             self.changes.notify()

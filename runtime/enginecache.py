@@ -184,6 +184,8 @@ class EngineCache:
         )
         self.changes = ChangeFeed()
         self._pin_loads = asyncio.Semaphore(max(1, config.max_concurrent_loads - 1))
+        # Models whose load holds a load slot now (the rest of the accepted loads wait for one).
+        self._running: set[str] = set()
         self._pin_tasks: dict[str, asyncio.Task[None]] = {}
         self._pin_retry: dict[str, asyncio.TimerHandle] = {}
         metrics.gpu_memory.labels("budget").set(self.budget)
@@ -355,6 +357,8 @@ class EngineCache:
         engine: Engine | None = None
         try:
             async with self._loads:
+                self._running.add(spec.name)
+                self.changes.bump()  # the load queue moved (GET /v2/tidal/models reports it)
                 slot.load_seconds = 0.0
                 slot.transfers = []
                 load_started = self.clock.now()
@@ -410,6 +414,7 @@ class EngineCache:
             raise EngineLoadError(f"model {spec.name!r} failed to load: {exc}") from exc
         finally:
             slot.loading = None
+            self._running.discard(spec.name)
             self._publish()
             self.changes.bump()
 
@@ -626,6 +631,24 @@ class EngineCache:
 
     def resident_bytes(self) -> int:
         return sum(s.size_bytes for s in self.slots.values() if s.state in (READY, LOADING))
+
+    def pending_loads(self) -> dict[str, int]:
+        """Loads accepted whose bytes are not in :meth:`resident_bytes` yet (queued for a load
+        slot, or fetching): each model's expected bytes, its last measured size (0: unknown).
+
+        A gateway that subtracted only ``residentBytes`` from the budget saw the same free bytes
+        for every load of a burst and sent them all here (issue 30)."""
+        return {
+            name: s.last_size_bytes
+            for name, s in self.slots.items()
+            if s.loading is not None and s.state not in (READY, LOADING)
+        }
+
+    def load_queue(self) -> int:
+        """Loads accepted and waiting for one of the ``maxConcurrentLoads`` load slots."""
+        return sum(
+            1 for n, s in self.slots.items() if s.loading is not None and n not in self._running
+        )
 
     def close(self) -> None:
         self.changes.close()

@@ -653,6 +653,10 @@ class RuntimeServer:
             "budgetBytes": cache.budget,
             "residentBytes": cache.resident_bytes(),
             "maxConcurrentLoads": self.config.max_concurrent_loads,
+            # Loads accepted, not yet in residentBytes: expected bytes (issue 30); and how many
+            # loads wait for a load slot.
+            "pendingLoads": cache.pending_loads(),
+            "loadQueue": cache.load_queue(),
             "models": {
                 name: {
                     "state": slot.fleet_state,

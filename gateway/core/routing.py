@@ -25,7 +25,11 @@ The load limits (:class:`LoadBudget`: per replica and fleet-wide) bound loads th
 pushes some engine out, and many at once are churn. A load of a known size that fits in a
 replica's free bytes evicts nothing, so it goes beyond both limits
 (``LoadBudget.beyond_into_free``): the limits then scale with the fleet's free room instead of
-holding a rare model's request behind a fixed 1 / 4 (fleet simulator, issue 23 third pass).
+holding a rare model's request behind a fixed 1 / 4 (fleet simulator, issue 23 third pass) —
+but never beyond the replica's own load slots (``ReplicaView.load_slots``, its
+``maxConcurrentLoads``), and free bytes count every load under way there
+(:mod:`tidal.gateway.core.views`): without both, a burst of cold requests for different models
+all saw the same free bytes and queued 124 loads on one replica (issue 30).
 """
 
 from __future__ import annotations
@@ -68,6 +72,9 @@ class ReplicaView:
     refused: frozenset[str] = frozenset()  # models it refused to load lately (no room)
     # Bytes a load can have there by evicting unpinned engines (budget - pinned); None: unknown.
     room_bytes: int | None = None
+    # Loads the replica runs at once (its maxConcurrentLoads): the bound on loads into free
+    # bytes there, so that they never wait in its load queue.
+    load_slots: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +128,11 @@ def _load_target(
         return None, "unavailable:no-room"
 
     def into_free(r: ReplicaView) -> bool:
-        return loads.beyond_into_free and 0 < model_bytes <= r.free_bytes
+        return (
+            loads.beyond_into_free
+            and 0 < model_bytes <= r.free_bytes
+            and r.loads_in_flight < max(r.load_slots, loads.per_replica)
+        )
 
     under_total = fleet_loads < loads.total
     eligible = [

@@ -10,6 +10,10 @@ reads from the runtime pods and what it hands on:
 * :func:`model_demands`: the placement core's input per model: byte size (measured on a
   replica, else declared in the spec, else the largest known, marked as a guess), load time
   (measured, else estimated from bytes) and the rate now and forecast over the load-time horizon;
+* :func:`learn_demands` and :func:`plan_placement`: one placement interval of the fleet loop,
+  from the reports to ``place(...)``'s answer (rates over the interval, their smoothing, the
+  forecast's observe and predict), what the shell and ``bench/fleet_sim.py`` both call
+  (DESIGN.md §9);
 * :func:`gateway_push`: the document the gateway gets (replicas and placement hints);
 * :func:`fleet_status` and :func:`too_large_problems`: ``status.fleet`` and the ``Degraded``
   reasons for models no replica can hold.
@@ -24,8 +28,20 @@ from datetime import datetime
 from typing import Any
 
 from tidal.operator.core.api import FleetStatus, InferenceService, Model, quantity_bytes
-from tidal.operator.core.forecast import ModelForecast, period_mean
-from tidal.operator.core.placement import ModelDemand, Placement, ReplicaSlot
+from tidal.operator.core.forecast import (
+    ForecastPolicy,
+    ModelForecast,
+    observe,
+    period_mean,
+    predict_peak,
+)
+from tidal.operator.core.placement import (
+    ModelDemand,
+    Placement,
+    PlacementPolicy,
+    ReplicaSlot,
+    place,
+)
 
 # Until a replica has measured a model's load: a fixed cost (process-side deserialize and
 # warm-up) plus the bytes at a conservative staging bandwidth.
@@ -321,6 +337,95 @@ def replica_slots(
         )
         for r in reports
     ]
+
+
+# -- one placement interval --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DemandState:
+    """What the fleet loop learns of demand from one placement to the next."""
+
+    rates: RateState = field(default_factory=RateState)
+    last_rates: Mapping[str, float] = field(default_factory=dict)  # the last interval's
+    smoothed: Mapping[str, float] = field(default_factory=dict)  # ``smooth_rates``
+    forecasts: Mapping[str, ModelForecast] = field(default_factory=dict)
+
+
+def learn_demands(
+    state: DemandState,
+    models: Sequence[Model],
+    reports: Sequence[ReplicaReport],
+    now: float,
+    wall: float,
+    *,
+    window_seconds: float,
+    forecast: ForecastPolicy | None,
+    lead_seconds: float,
+    fast_attack: bool = True,
+    daily_mean: bool = True,
+) -> tuple[DemandState, list[ModelDemand]]:
+    """One interval's learning: the rates since the last call (``now``, monotonic), smoothed
+    over ``window_seconds``; the forecast (None: off) learns each model's interval rate at
+    ``wall`` and predicts its peak over its load time + ``lead_seconds``; placement ranks by
+    the smoothed rates, at least each model's mean over the forecast's period
+    (``placement_rates``). Models no longer in ``models`` are forgotten. The first call only
+    reads the counters (no rates yet).
+
+    ``fast_attack`` and ``daily_mean`` are on in the operator; the simulator turns them off
+    to measure what each brings.
+    """
+    first = state.rates.at is None
+    elapsed = 0.0 if state.rates.at is None else now - state.rates.at
+    rates, counters = model_rates(state.rates, reports, now)
+    last_rates, smoothed = state.last_rates, state.smoothed
+    if not first:
+        last_rates = rates
+        rise_to = PlacementPolicy().hot_threshold(sum(rates.values())) if fast_attack else None
+        smoothed = smooth_rates(smoothed, rates, elapsed, window_seconds, rise_to=rise_to)
+    forecasts = dict(state.forecasts)
+    forecast_rates: dict[str, float] = {}
+    if forecast is not None and not first:
+        # The forecast learns from each interval's rates; placement ranks by the smoothed ones.
+        for demand in model_demands(models, reports, last_rates, {}):
+            learned = observe(forecast, forecasts.get(demand.name), demand.rate, wall)
+            forecasts[demand.name] = learned
+            horizon = demand.load_seconds + lead_seconds
+            forecast_rates[demand.name] = predict_peak(forecast, learned, wall, horizon)
+    ranks = placement_rates(smoothed, forecasts) if daily_mean else smoothed
+    demands = model_demands(models, reports, ranks, forecast_rates)
+    names = {m.name for m in models}
+    return (
+        DemandState(
+            rates=counters,
+            last_rates=last_rates,
+            smoothed={n: r for n, r in smoothed.items() if n in names},
+            forecasts={n: f for n, f in forecasts.items() if n in names},
+        ),
+        demands,
+    )
+
+
+def plan_placement(
+    policy: PlacementPolicy,
+    demands: Sequence[ModelDemand],
+    reports: Sequence[ReplicaReport],
+    pins_sent: Mapping[str, frozenset[str]],
+    previous: Placement | None,
+    wall: float,
+) -> Placement:
+    """``place(...)`` over the replicas as reported, with the pins last sent to each (which a
+    replica may not have acknowledged yet) and the previous placement's landing and hot sets;
+    after a restart (no previous placement), the pins the runtimes report count as one."""
+    landing = previous.landing if previous is not None else frozenset()
+    return place(
+        policy,
+        demands,
+        replica_slots(reports, pins_sent, landing),
+        wall,
+        history=True if previous is not None else None,
+        hot_before=previous.hot if previous is not None else None,
+    )
 
 
 # -- outputs -----------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -53,17 +53,14 @@ from tidal.operator.core.api import (
 )
 from tidal.operator.core.control import ControlView
 from tidal.operator.core.fleet import (
+    DemandState,
     FleetView,
-    RateState,
     ReplicaReport,
     fleet_status,
     gateway_push,
-    model_demands,
-    model_rates,
+    learn_demands,
     parse_replica_report,
-    placement_rates,
-    replica_slots,
-    smooth_rates,
+    plan_placement,
     too_large_problems,
 )
 from tidal.operator.core.forecast import (
@@ -71,10 +68,8 @@ from tidal.operator.core.forecast import (
     ModelForecast,
     forecasts_from_json,
     forecasts_to_json,
-    observe,
-    predict_peak,
 )
-from tidal.operator.core.placement import Placement, PlacementPolicy, place
+from tidal.operator.core.placement import Placement, PlacementPolicy
 from tidal.operator.core.resources import (
     COMPONENT_GATEWAY,
     GATEWAY_PORT,
@@ -121,10 +116,7 @@ class FleetSettings:
 class FleetState:
     """What the fleet loop remembers of one InferenceService between ticks."""
 
-    rates: RateState = field(default_factory=RateState)
-    last_rates: dict[str, float] = field(default_factory=dict)
-    smoothed_rates: dict[str, float] = field(default_factory=dict)
-    forecasts: dict[str, ModelForecast] = field(default_factory=dict)
+    demand: DemandState = field(default_factory=DemandState)  # rates and forecasts learned
     forecast_loaded: bool = False
     forecast_saved_at: float = -1e9
     placement: Placement | None = None
@@ -323,7 +315,7 @@ class FleetController:
             await self._activator_tick(key, isvc, st)
             return
         if not st.forecast_loaded:
-            st.forecasts = await self._load_forecasts(isvc)
+            st.demand = replace(st.demand, forecasts=await self._load_forecasts(isvc))
             st.forecast_loaded = True
         kids = self.store.children.get(key)
         bodies = list(kids.pod_bodies.values()) if kids is not None else []
@@ -345,14 +337,15 @@ class FleetController:
             self._place(isvc, st, reports, mono, wall)
         await self._push_pins(st, reports, mono)
         await self._push_gateways(st, reports, gateways, mono)
-        if st.forecasts and mono - st.forecast_saved_at >= self.settings.forecast_save_seconds:
+        saved = st.forecast_saved_at
+        if st.demand.forecasts and mono - saved >= self.settings.forecast_save_seconds:
             await self._save_forecasts(isvc, st, mono)
         view = FleetView(
             status=fleet_status(
                 isvc.spec.models,
                 reports,
                 st.placement,
-                st.smoothed_rates,
+                dict(st.demand.smoothed),
                 sum(1 for g in gateways if _ready(g)),
                 st.loaded_bytes,
                 st.placed_wall,
@@ -382,45 +375,20 @@ class FleetController:
     ) -> None:
         fleet = isvc.spec.fleet
         assert fleet is not None
-        first = st.rates.at is None
-        elapsed = 0.0 if st.rates.at is None else mono - st.rates.at
-        rates, st.rates = model_rates(st.rates, reports, mono)
-        if not first:
-            st.last_rates = rates
-            st.smoothed_rates = smooth_rates(
-                st.smoothed_rates,
-                rates,
-                elapsed,
-                fleet.placement.rate_window_seconds,
-                rise_to=PlacementPolicy().hot_threshold(sum(rates.values())),
-            )
-        models = list(isvc.spec.models)
-        names = {m.name for m in models}
-        # The forecast learns from each interval's rates; placement ranks by the smoothed ones.
-        demands = model_demands(models, reports, st.last_rates, {})
-        forecast_rates: dict[str, float] = {}
-        if fleet.forecast.enabled and not first:
-            policy = _forecast_policy(isvc)
-            for demand in demands:
-                state = observe(policy, st.forecasts.get(demand.name), demand.rate, wall)
-                st.forecasts[demand.name] = state
-                horizon = demand.load_seconds + fleet.forecast.lead_seconds
-                forecast_rates[demand.name] = predict_peak(policy, state, wall, horizon)
-        # A model's rate is at least its mean over the forecast's period (once a whole period
-        # is learned): ranks, the hot threshold (a share of all rates) and the tail's share
-        # follow the day's demand, not the trough's (`placement_rates`).
-        demands = model_demands(
-            models, reports, placement_rates(st.smoothed_rates, st.forecasts), forecast_rates
+        st.demand, demands = learn_demands(
+            st.demand,
+            list(isvc.spec.models),
+            reports,
+            mono,
+            wall,
+            window_seconds=fleet.placement.rate_window_seconds,
+            forecast=_forecast_policy(isvc) if fleet.forecast.enabled else None,
+            lead_seconds=fleet.forecast.lead_seconds,
         )
-        for gone in set(st.forecasts) - names:
-            del st.forecasts[gone]
-        for gone in set(st.smoothed_rates) - names:
-            del st.smoothed_rates[gone]
         st.placed_at = mono
         if not reports:
             return
-        previous = {r: pins for r, (pins, _) in st.pins_sent.items()}
-        placement = place(
+        placement = plan_placement(
             PlacementPolicy(
                 rate_per_copy=fleet.placement.rate_per_copy,
                 max_copies=fleet.placement.max_copies,
@@ -429,11 +397,10 @@ class FleetController:
                 landing_share=placement_landing_share(isvc),
             ),
             demands,
-            replica_slots(reports, previous, st.placement.landing if st.placement else frozenset()),
+            reports,
+            {r: pins for r, (pins, _) in st.pins_sent.items()},
+            st.placement,
             wall,
-            # After a restart, pins the runtimes report count as an earlier placement.
-            history=True if st.placement is not None else None,
-            hot_before=st.placement.hot if st.placement is not None else None,
         )
         pins = placement.pinned
         if st.placement is None or st.placement.pinned != pins:
@@ -653,7 +620,7 @@ class FleetController:
                 "labels": common_labels(isvc),
                 "ownerReferences": [owner_reference(isvc)],
             },
-            "data": {FORECAST_KEY: forecasts_to_json(_forecast_policy(isvc), st.forecasts)},
+            "data": {FORECAST_KEY: forecasts_to_json(_forecast_policy(isvc), st.demand.forecasts)},
         }
         try:
             await self.kube.apply(obj)

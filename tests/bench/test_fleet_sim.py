@@ -92,7 +92,7 @@ def test_the_viral_model_becomes_as_popular_as_the_top_model(fs: ModuleType) -> 
     cfg = replace(fs.FleetConfig(), **TINY)
     onset = cfg.viral_at_days * cfg.day_seconds
     t = np.arange(0.0, cfg.duration, 1.0)
-    rates = fs.model_rates(cfg, 1.1, t)
+    rates = fs.trace_rates(cfg, 1.1, t)
     v = cfg.viral_rank - 1
     before = rates[v, t < onset].mean()
     after = rates[v, t > onset + cfg.viral_ramp_seconds]
@@ -210,11 +210,13 @@ def test_tidal_decides_with_the_real_cores(
     fs: ModuleType, tiny: tuple[Any, Any, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from tidal.gateway.core import routing
+    from tidal.operator.core import fleet as glue
     from tidal.operator.core import forecast, placement
 
     assert fs.choose_route is routing.choose_route
-    assert fs.place is placement.place
-    assert fs.observe is forecast.observe and fs.predict_peak is forecast.predict_peak
+    assert fs.learn_demands is glue.learn_demands and fs.plan_placement is glue.plan_placement
+    assert glue.place is placement.place
+    assert glue.observe is forecast.observe and glue.predict_peak is forecast.predict_peak
     calls: dict[str, int] = {}
     horizons: list[float] = []
 
@@ -227,8 +229,9 @@ def test_tidal_decides_with_the_real_cores(
 
         return wrapper
 
-    for name in ("choose_route", "place", "observe", "predict_peak"):
-        monkeypatch.setattr(fs, name, counting(name, getattr(fs, name)))
+    monkeypatch.setattr(fs, "choose_route", counting("choose_route", fs.choose_route))
+    for name in ("place", "observe", "predict_peak"):  # where the shared glue calls them
+        monkeypatch.setattr(glue, name, counting(name, getattr(glue, name)))
     cfg, fleet, trace = tiny
     policy = fs.Tidal(cfg)
     result = fs.simulate(cfg, fleet, trace, policy, trace.hot)
@@ -275,17 +278,19 @@ def test_tidal_tells_placement_which_sizes_are_guesses_and_never_pins_those(
     cfg, fleet, trace = tiny
     policy = fs.Tidal(cfg)
     seen: list[tuple[set[str], set[str], set[str]]] = []
-    real_place = fs.place
+    real_plan = fs.plan_placement
 
-    def place(pol: Any, demands: Any, slots: Any, now: float, **kw: Any) -> Any:
-        out = real_place(pol, demands, slots, now, **kw)
+    def plan(pol: Any, demands: Any, reports: Any, *args: Any) -> Any:
+        out = real_plan(pol, demands, reports, *args)
         guessed = {d.name for d in demands if not d.size_known}
-        measured = {policy.names[m] for m in policy.sizes}
+        measured = {
+            n for r in reports for n, m in r.models.items() if max(m.size_bytes, m.last_size_bytes)
+        }
         pinned = {n for pins in out.pinned.values() for n in pins}
         seen.append((guessed, measured, pinned))
         return out
 
-    monkeypatch.setattr(fs, "place", place)
+    monkeypatch.setattr(fs, "plan_placement", plan)
     fs.run_sim(cfg, fleet, trace, policy)
     everyone = {policy.names[m] for m in range(cfg.models)}
     assert seen and seen[0][0] | seen[0][1] == everyone and len(seen[0][0]) > len(everyone) // 2
@@ -337,22 +342,22 @@ def test_quick_run_prints_the_table_and_the_goals(
 def test_trace_families_have_their_shapes(fs: ModuleType) -> None:
     base = replace(fs.FleetConfig(), **TINY)
     t = np.arange(0.0, base.duration, 1.0)
-    zipf = fs.model_rates(base, 1.0, t)
+    zipf = fs.trace_rates(base, 1.0, t)
     # Rotating: the top models trade places with tail models after the first epoch.
-    rotating = fs.model_rates(replace(base, family="rotating", rotate_seconds=60.0), 1.0, t)
+    rotating = fs.trace_rates(replace(base, family="rotating", rotate_seconds=60.0), 1.0, t)
     first = t < 60.0
     assert np.allclose(rotating[:, first], zipf[:, first])
     later = t >= 60.0
     assert not np.allclose(rotating[0, later], zipf[0, later])
     assert np.allclose(rotating[:, later].sum(axis=0), zipf[:, later].sum(axis=0))
     # Viral: several tail models become as popular as the top model at the same moment.
-    viral = fs.model_rates(replace(base, family="viral", virals=3), 1.0, t)
+    viral = fs.trace_rates(replace(base, family="viral", virals=3), 1.0, t)
     end = -1
     top = zipf[0, end] / fs._daily_shape(base, t)[0, end]  # the top model's share, no bump
     risen = [m for m in range(base.models) if viral[m, end] >= 0.5 * top and zipf[m, end] < top / 4]
     assert len(risen) >= 3, risen
     # Bursty: some tail model runs at burst_factor x its rate for a while, the top ones never.
-    bursty = fs.model_rates(replace(base, family="bursty", burst_gap_seconds=300.0), 1.0, t)
+    bursty = fs.trace_rates(replace(base, family="bursty", burst_gap_seconds=300.0), 1.0, t)
     ratio = bursty / zipf
     assert np.isclose(ratio[:10], 1.0).all()
     assert np.isclose(ratio[10:].max(), base.burst_factor)
@@ -377,6 +382,8 @@ def test_sweep_reports_median_and_worst_seed_and_the_unmet_goals(
             "cold_vs_opt": 1.05,
             "max_used": 1.0,
             "lost": lost,
+            "queue_peak": 2,
+            "load_wait_p99": 0.1,
         }
 
     rows = [row(1, 1.0, 0.0), row(2, 1.05, 0.0), row(3, 3.0, 0.001)]
@@ -414,3 +421,82 @@ def test_requests_held_when_the_trace_ends_are_served_not_lost(fs: ModuleType) -
     assert not policy.held
     last = int(np.argmax(trace.times))
     assert sim.latency[last] < cfg.hold_timeout, sim.latency[last]
+
+
+# -- issue 30: the simulator runs the shipped glue -------------------------------------------
+
+GLUE_MODULES = (
+    "tidal.gateway.core.routing",
+    "tidal.gateway.core.views",
+    "tidal.operator.core.fleet",
+    "tidal.operator.core.forecast",
+    "tidal.operator.core.placement",
+)
+
+
+def test_the_simulator_imports_the_glue_rather_than_copies(fs: ModuleType) -> None:
+    """DESIGN.md §9: what the gateway and the operator's shell assemble for a core, the
+    simulator takes from the same functions: the objects it uses are tidal's, and it defines
+    no function or class of the same name as any of the glue's."""
+    import ast
+    import importlib
+
+    from tidal.gateway.core import routing, views
+    from tidal.operator.core import fleet
+
+    for name, module in (
+        ("choose_route", routing),
+        ("LoadBudget", routing),
+        ("replica_view", views),
+        ("model_bytes", views),
+        ("OwnLoads", views),
+        ("Snapshot", views),
+        ("learn_demands", fleet),
+        ("plan_placement", fleet),
+        ("DemandState", fleet),
+    ):
+        assert getattr(fs, name) is getattr(module, name), name
+    glue = {
+        name
+        for path in GLUE_MODULES
+        for name, value in vars(importlib.import_module(path)).items()
+        if not name.startswith("_") and callable(value) and value.__module__ == path
+    }
+    tree = ast.parse(BENCH.read_text())
+    defined = {
+        node.name
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+    }
+    imported_there = {n for n in glue if getattr(fs, n, None) is not None}
+    assert not (defined & glue), sorted(defined & glue)
+    assert {"replica_view", "choose_route", "learn_demands", "plan_placement"} <= imported_there
+
+
+def test_a_burst_of_cold_requests_spreads_within_each_replicas_load_slots(
+    fs: ModuleType,
+) -> None:
+    """Issue 30: 30 cold models requested in the same second, 4 times a day. The gateway's
+    free bytes count the loads queued at the runtime and its own, and loads into free bytes
+    stop at a replica's load slots: no load queue beyond `concurrent_loads - 1` (a pin's
+    background load and an on-demand one), nothing lost. Before the fix (free bytes =
+    budget - residentBytes, no bound) the same trace queued 23 loads on one replica."""
+    cfg = replace(
+        fs.FleetConfig(seed=1),
+        models=60,
+        replicas=4,
+        mean_rate=3.0,
+        day_seconds=120.0,
+        cache_share=0.3,
+        family="coldburst",
+        cold_burst_models=30,
+        cold_bursts_per_day=4,
+        viral_rank=50,
+        viral_ramp_seconds=10.0,
+    )
+    fleet, trace = fs.make_fleet(cfg), fs.make_trace(cfg, 0.9)
+    fixed = fs.simulate(cfg, fleet, trace, fs.Tidal(cfg), trace.hot)
+    assert fixed.load_queue_peak <= cfg.concurrent_loads - 1, fixed
+    assert fixed.failed_share == 0.0, fixed
+    before = fs.simulate(cfg, fleet, trace, fs.TidalBeforeIssue30(cfg), trace.hot)
+    assert before.load_queue_peak > 3 * cfg.concurrent_loads, before  # the simulator sees it

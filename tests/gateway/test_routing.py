@@ -214,6 +214,7 @@ views = st.builds(
     budget_bytes=st.just(1000),
     loads_in_flight=st.integers(0, 3),
     refused=model_sets,
+    load_slots=st.integers(1, 3),
 )
 fleets = st.lists(views, max_size=6, unique_by=lambda v: v.name).map(
     # A model is hot or loading only where the replica serves it.
@@ -304,18 +305,22 @@ def test_a_cold_load_goes_where_unpinned_engines_can_make_room() -> None:
 
 
 def test_the_replica_view_leaves_background_pin_loads_out_of_the_load_limit() -> None:
+    from tidal.gateway.core.views import Snapshot
     from tidal.gateway.server import Replica
 
     r = Replica(name="r0", url="http://r0", pool=None)  # type: ignore[arg-type]
-    r.budget_bytes, r.free_bytes = 1000, 200
-    r.loading = frozenset({"pinned-one", "cold-one"})
-    r.pinned = frozenset({"pinned-one", "resident"})
-    r.sizes = {"pinned-one": 300, "resident": 400, "cold-one": 100}
-    r.pinned_bytes = 300 + 400  # what each snapshot sums (once, not per routed request)
+    r.snapshot = Snapshot(
+        budget_bytes=1000,
+        resident_bytes=800,
+        loading=frozenset({"pinned-one", "cold-one"}),
+        pinned=frozenset({"pinned-one", "resident"}),
+        sizes={"pinned-one": 300, "resident": 400, "cold-one": 100},
+    )
     view = r.view()
     assert view.loading == {"pinned-one", "cold-one"}
     assert view.loads_in_flight == 1  # only the on-demand load counts
     assert view.room_bytes == 1000 - 300 - 400
+    assert view.free_bytes == 200
 
 
 @given(situations, st.integers(0, 1200))
@@ -334,6 +339,8 @@ def test_a_load_beyond_the_limits_only_into_free_bytes(s: Situation, size: int) 
     )
     if beyond:
         assert 0 < size <= chosen.free_bytes, (route, chosen, s.loads)
+        # ... and never beyond the replica's own load slots (issue 30).
+        assert chosen.loads_in_flight < max(chosen.load_slots, s.loads.per_replica)
     strict = dataclasses.replace(s.loads, beyond_into_free=False)
     route = choose_route(s.model, s.replicas, strict, s.placement, model_bytes=size)
     target = route.replica if route.action == "load" else route.extra_load
@@ -345,10 +352,11 @@ def test_a_load_beyond_the_limits_only_into_free_bytes(s: Situation, size: int) 
 
 def test_a_load_that_fits_in_free_bytes_goes_beyond_the_load_limits() -> None:
     # Both replicas run a load (per-replica limit 1, fleet-wide 2 reached): a 300-byte model
-    # fits in b's 400 free bytes without evicting anything, so it loads there at once; a
+    # fits in b's 400 free bytes without evicting anything and b has a second load slot, so it
+    # loads there at once; a
     # 500-byte one would evict and waits for the limits.
     a = replica("a", loading="x", free=100)
-    b = replica("b", loading="y", free=400)
+    b = dataclasses.replace(replica("b", loading="y", free=400), load_slots=2)
     route = choose_route("m", [a, b], LIMITS, model_bytes=300)
     assert (route.action, route.replica, route.reason) == ("load", "b", "cold:load-most-free")
     route = choose_route("m", [a, b], LIMITS, model_bytes=500)
@@ -357,3 +365,15 @@ def test_a_load_that_fits_in_free_bytes_goes_beyond_the_load_limits() -> None:
     assert choose_route("m", [a, b], LIMITS).reason == "unavailable:load-limit"
     strict = dataclasses.replace(LIMITS, beyond_into_free=False)
     assert choose_route("m", [a, b], strict, model_bytes=300).reason == "unavailable:load-limit"
+
+
+def test_loads_into_free_bytes_stop_at_the_replicas_load_slots() -> None:
+    """Issue 30: however many bytes are free, a replica running as many on-demand loads as it
+    has load slots (maxConcurrentLoads) gets no more; the next load would only queue there."""
+    a = dataclasses.replace(replica("a", loading="x y", free=10_000), load_slots=2)
+    b = dataclasses.replace(replica("b", loading="z", free=300), load_slots=2)
+    route = choose_route("m", [a, b], LIMITS, model_bytes=200)
+    assert (route.action, route.replica) == ("load", "b"), route
+    full_b = dataclasses.replace(b, loading=frozenset({"z", "w"}), loads_in_flight=2)
+    route = choose_route("m", [a, full_b], LIMITS, model_bytes=200)
+    assert route == Route("reject", "unavailable:load-limit", status=503)

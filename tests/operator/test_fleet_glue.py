@@ -419,3 +419,38 @@ def test_smoothed_rates_stay_within_the_rates_seen(
     for value in series:
         smoothed = smooth_rates(smoothed, {"m": value}, elapsed, window)
         assert min(series) - 1e-6 <= smoothed["m"] <= max(series) + 1e-6
+
+
+def test_one_interval_learns_rates_and_the_forecast_and_forgets_models_gone() -> None:
+    """`learn_demands`, the fleet loop's step the simulator runs too (issue 30): the first call
+    only reads the counters; the next takes the rates over the interval, smooths them,
+    teaches the forecast and predicts each model's peak; a model gone from the spec is
+    forgotten."""
+    from tidal.operator.core.fleet import DemandState, ModelReport, learn_demands
+    from tidal.operator.core.forecast import ForecastPolicy
+
+    models = fleet_isvc().spec.models
+
+    def report(count: float) -> ReplicaReport:
+        return ReplicaReport(
+            name="r0",
+            url="http://r0",
+            at=0.0,
+            generation=1,
+            ready=True,
+            budget_bytes=2**30,
+            resident_bytes=0,
+            models={"m0": ModelReport(state="READY", size_bytes=100, requests=count)},
+        )
+
+    policy = ForecastPolicy(period_seconds=100.0, slots=10)
+    knobs: dict[str, Any] = {"window_seconds": 60.0, "forecast": policy, "lead_seconds": 5.0}
+    state, demands = learn_demands(DemandState(), models, [report(4)], 0.0, 1000.0, **knobs)
+    assert [d.rate for d in demands] == [0.0, 0.0, 0.0] and not state.forecasts
+    state, demands = learn_demands(state, models, [report(24)], 2.0, 1002.0, **knobs)
+    assert state.last_rates == {"m0": 10.0}
+    m0 = next(d for d in demands if d.name == "m0")
+    assert m0.rate == 10.0 and m0.forecast_rate > 0 and m0.size_bytes == 100, m0
+    assert set(state.forecasts) == {"m0", "m1", "m2"}
+    state, _ = learn_demands(state, models[:1], [report(30)], 4.0, 1004.0, **knobs)
+    assert set(state.forecasts) == {"m0"} and set(state.smoothed) <= {"m0"}

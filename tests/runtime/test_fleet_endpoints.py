@@ -243,3 +243,41 @@ def test_activity_long_poll_answers_when_an_infer_request_arrives(
     assert activity(rt.url, now, wait=0.2) == now
     status, body = call("GET", f"{rt.url}/v2/tidal/activity?since=x")
     assert status == 400 and "since" in body["error"], body
+
+
+def test_the_view_reports_loads_queued_for_a_load_slot(serve, three_models) -> None:
+    """Issue 30: loads accepted but not in residentBytes yet (queued for a load slot) are
+    reported with their expected bytes (``pendingLoads``) and counted in ``loadQueue``, so that
+    a gateway subtracts them from the free bytes; once loaded, neither names them."""
+    entries, size = three_models
+    rt = serve(
+        {
+            "models": entries,
+            "memory": {"engineCacheBudgetBytes": str(4 * size)},
+            "maxConcurrentLoads": 1,
+            "faults": {"extraWarmupSeconds": 1.5},
+        }
+    )
+    loads = [
+        threading.Thread(target=call, args=("POST", f"{rt.url}/v2/repository/models/{m}/load", {}))
+        for m in ("m0", "m1", "m2")
+    ]
+    for thread in loads:
+        thread.start()
+    seen: list[dict[str, Any]] = []
+
+    def queued() -> bool:
+        # Every load accepted (LOADING), one holds the load slot, two wait for it.
+        seen.append(fleet(rt.url))
+        states = {seen[-1]["models"][m]["state"] for m in ("m0", "m1", "m2")}
+        return states == {"LOADING"} and seen[-1]["loadQueue"] == 2
+
+    wait_for(queued, timeout=30)
+    view = seen[-1]
+    assert len(view["pendingLoads"]) >= 2, view  # the two queued (never loaded: 0 bytes)
+    assert set(view["pendingLoads"]) <= {"m0", "m1", "m2"}
+    for thread in loads:
+        thread.join(60)
+    done = fleet(rt.url)
+    assert (done["loadQueue"], done["pendingLoads"]) == (0, {}), done
+    assert done["residentBytes"] == 3 * size
