@@ -139,6 +139,8 @@ class FleetState:
     # task), and the last count each answered.
     held_polls: dict[str, tuple[str, asyncio.Task[None]]] = field(default_factory=dict)
     held: dict[str, int] = field(default_factory=dict)
+    # ... and the cumulative arrival count each last reported (the zero forecast learns it).
+    arrivals: dict[str, int] = field(default_factory=dict)
     routed: tuple[str, ...] | None = None  # the replicas last handed to the gateways
 
 
@@ -222,6 +224,13 @@ class FleetController:
         """Requests the service's gateway pods hold now (as their long-polls last said)."""
         state = self.states.get(key)
         return sum(state.held.values()) if state is not None else 0
+
+    def arrivals(self, key: Key) -> dict[str, int] | None:
+        """Each gateway pod's cumulative count of requests received, as its long-poll last
+        said (it answers on every change of the held count, else every ``held_wait_seconds``);
+        None while no pod has reported one (none yet, or an older gateway)."""
+        state = self.states.get(key)
+        return dict(state.arrivals) if state is not None and state.arrivals else None
 
     def poke(self, key: Key) -> None:
         """A child of the service changed: an activator's loop ticks now, so a replica that
@@ -611,6 +620,8 @@ class FleetController:
                         raise ValueError(f"answered {response.status}")
                     data = await response.json(content_type=None)
                 held = int(data["held"])
+                if "arrivals" in data:
+                    st.arrivals[name] = int(data["arrivals"])
                 backoff = 0.1
             except asyncio.CancelledError:
                 raise
@@ -668,6 +679,7 @@ async def _stop_polls(st: FleetState, names: set[str]) -> None:
     for name in names:
         _, task = st.held_polls.pop(name)
         st.held.pop(name, None)
+        st.arrivals.pop(name, None)
         task.cancel()
         tasks.append(task)
     await asyncio.gather(*tasks, return_exceptions=True)
