@@ -645,13 +645,16 @@ def step_zero(
             start = memory.counted_to
             counted = 0.0 if start is None else rate * max(tick.wall - start, 0.0)
         memory = learn_demand(forecast, memory, counted, tick.wall, zero.wake_threshold)
-        peak = forecast_peak(forecast, memory, tick.wall, lead)
-        quiet = forecast_quiet_peak(forecast, memory, tick.wall, zero.after_seconds)
     active = None
     if fresh:
         active = (obs.queue_depth or 0.0) > 0 or (obs.arrival_rate or 0.0) > 0
     if new:
         active = True
+    if forecast is not None:
+        peak = forecast_peak(forecast, memory, tick.wall, lead)
+        if active is False and tick.held == 0:  # only an idle pool's timer asks (a busy
+            # pool's tick, every second, need not walk the coming buckets)
+            quiet = forecast_quiet_peak(forecast, memory, tick.wall, zero.after_seconds)
     signals = IdleSignals(
         tick.mono,
         active=active,
