@@ -212,7 +212,7 @@ def simulate(
     held: list[tuple[int, int]] = []  # (arrival second, count) at the gateway
     gateway_count = 0  # requests the gateway received (its cumulative arrival count)
     reported: dict[str, int] = {}  # what the operator's long-poll last read of it
-    reported_held, poll_due = -1, 0.0
+    reported_held, reported_at, poll_due = -1, 0.0, 0.0
     served = 0  # requests that reached the replica since the last tick (its scrape)
     last_tick = 0.0
     first_scrape = True
@@ -251,7 +251,7 @@ def simulate(
             # The held count's long-poll answers at a change (and pokes the loop), else at
             # its timeout; either answer carries the gateway's arrival count.
             poke = poke or holding != reported_held
-            reported_held, reported = holding, {"gw": gateway_count}
+            reported_held, reported, reported_at = holding, {"gw": gateway_count}, float(t)
             poll_due = t + setup.held_wait_seconds
         if desired >= 1 and t == math.ceil(routable_at) and t > 0:
             poke = True  # the replica turned ready: a pod event
@@ -290,6 +290,7 @@ def simulate(
                 observation,
                 held=holding,
                 arrivals=reported,
+                arrivals_at=reported_at,
                 routable_seconds=setup.routable_seconds,
                 quiet_tick_seconds=setup.quiet_tick_seconds,
             ),

@@ -378,6 +378,10 @@ def learn_demand(
     arrivals = max(arrivals, 0.0)
     start = memory.counted_to
     interval = policy.sample_interval_seconds
+    if start is not None and start - LONGEST_COUNTED_GAP_SECONDS <= wall < start:
+        # Counts read before the last ones were counted up to (another gateway pod's older
+        # answer): they belong to the next sample.
+        return replace(memory, uncounted=memory.uncounted + arrivals)
     if start is None or wall < start:
         # The first report (or the clock went back): the count starts at the interval's
         # start, so that samples tile the buckets (whose edges are multiples of it).
@@ -585,7 +589,12 @@ class ZeroTick:
     `mono`/`wall`: the tick's monotonic and wall time; `observation`: the pool's (runtime
     metrics); `held`: requests its gateway pods hold now; `arrivals`: each gateway pod's
     cumulative count of requests it received (None: no gateway reported one, e.g. an older
-    gateway: the runtime's arrival rate is then learned instead); `routable_seconds`: the
+    gateway: the runtime's arrival rate is then learned instead), as read at wall time
+    `arrivals_at` (None: now). The counts are learned up to when they were read, not up to
+    the tick: the long-poll that carries them answers at each change of the held count and
+    otherwise every `held_wait_seconds`, so a tick between two answers knows nothing yet of
+    the arrivals since the last one, and must not learn that interval as empty;
+    `routable_seconds`: the
     measured time-to-routable of one replica (None: not measured yet); `quiet_tick_seconds`:
     how long a quiet loop may sleep (a forecast wake due within it is looked at every tick).
     """
@@ -595,6 +604,7 @@ class ZeroTick:
     observation: Observation
     held: int = 0
     arrivals: Mapping[str, int] | None = None
+    arrivals_at: float | None = None
     routable_seconds: float | None = None
     quiet_tick_seconds: float = 5.0
 
@@ -640,11 +650,13 @@ def step_zero(
     lead = wake_lead(zero, tick.routable_seconds)
     peak = quiet = None
     if forecast is not None:
-        counted = new
+        counted, counted_at = new, tick.wall
+        if counted is not None and tick.arrivals_at is not None:
+            counted_at = min(tick.arrivals_at, tick.wall)
         if counted is None and rate is not None:
             start = memory.counted_to
             counted = 0.0 if start is None else rate * max(tick.wall - start, 0.0)
-        memory = learn_demand(forecast, memory, counted, tick.wall, zero.wake_threshold)
+        memory = learn_demand(forecast, memory, counted, counted_at, zero.wake_threshold)
     active = None
     if fresh:
         active = (obs.queue_depth or 0.0) > 0 or (obs.arrival_rate or 0.0) > 0

@@ -299,8 +299,9 @@ class Controller:
         # Requests held now at the service's gateway (the activator's count, pushed by the
         # gateway loop's long-poll, which pokes the service when it changes).
         self.held: Callable[[Key], int] = lambda key: 0
-        # Each gateway pod's cumulative arrival count (the same long-poll; None: not reported).
-        self.arrivals: Callable[[Key], Mapping[str, int] | None] = lambda key: None
+        # Each gateway pod's cumulative arrival count and when it was read (the same
+        # long-poll; None: not reported).
+        self.arrivals: Callable[[Key], tuple[Mapping[str, int], float] | None] = lambda key: None
         self._probe_session: aiohttp.ClientSession | None = None
         self._long_polls: aiohttp.ClientSession | None = None
 
@@ -894,12 +895,14 @@ class Controller:
             wake_margin_seconds=self.settings.wake_margin_seconds,
         )
         routable = st.routable.get(serving[0])
+        counted = self.arrivals((isvc.namespace, isvc.name))
         tick = ZeroTick(
             mono,
             wall,
             observation,
             held=held,
-            arrivals=self.arrivals((isvc.namespace, isvc.name)),
+            arrivals=counted[0] if counted is not None else None,
+            arrivals_at=counted[1] if counted is not None else None,
             routable_seconds=routable.total_seconds if routable is not None else None,
             quiet_tick_seconds=self.settings.quiet_tick_seconds,
         )

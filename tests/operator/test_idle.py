@@ -792,3 +792,25 @@ def test_pending_scale_down_is_not_quiet_an_idle_timer_and_zero_are() -> None:
         IdleState(0.0, 400.0),
     )
     assert at_zero.reason == REASON_AT_ZERO and is_quiet(at_zero, obs(900.0, 0), 5.0)
+
+
+def test_counts_are_learned_up_to_when_they_were_read_not_up_to_the_tick() -> None:
+    """The gateway's long-poll answers at a change of the held count, else every 25 s: the
+    ticks in between know nothing yet of the arrivals since its last answer and must not
+    learn that interval as empty (a 10-request burst would be learned 25 s late)."""
+    zero = ZeroPolicy(after_seconds=300.0)
+    memory, scaler = ZeroMemory(), ScalerState(desired_serving=1)
+    t0 = 100 * 900.0
+
+    def tick(t: float, count: int, read_at: float) -> Any:
+        observation = Observation(now=t, ready_serving=1, queue_depth=0.0, arrival_rate=0.0)
+        return ZeroTick(t, t, observation, arrivals={"gw": count}, arrivals_at=read_at)
+
+    step = step_zero(POLICY, zero, FORECAST, memory, scaler, tick(t0, 0, t0))
+    step = step_zero(POLICY, zero, FORECAST, step.memory, step.scaler, tick(t0 + 1.0, 0, t0))
+    for k in range(2, 25):
+        step = step_zero(POLICY, zero, FORECAST, step.memory, step.scaler, tick(t0 + k, 0, t0))
+    assert step.memory.counted_to == t0 and step.memory.forecast is None, step.memory
+    step = step_zero(POLICY, zero, FORECAST, step.memory, step.scaler, tick(t0 + 25, 10, t0 + 25))
+    f = step.memory.forecast
+    assert f is not None and f.open_n == 5 and f.open_sum * 5.0 == pytest.approx(10.0), f
