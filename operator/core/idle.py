@@ -43,6 +43,7 @@ replica go to zero, so it is the rate at which waking ahead is worth a replica.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -241,8 +242,7 @@ def decide_scale_zero(
             queue_depth=obs.queue_depth if obs.queue_depth is not None else 0.0,
             arrival_rate=max(obs.arrival_rate or 0.0, held_rate(zero, signals)),
         )
-    floored = replace(policy, min_replicas=verdict.floor)
-    decision, new_scaler = decide_scale(floored, obs, scaler)
+    decision, new_scaler = decide_scale(_floored(policy, verdict.floor), obs, scaler)
     if verdict.to_zero:
         decision = replace(
             decision, desired_serving=0, desired_standby=0, promote_standby=0, reason=verdict.reason
@@ -253,6 +253,13 @@ def decide_scale_zero(
     elif verdict.reason in (REASON_WAIT_ZERO, REASON_HOLD_FORECAST):
         decision = replace(decision, notes=(*decision.notes, verdict.reason))
     return decision, new_scaler, new_idle
+
+
+@functools.lru_cache(maxsize=256)
+def _floored(policy: ScalingPolicy, floor: int) -> ScalingPolicy:
+    """`policy` with `min_replicas` = floor (cached: the same few policies every tick, and a
+    policy's validation is not free)."""
+    return replace(policy, min_replicas=floor)
 
 
 def held_rate(policy: ZeroPolicy, signals: IdleSignals) -> float:
@@ -394,7 +401,7 @@ def learn_demand(
         samples, step = math.floor(elapsed / interval + 1e-9), interval
         stamp = step / 2  # a sample falls in the bucket of its middle
     if samples == 0:
-        return replace(memory, uncounted=pending)
+        return memory if arrivals == 0 else replace(memory, uncounted=pending)
     rate = pending / elapsed
     forecast, refuted, evidence = memory.forecast, memory.refuted, memory.evidence
     for i in range(samples):
@@ -646,7 +653,8 @@ def step_zero(
     new: float | None = None
     if tick.arrivals is not None:
         gateways, new = count_arrivals(memory.gateways, tick.arrivals)
-        memory = replace(memory, gateways=gateways)
+        if gateways != memory.gateways:
+            memory = replace(memory, gateways=gateways)
     lead = wake_lead(zero, tick.routable_seconds)
     peak = quiet = None
     if forecast is not None:
