@@ -45,7 +45,8 @@ that does not come; measure whole weeks, e.g. --days 17 --learn 3), and shapes t
 not tuned on: `sparse-evening` (the issue's: 60 requests over 17:00-19:00), `odd-evenings`
 (each evening's rate and end drawn anew: none, sparse or busy, ending 18:00-22:00),
 `weekend-brunch` (weekdays as `sparse-evening`, weekends with a sparse late morning,
-10:30-14:00 at 40 requests an hour, instead of nothing), and `slow-ramp` (the day's rate
+10:30-14:00 at 40 requests an hour, instead of nothing; day 0 is a Thursday, so --days 4
+--learn 2 measures the weekend after two learned weekdays), and `slow-ramp` (the day's rate
 climbing over two hours from 8:00, the evening sparse).
 
     .venv/bin/python bench/zero_sim.py [--days 5] [--learn 3] [--routable 60] [--late 2]
@@ -96,9 +97,10 @@ class DayTrace:
     weekend: bool = False  # days 5 and 6 of each week: no office hours
     weekend_rate: float = 0.0  # ... but this rate over weekend_hours (0: the night rate)
     weekend_hours: tuple[float, float] = (10.5, 14.0)
+    week_starts: int = 0  # day 0 is this day of the week (0: Monday; 3: Thursday)
 
     def is_workday(self, d: int) -> bool:
-        return not self.weekend or d % 7 < 5
+        return not self.weekend or (d + self.week_starts) % 7 < 5
 
     def rates(
         self, days: int, seed: int
@@ -140,7 +142,11 @@ SHAPES = {
     "sparse-evening": DayTrace(evening_rate=SPARSE_EVENING, evening_end_hour=19.0),
     "odd-evenings": DayTrace(odd_evenings=True),
     "weekend-brunch": DayTrace(
-        evening_rate=SPARSE_EVENING, evening_end_hour=19.0, weekend=True, weekend_rate=40 / 3600
+        evening_rate=SPARSE_EVENING,
+        evening_end_hour=19.0,
+        weekend=True,
+        weekend_rate=40 / 3600,
+        week_starts=3,
     ),
     "slow-ramp": DayTrace(
         rise_hour=8.0, ramp_hours=2.0, evening_rate=SPARSE_EVENING, evening_end_hour=19.0
