@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 from dataclasses import replace
@@ -322,7 +323,8 @@ def _morning(t: float) -> float:
     return 5.0 if 9.0 <= hour < 17.0 else 0.0
 
 
-def _learn_days(days: int) -> ZeroMemory:
+@functools.lru_cache(maxsize=8)
+def _learn_days(days: int) -> ZeroMemory:  # (frozen: safe to share between tests)
     memory = ZeroMemory()
     t = 0.0
     while t < days * DAY:
@@ -473,7 +475,7 @@ def test_recent_early_rises_do_not_make_the_rising_edge_refute_a_late_day() -> N
     assert peak is not None and peak >= WAKE, peak
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(
     st.lists(
         st.tuples(st.floats(min_value=0.5, max_value=2000.0), st.sampled_from([0, 0, 0, 1, 40])),
