@@ -324,6 +324,9 @@ REFUTE_PROBABILITY = 0.01
 # third rising at 9:08 is not refuted at 9:00) is not refuted.
 REFUTE_PEAK_FRACTION = 0.9
 NO_EVIDENCE = (0.0, 0.0, 0.0, -1.0)
+# A refuted forecast is restored by a bucket whose requests are not improbably few for this
+# share of its usual rate.
+DEMAND_BACK_SHARE = 0.5
 
 
 # Longer since the last count: one sample for the whole gap (at most 720 samples per call).
@@ -376,8 +379,9 @@ def learn_demand(
     buckets, and is judged at every sample: not held back until a bucket closes, and not only
     one bucket's. It is
     cleared (and the evidence restarted) when a bucket closes that brought `wake_rate` or more
-    (demand is back, not one sporadic request), and once the usual busy hours are over (a
-    trusted bucket learned below `wake_rate`). A weekend day under a weekday profile is the
+    and not improbably little for its usual rate (demand is back: not one sporadic request,
+    nor a weekend's sparse hours under a weekday profile), and once the usual busy hours are
+    over (a trusted bucket learned below `wake_rate`). A weekend day under a weekday profile is the
     case: woken for a rise that does not come, the pool goes back to zero minutes into the
     first bucket past the rise and wakes on demand only for the rest of those hours."""
     if arrivals is None or not math.isfinite(arrivals):
@@ -435,8 +439,7 @@ def _sample(
     if wake_rate is None or not wake_rate > 0:
         return after, False, NO_EVIDENCE
     closed = before is not None and before.samples > 0 and after.open_slot != before.open_slot
-    back = closed and before is not None and before.open_n > 0
-    if back and before is not None and before.open_sum / before.open_n >= wake_rate:
+    if closed and before is not None and _demand_back(policy, before, wake_rate, seconds):
         refuted, evidence = False, NO_EVIDENCE  # a bucket of demand closed: it is back
     if after.slots != policy.slots:
         return after, refuted, evidence
@@ -462,18 +465,38 @@ def _sample(
     return after, refuted, evidence
 
 
+def _demand_back(
+    policy: ForecastPolicy, closing: ModelForecast, wake_rate: float, seconds: float
+) -> bool:
+    """Whether the bucket `closing` is closing brought demand: the wake rate or more, and not
+    improbably little for half its usual rate (`DEMAND_BACK_SHARE`: a day late or quieter than
+    usual is back; a weekend's sparse late morning under a weekday profile is not, and must
+    not restore a forecast that then holds the pool for it)."""
+    if closing.open_n <= 0 or closing.open_sum / closing.open_n < wake_rate:
+        return False
+    if closing.slots != policy.slots:
+        return True
+    slot = closing.open_slot % policy.slots
+    if closing.counts[slot] < policy.profile_min_periods:
+        return True
+    span = closing.open_n * seconds
+    seen = closing.open_sum / closing.open_n * span
+    usual = closing.profile[slot] * span
+    return poisson_at_most(seen, DEMAND_BACK_SHARE * usual) > REFUTE_PROBABILITY
+
+
 def poisson_at_most(seen: float, expected: float) -> float:
-    """P(X <= seen) for X ~ Poisson(expected) (`seen` rounded down; 1.0 for no expectation)."""
+    """P(X <= seen) for X ~ Poisson(expected) (`seen` rounded down; 1.0 for no expectation).
+    Summed in log space: e^-expected underflows for a busy bucket's thousands."""
     if not expected > 0:
         return 1.0
     n = math.floor(max(seen, 0.0) + 1e-9)
-    term = total = math.exp(-expected)
-    for k in range(1, n + 1):
-        term *= expected / k
-        total += term
-        if total >= 1.0:
-            return 1.0
-    return total
+    if n > expected + 12.0 * math.sqrt(expected) + 12.0:
+        return 1.0
+    log_e = math.log(expected)
+    logs = [k * log_e - expected - math.lgamma(k + 1.0) for k in range(n + 1)]
+    top = max(logs)
+    return min(1.0, math.exp(top) * sum(math.exp(x - top) for x in logs))
 
 
 def forecast_peak(

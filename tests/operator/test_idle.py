@@ -512,6 +512,8 @@ def test_poisson_at_most() -> None:
     assert poisson_at_most(0, 4.6) == pytest.approx(0.01, rel=0.01)
     assert poisson_at_most(2, 2.0) == pytest.approx(5 * 2.718281828**-2)
     assert poisson_at_most(3, 0.0) == 1.0 and poisson_at_most(1e9, 5.0) == 1.0
+    # A busy bucket's thousands (e^-1835 underflows: summed in log space).
+    assert poisson_at_most(3000, 1835.0) == 1.0 and poisson_at_most(1500, 1835.0) < 1e-10
 
 
 def _counted(times: list[float], calls: list[float], wake: float | None = None) -> ZeroMemory:
@@ -639,6 +641,22 @@ def test_a_stray_request_in_every_bucket_does_not_hold_off_the_refutation() -> N
         return 1.0 / 5.0 if int(t) % 600 < 5 else 0.0  # one request in a 5 s step
 
     memory = _learn(memory, sat, rise + 1200.0, stray, 5.0)
+    assert memory.refuted, memory.evidence
+
+
+def test_sparse_weekend_demand_does_not_restore_a_refuted_forecast() -> None:
+    """A weekend's late morning at 40 requests an hour (0.011 req/s: above the wake rate,
+    far under the weekday's 5 req/s): its buckets do not bring the usual demand back, so the
+    refuted forecast stays refuted and holds no replica for those hours."""
+    memory = _learn(ZeroMemory(), 0.0, 3 * DAY, _morning, 60.0)
+    sat = 3 * DAY
+    memory = _learn(memory, sat, sat + 9.5 * 3600.0, lambda t: 0.0, 5.0)
+    assert memory.refuted, memory.evidence
+
+    def brunch(t: float) -> float:
+        return 1.0 / 5.0 if int(t) % 90 < 5 else 0.0  # a request every 90 s
+
+    memory = _learn(memory, sat + 9.5 * 3600.0, sat + 11 * 3600.0, brunch, 5.0)
     assert memory.refuted, memory.evidence
 
 
