@@ -189,6 +189,8 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc ships no 
             if not model and call != "ModelStatistics":
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{call}: no model name")
         hold = call in HELD_CALLS
+        if hold:
+            gw.arrivals += 1
         metadata = tuple(
             (k, v)
             for k, v in (context.invocation_metadata() or ())

@@ -274,6 +274,9 @@ class Gateway:
         # Requests held now, and a wake-up for the operator's long-poll of that count.
         self.held_now = 0
         self.held_changes = Changes()
+        # Infer requests received since the gateway started (HTTP and gRPC, held or not): the
+        # count the operator's scale-to-zero forecast learns from, every arrival once.
+        self.arrivals = 0
         self.draining = False
         self.name = os.environ.get("POD_NAME") or "tidal-gateway"
         self._initial = list(replicas)
@@ -521,6 +524,8 @@ class Gateway:
         hold: bool,
     ) -> tuple[web.Response, bool]:
         """Route, forward, retry once, hold for a cold model; returns (answer, was held)."""
+        if hold:
+            self.arrivals += 1
         failures: list[Failed] = []
         excluded: frozenset[str] = frozenset()
         held_at: float | None = None
@@ -810,7 +815,9 @@ class Gateway:
         )
 
     async def get_held(self, request: web.Request) -> web.Response:
-        """How many requests are held now: the operator's push of demand at zero.
+        """How many requests are held now: the operator's push of demand at zero; with it
+        ``arrivals``, the infer requests received since the gateway started (the operator's
+        forecast learns from its growth; it does not end the wait).
 
         ``?seen=N&wait=S``: answer as soon as the count differs from ``N`` (at once if it
         already does), at the latest after ``S`` seconds (at most 30); without them, at once.
@@ -829,7 +836,9 @@ class Gateway:
             if left <= 0:
                 break
             await self.held_changes.wait(left)
-        return web.json_response({"gateway": self.name, "held": self.held_now})
+        return web.json_response(
+            {"gateway": self.name, "held": self.held_now, "arrivals": self.arrivals}
+        )
 
     async def put_replicas(self, request: web.Request) -> web.Response:
         raw = await self._read(request)

@@ -43,6 +43,7 @@ replica go to zero, so it is the rate at which waking ahead is worth a replica.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -229,8 +230,8 @@ def decide_scale_zero(
 
     Awake, the pool scales as with `minReplicas: 1`; the zero verdict alone takes it to zero
     (with no standby: its GPUs are released) and keeps it there; a wake starts one replica, or
-    more when the requests held at the gateway (counted as queued) ask for them. With
-    `min_replicas > 0` this is `decide_scale` unchanged.
+    more where the rate of the requests held at the gateway (`held_rate`) needs more of the
+    pool's learned capacity. With `min_replicas > 0` this is `decide_scale` unchanged.
     """
     if policy.min_replicas > 0:
         decision, new_scaler = decide_scale(policy, observation, scaler)
@@ -242,9 +243,12 @@ def decide_scale_zero(
     verdict, new_idle = decide_zero(zero, signals, idle, at_zero)
     obs = observation
     if signals.held > 0:
-        obs = replace(obs, queue_depth=(obs.queue_depth or 0.0) + signals.held)
-    floored = replace(policy, min_replicas=verdict.floor)
-    decision, new_scaler = decide_scale(floored, obs, scaler)
+        obs = replace(
+            obs,
+            queue_depth=obs.queue_depth if obs.queue_depth is not None else 0.0,
+            arrival_rate=max(obs.arrival_rate or 0.0, held_rate(zero, signals)),
+        )
+    decision, new_scaler = decide_scale(_floored(policy, verdict.floor), obs, scaler)
     if verdict.to_zero:
         decision = replace(
             decision, desired_serving=0, desired_standby=0, promote_standby=0, reason=verdict.reason
@@ -257,6 +261,31 @@ def decide_scale_zero(
     return decision, new_scaler, new_idle
 
 
+@functools.lru_cache(maxsize=256)
+def _floored(policy: ScalingPolicy, floor: int) -> ScalingPolicy:
+    """`policy` with `min_replicas` = floor (cached: the same few policies every tick, and a
+    policy's validation is not free)."""
+    return replace(policy, min_replicas=floor)
+
+
+def held_rate(policy: ZeroPolicy, signals: IdleSignals) -> float:
+    """The arrival rate the requests held at the gateway stand for: held / the wake lead.
+
+    Requests are held only while no replica is routable, and a pool at zero wakes at the first
+    of them, so the ones held arrived within about one wake (time-to-routable plus the margin)
+    and are answered together when the first replica is routable: a pool that serves them at
+    that rate keeps up with them and with what follows at the same pace. The autoscaler turns
+    the rate into replicas with the capacity it has learned; before it has learned any (a
+    service's first wake) it cannot, and one replica starts: the held requests are a burst
+    that one replica's batches drain, and the queue it reports once routable sizes the pool
+    from there. (Held requests counted as queued concurrency, as before, sized a first wake by
+    held / the queue target: 23 held -> 6 replicas for a burst one replica serves.)"""
+    lead = signals.lead_seconds
+    if lead is None:
+        lead = policy.default_routable_seconds + policy.wake_margin_seconds
+    return signals.held / max(lead, 1.0)
+
+
 # ------------------------------------------------------------------------------------------
 # The service's own demand forecast (the fleet's forecast core, one "model" per service) and
 # what of it all survives an operator restart (status.autoscaler.state, key "zero").
@@ -266,88 +295,214 @@ FORECAST_NAME = "service"
 
 @dataclass(frozen=True, slots=True)
 class ZeroMemory:
-    """The idle timer and the service's learned demand (`forecast`, on wall time).
+    """The idle timer, the service's learned demand (`forecast`, on wall time) and what is
+    needed to count every arrival once.
 
     `refuted`: today's demand has contradicted the learned usual rate (see `learn_demand`):
     until demand is back or the usual busy hours end, the forecast wakes nothing and holds
-    nothing (`forecast_peak` says None); requests still wake the pool. Not written to status:
-    a restarted operator trusts the forecast again (the safe side)."""
+    nothing (`forecast_peak` says None); requests still wake the pool. `counted_to`: the wall
+    time up to which arrivals are folded into the forecast; `uncounted`: arrivals reported
+    since then (they belong to the next sample); `gateways`: the last cumulative arrival count
+    each gateway pod reported (`count_arrivals`); `evidence`: the usual requests expected and
+    the requests seen since the evidence last restarted (see `learn_demand`). None of these
+    but the forecast is written to status: a restarted operator trusts the forecast again
+    (the safe side) and starts counting at its first report."""
 
     idle: IdleState = IdleState()
     forecast: ModelForecast | None = None
     refuted: bool = False
+    counted_to: float | None = None
+    uncounted: float = 0.0
+    gateways: tuple[tuple[str, int], ...] = ()
+    evidence: tuple[float, float, float, float] = (0.0, 0.0, 0.0, -1.0)
 
 
-# A bucket that usually brings this many requests or more and brought none is evidence that
-# today is not a usual day: the chance of it under the usual rate is e^-3, 5 %.
-REFUTE_EXPECTED_REQUESTS = 3.0
-# ... and only a bucket learned within 10 % of the day's busiest: the profile weighs its
-# days (each visit by `profile_alpha`), so on 90 % of the learned days, as weighed, the rise
-# had come by then. A bucket on the rising edge is not past the rise, however recent early
-# rises have lifted it (two early days weigh 51 %).
+# Refuted when the requests seen since the usual rise are this improbable under the usual rate
+# (Poisson, one-sided): e^-4.6 = 1 % for none at all where 4.6 were expected. 1 %, not 5 %:
+# the test is repeated every sample, and a false refutation costs the late day a cold wake.
+REFUTE_PROBABILITY = 0.01
+# Evidence counts only in buckets learned within 10 % of the day's busiest, from one bucket
+# after the first such sample of the day: the profile weighs its days (each visit by
+# `profile_alpha`), so on 90 % of the learned days, as weighed, the rise had come by the
+# start of the first of them. A bucket on the rising edge is not past the rise, however recent
+# early rises have lifted it (two early days weigh 51 %), and a day whose rise is late by up
+# to a bucket (two learned days rising at 8:52 and 9:05 put the 9:00 bucket near the peak; a
+# third rising at 9:08 is not refuted at 9:00) is not refuted.
 REFUTE_PEAK_FRACTION = 0.9
+NO_EVIDENCE = (0.0, 0.0, 0.0, -1.0)
+# A refuted forecast is restored by a bucket whose requests are not improbably few for this
+# share of its usual rate.
+DEMAND_BACK_SHARE = 0.5
+
+
+# Longer since the last count: one sample for the whole gap (at most 720 samples per call).
+LONGEST_COUNTED_GAP_SECONDS = 3600.0
+
+
+def count_arrivals(
+    seen: tuple[tuple[str, int], ...], reports: Mapping[str, int]
+) -> tuple[tuple[tuple[str, int], ...], float]:
+    """The arrivals since the last reports, from each gateway pod's cumulative count: a pod's
+    count that grew adds the difference, one that fell (the pod restarted) adds its new count,
+    and a pod seen for the first time adds nothing (its count is the baseline: a restarted
+    operator must not learn a gateway's whole history as one instant). Pods no longer reported
+    are forgotten. Returns the counts to remember and the new arrivals."""
+    last = dict(seen)
+    new = 0
+    for pod, count in reports.items():
+        before = last.get(pod)
+        if before is not None:
+            new += count - before if count >= before else count
+    return tuple(sorted(reports.items())), float(new)
 
 
 def learn_demand(
     policy: ForecastPolicy,
     memory: ZeroMemory,
-    rate: float | None,
+    arrivals: float | None,
     wall: float,
     wake_rate: float | None = None,
 ) -> ZeroMemory:
-    """Fold this tick's arrival rate into the forecast, at most once per
-    `policy.sample_interval_seconds` (its smoothing weights are per that interval); a missing
-    rate is no sample (a pool at zero measures 0 requests/s, which is a sample).
+    """Fold the `arrivals` reported since the last call (a count: every request the gateway
+    saw, those it held at zero and those that woke the pool included; None: unknown, kept for
+    the next report, which covers the same interval) into the forecast.
+
+    Counts, not rate samples: the interval since `counted_to` is cut into samples of exactly
+    `policy.sample_interval_seconds` (the forecast's smoothing weights are per that interval),
+    each carrying the interval's mean rate, and the part of the interval too short for a
+    sample is carried to the next call with its share of the arrivals. So a request is counted
+    once whatever the cadence of the calls (a quiet loop's slow ticks, a poke a second after
+    the last tick), and a bucket learns its arrivals over its length. A gap longer than
+    `LONGEST_COUNTED_GAP_SECONDS` (an operator stalled: its loops tick every few seconds) is
+    one sample, at its end.
 
     With `wake_rate` (the rate at which a forecast wakes a pool) it also keeps `refuted`: set
-    when a bucket closes that brought no request although its learned rate expected at least
-    `REFUTE_EXPECTED_REQUESTS` over the samples seen in it, and that bucket lies past the usual
-    rise (its learned rate is within 10 % of the day's busiest bucket's: on 90 % of the
-    learned days the rise had come by then, so a day whose rise is merely late within the
-    learned spread is not refuted); cleared when a bucket closes that brought `wake_rate`
-    or more (demand is back, not one sporadic request), and once the usual busy hours are over
-    (a trusted bucket learned below `wake_rate`). A weekend day under a weekday profile is the
-    case: woken for a rise that does not come, the pool goes back to zero a bucket or two after
-    the usual rise and wakes on demand only for the rest of those hours, instead of staying up
-    all day."""
-    if rate is None:
+    as soon as the requests seen since the usual rise are improbably few (Poisson probability
+    at most `REFUTE_PROBABILITY`) for the usual rate learned there, and fewer than the wake
+    rate would bring. The evidence accumulates over every sample that lies past the usual rise
+    (in a trusted bucket learned within `REFUTE_PEAK_FRACTION` of the day's busiest, one bucket
+    or more after the first such sample: a rise late by a bucket is no evidence), across
+    buckets, and is judged at every sample: not held back until a bucket closes, and not only
+    one bucket's. It is
+    cleared (and the evidence restarted) when a bucket closes that brought `wake_rate` or more
+    and not improbably little for its usual rate (demand is back: not one sporadic request,
+    nor a weekend's sparse hours under a weekday profile), and once the usual busy hours are
+    over (a trusted bucket learned below `wake_rate`). A weekend day under a weekday profile is the
+    case: woken for a rise that does not come, the pool goes back to zero minutes into the
+    first bucket past the rise and wakes on demand only for the rest of those hours."""
+    if arrivals is None or not math.isfinite(arrivals):
         return memory
-    before = memory.forecast
-    last = before.last_at if before is not None else None
-    if last is not None and 0 <= wall - last < policy.sample_interval_seconds:
-        return memory
-    after = observe(policy, before, rate, wall)
-    if wake_rate is None or not wake_rate > 0:
-        return replace(memory, forecast=after, refuted=False)
-    refuted = memory.refuted
-    closed = before is not None and before.samples > 0 and after.open_slot != before.open_slot
-    if closed and before is not None and before.open_n > 0:
-        if before.open_sum / before.open_n >= wake_rate:
-            refuted = False
-        elif _empty_past_the_rise(policy, before):
-            refuted = True
-    if refuted and after.slots == policy.slots:
-        slot = after.open_slot % policy.slots
-        trusted = after.counts[slot] >= policy.profile_min_periods
-        if trusted and after.profile[slot] < wake_rate:
-            refuted = False
-    return replace(memory, forecast=after, refuted=refuted)
-
-
-def _empty_past_the_rise(policy: ForecastPolicy, closing: ModelForecast) -> bool:
-    """Whether the bucket `closing` is closing brought no request, although trusted and
-    learned busy enough to expect some, and at or past the usual rise."""
-    if closing.open_sum > 0 or closing.open_n == 0 or closing.slots != policy.slots:
-        return False
-    slot = closing.open_slot % policy.slots
-    trusted = closing.counts[slot] >= policy.profile_min_periods
-    usual = closing.profile[slot]
-    expected = usual * closing.open_n * policy.sample_interval_seconds
-    peak = max(
-        (p for p, c in zip(closing.profile, closing.counts, strict=True) if c),
-        default=0.0,
+    arrivals = max(arrivals, 0.0)
+    start = memory.counted_to
+    interval = policy.sample_interval_seconds
+    if start is not None and start - LONGEST_COUNTED_GAP_SECONDS <= wall < start:
+        # Counts read before the last ones were counted up to (another gateway pod's older
+        # answer): they belong to the next sample.
+        return replace(memory, uncounted=memory.uncounted + arrivals)
+    if start is None or wall < start:
+        # The first report (or the clock went back): the count starts at the interval's
+        # start, so that samples tile the buckets (whose edges are multiples of it).
+        return replace(memory, counted_to=math.floor(wall / interval) * interval, uncounted=0.0)
+    pending = memory.uncounted + arrivals
+    elapsed = wall - start
+    if elapsed > LONGEST_COUNTED_GAP_SECONDS:
+        samples, step, stamp = 1, elapsed, elapsed
+    else:
+        samples, step = math.floor(elapsed / interval + 1e-9), interval
+        stamp = step / 2  # a sample falls in the bucket of its middle
+    if samples == 0:
+        return memory if arrivals == 0 else replace(memory, uncounted=pending)
+    rate = pending / elapsed
+    forecast, refuted, evidence = memory.forecast, memory.refuted, memory.evidence
+    for i in range(samples):
+        at = start + i * step + stamp
+        forecast, refuted, evidence = _sample(
+            policy, forecast, refuted, evidence, rate, at, step, wake_rate
+        )
+    counted_to = start + samples * step
+    return replace(
+        memory,
+        forecast=forecast,
+        refuted=refuted,
+        evidence=evidence,
+        counted_to=counted_to,
+        uncounted=pending * max(wall - counted_to, 0.0) / elapsed,
     )
-    return trusted and expected >= REFUTE_EXPECTED_REQUESTS and usual >= REFUTE_PEAK_FRACTION * peak
+
+
+def _sample(
+    policy: ForecastPolicy,
+    before: ModelForecast | None,
+    refuted: bool,
+    evidence: tuple[float, float, float, float],
+    rate: float,
+    at: float,
+    seconds: float,
+    wake_rate: float | None,
+) -> tuple[ModelForecast, bool, tuple[float, float, float, float]]:
+    """One sample of `seconds` ending at `at`, and the refutation it moves."""
+    after = observe(policy, before, rate, at)
+    if wake_rate is None or not wake_rate > 0:
+        return after, False, NO_EVIDENCE
+    closed = before is not None and before.samples > 0 and after.open_slot != before.open_slot
+    if closed and before is not None and _demand_back(policy, before, wake_rate, seconds):
+        refuted, evidence = False, NO_EVIDENCE  # a bucket of demand closed: it is back
+    if after.slots != policy.slots:
+        return after, refuted, evidence
+    slot = after.open_slot % policy.slots
+    trusted = after.counts[slot] >= policy.profile_min_periods
+    usual = after.profile[slot]
+    if trusted and usual < wake_rate:
+        return after, False, NO_EVIDENCE  # the usual busy hours are over (or not begun)
+    peak = max((p for p, c in zip(after.profile, after.counts, strict=True) if c), default=0.0)
+    if trusted and usual >= REFUTE_PEAK_FRACTION * peak:
+        since = evidence[3] if evidence[3] >= 0 else at
+        if at - since < policy.slot_seconds:  # a rise late within a bucket is no evidence
+            return after, refuted, (*evidence[:3], since)
+        expected, seen, span = (
+            evidence[0] + usual * seconds,
+            evidence[1] + rate * seconds,
+            evidence[2] + seconds,
+        )
+        evidence = (expected, seen, span, since)
+        few = seen < wake_rate * span  # fewer than the wake rate would bring
+        if few and poisson_at_most(seen, expected) <= REFUTE_PROBABILITY:
+            refuted = True
+    return after, refuted, evidence
+
+
+def _demand_back(
+    policy: ForecastPolicy, closing: ModelForecast, wake_rate: float, seconds: float
+) -> bool:
+    """Whether the bucket `closing` is closing brought demand: the wake rate or more, and not
+    improbably little for half its usual rate (`DEMAND_BACK_SHARE`: a day late or quieter than
+    usual is back; a weekend's sparse late morning under a weekday profile is not, and must
+    not restore a forecast that then holds the pool for it)."""
+    if closing.open_n <= 0 or closing.open_sum / closing.open_n < wake_rate:
+        return False
+    if closing.slots != policy.slots:
+        return True
+    slot = closing.open_slot % policy.slots
+    if closing.counts[slot] < policy.profile_min_periods:
+        return True
+    span = closing.open_n * seconds
+    seen = closing.open_sum / closing.open_n * span
+    usual = closing.profile[slot] * span
+    return poisson_at_most(seen, DEMAND_BACK_SHARE * usual) > REFUTE_PROBABILITY
+
+
+def poisson_at_most(seen: float, expected: float) -> float:
+    """P(X <= seen) for X ~ Poisson(expected) (`seen` rounded down; 1.0 for no expectation).
+    Summed in log space: e^-expected underflows for a busy bucket's thousands."""
+    if not expected > 0:
+        return 1.0
+    n = math.floor(max(seen, 0.0) + 1e-9)
+    if n > expected + 12.0 * math.sqrt(expected) + 12.0:
+        return 1.0
+    log_e = math.log(expected)
+    logs = [k * log_e - expected - math.lgamma(k + 1.0) for k in range(n + 1)]
+    top = max(logs)
+    return min(1.0, math.exp(top) * sum(math.exp(x - top) for x in logs))
 
 
 def forecast_peak(
@@ -459,6 +614,114 @@ def zero_persist_key(memory: ZeroMemory) -> tuple[Any, ...]:
 
 
 # ------------------------------------------------------------------------------------------
+# The glue: what the shell (`Controller._decide_zero`) and the simulator (`bench/zero_sim.py`)
+# both call once per tick of a pool that may reach zero.
+
+
+@dataclass(frozen=True, slots=True)
+class ZeroTick:
+    """What the shell gathered this tick for a pool that may reach zero.
+
+    `mono`/`wall`: the tick's monotonic and wall time; `observation`: the pool's (runtime
+    metrics); `held`: requests its gateway pods hold now; `arrivals`: each gateway pod's
+    cumulative count of requests it received (None: no gateway reported one, e.g. an older
+    gateway: the runtime's arrival rate is then learned instead), as read at wall time
+    `arrivals_at` (None: now). The counts are learned up to when they were read, not up to
+    the tick: the long-poll that carries them answers at each change of the held count and
+    otherwise every `held_wait_seconds`, so a tick between two answers knows nothing yet of
+    the arrivals since the last one, and must not learn that interval as empty;
+    `routable_seconds`: the
+    measured time-to-routable of one replica (None: not measured yet); `quiet_tick_seconds`:
+    how long a quiet loop may sleep (a forecast wake due within it is looked at every tick).
+    """
+
+    mono: float
+    wall: float
+    observation: Observation
+    held: int = 0
+    arrivals: Mapping[str, int] | None = None
+    arrivals_at: float | None = None
+    routable_seconds: float | None = None
+    quiet_tick_seconds: float = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class ZeroStep:
+    """The tick's decision, the scaler's and the zero memory's next states, and `wake_soon`:
+    at zero with a forecast wake due before the next slow tick (the loop must not sleep)."""
+
+    decision: ScaleDecision
+    scaler: ScalerState
+    memory: ZeroMemory
+    wake_soon: bool = False
+
+
+def step_zero(
+    policy: ScalingPolicy,
+    zero: ZeroPolicy,
+    forecast: ForecastPolicy | None,
+    memory: ZeroMemory,
+    scaler: ScalerState,
+    tick: ZeroTick,
+) -> ZeroStep:
+    """One tick of a pool that may reach zero, from what the shell gathered to the decision.
+
+    The forecast (`forecast`; None: none, the on-demand idle timer alone) learns the arrivals
+    the gateway counted since the last tick (`count_arrivals`, `learn_demand`), is asked for
+    its peak over the wake lead and for the coming idle window, and `decide_scale_zero`
+    decides. Metrics count as known when fresh (`max_metrics_age_seconds`); an arrival the
+    gateway counted since the last tick is activity whatever the runtime's metrics say.
+    """
+    obs = tick.observation
+    fresh = (
+        obs.queue_depth is not None
+        and obs.metrics_age_seconds is not None
+        and obs.metrics_age_seconds <= policy.max_metrics_age_seconds
+    )
+    rate = obs.arrival_rate if fresh else None
+    new: float | None = None
+    if tick.arrivals is not None:
+        gateways, new = count_arrivals(memory.gateways, tick.arrivals)
+        if gateways != memory.gateways:
+            memory = replace(memory, gateways=gateways)
+    lead = wake_lead(zero, tick.routable_seconds)
+    peak = quiet = None
+    if forecast is not None:
+        counted, counted_at = new, tick.wall
+        if counted is not None and tick.arrivals_at is not None:
+            counted_at = min(tick.arrivals_at, tick.wall)
+        if counted is None and rate is not None:
+            start = memory.counted_to
+            counted = 0.0 if start is None else rate * max(tick.wall - start, 0.0)
+        memory = learn_demand(forecast, memory, counted, counted_at, zero.wake_threshold)
+    active = None
+    if fresh:
+        active = (obs.queue_depth or 0.0) > 0 or (obs.arrival_rate or 0.0) > 0
+    if new:
+        active = True
+    if forecast is not None:
+        peak = forecast_peak(forecast, memory, tick.wall, lead)
+        if active is False and tick.held == 0:  # only an idle pool's timer asks (a busy
+            # pool's tick, every second, need not walk the coming buckets)
+            quiet = forecast_quiet_peak(forecast, memory, tick.wall, zero.after_seconds)
+    signals = IdleSignals(
+        tick.mono,
+        active=active,
+        held=tick.held,
+        forecast_rate=peak,
+        quiet_rate=quiet,
+        lead_seconds=lead,
+    )
+    decision, new_scaler, idle = decide_scale_zero(policy, zero, obs, scaler, signals, memory.idle)
+    memory = replace(memory, idle=idle)
+    soon = False
+    if decision.desired_serving == 0 and forecast is not None:
+        ahead = forecast_peak(forecast, memory, tick.wall, lead + tick.quiet_tick_seconds)
+        soon = ahead is not None and ahead >= zero.wake_threshold
+    return ZeroStep(decision, new_scaler, memory, soon)
+
+
+# ------------------------------------------------------------------------------------------
 # Quiet services: what the control loop need not look at every second.
 
 QUIET_REASONS = frozenset({"steady", REASON_FLOOR_MIN, REASON_AT_ZERO})
@@ -521,3 +784,17 @@ def hold_until_served(
         replace(decision, desired_serving=1, reason=REASON_WAIT_FIRST_READY),
         replace(scaler, desired_serving=1),
     )
+
+
+def quiet_period(
+    quiet_tick_seconds: float,
+    watched_quiet_tick_seconds: float,
+    timerless: bool,
+    parked: bool,
+) -> float:
+    """How long a quiet loop sleeps unless poked: `watched_quiet_tick_seconds` when every pod's
+    activity long-poll is parked (`parked`: the first request pokes the loop) and no idle timer
+    or forecast runs (`timerless`: minReplicas >= 1), else the slow timer."""
+    if timerless and parked:
+        return max(watched_quiet_tick_seconds, quiet_tick_seconds)
+    return quiet_tick_seconds

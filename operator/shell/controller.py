@@ -96,18 +96,15 @@ from tidal.operator.core.control import (
 )
 from tidal.operator.core.forecast import ForecastPolicy
 from tidal.operator.core.idle import (
-    IdleSignals,
     ZeroMemory,
     ZeroPolicy,
-    decide_scale_zero,
+    ZeroTick,
     dump_zero,
-    forecast_peak,
-    forecast_quiet_peak,
     hold_until_served,
     is_quiet,
-    learn_demand,
     load_zero,
-    wake_lead,
+    quiet_period,
+    step_zero,
     zero_persist_key,
 )
 from tidal.operator.core.podfaults import PodFaults, due, not_ready_pods
@@ -322,6 +319,9 @@ class Controller:
         # Requests held now at the service's gateway (the activator's count, pushed by the
         # gateway loop's long-poll, which pokes the service when it changes).
         self.held: Callable[[Key], int] = lambda key: 0
+        # Each gateway pod's cumulative arrival count and when it was read (the same
+        # long-poll; None: not reported).
+        self.arrivals: Callable[[Key], tuple[Mapping[str, int], float] | None] = lambda key: None
         self._probe_session: aiohttp.ClientSession | None = None
         self._long_polls: aiohttp.ClientSession | None = None
 
@@ -705,9 +705,12 @@ class Controller:
         """How long a quiet loop sleeps unless poked: long when every pod's long-poll is parked
         and no idle timer runs, else the slow timer."""
         watch = st.activity
-        if st.timerless and watch is not None and watch.parked:
-            return max(self.settings.watched_quiet_tick_seconds, self.settings.quiet_tick_seconds)
-        return self.settings.quiet_tick_seconds
+        return quiet_period(
+            self.settings.quiet_tick_seconds,
+            self.settings.watched_quiet_tick_seconds,
+            st.timerless,
+            watch is not None and watch.parked,
+        )
 
     def _activity_session(self) -> aiohttp.ClientSession:
         # Apart from the scrapes' session: parked long-polls must not take its connections.
@@ -1012,43 +1015,31 @@ class Controller:
         wall: float,
         held: int,
     ) -> tuple[ScaleDecision, ScalerState]:
-        """decide_scale for a pool that may reach zero: the service's forecast learns this
-        tick's rate, is asked for its peak over the wake lead, and ``core.idle`` decides;
-        ``held``: requests its gateway holds now (they wake a pool at zero at once)."""
+        """decide_scale for a pool that may reach zero: ``core.idle.step_zero`` (the forecast
+        learns the arrivals the gateway counted, is asked for its peak over the wake lead, and
+        ``core.idle`` decides) on what this tick gathered; ``held``: requests its gateway
+        holds now (they wake a pool at zero at once)."""
         zero = ZeroPolicy(
             after_seconds=float(isvc.spec.autoscaling.scale_to_zero_after_seconds),
             wake_margin_seconds=self.settings.wake_margin_seconds,
         )
-        fresh = (
-            observation.queue_depth is not None
-            and observation.metrics_age_seconds is not None
-            and observation.metrics_age_seconds <= policy.max_metrics_age_seconds
-        )
-        rate = observation.arrival_rate if fresh else None
-        st.zero = learn_demand(self.zero_forecast, st.zero, rate, wall, zero.wake_threshold)
         routable = st.routable.get(serving[0])
-        lead = wake_lead(zero, routable.total_seconds if routable is not None else None)
-        active = None
-        if fresh:
-            active = (observation.queue_depth or 0.0) > 0 or (observation.arrival_rate or 0.0) > 0
-        signals = IdleSignals(
+        counted = self.arrivals((isvc.namespace, isvc.name))
+        tick = ZeroTick(
             mono,
-            active=active,
+            wall,
+            observation,
             held=held,
-            forecast_rate=forecast_peak(self.zero_forecast, st.zero, wall, lead),
-            quiet_rate=forecast_quiet_peak(self.zero_forecast, st.zero, wall, zero.after_seconds),
-            lead_seconds=lead,
+            arrivals=counted[0] if counted is not None else None,
+            arrivals_at=counted[1] if counted is not None else None,
+            routable_seconds=routable.total_seconds if routable is not None else None,
+            quiet_tick_seconds=self.settings.quiet_tick_seconds,
         )
-        decision, new_scaler, idle = decide_scale_zero(
-            policy, zero, observation, scaler, signals, st.zero.idle
-        )
-        st.zero = replace(st.zero, idle=idle)
-        if decision.desired_serving == 0:
-            soon = forecast_peak(
-                self.zero_forecast, st.zero, wall, lead + self.settings.quiet_tick_seconds
-            )
-            st.wake_soon = soon is not None and soon >= zero.wake_threshold
-        return decision, new_scaler
+        step = step_zero(policy, zero, self.zero_forecast, st.zero, scaler, tick)
+        st.zero = step.memory
+        if step.decision.desired_serving == 0:
+            st.wake_soon = step.wake_soon
+        return step.decision, step.scaler
 
     def _persisted(
         self,

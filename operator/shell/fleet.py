@@ -131,6 +131,9 @@ class FleetState:
     # task), and the last count each answered.
     held_polls: dict[str, tuple[str, asyncio.Task[None]]] = field(default_factory=dict)
     held: dict[str, int] = field(default_factory=dict)
+    # ... and the cumulative arrival count each last reported, with when (wall time) it was
+    # read (the zero forecast learns it).
+    arrivals: dict[str, tuple[int, float]] = field(default_factory=dict)
     routed: tuple[str, ...] | None = None  # the replicas last handed to the gateways
 
 
@@ -214,6 +217,17 @@ class FleetController:
         """Requests the service's gateway pods hold now (as their long-polls last said)."""
         state = self.states.get(key)
         return sum(state.held.values()) if state is not None else 0
+
+    def arrivals(self, key: Key) -> tuple[dict[str, int], float] | None:
+        """Each gateway pod's cumulative count of requests received, as its long-poll last
+        said (it answers on every change of the held count, else every ``held_wait_seconds``),
+        and the wall time of the oldest of those answers (the counts cover arrivals up to
+        then); None while no pod has reported one (none yet, or an older gateway)."""
+        state = self.states.get(key)
+        if state is None or not state.arrivals:
+            return None
+        counts = {name: count for name, (count, _) in state.arrivals.items()}
+        return counts, min(at for _, at in state.arrivals.values())
 
     def poke(self, key: Key) -> None:
         """A child of the service changed: an activator's loop ticks now, so a replica that
@@ -578,6 +592,8 @@ class FleetController:
                         raise ValueError(f"answered {response.status}")
                     data = await response.json(content_type=None)
                 held = int(data["held"])
+                if "arrivals" in data:
+                    st.arrivals[name] = (int(data["arrivals"]), self.wall())
                 backoff = 0.1
             except asyncio.CancelledError:
                 raise
@@ -635,6 +651,7 @@ async def _stop_polls(st: FleetState, names: set[str]) -> None:
     for name in names:
         _, task = st.held_polls.pop(name)
         st.held.pop(name, None)
+        st.arrivals.pop(name, None)
         task.cancel()
         tasks.append(task)
     await asyncio.gather(*tasks, return_exceptions=True)

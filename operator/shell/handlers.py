@@ -126,6 +126,7 @@ async def on_startup_configure(settings: kopf.OperatorSettings, **_: Any) -> Non
         kube, RUNTIME.store, _enqueue, RUNTIME.controller.view, on_held=RUNTIME.controller.poke
     )
     RUNTIME.controller.held = RUNTIME.fleet.held  # the activator's push of demand at zero
+    RUNTIME.controller.arrivals = RUNTIME.fleet.arrivals  # ... and its count of every arrival
     RUNTIME.reconciler = Reconciler(
         kube=kube,
         store=RUNTIME.store,

@@ -82,6 +82,9 @@ def test_a_burst_at_zero_is_held_pushed_to_the_long_poll_and_answered_once_each(
     # With the replica up, requests go straight through (not held, not counted as held).
     assert gw.infer("m0")[0] == 200
     assert gw.metric("tidal_gateway_requests_total", model="m0", code="200", cache="hot") == 1
+    # Every arrival is counted once for the operator's forecast: held or forwarded at once.
+    status, _, body = http("GET", f"{gw.url}/v2/tidal/held")
+    assert status == 200 and body["arrivals"] == BURST + 1, body
 
 
 def test_held_requests_are_bounded_and_expire_with_retry_after(gateway) -> None:

@@ -85,6 +85,9 @@ async def test_the_activator_loop_pushes_replicas_and_learns_the_held_count() ->
         )
         await _until(lambda: loop.held(key) == 1, "the held request seen", lambda: pokes)
         assert pokes and pokes[-1] == 1, pokes  # the service was poked with the count
+        # ... and the zero forecast's count of arrivals came with it: the held one included.
+        counted = loop.arrivals(key)
+        assert counted is not None and counted[0] == {"svc-gateway-1": 1}, counted
         # A runtime pod turns Ready: the next tick hands it to the gateway.
         runtime = _pod("svc-primary-1", runtime_ip, {LABEL_POOL: "primary", LABEL_ROLE: "serving"})
         store.put_child(runtime, False)
@@ -105,6 +108,7 @@ async def test_the_activator_loop_pushes_replicas_and_learns_the_held_count() ->
         store.put_child(_pod("svc-gateway-1", host, {LABEL_COMPONENT: COMPONENT_GATEWAY}), True)
         await loop.tick(key)
         assert loop.states[key].held_polls == {}
+        assert loop.arrivals(key) is None  # forgotten with the pod
     finally:
         if request is not None:
             request.cancel()

@@ -140,7 +140,8 @@ def test_a_service_at_zero_ticks_every_tick_once_its_forecast_wake_is_due_before
     rise = 1_000_080.0
     memory = ZeroMemory()
     for t in range(int(rise) - 90, int(rise) + 80, 5):  # one "day": a rise of 12 s at `rise`
-        memory = learn_demand(ctl.zero_forecast, memory, 1.0 if 0 <= t - rise < 12 else 0.0, t)
+        count = 5.0 if 0 <= t - 5 - rise < 12 else 0.0  # the arrivals of the last 5 s
+        memory = learn_demand(ctl.zero_forecast, memory, count, t)
     st = ServiceState(zero=replace(memory, idle=IdleState(zero_since=0.0)))
     st.routable[PoolName.PRIMARY] = TimeToRoutable(samples=1, total_seconds=2.0)
     lead = 2.0 + 10.0
