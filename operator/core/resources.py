@@ -198,6 +198,18 @@ def _paths_of(isvc: InferenceService, pool: PoolName) -> _Paths:
     )
 
 
+def secret_fields(isvc: InferenceService) -> dict[str, str]:
+    """Secrets the pods read, by name, with the spec field that names each (for a pod that
+    cannot start because one is missing: ``core.podfaults.unstartable_pods``)."""
+    out: dict[str, str] = {}
+    for pool in pools_of(isvc):
+        s3 = pool.runtime.storage.s3
+        if s3 is not None and s3.credentials_secret is not None:
+            path = _paths_of(isvc, pool.name).runtime("storage")
+            out.setdefault(s3.credentials_secret, f"{path}.s3.credentialsSecret")
+    return out
+
+
 def find_spec_problems(isvc: InferenceService) -> list[str]:
     """Reasons a schema-valid spec cannot work, each naming the field to change (empty: fine)."""
     problems: list[str] = []

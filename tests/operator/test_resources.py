@@ -29,6 +29,7 @@ from tidal.operator.core.resources import (
     find_spec_warnings,
     pools_of,
     render_runtime_config,
+    secret_fields,
 )
 from tidal.runtime.config import RuntimeConfig
 
@@ -355,6 +356,20 @@ def test_s3_engines_reach_the_runtime_with_the_store_and_secret_references() -> 
         assert "value" not in env[key]
     assert env["AWS_SESSION_TOKEN"]["valueFrom"]["secretKeyRef"]["optional"] is True
     assert env["AWS_REGION"]["value"] == "eu-west-1"
+
+
+def test_secret_fields_name_where_each_secret_is_set() -> None:
+    s3 = {"s3": {"credentialsSecret": "primary-store"}}
+    isvc = _isvc(
+        runtime={"backend": "onnxruntime", "storage": s3},
+        rollout={
+            "baseline": {"runtime": {"storage": {"s3": {"credentialsSecret": "baseline-store"}}}}
+        },
+    )
+    assert secret_fields(isvc) == {
+        "primary-store": "spec.runtime.storage.s3.credentialsSecret",
+        "baseline-store": "spec.rollout.baseline.runtime.storage.s3.credentialsSecret",
+    }
 
 
 def test_a_service_without_a_store_keeps_its_config_hash() -> None:
