@@ -181,10 +181,8 @@ class EngineStore:
 
             workers = self.s3.concurrency
             yield from in_order(fetch, part_ranges(size, self.s3.part_bytes), workers)
-        except BaseError as exc:
+        except (BaseError, OSError, ValueError) as exc:
             raise EngineLoadError(f"cannot read engine {where}: {s3_reason(exc)}") from None
-        except (OSError, ValueError) as exc:
-            raise EngineLoadError(f"cannot read engine {where}: {exc}") from None
 
     def _download(
         self, uri: str, sha256: str | None, chunks: Callable[[str], Iterator[bytes]]
@@ -222,13 +220,18 @@ class EngineStore:
 
 
 def s3_reason(exc: BaseException) -> str:
-    """The store's answer in a line: what obstore reports, less its Debug dump of the request."""
-    kind = type(exc).__name__.removesuffix("Error")
-    text = " ".join(str(exc).split())
-    hints = {
-        "NotFound": "no such bucket or key",
-        "PermissionDenied": "access denied (check the credentials Secret and the bucket policy)",
-        "Unauthenticated": "the store refused the credentials (check the credentials Secret)",
-    }
-    hint = hints.get(kind)
-    return f"{hint}: {text[:400]}" if hint else text[:500]
+    """The store's answer in a line: what obstore reports, less its Debug dump of the request,
+    led by what a user should check."""
+    from obstore.exceptions import PermissionDeniedError, UnauthenticatedError
+
+    text = " ".join(str(exc).split("\n\nDebug source:", 1)[0].split())[:400]
+    if isinstance(exc, FileNotFoundError):
+        return f"no such bucket or key: {text}"
+    if isinstance(exc, PermissionDeniedError):
+        return (
+            "access denied: the store refused the credentials or its policy forbids reading "
+            f"(check the credentials Secret and the bucket policy): {text}"
+        )
+    if isinstance(exc, UnauthenticatedError):
+        return f"the store refused the credentials (check the credentials Secret): {text}"
+    return text
