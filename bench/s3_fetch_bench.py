@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             f"runtime ({args.part_mib} MiB parts x {args.concurrency})": runtime(
                 args.part_mib, args.concurrency
             ),
-            "runtime, one stream": runtime(args.mib + 1, 1),
+            "runtime, one stream": runtime(args.part_mib, 1),
         }
         try:
             from minio import Minio

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from obstore.store import ClientConfig, RetryConfig, S3Config
 
 CHUNK = 1 << 20
+Chunk = bytes | memoryview  # a part of an object, as the hash and the file take it
 
 
 def sha256_file(path: Path) -> str:
@@ -66,14 +67,14 @@ def part_ranges(size: int, part: int) -> list[tuple[int, int]]:
 
 
 def in_order(
-    fetch: Callable[[int, int], bytes], ranges: list[tuple[int, int]], workers: int
-) -> Iterator[bytes]:
+    fetch: Callable[[int, int], Chunk], ranges: list[tuple[int, int]], workers: int
+) -> Iterator[Chunk]:
     """Fetch ``ranges`` with up to ``workers`` requests at once, yielding their bytes in order
     (at most ``2 * workers`` parts are held: the window of requests and what waits behind the
     first)."""
     window = 2 * workers
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tidal-s3") as pool:
-        pending: deque[Future[bytes]] = deque()
+        pending: deque[Future[Chunk]] = deque()
         queued = iter(ranges)
         try:
             for start, end in queued:
@@ -128,7 +129,7 @@ class EngineStore:
     # -- sources: each yields the object's bytes in order, raising EngineLoadError ------------
 
     @staticmethod
-    def _http_chunks(uri: str) -> Iterator[bytes]:
+    def _http_chunks(uri: str) -> Iterator[Chunk]:
         try:
             with urllib.request.urlopen(uri, timeout=60) as response:
                 while chunk := response.read(CHUNK):
@@ -163,7 +164,7 @@ class EngineStore:
                 self._s3_stores[bucket] = store
             return store
 
-    def _s3_chunks(self, uri: str) -> Iterator[bytes]:
+    def _s3_chunks(self, uri: str) -> Iterator[Chunk]:
         import obstore
         from obstore.exceptions import BaseError
 
@@ -172,12 +173,14 @@ class EngineStore:
         try:
             store = self._s3_store(bucket)
             size = int(obstore.head(store, key)["size"])
-            if size <= self.s3.part_bytes:
-                yield bytes(obstore.get(store, key).bytes())
+            if size <= self.s3.part_bytes or self.s3.concurrency == 1:
+                for chunk in obstore.get(store, key).stream(min_chunk_size=CHUNK * 8):
+                    yield memoryview(chunk)
                 return
 
-            def fetch(start: int, end: int) -> bytes:
-                return bytes(obstore.get_range(store, key, start=start, end=end))
+            # obstore's buffers go to the hash and the file as they are (no copy into bytes)
+            def fetch(start: int, end: int) -> memoryview:
+                return memoryview(obstore.get_range(store, key, start=start, end=end))
 
             workers = self.s3.concurrency
             yield from in_order(fetch, part_ranges(size, self.s3.part_bytes), workers)
@@ -185,7 +188,7 @@ class EngineStore:
             raise EngineLoadError(f"cannot read engine {where}: {s3_reason(exc)}") from None
 
     def _download(
-        self, uri: str, sha256: str | None, chunks: Callable[[str], Iterator[bytes]]
+        self, uri: str, sha256: str | None, chunks: Callable[[str], Iterator[Chunk]]
     ) -> Path:
         key = sha256 or hashlib.sha256(uri.encode()).hexdigest()
         name = urllib.parse.urlparse(uri).path.rsplit("/", 1)[-1] or "engine"
