@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from scenario import INFER_BODY, apply, events, running_operator
+from scenario import INFER_BODY, apply, events, install_crd, running_operator
 
 from tidal.runtime.modelgen import write_mlp
 from tidal.sandbox.loadgen import LoadGenerator
@@ -84,6 +84,7 @@ def test_engines_from_the_object_store_and_what_a_user_sees_when_it_fails(
 ) -> None:
     store, endpoint = sandbox.objects, sandbox.objects_url
     assert store is not None and endpoint, "the real node's sandbox runs an object store"
+    install_crd(sandbox)
     store.create_bucket(BUCKET)
     model = tmp_path / "mlp.onnx"
     write_mlp(model, seed=3)
