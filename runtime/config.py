@@ -48,7 +48,7 @@ class _Model(BaseModel):
 class EngineSpec(_Model):
     """One engine file of a model (see the naming scheme in runtime/README.md)."""
 
-    uri: str = Field(description="file://, http(s):// URL, or a plain local path")
+    uri: str = Field(description="file://, http(s)://, s3://bucket/key, or a plain local path")
     sha256: str | None = Field(
         default=None, pattern=r"^[0-9a-f]{64}$", description="expected hex digest; verified"
     )
@@ -206,6 +206,29 @@ class TensorRTSpec(_Model):
     )
 
 
+class S3Spec(_Model):
+    """Where ``s3://bucket/key`` engines are read from (the operator renders it from
+    ``spec.runtime.storage.s3``). Credentials never travel here: the standard AWS variables
+    (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, set by the operator
+    from the Secret the spec names) or the pod's ambient workload identity
+    (``AWS_WEB_IDENTITY_TOKEN_FILE`` + ``AWS_ROLE_ARN``, or the instance metadata service)."""
+
+    endpoint: str | None = Field(
+        default=None,
+        pattern=r"^https?://[^/\s]+/?$",
+        description="e.g. http://minio.storage:9000; None: AWS's endpoint for the region",
+    )
+    region: str = Field(default="us-east-1", min_length=1)
+    path_style: bool = Field(
+        default=True, description="bucket in the path (most S3-compatible servers) or the host"
+    )
+    part_bytes: ByteSize = Field(
+        default=16 * 2**20, ge=2**20, description="ranged reads of this size for large objects"
+    )
+    concurrency: int = Field(default=8, ge=1, le=64, description="ranged reads at once")
+    max_retries: int = Field(default=5, ge=0, le=20)
+
+
 class RuntimeConfig(_Model):
     """Configuration of one runtime process (one inference pod)."""
 
@@ -237,6 +260,7 @@ class RuntimeConfig(_Model):
     cache_dir: str | None = Field(
         default=None, description="where downloaded engines are kept; None: a temp dir"
     )
+    s3: S3Spec = Field(default_factory=S3Spec)
     onnxruntime: OnnxRuntimeSpec = Field(default_factory=OnnxRuntimeSpec)
     tensorrt: TensorRTSpec = Field(default_factory=TensorRTSpec)
 

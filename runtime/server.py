@@ -294,7 +294,7 @@ class RuntimeServer:
         self.started_at = clock.now()
         self.metrics = RuntimeMetrics()
         self.backend = backend if backend is not None else make_backend(config)
-        self.store = EngineStore(config.cache_dir)
+        self.store = EngineStore(config.cache_dir, config.s3)
         self.cache = EngineCache(config, self.backend, self.store, self.metrics, clock)
         self.batchers: dict[str, ModelBatcher] = {}
         self.ready = False

@@ -1,7 +1,11 @@
 """Cold storage: fetch engine files to local disk and verify their sha256.
 
 Schemes: ``file://`` and plain paths (read in place), ``http://`` and ``https://`` (downloaded
-into the cache directory, streamed through the hash).  Blocking; called from worker threads.
+into the cache directory, streamed through the hash), ``s3://bucket/key`` (an S3-compatible
+object store through obstore, the Rust ``object_store`` crate's Python binding: retries with
+backoff are its own, and an object larger than one part is read as ranged GETs, at most
+``S3Spec.concurrency`` at once, hashed and written in order so that memory stays bounded by
+twice the window).  Blocking; called from worker threads.
 """
 
 from __future__ import annotations
@@ -9,14 +13,25 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+import threading
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from tidal.runtime.config import S3Spec
 from tidal.runtime.errors import EngineLoadError
 
+if TYPE_CHECKING:
+    from obstore.store import ClientConfig, RetryConfig, S3Config
+
 CHUNK = 1 << 20
+Chunk = bytes | memoryview  # a part of an object, as the hash and the file take it
 
 
 def sha256_file(path: Path) -> str:
@@ -37,13 +52,56 @@ def local_path(uri: str) -> Path | None:
     return None
 
 
+def split_s3_uri(uri: str) -> tuple[str, str]:
+    """(bucket, key) of ``s3://bucket/key``; EngineLoadError naming the URI otherwise."""
+    parsed = urllib.parse.urlparse(uri)
+    key = urllib.parse.unquote(parsed.path.lstrip("/"))
+    if parsed.scheme != "s3" or not parsed.netloc or not key or key.endswith("/"):
+        raise EngineLoadError(f"engine URI {uri}: expected s3://bucket/key")
+    return parsed.netloc, key
+
+
+def part_ranges(size: int, part: int) -> list[tuple[int, int]]:
+    """[start, end) byte ranges of at most ``part`` bytes covering ``size`` bytes."""
+    return [(start, min(start + part, size)) for start in range(0, size, part)]
+
+
+def in_order(
+    fetch: Callable[[int, int], Chunk], ranges: list[tuple[int, int]], workers: int
+) -> Iterator[Chunk]:
+    """Fetch ``ranges`` with up to ``workers`` requests at once, yielding their bytes in order
+    (at most ``2 * workers`` parts are held: the window of requests and what waits behind the
+    first)."""
+    window = 2 * workers
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tidal-s3") as pool:
+        pending: deque[Future[Chunk]] = deque()
+        queued = iter(ranges)
+        try:
+            for start, end in queued:
+                pending.append(pool.submit(fetch, start, end))
+                if len(pending) >= window:
+                    break
+            while pending:
+                data = pending.popleft().result()
+                nxt = next(queued, None)
+                if nxt is not None:
+                    pending.append(pool.submit(fetch, *nxt))
+                yield data
+        finally:
+            for future in pending:
+                future.cancel()
+
+
 class EngineStore:
     """Fetches engines; remembers verified local copies of remote ones."""
 
-    def __init__(self, cache_dir: str | None) -> None:
+    def __init__(self, cache_dir: str | None, s3: S3Spec | None = None) -> None:
         # Made on the first download, not here: a runtime serving only file:// engines creates
         # nothing (the operator always names a cache directory, the pod's engine-cache volume).
         self.cache_dir = Path(cache_dir or tempfile.mkdtemp(prefix="tidal-engines-"))
+        self.s3 = s3 or S3Spec()
+        self._s3_stores: dict[str, Any] = {}
+        self._s3_lock = threading.Lock()
 
     def host_bytes(self) -> int:
         return sum(p.stat().st_size for p in self.cache_dir.glob("*") if p.is_file())
@@ -62,11 +120,76 @@ class EngineStore:
                     )
             return path
         scheme = urllib.parse.urlparse(uri).scheme
+        if scheme == "s3":
+            return self._download(uri, sha256, self._s3_chunks)
         if scheme not in ("http", "https"):
             raise EngineLoadError(f"engine URI {uri}: unsupported scheme {scheme!r}")
-        return self._download(uri, sha256)
+        return self._download(uri, sha256, self._http_chunks)
 
-    def _download(self, uri: str, sha256: str | None) -> Path:
+    # -- sources: each yields the object's bytes in order, raising EngineLoadError ------------
+
+    @staticmethod
+    def _http_chunks(uri: str) -> Iterator[Chunk]:
+        try:
+            with urllib.request.urlopen(uri, timeout=60) as response:
+                while chunk := response.read(CHUNK):
+                    yield chunk
+        except (urllib.error.URLError, OSError) as exc:
+            raise EngineLoadError(f"cannot download engine {uri}: {exc}") from None
+
+    def _s3_store(self, bucket: str) -> Any:
+        from obstore.store import S3Store  # only runtimes that read s3:// engines load it
+
+        with self._s3_lock:
+            store = self._s3_stores.get(bucket)
+            if store is None:
+                spec = self.s3
+                config: S3Config = {
+                    "region": spec.region,
+                    "virtual_hosted_style_request": not spec.path_style,
+                }
+                if spec.endpoint:
+                    config["endpoint"] = spec.endpoint.rstrip("/")
+                retry: RetryConfig = {
+                    "max_retries": spec.max_retries,
+                    "backoff": {"init_backoff": timedelta(milliseconds=100), "base": 2},
+                    "retry_timeout": timedelta(seconds=120),
+                }
+                client: ClientConfig = {
+                    "allow_http": bool(spec.endpoint and spec.endpoint.startswith("http:"))
+                }
+                # Credentials: the standard AWS variables or the ambient chain (obstore reads
+                # AWS_* from the environment itself).
+                store = S3Store(bucket, config=config, client_options=client, retry_config=retry)
+                self._s3_stores[bucket] = store
+            return store
+
+    def _s3_chunks(self, uri: str) -> Iterator[Chunk]:
+        import obstore
+        from obstore.exceptions import BaseError
+
+        bucket, key = split_s3_uri(uri)
+        where = f"s3://{bucket}/{key} at {self.s3.endpoint or 'AWS ' + self.s3.region}"
+        try:
+            store = self._s3_store(bucket)
+            size = int(obstore.head(store, key)["size"])
+            if size <= self.s3.part_bytes or self.s3.concurrency == 1:
+                for chunk in obstore.get(store, key).stream(min_chunk_size=CHUNK * 8):
+                    yield memoryview(chunk)
+                return
+
+            # obstore's buffers go to the hash and the file as they are (no copy into bytes)
+            def fetch(start: int, end: int) -> memoryview:
+                return memoryview(obstore.get_range(store, key, start=start, end=end))
+
+            workers = self.s3.concurrency
+            yield from in_order(fetch, part_ranges(size, self.s3.part_bytes), workers)
+        except (BaseError, OSError, ValueError) as exc:
+            raise EngineLoadError(f"cannot read engine {where}: {s3_reason(exc)}") from None
+
+    def _download(
+        self, uri: str, sha256: str | None, chunks: Callable[[str], Iterator[Chunk]]
+    ) -> Path:
         key = sha256 or hashlib.sha256(uri.encode()).hexdigest()
         name = urllib.parse.urlparse(uri).path.rsplit("/", 1)[-1] or "engine"
         target = self.cache_dir / f"{key[:16]}-{name}"
@@ -82,8 +205,8 @@ class EngineStore:
                 "by the runtime's user, uid 65532)"
             ) from None
         try:
-            with os.fdopen(fd, "wb") as out, urllib.request.urlopen(uri, timeout=60) as response:
-                while chunk := response.read(CHUNK):
+            with os.fdopen(fd, "wb") as out:
+                for chunk in chunks(uri):
                     digest.update(chunk)
                     out.write(chunk)
             if sha256 is not None and digest.hexdigest() != sha256:
@@ -92,8 +215,26 @@ class EngineStore:
                     f"sha256 {digest.hexdigest()}, expected {sha256}"
                 )
             Path(partial).replace(target)
-        except (urllib.error.URLError, OSError) as exc:
+        except OSError as exc:
             raise EngineLoadError(f"cannot download engine {uri}: {exc}") from None
         finally:
             Path(partial).unlink(missing_ok=True)
         return target
+
+
+def s3_reason(exc: BaseException) -> str:
+    """The store's answer in a line: what obstore reports, less its Debug dump of the request,
+    led by what a user should check."""
+    from obstore.exceptions import PermissionDeniedError, UnauthenticatedError
+
+    text = " ".join(str(exc).split("\n\nDebug source:", 1)[0].split())[:400]
+    if isinstance(exc, FileNotFoundError):
+        return f"no such bucket or key: {text}"
+    if isinstance(exc, PermissionDeniedError):
+        return (
+            "access denied: the store refused the credentials or its policy forbids reading "
+            f"(check the credentials Secret and the bucket policy): {text}"
+        )
+    if isinstance(exc, UnauthenticatedError):
+        return f"the store refused the credentials (check the credentials Secret): {text}"
+    return text

@@ -10,6 +10,7 @@ from pathlib import Path
 
 K8S_VERSION = os.environ.get("TIDAL_K8S_VERSION", "v1.37.2")
 ETCD_VERSION = os.environ.get("TIDAL_ETCD_VERSION", "v3.6.16")
+VERSITYGW_VERSION = os.environ.get("TIDAL_VERSITYGW_VERSION", "v1.8.0")
 BUILD_SCRIPT = Path(__file__).resolve().parent / "build-binaries.sh"
 
 
@@ -25,6 +26,7 @@ class Binaries:
     kube_scheduler: Path
     kubectl: Path
     prometheus: Path
+    versitygw: Path  # the object store (e2e/sandbox/objectstore.py)
 
     @classmethod
     def locate(cls) -> Binaries:
@@ -37,6 +39,7 @@ class Binaries:
             kube_scheduler=k8s / "kube-scheduler",
             kubectl=k8s / "kubectl",
             prometheus=root / "prometheus" / "usr" / "bin" / "prometheus",
+            versitygw=root / f"versitygw-{VERSITYGW_VERSION}" / "bin" / "versitygw",
         )
 
     def missing(self) -> list[Path]:

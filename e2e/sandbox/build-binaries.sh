@@ -5,6 +5,7 @@
 #
 #   TIDAL_K8S_VERSION   Kubernetes release (default v1.37.2)
 #   TIDAL_ETCD_VERSION  etcd release (default v3.6.16)
+#   TIDAL_VERSITYGW_VERSION  the S3-compatible object store (default v1.8.0)
 #   TIDAL_CACHE         cache root (default ~/.cache/tidal)
 set -euo pipefail
 
@@ -14,13 +15,15 @@ cache=${TIDAL_CACHE:-$HOME/.cache/tidal}
 bin=$cache/k8s-$k8s_version/bin
 etcd_bin=$cache/etcd-$etcd_version/bin
 prometheus_dir=$cache/prometheus
+vgw_version=${TIDAL_VERSITYGW_VERSION:-v1.8.0}
+vgw_bin=$cache/versitygw-$vgw_version/bin
 k8s_tools=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
 
 say() { printf '[sandbox-build] %s\n' "$*" >&2; }
 
 have_all() {
   for t in "${k8s_tools[@]}"; do [ -x "$bin/$t" ] || return 1; done
-  [ -x "$etcd_bin/etcd" ] && [ -x "$prometheus_dir/usr/bin/prometheus" ]
+  [ -x "$etcd_bin/etcd" ] && [ -x "$prometheus_dir/usr/bin/prometheus" ] && [ -x "$vgw_bin/versitygw" ]
 }
 if have_all; then
   say "binaries present in $bin and $etcd_bin"
@@ -97,6 +100,23 @@ MOD
   say "built etcd in $((SECONDS - start)) s"
 }
 
+# The sandbox's object store (the cold tier users keep engines in): versitygw, an S3 gateway
+# over a POSIX directory, in Go with no replace directives, so a one-line wrapper module builds it
+# (MinIO and SeaweedFS are served only as pseudo-versions of their main branches).
+build_versitygw() {
+  [ -x "$vgw_bin/versitygw" ] && return 0
+  local work=$cache/build/versitygw-$vgw_version
+  mkdir -p "$work" "$vgw_bin"
+  cd "$work"
+  printf 'module tidal.dev/sandbox/versitygw\n\ngo 1.25.0\n\nrequire github.com/versity/versitygw %s\n' \
+    "$vgw_version" > go.mod
+  say "building versitygw $vgw_version"
+  local start=$SECONDS
+  go build -trimpath -ldflags "-s -w" -o "$vgw_bin/versitygw.tmp" github.com/versity/versitygw/cmd/versitygw
+  mv "$vgw_bin/versitygw.tmp" "$vgw_bin/versitygw"
+  say "built versitygw in $((SECONDS - start)) s"
+}
+
 fetch_prometheus() {
   [ -x "$prometheus_dir/usr/bin/prometheus" ] && return 0
   # Debian's package, unpacked into the cache: installing it would start a system service.
@@ -119,4 +139,5 @@ fetch_prometheus() {
 fetch_prometheus
 build_etcd
 build_k8s
-say "done: $bin, $etcd_bin"
+build_versitygw
+say "done: $bin, $etcd_bin, $vgw_bin"

@@ -55,6 +55,9 @@ class SandboxConfig:
 
 # Where a release publishes the project's images; the real node has the ones built here instead.
 PUBLISHED = "ghcr.io/tidal-serving/"
+# The object store's in-cluster name on the real node (users' stores have names like it).
+OBJECT_STORE_SERVICE = "objectstore"
+OBJECT_STORE_PORT = 7070
 
 
 class SandboxError(RuntimeError):
@@ -82,6 +85,9 @@ class Sandbox:
         self.node: Any = None
         self.images: Any = None
         self.files: Any = None  # a FileServer on the real node's bridge (files.py)
+        # The object store (objectstore.py) on the real node's bridge, and its in-cluster URL.
+        self.objects: Any = None
+        self.objects_url: str | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> Sandbox:
@@ -123,6 +129,9 @@ class Sandbox:
         if self.files is not None:
             self.files.close()
             self.files = None
+        if self.objects is not None:
+            self.objects.stop()
+            self.objects = None
         if self.node is not None:
             self.node.stop()
             self.node = None
@@ -145,6 +154,7 @@ class Sandbox:
             "pids": {p.name: p.pid for p in self.processes},
             "kubernetesVersion": K8S_VERSION,
             "realNode": self.node is not None,
+            "objectStore": self.objects_url,
             "images": {k: v.name for k, v in vars(self.images).items()} if self.images else None,
         }
 
@@ -508,11 +518,16 @@ class Sandbox:
 
         from tidal.sandbox import realnode
         from tidal.sandbox.files import FileServer
+        from tidal.sandbox.objectstore import ObjectStore
 
         node = self.node
         node.api_url = self.api_url
         node.start(self.images.archives(), self.images.names())
         self.files = FileServer(self.host)
+        assert self.binaries is not None
+        self.objects = ObjectStore.start(
+            self.binaries.versitygw, self.state_dir / "objectstore", host=self.host
+        )
         api = client.CoreV1Api(self.api_client())
 
         def alive() -> None:
@@ -529,6 +544,12 @@ class Sandbox:
             manifests += realnode.external_service_manifests(
                 "tidal-sandbox", "prometheus", 9090, self.host, self.prometheus_port
             )
+        manifests += realnode.external_service_manifests(
+            "tidal-sandbox", OBJECT_STORE_SERVICE, OBJECT_STORE_PORT, self.host, self.objects.port
+        )
+        self.objects_url = (
+            f"http://{OBJECT_STORE_SERVICE}.tidal-sandbox.svc.cluster.local:{OBJECT_STORE_PORT}"
+        )
         self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(manifests))
         self.kubectl(
             "-n",

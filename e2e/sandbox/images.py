@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import os
 import subprocess
 import tarfile
@@ -28,6 +29,7 @@ from pathlib import Path
 from tidal.sandbox.binaries import cache_root
 
 REPO = Path(__file__).resolve().parents[2]
+log = logging.getLogger("tidal.sandbox.images")
 BASE_IMAGE = "localhost/tidal/debian-python:bookworm"
 OPERATOR_IMAGE = "localhost/tidal/operator"
 RUNTIME_CPU_IMAGE = "localhost/tidal/runtime-cpu"
@@ -304,7 +306,13 @@ def dockerfile_image(dockerfile: Path, repository: str, base: BuiltImage) -> Bui
     tmp.unlink(missing_ok=True)
     _run(["buildah", "push", policy, name, f"oci-archive:{tmp}:{name}"], env=env)
     tmp.replace(out)
-    _run(["buildah", "rmi", name], env=env)
+    # The archive is the product; the local image only takes room. Its layers may be in use by
+    # a build of another checkout running beside this one (buildah's storage is the machine's),
+    # which makes rmi refuse: the image stays until a later build's rmi, and this one succeeds.
+    try:
+        _run(["buildah", "rmi", name], env=env)
+    except ImageBuildError as exc:
+        log.warning("kept the local image %s: %s", name, str(exc).splitlines()[-1])
     return BuiltImage(name, out, time.monotonic() - t0)
 
 

@@ -72,6 +72,7 @@ WEIGHT_STREAMING_PATTERN = r"^(auto|[0-9]+(\.[0-9]+)?((Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)
 DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
 MAX_MODELS = 512
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 MODEL_NAME_PATTERN = r"^[a-zA-Z0-9]([-a-zA-Z0-9_.]*[a-zA-Z0-9])?$"
 ENGINE_URI_PATTERN = r"^(file://.+|(s3|gs|https?)://[^/\s].*)$"
 URI_SCHEMES = ("file://", "s3://", "gs://", "http://", "https://")
@@ -588,6 +589,55 @@ class EngineCache(ApiModel):
         return self
 
 
+S3_ENDPOINT_PATTERN = r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?/?$"
+S3_CREDENTIAL_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+
+
+class S3Storage(ApiModel):
+    """An S3-compatible object store for ``s3://bucket/key`` engine URIs (AWS S3, MinIO, Ceph
+    RGW, versitygw, ...). Credentials never appear here: name a Secret in the service's
+    namespace with the keys ``AWS_ACCESS_KEY_ID`` and ``AWS_SECRET_ACCESS_KEY`` (and optionally
+    ``AWS_SESSION_TOKEN``), or leave ``credentialsSecret`` unset to use the pods' ambient
+    workload identity (IRSA's ``AWS_WEB_IDENTITY_TOKEN_FILE`` and ``AWS_ROLE_ARN``, set by your
+    cluster on the pods' service account, or the node's instance metadata)."""
+
+    endpoint: str | None = Field(
+        default=None,
+        max_length=256,
+        pattern=S3_ENDPOINT_PATTERN,
+        description="The store's URL, e.g. http://minio.storage.svc:9000; unset: AWS S3 for "
+        "the region.",
+    )
+    region: str = Field(
+        default="us-east-1",
+        min_length=1,
+        max_length=64,
+        pattern=r"^[a-z0-9-]+$",
+        description="Region the requests are signed for.",
+    )
+    path_style: bool = Field(
+        default=True,
+        description="Bucket in the URL's path (most S3-compatible stores) rather than in the "
+        "host name (virtual-hosted style).",
+    )
+    credentials_secret: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description="Secret in this namespace with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+        "(AWS_SESSION_TOKEN optional); unset: the pods' ambient credentials.",
+    )
+
+
+class Storage(ApiModel):
+    """Where remote engines are read from, beyond file:// and http(s):// URIs."""
+
+    s3: S3Storage | None = Field(
+        default=None, description="The S3-compatible store that s3:// engine URIs name."
+    )
+
+
 class Runtime(ApiModel):
     """How the runtime pods of a pool are built and placed."""
 
@@ -654,6 +704,11 @@ class Runtime(ApiModel):
         default_factory=EngineCache,
         description="Where pods keep downloaded engines: a per-pod emptyDir, or a node-local "
         "directory (hostPath) that outlives pods.",
+    )
+    storage: Storage = Field(
+        default_factory=Storage,
+        description="Object stores that engine URIs name (s3://): endpoint, region, "
+        "credentials Secret.",
     )
 
     @property

@@ -52,6 +52,9 @@ class PodFaults:
 
     probed_at: dict[str, float] = field(default_factory=dict)
     faults: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # Pods whose container cannot even be created (no probe can reach them): pod -> (pool,
+    # message), replaced on every tick from the pods' own status (:func:`unstartable_pods`).
+    unstartable: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     def record(self, target: ProbeTarget, message: ProbeAnswer, now: float) -> None:
         """The answer of one probe: a reason, None (ready or no reason given: nothing to
@@ -77,8 +80,37 @@ class PodFaults:
         """``pool P: pod X not ready: <message>``, sorted, for the Degraded condition."""
         return tuple(
             f"pool {pool}: pod {pod} not ready: {message}"
-            for pod, (pool, message) in sorted(self.faults.items())
+            for pod, (pool, message) in sorted({**self.faults, **self.unstartable}.items())
         )
+
+
+# kubelet's reason for a container it cannot create from the pod's spec: a Secret or ConfigMap
+# (or one of its keys) that an env or volume names does not exist.
+CREATE_CONFIG_ERROR = "CreateContainerConfigError"
+
+
+def unstartable_pods(
+    pods: Sequence[Mapping[str, Any]], fields: Mapping[str, str]
+) -> dict[str, tuple[str, str]]:
+    """Pods whose container kubelet cannot create (``CreateContainerConfigError``), with its
+    message; ``fields`` maps a Secret's name to the spec field that names it, so the message
+    says what to change (e.g. ``spec.runtime.storage.s3.credentialsSecret``)."""
+    out: dict[str, tuple[str, str]] = {}
+    for pod in pods:
+        meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+        if meta.get("deletionTimestamp"):
+            continue
+        for container in status.get("containerStatuses") or []:
+            waiting = (container.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") != CREATE_CONFIG_ERROR:
+                continue
+            said = str(waiting.get("message") or CREATE_CONFIG_ERROR)
+            named = [f for name, f in sorted(fields.items()) if f'"{name}"' in said]
+            prefix = f"{named[0]}: " if named else ""
+            pool = (meta.get("labels") or {}).get(LABEL_POOL, "")
+            out[meta.get("name", "")] = (pool, f"cannot start: {prefix}{said}"[:MAX_MESSAGE])
+            break
+    return out
 
 
 def _started_at(pod: Mapping[str, Any]) -> float | None:

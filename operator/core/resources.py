@@ -33,6 +33,7 @@ from tidal.operator.core.api import (
     LABEL_ISVC,
     LABEL_POOL,
     LABEL_ROLE,
+    S3_CREDENTIAL_KEYS,
     ActivePool,
     Backend,
     Engine,
@@ -73,8 +74,8 @@ ROLE_STANDBY = "standby"
 MANAGED_BY = "tidal-operator"
 ANNOTATION_APPLIED_HASH = "serving.tidal.dev/applied-hash"
 ENGINE_FORMAT = {Backend.ONNXRUNTIME: "onnx", Backend.TENSORRT: "plan"}
-# What tidal.runtime's storage can read today (the API also admits s3:// and gs://).
-RUNTIME_FETCH_SCHEMES = frozenset({"file", "http", "https"})
+# What tidal.runtime's storage can read today (the API also admits gs://).
+RUNTIME_FETCH_SCHEMES = frozenset({"file", "http", "https", "s3"})
 RUNTIME_CONFIG_ENV = "TIDAL_RUNTIME_CONFIG_JSON"
 # Linux refuses to exec a process with one environment string (NAME=value and its NUL) longer
 # than MAX_ARG_STRLEN (32 pages): the runtime's config travels in one variable.
@@ -198,6 +199,18 @@ def paths_of(isvc: InferenceService, pool: PoolName) -> PoolPaths:
     )
 
 
+def secret_fields(isvc: InferenceService) -> dict[str, str]:
+    """Secrets the pods read, by name, with the spec field that names each (for a pod that
+    cannot start because one is missing: ``core.podfaults.unstartable_pods``)."""
+    out: dict[str, str] = {}
+    for pool in pools_of(isvc):
+        s3 = pool.runtime.storage.s3
+        if s3 is not None and s3.credentials_secret is not None:
+            path = _paths_of(isvc, pool.name).runtime("storage")
+            out.setdefault(s3.credentials_secret, f"{path}.s3.credentialsSecret")
+    return out
+
+
 def find_spec_problems(isvc: InferenceService) -> list[str]:
     """Reasons a schema-valid spec cannot work, each naming the field to change (empty: fine)."""
     problems: list[str] = []
@@ -265,7 +278,7 @@ def _model_problems(pool: Pool, paths: PoolPaths) -> list[str]:
                 problems.append(
                     f"model {model.name!r}: {uri_path}: the runtime cannot fetch {scheme}:// "
                     f"yet ({engine.uri}); serve the file over https:// (for example a presigned "
-                    "object-store URL) or from file://"
+                    "object-store URL), from s3:// or from file://"
                 )
             if engine.effective_backend is Backend.TENSORRT and not _plan_described(engine):
                 problems.append(
@@ -414,12 +427,19 @@ def render_runtime_config(pool: Pool, fleet: bool = False) -> dict[str, Any]:
         memory["weightStreamingBudget"] = (
             budget if budget == "auto" or budget.endswith("%") else quantity_bytes(budget)
         )
-    return {
+    config: dict[str, Any] = {
         "backend": backend.value,
         "models": models,
         "memory": memory,
         "cacheDir": ENGINE_CACHE_MOUNT,
     }
+    s3 = pool.runtime.storage.s3
+    if s3 is not None:  # only when set, so that existing pools keep their config hash
+        store: dict[str, Any] = {"region": s3.region, "pathStyle": s3.path_style}
+        if s3.endpoint is not None:
+            store["endpoint"] = s3.endpoint
+        config["s3"] = store
+    return config
 
 
 def _batching(model: Model) -> dict[str, Any]:
@@ -514,6 +534,18 @@ def _env(isvc: InferenceService, pool: Pool) -> list[dict[str, Any]]:
             },
         },
     ]
+    s3 = pool.runtime.storage.s3
+    if s3 is not None and s3.credentials_secret is not None:
+        # The keys by reference: credentials never reach the spec, the ConfigMap or a log. A
+        # missing Secret or key keeps the pod in CreateContainerConfigError, which the control
+        # loop reports as Degraded naming spec.runtime.storage.s3.credentialsSecret.
+        for key in S3_CREDENTIAL_KEYS:
+            ref: dict[str, Any] = {"name": s3.credentials_secret, "key": key}
+            if key == "AWS_SESSION_TOKEN":
+                ref["optional"] = True
+            fixed.append({"name": key, "valueFrom": {"secretKeyRef": ref}})
+    if s3 is not None:
+        fixed.append({"name": "AWS_REGION", "value": s3.region})
     # The API rejects user variables named like ours (RESERVED_ENV_NAMES); ours win regardless.
     taken = {e["name"] for e in fixed}
     extra = [{"name": e.name, "value": e.value} for e in pool.runtime.env if e.name not in taken]

@@ -107,7 +107,7 @@ from tidal.operator.core.idle import (
     step_zero,
     zero_persist_key,
 )
-from tidal.operator.core.podfaults import PodFaults, due, not_ready_pods
+from tidal.operator.core.podfaults import PodFaults, due, not_ready_pods, unstartable_pods
 from tidal.operator.core.resources import (
     LABEL_COMPONENT,
     ROLE_SERVING,
@@ -117,6 +117,7 @@ from tidal.operator.core.resources import (
     find_spec_problems,
     may_scale_to_zero,
     pools_of,
+    secret_fields,
 )
 from tidal.operator.core.rollout import (
     PoolObservation,
@@ -512,7 +513,9 @@ class Controller:
         }
         if not st.synced and not self._cache_synced(st, kids, pods):
             return
-        self._start_probes(st, [b for pool in pools for b in pods[pool]])
+        every_pod = [b for pool in pools for b in pods[pool]]
+        st.pod_faults.unstartable = unstartable_pods(every_pod, secret_fields(isvc))
+        self._start_probes(st, every_pod)
         readings_list = await asyncio.gather(
             *(
                 self.collector.observe_pool(PoolKey(key[0], key[1], pool.value), pods[pool])

@@ -11,6 +11,7 @@ from tidal.operator.core.podfaults import (
     ProbeTarget,
     due,
     not_ready_pods,
+    unstartable_pods,
 )
 
 STARTED = "2026-12-03T12:00:00Z"
@@ -71,3 +72,36 @@ def test_a_probe_that_gets_no_answer_keeps_the_last_reason() -> None:
     assert faults.probed_at["a"] == 103.0  # asked: the next probe waits its turn
     faults.record(a, None, now=106.0)  # an answer without a reason clears it
     assert faults.problems() == ()
+
+
+def _config_error(name: str, message: str) -> dict[str, Any]:
+    p = pod(name, phase="Pending")
+    p["status"]["containerStatuses"] = [
+        {"state": {"waiting": {"reason": "CreateContainerConfigError", "message": message}}}
+    ]
+    return p
+
+
+def test_a_pod_that_cannot_start_names_the_spec_field_of_its_secret() -> None:
+    """A missing credentials Secret keeps the container from being created (no probe reaches
+    it): the problem names the spec field to fix and kubelet's own message."""
+    pods = [
+        _config_error("a", 'secret "engine-store" not found'),
+        _config_error("b", 'couldn\'t find key AWS_ACCESS_KEY_ID in Secret ns/"other"'),
+        pod("c", ready=True),
+    ]
+    fields = {"engine-store": "spec.runtime.storage.s3.credentialsSecret"}
+    found = unstartable_pods(pods, fields)
+    assert sorted(found) == ["a", "b"]
+    assert found["a"] == (
+        "primary",
+        'cannot start: spec.runtime.storage.s3.credentialsSecret: secret "engine-store" not found',
+    )
+    assert found["b"][1].startswith("cannot start: couldn't find key")
+    faults = PodFaults()
+    faults.unstartable = found
+    assert faults.problems()[0].startswith("pool primary: pod a not ready: cannot start: spec.")
+    # a terminating pod says nothing
+    gone = _config_error("d", 'secret "engine-store" not found')
+    gone["metadata"]["deletionTimestamp"] = STARTED
+    assert unstartable_pods([gone], fields) == {}

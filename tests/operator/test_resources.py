@@ -28,6 +28,7 @@ from tidal.operator.core.resources import (
     find_spec_problems,
     pools_of,
     render_runtime_config,
+    secret_fields,
 )
 from tidal.operator.core.rules import find_spec_warnings
 from tidal.runtime.config import RuntimeConfig
@@ -313,9 +314,84 @@ def test_desired_objects_properties(
 
 
 def test_an_engine_the_runtime_cannot_fetch_is_a_problem_that_says_what_to_do() -> None:
-    isvc = _isvc(models=[{"name": "m", "engines": [{"uri": "s3://bucket/m.onnx"}]}])
+    isvc = _isvc(models=[{"name": "m", "engines": [{"uri": "gs://bucket/m.onnx"}]}])
     (problem,) = find_spec_problems(isvc)
-    assert "cannot fetch s3://" in problem and "https://" in problem
+    assert "cannot fetch gs://" in problem and "s3://" in problem and "https://" in problem
+
+
+def _runtime_container(isvc: api.InferenceService) -> dict[str, Any]:
+    (dep,) = [
+        o
+        for o in desired_objects(isvc, Observed())
+        if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("primary")
+    ]
+    return dep["spec"]["template"]["spec"]["containers"][0]
+
+
+def test_s3_engines_reach_the_runtime_with_the_store_and_secret_references() -> None:
+    """An s3:// engine is no problem; the store's endpoint reaches the runtime's config and the
+    credentials reach its environment only by reference to the named Secret."""
+    storage = {
+        "s3": {
+            "endpoint": "http://store.storage.svc:7070",
+            "region": "eu-west-1",
+            "credentialsSecret": "engine-store",
+        }
+    }
+    isvc = _isvc(
+        runtime={"backend": "onnxruntime", "storage": storage},
+        models=[{"name": "m", "engines": [{"uri": "s3://engines/m/model.onnx"}]}],
+    )
+    assert find_spec_problems(isvc) == []
+    pool = pools_of(isvc)[0]
+    assert render_runtime_config(pool)["s3"] == {
+        "endpoint": "http://store.storage.svc:7070",
+        "region": "eu-west-1",
+        "pathStyle": True,
+    }
+    env = {e["name"]: e for e in _runtime_container(isvc)["env"]}
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        ref = env[key]["valueFrom"]["secretKeyRef"]
+        assert ref["name"] == "engine-store" and ref["key"] == key
+        assert "value" not in env[key]
+    assert env["AWS_SESSION_TOKEN"]["valueFrom"]["secretKeyRef"]["optional"] is True
+    assert env["AWS_REGION"]["value"] == "eu-west-1"
+
+
+def test_secret_fields_name_where_each_secret_is_set() -> None:
+    s3 = {"s3": {"credentialsSecret": "primary-store"}}
+    isvc = _isvc(
+        runtime={"backend": "onnxruntime", "storage": s3},
+        rollout={
+            "baseline": {"runtime": {"storage": {"s3": {"credentialsSecret": "baseline-store"}}}}
+        },
+    )
+    assert secret_fields(isvc) == {
+        "primary-store": "spec.runtime.storage.s3.credentialsSecret",
+        "baseline-store": "spec.rollout.baseline.runtime.storage.s3.credentialsSecret",
+    }
+
+
+def test_a_service_without_a_store_keeps_its_config_hash() -> None:
+    """No storage: nothing new in the runtime's config (existing pools are not rolled)."""
+    isvc = _isvc(runtime={"backend": "onnxruntime"})
+    assert "s3" not in render_runtime_config(pools_of(isvc)[0])
+    assert not any(e["name"].startswith("AWS_") for e in _runtime_container(isvc)["env"])
+
+
+@pytest.mark.parametrize(
+    ("storage", "field"),
+    [
+        ({"s3": {"endpoint": "minio:9000"}}, "endpoint"),
+        ({"s3": {"endpoint": "http://minio:9000/bucket"}}, "endpoint"),
+        ({"s3": {"credentialsSecret": "Not_A_Name"}}, "credentialsSecret"),
+        ({"s3": {"region": ""}}, "region"),
+        ({"s3": {"accessKey": "AKIA..."}}, "accessKey"),
+    ],
+)
+def test_invalid_s3_settings_are_refused_naming_the_field(storage, field) -> None:
+    with pytest.raises(ValueError, match=field):
+        _isvc(runtime={"backend": "onnxruntime", "storage": storage})
 
 
 # -- batching.timeoutMs reaches the runtime ---------------------------------------------------
