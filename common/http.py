@@ -9,7 +9,11 @@
 * :class:`QuietClientFaults` turns aiohttp's tracebacks for a client's malformed HTTP or a
   reset connection into one DEBUG line (dropped unless DEBUG is on): not the server's fault.
 * :class:`JsonErrorRunner` is an ``AppRunner`` whose protocol-level answers (aiohttp's own 400
-  for malformed HTTP, sent before any route runs) carry ``{"error": ...}`` like every other.
+  for malformed HTTP, sent before any route runs) carry ``{"error": ...}`` like every other;
+  its connections call ``request[ON_CLIENT_GONE]`` (when a handler set it) if the client hangs
+  up before its answer: a handler that waits (the gateway's hold) learns of it at once, with
+  no polling and without cancelling every handler whose client left (aiohttp's
+  ``handler_cancellation`` would cancel forwards in flight too).
 
 Each server maps :class:`BodyError` onto its own error type (the runtime's ``ServingError``
 tree, the gateway's JSON answers); nothing here knows either of them.
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from http import HTTPStatus
 
 from aiohttp import web
@@ -29,6 +34,7 @@ from tidal.common.body import CLIENT_CLOSED, BodyError, parse_json
 
 __all__ = [
     "CLIENT_CLOSED",
+    "ON_CLIENT_GONE",
     "BodyError",
     "JsonErrorRunner",
     "declared_too_large",
@@ -99,8 +105,19 @@ def json_error(status: int, message: str, headers: dict[str, str] | None = None)
     return web.json_response({"error": message}, status=status, headers=headers)
 
 
+ON_CLIENT_GONE: web.RequestKey[Callable[[], None]] = web.RequestKey("tidal_on_client_gone")
+
+
 class _JsonErrorHandler(RequestHandler):
-    """aiohttp's protocol handler, answering its own errors (malformed HTTP) in JSON."""
+    """aiohttp's protocol handler, answering its own errors (malformed HTTP) in JSON, and
+    telling a handler that set ``request[ON_CLIENT_GONE]`` that its client hung up."""
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        request = self._current_request  # the request whose handler runs now, if any
+        super().connection_lost(exc)
+        on_gone = request.get(ON_CLIENT_GONE) if request is not None else None
+        if on_gone is not None:
+            on_gone()
 
     def handle_error(
         self,
