@@ -59,6 +59,7 @@ from tidal.gateway.core.hold import (
     HoldLimits,
     admit,
     check_held_request,
+    decoded_body,
     hold_seconds,
     retry_after,
 )
@@ -610,10 +611,9 @@ class Gateway:
                     timeout_us = None
                     if client is not None:  # judged before it may count as demand
                         try:
-                            checked = check_held_request(body, _header(headers, HEADER_LENGTH))
+                            timeout_us = self._judge(body, headers)
                         except BodyError as exc:
                             return body_error(exc), False
-                        timeout_us = checked.timeout_us
                     refusal = admit(self.held_now, self.held_bytes, len(body), self.hold_limits)
                     if refusal is not None:
                         self.metrics.hold_outcome["full"].inc()
@@ -654,6 +654,14 @@ class Gateway:
                 self._hold_end(held)
             if held is not None:
                 self.metrics.hold_outcome[outcome].inc()
+
+    def _judge(self, body: bytes, headers: list[tuple[str, str]]) -> int | None:
+        """The request's own timeout (µs), or :class:`BodyError` for what no model serves."""
+        encoding = _header(headers, "Content-Encoding")
+        decoded = decoded_body(body, encoding, self.config.max_request_bytes)
+        if decoded is None:  # an encoding the gateway does not decode: the replica judges
+            return None
+        return check_held_request(decoded, _header(headers, HEADER_LENGTH)).timeout_us
 
     # -- the hold's book-keeping (HTTP and gRPC alike) ------------------------------------------
 

@@ -9,6 +9,9 @@ it costs is paid by held requests alone: the forwarded hot path never comes here
   non-negative integer) is refused with a 400 at once: it must neither wait for a replica that
   would refuse it anyway nor count as demand that wakes one.  The tensors themselves (shape,
   datatype, data) are the replica's to judge against its model.
+* :func:`decoded_body`: a ``gzip``/``deflate`` body is judged as the replica will read it,
+  decompressed within ``maxRequestBytes`` (a bomb is a 413, a broken stream a 400); an encoding
+  the gateway cannot decode (``br``, ``zstd``, several) is held unjudged: the replica decides.
 * :func:`hold_seconds`: ``holdTimeoutSeconds`` or the request's own ``timeout`` (µs) when
   smaller, for any integer a client may send.
 * :func:`admit`: at most ``maxHeldRequests`` requests and ``maxHeldBytes`` body bytes held.
@@ -21,6 +24,7 @@ No clock, no I/O: the shell passes the time in.
 from __future__ import annotations
 
 import math
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,6 +75,33 @@ def check_held_request(body: bytes, header_length: str | None) -> HeldRequest:
             f"got {timeout_us!r:.40}",
         )
     return HeldRequest(timeout_us=timeout_us)
+
+
+def decoded_body(body: bytes, encoding: str | None, max_bytes: int) -> bytes | None:
+    """The body as the replica will read it, or None when the gateway cannot tell (an
+    encoding it does not decode: the request is held unjudged).  An encoding the replica does
+    not decode either reaches it as is, so it is judged as is, like no encoding."""
+    name = (encoding or "").strip().lower()
+    if name in ("br", "zstd") or "," in name:
+        return None
+    if name not in ("gzip", "x-gzip", "deflate"):
+        return body
+    # gzip: its own header; deflate: a zlib stream, or a raw one from a lenient client.
+    modes = (16 + zlib.MAX_WBITS,) if name != "deflate" else (zlib.MAX_WBITS, -zlib.MAX_WBITS)
+    for mode in modes:
+        inflater = zlib.decompressobj(mode)
+        try:
+            data = inflater.decompress(body, max_bytes + 1)
+        except zlib.error as exc:
+            if mode == modes[-1]:
+                raise BodyError(400, f"malformed request body: {name}: {exc}") from None
+            continue
+        if len(data) > max_bytes or inflater.unconsumed_tail:
+            raise BodyError(413, f"request body exceeds maxRequestBytes {max_bytes} once decoded")
+        if not inflater.eof:
+            raise BodyError(400, f"malformed request body: the {name} stream is cut short")
+        return data
+    return None  # (unreachable: the last mode returns or raises)
 
 
 def hold_seconds(hold_timeout_s: float, timeout_us: int | None) -> float:

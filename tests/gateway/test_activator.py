@@ -4,6 +4,7 @@ operator pushes a replica: none lost, none answered twice."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import socket
 import threading
@@ -144,6 +145,8 @@ def test_a_request_no_model_could_serve_is_refused_at_once_and_wakes_nothing(
         "header length past the body": (header, {HEADER: str(len(header) + 10)}),
         "header length not a number": (header, {HEADER: "twelve"}),
         "timeout not an integer": (b'{"inputs": [{}], "parameters": {"timeout": "1"}}', {}),
+        "gzip cut short": (gzip.compress(INFER_BODY)[:30], {"Content-Encoding": "gzip"}),
+        "gzip of bad JSON": (gzip.compress(b"{"), {"Content-Encoding": "gzip"}),
     }
     for case, (body, headers) in cases.items():
         started = time.monotonic()
@@ -170,6 +173,11 @@ def test_a_timeout_of_any_size_is_held_for_the_hold_timeout_not_a_500(gateway, c
     assert status == 503 and "held" in answer["error"], (status, answer)
     assert int(headers["Retry-After"]) >= 1, headers
     assert _outcomes(gw)["expired"] == 1, _outcomes(gw)
+    # A compressed request is judged as the replica will read it: held, not refused.
+    encoded = {"Content-Encoding": "gzip"}
+    status, headers, answer = gw.infer("m0", gzip.compress(INFER_BODY), **encoded)
+    assert status == 503 and "held" in answer["error"], (status, answer)
+    assert _outcomes(gw)["expired"] == 2, _outcomes(gw)
     loud = [r for r in caplog.records if r.levelno >= 40 or r.exc_info]
     assert not loud, [(r.levelname, r.getMessage()) for r in loud[:3]]
 

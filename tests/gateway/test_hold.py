@@ -15,6 +15,7 @@ from tidal.gateway.core.hold import (
     HoldLimits,
     admit,
     check_held_request,
+    decoded_body,
     hold_seconds,
     retry_after,
 )
@@ -131,3 +132,25 @@ def test_retry_after_is_always_between_1_and_the_cap(
 ) -> None:
     seconds = retry_after(now, expected_wake_s=expected, waiting_since=since, room_at=room)
     assert 1 <= seconds <= MAX_RETRY_AFTER_S
+
+
+def test_an_encoded_body_is_judged_as_the_replica_reads_it() -> None:
+    import gzip
+    import zlib
+
+    body = _json(VALID)
+    assert decoded_body(body, None, 10**6) == body
+    assert decoded_body(gzip.compress(body), "gzip", 10**6) == body
+    assert decoded_body(zlib.compress(body), "deflate", 10**6) == body
+    raw = zlib.compressobj(wbits=-zlib.MAX_WBITS)
+    assert decoded_body(raw.compress(body) + raw.flush(), "Deflate", 10**6) == body
+    assert decoded_body(body, "br", 10**6) is None  # not decoded here: the replica judges
+    assert decoded_body(body, "gzip, br", 10**6) is None
+    assert decoded_body(body, "zz", 10**6) == body  # the replica reads it as is, so do we
+    with pytest.raises(BodyError) as bomb:
+        decoded_body(gzip.compress(b"0" * 10**6), "gzip", 1000)
+    assert bomb.value.status == 413
+    for broken in (gzip.compress(body)[:20], b"not gzip"):
+        with pytest.raises(BodyError) as refused:
+            decoded_body(broken, "gzip", 10**6)
+        assert refused.value.status == 400, refused.value.message
