@@ -609,6 +609,8 @@ class Gateway:
                 now = self.loop.time()
                 if held is None:
                     timeout_us = None
+                    if client is not None and client.gone:  # never held, never demand
+                        return self._gone(), False
                     if client is not None:  # judged before it may count as demand
                         try:
                             timeout_us = self._judge(body, headers)
@@ -836,6 +838,9 @@ class Gateway:
         else:
             client = ClientWatch()
             request[ON_CLIENT_GONE] = client.client_gone
+            transport = request.transport
+            if transport is None or transport.is_closing():  # gone before the hook was set
+                client.gone = True
             response, held = await self.dispatch(
                 model,
                 "POST",

@@ -210,6 +210,19 @@ def test_a_client_that_hangs_up_while_held_frees_its_slot_and_is_never_forwarded
     )
     assert _outcomes(gw)["gone"] == count, _outcomes(gw)
     assert gw.metric("tidal_gateway_requests_total", model="m0", code="499", cache="cold") == count
+    # Clients that hang up as soon as they have sent (before or while the gateway holds them).
+    for _ in range(count):
+        _held_over_socket(gw.url, INFER_BODY).close()
+    wait_for(
+        lambda: (
+            gw.metric("tidal_gateway_requests_total", model="m0", code="499", cache="cold")
+            + gw.metric("tidal_gateway_requests_total", model="m0", code="499", cache="hot")
+            == 2 * count
+        ),
+        30,
+        "every client that sent and hung up at once answered 499 (the hold is 120 s)",
+    )
+    assert _held(gw) == 0
     # A replica arrives: none of the gone requests reaches it; a live one does, once.
     (a,) = runtimes(("rt-a", runtime_config(preload=("m0",), models=("m0",))))
     status, _, body = http("PUT", f"{gw.url}/v2/tidal/replicas", {"replicas": [a.ref.model_dump()]})
