@@ -134,6 +134,8 @@ async def one_kind(kind: str, mib: int) -> dict[str, Any]:
             response = await poll
             poll_answer = await response.json()
             poll_s = answered_at[0] - probe_sent
+            if kind == "probe":  # the long-poll alone, again (the first is above)
+                return {"kind": kind, "long_poll_ms": poll_s * 1000}
             data, headers = body(kind, mib)
             answers: list[asyncio.Task[tuple[int, float]]] = []
 
@@ -190,7 +192,23 @@ async def one_kind(kind: str, mib: int) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mib", type=int, default=8, help="size of each large body")
+    parser.add_argument(
+        "--probes",
+        type=int,
+        default=0,
+        help="only time a held request's way to the long-poll, this many times (a fresh "
+        "process each); run it with PYTHONPATH set to another checkout to compare",
+    )
     args = parser.parse_args()
+    if args.probes:
+        times = sorted(
+            asyncio.run(one_kind("probe", 0))["long_poll_ms"] for _ in range(args.probes)
+        )
+        print(
+            f"held request -> long-poll: median {times[len(times) // 2]:.1f} ms, min "
+            f"{times[0]:.1f}, max {times[-1]:.1f} ({args.probes} processes)"
+        )
+        return
     print(f"activator memory: maxHeldBytes 256 MiB, maxHeldRequests 1000, bodies {args.mib} MiB")
     for kind in ("small", "binary", "json"):
         r = asyncio.run(one_kind(kind, args.mib))
