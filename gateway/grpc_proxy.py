@@ -8,8 +8,9 @@ does (:meth:`~tidal.gateway.server.Gateway.route`), and sends the same bytes to 
 gRPC port (its HTTP URL's host, ``replicaGrpcPort``); the answer's bytes, status, details and
 trailing metadata (``retry-after``) come back unchanged. A model call with no routable replica
 is held like an HTTP request: counted in the same ``held_now`` (so ``GET /v2/tidal/held`` and
-the operator's wake see it), bounded by the same ``maxHeldRequests``, for ``holdTimeoutSeconds``
-or the call's own deadline when shorter, then ``UNAVAILABLE`` with a message saying so.
+the operator's wake see it), bounded by the same ``maxHeldRequests`` and ``maxHeldBytes``, for
+``holdTimeoutSeconds`` or the call's own deadline when shorter (and no longer than the drain on
+SIGTERM), then ``UNAVAILABLE`` with a message saying so and a ``retry-after`` (seconds).
 A replica that answers ``UNAVAILABLE`` (no such answer is a served request) or cannot be
 reached is tried once more on another, as HTTP does.
 
