@@ -9,9 +9,13 @@
 * :class:`QuietClientFaults` turns aiohttp's tracebacks for a client's malformed HTTP or a
   reset connection into one DEBUG line (dropped unless DEBUG is on): not the server's fault.
 * :class:`JsonErrorRunner` is an ``AppRunner`` whose protocol-level answers (aiohttp's own 400
-  for malformed HTTP, sent before any route runs) carry ``{"error": ...}`` like every other, and
+  for malformed HTTP, sent before any route runs) carry ``{"error": ...}`` like every other,
   whose connections must deliver each request's header block within a time limit (aiohttp has
-  no such limit: a client that sends half a header block would hold its connection forever).
+  no such limit: a client that sends half a header block would hold its connection forever),
+  and which call ``request[ON_CLIENT_GONE]`` (when a handler set it) if the client hangs up
+  before its answer: a handler that waits (the gateway's hold) learns of it at once, with no
+  polling and without cancelling every handler whose client left (aiohttp's
+  ``handler_cancellation`` would cancel forwards in flight too).
 
 Each server maps :class:`BodyError` onto its own error type (the runtime's ``ServingError``
 tree, the gateway's JSON answers); nothing here knows either of them.
@@ -35,6 +39,7 @@ from tidal.common.body import CLIENT_CLOSED, BodyError, parse_json
 __all__ = [
     "CLIENT_CLOSED",
     "DEFAULT_HEADER_READ_TIMEOUT_S",
+    "ON_CLIENT_GONE",
     "BodyError",
     "JsonErrorRunner",
     "declared_too_large",
@@ -106,11 +111,13 @@ def json_error(status: int, message: str, headers: dict[str, str] | None = None)
 
 
 DEFAULT_HEADER_READ_TIMEOUT_S = 30.0
+ON_CLIENT_GONE: web.RequestKey[Callable[[], None]] = web.RequestKey("tidal_on_client_gone")
 
 
 class _JsonErrorHandler(RequestHandler):
     """aiohttp's protocol handler, answering its own errors (malformed HTTP) in JSON, and
-    closing a connection whose request header block does not complete in time.
+    closing a connection whose request header block does not complete in time, and telling a
+    handler that set ``request[ON_CLIENT_GONE]`` that its client hung up.
 
     The header clock starts when the connection opens (its first request) or, on a kept-alive
     connection, at the first byte of the next request: an idle kept-alive connection is
@@ -146,7 +153,11 @@ class _JsonErrorHandler(RequestHandler):
     def connection_lost(self, exc: BaseException | None) -> None:
         self._disarm_header_timer()
         self._last_payload = None
+        request = self._current_request  # the request whose handler runs now, if any
         super().connection_lost(exc)
+        on_gone = request.get(ON_CLIENT_GONE) if request is not None else None
+        if on_gone is not None:
+            on_gone()
 
     def _waiting_for_request(self) -> bool:
         """No header block in yet, or between requests (none queued or being handled)."""

@@ -76,6 +76,12 @@ class GatewayConfig(_Model):
         gt=0,
         description="requests held at once; one more is answered 503 with Retry-After at once",
     )
+    max_held_bytes: int = Field(
+        default=256 * 2**20,
+        gt=0,
+        description="request body bytes held at once (the hold's memory budget); a request "
+        "that would go over it is answered 503 with Retry-After at once",
+    )
     replica_grpc_port: int = Field(
         default=8081,
         ge=1,

@@ -8,8 +8,9 @@ does (:meth:`~tidal.gateway.server.Gateway.route`), and sends the same bytes to 
 gRPC port (its HTTP URL's host, ``replicaGrpcPort``); the answer's bytes, status, details and
 trailing metadata (``retry-after``) come back unchanged. A model call with no routable replica
 is held like an HTTP request: counted in the same ``held_now`` (so ``GET /v2/tidal/held`` and
-the operator's wake see it), bounded by the same ``maxHeldRequests``, for ``holdTimeoutSeconds``
-or the call's own deadline when shorter, then ``UNAVAILABLE`` with a message saying so.
+the operator's wake see it), bounded by the same ``maxHeldRequests`` and ``maxHeldBytes``, for
+``holdTimeoutSeconds`` or the call's own deadline when shorter (and no longer than the drain on
+SIGTERM), then ``UNAVAILABLE`` with a message saying so and a ``retry-after`` (seconds).
 A replica that answers ``UNAVAILABLE`` (no such answer is a served request) or cannot be
 reached is tried once more on another, as HTTP does.
 
@@ -28,8 +29,10 @@ from urllib.parse import urlsplit
 
 import grpc
 
+from tidal.gateway.core.hold import admit
+
 if TYPE_CHECKING:
-    from tidal.gateway.server import Gateway
+    from tidal.gateway.server import Gateway, Held
 
 log = logging.getLogger("tidal.gateway.grpc")
 
@@ -198,17 +201,16 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc ships no 
         )
         excluded: frozenset[str] = frozenset()
         failures = 0
-        held_at: float | None = None
-        deadline = 0.0
+        held: Held | None = None
         holding = False
         outcome = "other"
         try:
             while True:
                 target = self._pick(model, excluded, hold)
                 if target is not None:
-                    if holding:
+                    if holding and held is not None:
                         holding = False
-                        gw._held_end(held_at)
+                        gw.hold_end(held, forwarded=True)
                     answer = await self._send(target, method, request, metadata, context)
                     if isinstance(answer, bytes):
                         outcome = "forwarded"
@@ -233,38 +235,45 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc ships no 
                         f"{self._what(model)} is not ready on any replica; retry later",
                     )
                 now = gw.loop.time()
-                if held_at is None:
-                    if gw.held_now >= gw.config.max_held_requests:
+                if held is None:
+                    refusal = admit(gw.held_now, gw.held_bytes, len(request), gw.hold_limits)
+                    if refusal is not None:
                         gw.metrics.hold_outcome["full"].inc()
                         await context.abort(
                             grpc.StatusCode.UNAVAILABLE,
-                            f"{self._what(model)} is not ready on any replica and "
-                            f"{gw.config.max_held_requests} requests are held already "
-                            "(maxHeldRequests); retry later",
+                            f"{self._what(model)} is not ready on any replica and cannot be "
+                            f"held: {refusal}; retry later",
+                            self._retry_after(model, full=True),
                         )
-                    held_at = now
                     seconds = gw.config.hold_timeout_seconds
                     remaining = context.time_remaining()
                     if remaining is not None:
                         seconds = min(seconds, max(remaining, 0.0))
-                    deadline = now + seconds
+                    held = gw.hold_begin(model, len(request), now, now + seconds)
                     holding = True
-                    gw._held_delta(1)
+                deadline = gw.hold_deadline(held)
                 if now >= deadline:
-                    outcome = "expired"
+                    drained = gw.draining and deadline < held.deadline
+                    outcome = "drained" if drained else "expired"
+                    why = "the gateway is shutting down and " if drained else ""
                     await context.abort(
                         grpc.StatusCode.UNAVAILABLE,
-                        f"{self._what(model)} is not ready on any replica; held "
-                        f"{now - held_at:.1f} s (holdTimeoutSeconds "
+                        f"{why}{self._what(model)} is not ready on any replica; held "
+                        f"{now - held.held_at:.1f} s (holdTimeoutSeconds "
                         f"{gw.config.hold_timeout_seconds:g}, or the call's deadline), "
                         "retry later",
+                        self._retry_after(model),
                     )
                 await gw.changes.wait(deadline - now)
         finally:
-            if holding:
-                gw._held_end(held_at)
-            if held_at is not None:
+            if holding and held is not None:
+                gw.hold_end(held)
+            if held is not None:
                 gw.metrics.hold_outcome[outcome].inc()
+
+    def _retry_after(self, model: str, full: bool = False) -> tuple[tuple[str, str], ...]:
+        """The hold's reasoned ``Retry-After``, as trailing metadata ``retry-after``."""
+        return (("retry-after", str(self.gateway.retry_after(model, full=full))),)
 
     def _what(self, model: str) -> str:
         return f"model {model!r}" if model else "the service"

@@ -20,7 +20,7 @@ LATENCY_BUCKETS = (
 )  # fmt: skip
 WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 LOAD_RESULTS = ("ok", "refused", "failed", "error")
-HOLD_OUTCOMES = ("forwarded", "expired", "full", "other")
+HOLD_OUTCOMES = ("forwarded", "expired", "full", "gone", "drained", "other")
 UPSTREAM_ERRORS = ("connect", "disconnect", "timeout", "unavailable")
 
 
@@ -55,9 +55,15 @@ class GatewayMetrics:
         self.hold_outcomes = Counter(
             "tidal_gateway_hold_outcomes",
             "Requests that had to wait for a replica, by outcome: forwarded, expired (503 at "
-            "the deadline), full (503 at once: maxHeldRequests held already), other (any other "
-            "answer, or the client went away).",
+            "the deadline), full (503 at once: maxHeldRequests or maxHeldBytes held already), "
+            "gone (the client hung up while held), drained (503 when the gateway stopped), "
+            "other (any other answer).",
             ["outcome"],
+            registry=r,
+        )
+        self.held_bytes = Gauge(
+            "tidal_gateway_held_bytes",
+            "Request body bytes held now (bounded by maxHeldBytes).",
             registry=r,
         )
         self.load_wait = Histogram(

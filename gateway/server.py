@@ -10,10 +10,15 @@
 * **Holding**: a request for a cold model waits on :class:`Changes` (woken by every hot-set
   change and every load that ends, never by a timer loop) and is routed again, until it can be
   forwarded or its deadline passes (``holdTimeoutSeconds``, or the request's own ``timeout``
-  parameter if smaller): then 503 with ``Retry-After``.  At most ``maxHeldRequests`` are held
-  at once (one more: 503 at once); ``GET /v2/tidal/held`` long-polls their count, which is how
-  the operator learns of demand at a service scaled to zero (``activator``: ready with no
-  replica, so the Service keeps an endpoint to hold requests at).
+  parameter if smaller): then 503 with ``Retry-After``.  What may be held, for how long, within
+  which bounds (``maxHeldRequests``, ``maxHeldBytes``: one more is a 503 at once) and the
+  ``Retry-After`` of every 503 on the way are :mod:`tidal.gateway.core.hold`'s decisions: a
+  request no model could serve is a 400 at once (never held, never demand), a client that
+  hangs up while held leaves at once (its slot freed, never forwarded), and on SIGTERM every
+  held request is answered by the end of ``shutdownDrainSeconds`` (forwarded if a replica is
+  routable, else 503).  ``GET /v2/tidal/held`` long-polls their count, which is how the
+  operator learns of demand at a service scaled to zero (``activator``: ready with no replica,
+  so the Service keeps an endpoint to hold requests at).
 * **Failures**: a forward that fails before any answer (connection refused or reset, replica
   gone, or a 502/503 from it) is retried once on another replica; then a clear 502/503.
 * **Watchers**: one task per replica long-polls ``GET /v2/tidal/models`` on a (control)
@@ -26,9 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -41,6 +44,7 @@ from pydantic import ValidationError
 
 from tidal.common.http import (
     CLIENT_CLOSED,
+    ON_CLIENT_GONE,
     BodyError,
     JsonErrorRunner,
     declared_too_large,
@@ -51,6 +55,14 @@ from tidal.common.http import (
 )
 from tidal.gateway import __version__
 from tidal.gateway.config import GatewayConfig, ReplicaList, ReplicaRef, format_validation_error
+from tidal.gateway.core.hold import (
+    HoldLimits,
+    admit,
+    check_held_request,
+    decoded_body,
+    hold_seconds,
+    retry_after,
+)
 from tidal.gateway.core.routing import LoadBudget, ReplicaView, Route, choose_route
 from tidal.gateway.core.views import (
     NO_LOADS,
@@ -77,8 +89,8 @@ FORWARDED = {name.lower().encode(): name for name in REQUEST_HEADERS}
 RETRIED_STATUSES = frozenset({502, 503})  # from a replica, before any byte of an answer
 WATCH_BACKOFF_FIRST_S = 0.05
 WATCH_BACKOFF_MAX_S = 2.0
-MAX_RETRY_AFTER_S = 30
 MAX_LONG_POLL_S = 30.0  # longest a GET /v2/tidal/held?seen=… waits for a change
+HOLDS_ANSWERED_S = 5.0  # after the drain: how long the last held answers may take to leave
 # A replica that cannot be reached or answers nonsense: unhealthy until it answers again.
 WATCH_ERRORS = (aiohttp.ClientError, OSError, TimeoutError, ValueError, KeyError, TypeError)
 UNKNOWN_LABEL = "(unknown)"  # metrics label of names no replica serves (bounded cardinality)
@@ -241,6 +253,30 @@ class Replica:
         }
 
 
+@dataclass(eq=False)
+class Held:
+    """One request held now (HTTP or gRPC): what it weighs and when it must be answered."""
+
+    model: str
+    size: int
+    held_at: float
+    deadline: float
+
+
+@dataclass(eq=False)
+class ClientWatch:
+    """A held HTTP request's client: :func:`client_gone` runs when it hangs up (the
+    connection's ``ON_CLIENT_GONE``); a hold waiting then is cancelled and lets it go."""
+
+    waiting: asyncio.Task[Any] | None = None  # the handler's task while it waits in the hold
+    gone: bool = False
+
+    def client_gone(self) -> None:
+        self.gone = True
+        if self.waiting is not None:
+            self.waiting.cancel()
+
+
 @dataclass(frozen=True)
 class LoadFailure:
     """A load that failed for a reason other than room (a broken engine): held requests get it."""
@@ -273,11 +309,17 @@ class Gateway:
         self.changes = Changes()
         # Requests held now, and a wake-up for the operator's long-poll of that count.
         self.held_now = 0
+        self.held_bytes = 0
         self.held_changes = Changes()
         # Infer requests received since the gateway started (HTTP and gRPC, held or not): the
         # count the operator's scale-to-zero forecast learns from, every arrival once.
         self.arrivals = 0
+        self._held: dict[str, dict[Held, None]] = {}  # per model, oldest first
+        self._held_all: dict[Held, None] = {}  # oldest first
+        self._wake_seconds: dict[str, float] = {}  # the last wait of a hold until routable
+        self.hold_limits = HoldLimits(config.max_held_requests, config.max_held_bytes)
         self.draining = False
+        self.holds_end_at: float | None = None  # set on SIGTERM: no hold lasts past it
         self.name = os.environ.get("POD_NAME") or "tidal-gateway"
         self._initial = list(replicas)
         self._load_failures: dict[str, LoadFailure] = {}
@@ -330,7 +372,22 @@ class Gateway:
                 await replica.control.close()
 
     def start_draining(self) -> None:
+        """Not ready from now on; every hold ends within ``shutdownDrainSeconds`` (held
+        requests are forwarded if a replica becomes routable by then, else answered 503),
+        so the process exits within the pod's grace period, not at the hold deadlines."""
         self.draining = True
+        self.holds_end_at = self.loop.time() + self.config.shutdown_drain_seconds
+        self.changes.notify()  # every held request takes the new deadline
+
+    async def holds_answered(self, within_s: float) -> bool:
+        """Wait until no request is held (True), at most ``within_s`` seconds."""
+        deadline = self.loop.time() + within_s
+        while self.held_now > 0:
+            left = deadline - self.loop.time()
+            if left <= 0:
+                return False
+            await self.held_changes.wait(left)
+        return True
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -522,86 +579,164 @@ class Gateway:
         body: bytes,
         headers: list[tuple[str, str]],
         hold: bool,
+        client: ClientWatch | None = None,
     ) -> tuple[web.Response, bool]:
-        """Route, forward, retry once, hold for a cold model; returns (answer, was held)."""
+        """Route, forward, retry once, hold for a cold model; returns (answer, was held).
+
+        ``client``: an HTTP infer request's client, whose body is checked before it is held
+        (a 400 at once for what no model accepts) and who leaves the hold if it hangs up."""
         if hold:
             self.arrivals += 1
         failures: list[Failed] = []
         excluded: frozenset[str] = frozenset()
-        held_at: float | None = None
+        held: Held | None = None
         holding = False  # counted in held_now: from the first hold until forwarded or answered
-        deadline = 0.0
         outcome = "other"
         try:
             while True:
+                if client is not None and client.gone and held is not None:
+                    outcome = "gone"
+                    return self._gone(), True
                 route = self.route(model, excluded)
                 if route.action == "reject" and excluded:
                     route = self.route(model)  # no other replica: the failed one, once healthy
                 self.metrics.decision[route.reason].inc()
                 target = route.replica if (route.action == "forward" or not hold) else None
                 if target is not None:
-                    if holding:  # a forwarded request is the replica's, no longer held
+                    if holding and held is not None:  # forwarded: the replica's, not held
                         holding = False
-                        self._held_end(held_at)
+                        self._hold_end(held, forwarded=True)
                     if route.extra_load is not None:
                         self._start_load(route.extra_load, model)
                     answer = await self._forward(self.replicas[target], method, path, body, headers)
                     if not isinstance(answer, Failed):
                         outcome = "forwarded"
-                        return answer, held_at is not None
+                        return answer, held is not None
                     failures.append(answer)
                     if len(failures) == 2:
-                        return self._give_up(model, failures), held_at is not None
+                        return self._give_up(model, failures), held is not None
                     excluded = excluded | {target}
                     continue
                 if route.status == 404:
-                    return error(404, f"unknown model {model!r}"), held_at is not None
+                    return error(404, f"unknown model {model!r}"), held is not None
                 if not hold:
                     return self._not_ready(model, route, 0.0), False
                 now = self.loop.time()
-                if held_at is None:
-                    if self.held_now >= self.config.max_held_requests:
+                if held is None:
+                    timeout_us = None
+                    if client is not None and client.gone:  # never held, never demand
+                        return self._gone(), False
+                    if client is not None:  # judged before it may count as demand
+                        try:
+                            timeout_us = self._judge(body, headers)
+                        except BodyError as exc:
+                            return body_error(exc), False
+                    refusal = admit(self.held_now, self.held_bytes, len(body), self.hold_limits)
+                    if refusal is not None:
                         self.metrics.hold_outcome["full"].inc()
-                        return self._full(model, route), False
-                    held_at = now
-                    deadline = now + self._hold_seconds(body, headers)
+                        return self._full(model, route.reason, refusal), False
+                    seconds = hold_seconds(self.config.hold_timeout_seconds, timeout_us)
+                    held = self.hold_begin(model, len(body), now, now + seconds)
                     holding = True
-                    self._held_delta(1)
                 failure = self._load_failures.get(model)
-                if failure is not None and failure.at >= held_at:
+                if failure is not None and failure.at >= held.held_at:
                     headers_out = {"Content-Type": failure.content_type}
                     return web.Response(
                         body=failure.body, status=failure.status, headers=headers_out
                     ), True
                 if route.action == "load" and route.replica is not None:
                     self._start_load(route.replica, model)
+                deadline = self.hold_deadline(held)
                 if now >= deadline:
+                    if self.draining and deadline < held.deadline:
+                        outcome = "drained"
+                        return self._drained(model, route.reason, now - held.held_at), True
                     outcome = "expired"
-                    return self._not_ready(model, route, now - held_at), True
-                await self.changes.wait(deadline - now)
+                    return self._not_ready(model, route, now - held.held_at), True
+                if client is None:
+                    await self.changes.wait(deadline - now)
+                    continue
+                task = asyncio.current_task()
+                client.waiting = task
+                try:
+                    await self.changes.wait(deadline - now)
+                except asyncio.CancelledError:
+                    if not client.gone or task is None:
+                        raise
+                    task.uncancel()  # our own cancel (the client left), not the server's
+                finally:
+                    client.waiting = None
         finally:
-            if holding:
-                self._held_end(held_at)
-            if held_at is not None:
+            if holding and held is not None:
+                self._hold_end(held)
+            if held is not None:
                 self.metrics.hold_outcome[outcome].inc()
 
-    def _held_end(self, held_at: float | None) -> None:
-        self._held_delta(-1)
-        if held_at is not None:
-            self.metrics.load_wait.observe(self.loop.time() - held_at)
+    def _judge(self, body: bytes, headers: list[tuple[str, str]]) -> int | None:
+        """The request's own timeout (µs), or :class:`BodyError` for what no model serves."""
+        encoding = _header(headers, "Content-Encoding")
+        decoded = decoded_body(body, encoding, self.config.max_request_bytes)
+        if decoded is None:  # an encoding the gateway does not decode: the replica judges
+            return None
+        return check_held_request(decoded, _header(headers, HEADER_LENGTH)).timeout_us
 
-    def _held_delta(self, delta: int) -> None:
-        self.held_now += delta
+    # -- the hold's book-keeping (HTTP and gRPC alike) ------------------------------------------
+
+    def hold_begin(self, model: str, size: int, now: float, deadline: float) -> Held:
+        """Count one more held request (admitted by :func:`admit`): demand the operator sees."""
+        held = Held(model, size, now, deadline)
+        self._held.setdefault(model, {})[held] = None
+        self._held_all[held] = None
+        self._held_counts(1, size)
+        return held
+
+    def _hold_end(self, held: Held, forwarded: bool = False) -> None:
+        now = self.loop.time()
+        waiting = self._held.get(held.model)
+        if waiting is not None:
+            if forwarded and next(iter(waiting)) is held:  # the oldest: how long a wake took
+                self._wake_seconds[held.model] = now - held.held_at
+            waiting.pop(held, None)
+            if not waiting:
+                del self._held[held.model]
+        self._held_all.pop(held, None)
+        self._held_counts(-1, -held.size)
+        self.metrics.load_wait.observe(now - held.held_at)
+
+    def hold_end(self, held: Held, forwarded: bool = False) -> None:
+        """The request is no longer held: forwarded (``forwarded``), answered or gone."""
+        self._hold_end(held, forwarded)
+
+    def hold_deadline(self, held: Held) -> float:
+        """Its own deadline, or the end of the drain when that comes first."""
+        if self.holds_end_at is not None and self.holds_end_at < held.deadline:
+            return self.holds_end_at
+        return held.deadline
+
+    def _held_counts(self, requests: int, size: int) -> None:
+        self.held_now += requests
+        self.held_bytes += size
         self.metrics.held.set(self.held_now)
+        self.metrics.held_bytes.set(self.held_bytes)
         self.held_changes.notify()
 
-    def _full(self, model: str, route: Route) -> web.Response:
+    def _gone(self) -> web.Response:
+        return error(CLIENT_CLOSED, "the client closed the connection while its request was held")
+
+    def _full(self, model: str, reason: str, refusal: str) -> web.Response:
         return error(
             503,
-            f"model {model!r} is not ready on any replica ({route.reason}) and "
-            f"{self.config.max_held_requests} requests are held already (maxHeldRequests); "
-            "retry later",
-            self._retry_after(model),
+            f"model {model!r} is not ready on any replica ({reason}) and it cannot be held: "
+            f"{refusal}; retry later",
+            self.retry_after(model, full=True),
+        )
+
+    def _drained(self, model: str, reason: str, held_s: float) -> web.Response:
+        return error(
+            503,
+            f"the gateway is shutting down and model {model!r} is not ready on any replica "
+            f"({reason}); held {held_s:.1f} s, retry later (another gateway pod holds it)",
+            self.retry_after(model),
         )
 
     def _give_up(self, model: str, failures: list[Failed]) -> web.Response:
@@ -611,36 +746,34 @@ class Gateway:
         tried = "; then ".join(f.detail for f in failures)
         return error(502, f"model {model!r}: no replica answered: {tried}")
 
-    def _retry_after(self, model: str) -> int:
-        estimate = max(
-            (r.load_seconds.get(model, 0.0) for r in self.replicas.values()), default=0.0
+    def expected_wake(self, model: str) -> float | None:
+        """How long until ``model`` is routable once a hold begins: its last measured load
+        time on a replica, else how long the last hold for it waited for a replica (a wake
+        from zero), else unknown."""
+        loads = max((r.load_seconds.get(model, 0.0) for r in self.replicas.values()), default=0.0)
+        return loads if loads > 0 else self._wake_seconds.get(model)
+
+    def retry_after(self, model: str, full: bool = False) -> int:
+        """``Retry-After`` of a 503 for ``model`` (:func:`~tidal.gateway.core.hold.retry_after`):
+        the time a replica is still expected to take, judged by the age of the oldest hold for
+        the model; ``full``: no later than the oldest held request leaves (room)."""
+        waiting = self._held.get(model)
+        oldest = next(iter(waiting)) if waiting else None
+        first = next(iter(self._held_all)) if full and self._held_all else None
+        return retry_after(
+            self.loop.time(),
+            expected_wake_s=self.expected_wake(model),
+            waiting_since=oldest.held_at if oldest is not None else None,
+            room_at=self.hold_deadline(first) if first is not None else None,
         )
-        return min(MAX_RETRY_AFTER_S, max(1, math.ceil(estimate)))
 
     def _not_ready(self, model: str, route: Route, held: float) -> web.Response:
-        retry_after = self._retry_after(model)
         waited = f"held {held:.1f} s, " if held > 0 else ""
         return error(
             503,
             f"model {model!r} is not ready on any replica ({route.reason}); {waited}retry later",
-            retry_after,
+            self.retry_after(model),
         )
-
-    def _hold_seconds(self, body: bytes, headers: list[tuple[str, str]]) -> float:
-        """holdTimeoutSeconds, or the request's own ``timeout`` parameter (µs) when smaller.
-
-        Only a held request pays for parsing its JSON header; forwarded ones are never parsed.
-        """
-        hold = self.config.hold_timeout_seconds
-        try:
-            length = next((v for k, v in headers if k == HEADER_LENGTH), None)
-            header = json.loads(body[: int(length)] if length is not None else body)
-            timeout_us = header["parameters"]["timeout"]
-        except (ValueError, KeyError, TypeError, IndexError):
-            return hold
-        if isinstance(timeout_us, int | float) and timeout_us > 0:
-            return min(hold, timeout_us / 1e6)
-        return hold
 
     # -- loads --------------------------------------------------------------------------------
 
@@ -720,8 +853,19 @@ class Gateway:
         except BodyError as exc:
             response = body_error(exc)
         else:
+            client = ClientWatch()
+            request[ON_CLIENT_GONE] = client.client_gone
+            transport = request.transport
+            if transport is None or transport.is_closing():  # gone before the hook was set
+                client.gone = True
             response, held = await self.dispatch(
-                model, "POST", request.raw_path, body, forwarded_headers(request), hold=True
+                model,
+                "POST",
+                request.raw_path,
+                body,
+                forwarded_headers(request),
+                hold=True,
+                client=client,
             )
         self.metrics.answered(
             self._model_label(model), response.status, held, self.loop.time() - started
@@ -858,6 +1002,10 @@ class Gateway:
 GATEWAY = web.AppKey("tidal_gateway", Gateway)
 
 
+def _header(headers: list[tuple[str, str]], name: str) -> str | None:
+    return next((value for key, value in headers if key == name), None)
+
+
 def forwarded_headers(request: web.BaseRequest) -> list[tuple[str, str]]:
     """The headers that carry a body's meaning, first of each name, exactly as they came."""
     found: dict[str, str] = {}
@@ -904,8 +1052,16 @@ async def serve(
         )
         await (stop or asyncio.Event()).wait()
         gateway.start_draining()
-        log.info("stopping: not ready, serving for %.1fs more", config.shutdown_drain_seconds)
+        log.info(
+            "stopping: not ready, serving for %.1fs more (%d requests held)",
+            config.shutdown_drain_seconds,
+            gateway.held_now,
+        )
         await asyncio.sleep(config.shutdown_drain_seconds)
+        # Each hold ended with the drain: wait for the last answers to leave (a held request
+        # forwarded at the end is the replica's, no longer held).
+        if not await gateway.holds_answered(HOLDS_ANSWERED_S):
+            log.warning("stopping with %d requests still held", gateway.held_now)
     finally:
         if grpc_server is not None and proxy is not None:
             await grpc_server.stop(1.0)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -206,7 +207,7 @@ def secret_fields(isvc: InferenceService) -> dict[str, str]:
     for pool in pools_of(isvc):
         s3 = pool.runtime.storage.s3
         if s3 is not None and s3.credentials_secret is not None:
-            path = _paths_of(isvc, pool.name).runtime("storage")
+            path = paths_of(isvc, pool.name).runtime("storage")
             out.setdefault(s3.credentials_secret, f"{path}.s3.credentialsSecret")
     return out
 
@@ -764,6 +765,33 @@ NO_EXTRA_COPIES = 1_000_000
 ACTIVATOR_HOLD_SECONDS = 120.0
 
 
+# The activator's memory: what it holds is bounded by the gateway's maxHeldBytes (set here, so
+# that the budget and the pod's memory come from one place) and its pod asks for memory sized
+# from it. Measured by bench/activator_memory.py (gateway README, "Memory"): idle RSS ~60 MiB;
+# with the hold full of 8 MiB bodies ~1.1 bytes of RSS per held byte (binary tensors), the
+# peak ~1.2 (JSON bodies: the hold parses each JSON header it keeps, one at a time).
+ACTIVATOR_HELD_BYTES = 256 * 2**20
+ACTIVATOR_BASE_BYTES = 64 * 2**20  # the idle process (~60 MiB measured)
+ACTIVATOR_HELD_FACTOR = 1.3  # RSS per held body byte, with room over the ~1.2 measured
+# Over the request: bodies being read or forwarded (each up to maxRequestBytes, 64 MiB) while
+# the hold is full. The activator stays in the data path once the service is up, so a burst of
+# large bodies in flight shares this headroom; no CPU limit (throttling would add latency to
+# every request through it), a CPU request so that it is scheduled where it can run.
+ACTIVATOR_IN_FLIGHT_BYTES = 4 * 64 * 2**20
+ACTIVATOR_CPU_REQUEST = "100m"
+
+
+def activator_resources(held_bytes: int = ACTIVATOR_HELD_BYTES) -> dict[str, dict[str, str]]:
+    """The activator container's requests and limits, sized from its hold's byte budget."""
+    request = ACTIVATOR_BASE_BYTES + math.ceil(held_bytes * ACTIVATOR_HELD_FACTOR)
+    limit = request + ACTIVATOR_IN_FLIGHT_BYTES
+    mib = 2**20
+    return {
+        "requests": {"cpu": ACTIVATOR_CPU_REQUEST, "memory": f"{math.ceil(request / mib)}Mi"},
+        "limits": {"memory": f"{math.ceil(limit / mib)}Mi"},
+    }
+
+
 def activator_hold_seconds(isvc: InferenceService) -> float:
     """How long the activator in front of a single-model service holds a request."""
     hold = isvc.spec.autoscaling.hold_timeout_seconds
@@ -789,6 +817,7 @@ def gateway_config(isvc: InferenceService) -> dict[str, Any]:
     }
     if may_scale_to_zero(isvc):
         config["activator"] = True
+        config["maxHeldBytes"] = ACTIVATOR_HELD_BYTES
         if isvc.spec.fleet is None:
             config["holdTimeoutSeconds"] = activator_hold_seconds(isvc)
     return config
@@ -836,6 +865,8 @@ def _gateway_deployment(isvc: InferenceService) -> dict[str, Any]:
         container["resources"] = {
             k: v for k, v in (("requests", requests), ("limits", limits)) if v
         }
+    elif may_scale_to_zero(isvc):  # the activator: memory sized from what it may hold
+        container["resources"] = activator_resources()
     container["volumeMounts"] = [{"name": "tmp", "mountPath": TMP_MOUNT}]
     container["securityContext"] = CONTAINER_SECURITY
     pod_spec: dict[str, Any] = {

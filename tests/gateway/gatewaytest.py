@@ -161,6 +161,8 @@ class ServedGateway:
                 self.grpc_port = proxy.port
             self._started.set()
             await self._stop.wait()
+            self.gateway.start_draining()  # as the process does on SIGTERM: holds end
+            await self.gateway.holds_answered(self.config.shutdown_drain_seconds + 10)
             if server is not None and proxy is not None:
                 await server.stop(1.0)
                 await proxy.close()

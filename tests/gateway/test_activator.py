@@ -4,11 +4,16 @@ operator pushes a replica: none lost, none answered twice."""
 
 from __future__ import annotations
 
+import gzip
+import json
+import socket
 import threading
 import time
 from typing import Any
 
-from gatewaytest import http, wait_for
+from gatewaytest import INFER_BODY, http, wait_for
+
+HEADER = "Inference-Header-Content-Length"
 
 BURST = 30
 
@@ -120,3 +125,142 @@ def test_a_gateway_that_is_not_an_activator_is_not_ready_without_replicas(gatewa
     gw = gateway([], models=["m0"])
     status, _, body = http("GET", f"{gw.url}/v2/health/ready")
     assert status == 503 and "no healthy replica" in body["error"], body
+
+
+def _outcomes(gw: Any) -> dict[str, float]:
+    names = ("forwarded", "expired", "full", "gone", "drained", "other")
+    return {o: gw.metric("tidal_gateway_hold_outcomes_total", outcome=o) for o in names}
+
+
+def test_a_request_no_model_could_serve_is_refused_at_once_and_wakes_nothing(
+    gateway, caplog
+) -> None:
+    caplog.set_level("INFO")
+    gw = gateway([], activator=True, models=["m0"], holdTimeoutSeconds=120)
+    header = b'{"inputs": [{"name": "input", "datatype": "FP32", "shape": [1], "data": [1]}]}'
+    cases = {
+        "empty body": (b"", {}),
+        "bad JSON": (b'{"inputs": [', {}),
+        "not UTF-8": (b'{"inputs": "\xff\xfe\xfa"}', {}),
+        "nested 1,000 deep": (b"[" * 1000 + b"]" * 1000, {}),
+        "nested 1,000 deep inside": (b'{"inputs": [' + b"[" * 1000 + b"]" * 1000 + b"]}", {}),
+        "no inputs": (b'{"outputs": []}', {}),
+        "header length past the body": (header, {HEADER: str(len(header) + 10)}),
+        "header length not a number": (header, {HEADER: "twelve"}),
+        "timeout not an integer": (b'{"inputs": [{}], "parameters": {"timeout": "1"}}', {}),
+        "gzip cut short": (gzip.compress(INFER_BODY)[:30], {"Content-Encoding": "gzip"}),
+        "gzip of bad JSON": (gzip.compress(b"{"), {"Content-Encoding": "gzip"}),
+    }
+    for case, (body, headers) in cases.items():
+        started = time.monotonic()
+        status, _, answer = http("POST", f"{gw.url}/v2/models/m0/infer", body, headers)
+        took = time.monotonic() - started
+        assert status == 400, (case, status, answer)
+        assert took < 30, f"{case}: answered after {took:.1f} s (held, not refused)"
+    # None of them was held: no hold began, nothing was counted as demand.
+    assert _outcomes(gw) == dict.fromkeys(_outcomes(gw), 0.0), _outcomes(gw)
+    assert gw.metric("tidal_gateway_load_wait_seconds_count") == 0
+    assert _held(gw) == 0
+    assert gw.metric("tidal_gateway_requests_total", model="m0", code="400", cache="hot") == len(
+        cases
+    )
+    loud = [r for r in caplog.records if r.levelno >= 40 or r.exc_info]
+    assert not loud, [(r.levelname, r.getMessage()) for r in loud[:3]]
+
+
+def test_a_timeout_of_any_size_is_held_for_the_hold_timeout_not_a_500(gateway, caplog) -> None:
+    caplog.set_level("INFO")
+    gw = gateway([], activator=True, models=["m0"], holdTimeoutSeconds=1)
+    body = b'{"inputs": [{}], "parameters": {"timeout": 1' + b"0" * 400 + b"}}"
+    status, headers, answer = gw.infer("m0", body)
+    assert status == 503 and "held" in answer["error"], (status, answer)
+    assert int(headers["Retry-After"]) >= 1, headers
+    assert _outcomes(gw)["expired"] == 1, _outcomes(gw)
+    # A compressed request is judged as the replica will read it: held, not refused.
+    encoded = {"Content-Encoding": "gzip"}
+    status, headers, answer = gw.infer("m0", gzip.compress(INFER_BODY), **encoded)
+    assert status == 503 and "held" in answer["error"], (status, answer)
+    assert _outcomes(gw)["expired"] == 2, _outcomes(gw)
+    loud = [r for r in caplog.records if r.levelno >= 40 or r.exc_info]
+    assert not loud, [(r.levelname, r.getMessage()) for r in loud[:3]]
+
+
+def _held_over_socket(url: str, body: bytes) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=60)
+    head = (
+        f"POST /v2/models/m0/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    sock.sendall(head.encode() + body)
+    return sock
+
+
+def test_a_client_that_hangs_up_while_held_frees_its_slot_and_is_never_forwarded(
+    runtimes, runtime_config, gateway, caplog
+) -> None:
+    caplog.set_level("INFO")
+    gw = gateway([], activator=True, models=["m0"], holdTimeoutSeconds=120)
+    count = 20
+    sockets = [_held_over_socket(gw.url, INFER_BODY) for _ in range(count)]
+    wait_for(lambda: _held(gw) == count, 30, f"{count} requests held")
+    for sock in sockets:
+        sock.close()
+    wait_for(
+        lambda: _held(gw) == 0,
+        30,
+        "every hold released once its client hung up (the hold is 120 s)",
+    )
+    assert _outcomes(gw)["gone"] == count, _outcomes(gw)
+    assert gw.metric("tidal_gateway_requests_total", model="m0", code="499", cache="cold") == count
+    # Clients that hang up as soon as they have sent (before or while the gateway holds them).
+    for _ in range(count):
+        _held_over_socket(gw.url, INFER_BODY).close()
+    wait_for(
+        lambda: (
+            gw.metric("tidal_gateway_requests_total", model="m0", code="499", cache="cold")
+            + gw.metric("tidal_gateway_requests_total", model="m0", code="499", cache="hot")
+            == 2 * count
+        ),
+        30,
+        "every client that sent and hung up at once answered 499 (the hold is 120 s)",
+    )
+    assert _held(gw) == 0
+    # A replica arrives: none of the gone requests reaches it; a live one does, once.
+    (a,) = runtimes(("rt-a", runtime_config(preload=("m0",), models=("m0",))))
+    status, _, body = http("PUT", f"{gw.url}/v2/tidal/replicas", {"replicas": [a.ref.model_dump()]})
+    assert status == 200, body
+    wait_for(lambda: gw.hot_on("m0") == ["rt-a"], 30, "the replica routable")
+    assert gw.infer("m0")[0] == 200
+    assert a.answered("m0") == 1, f"{a.answered('m0')} answered: gone clients were forwarded"
+    assert _outcomes(gw)["forwarded"] == 0, _outcomes(gw)
+    loud = [r for r in caplog.records if r.levelno >= 40 or r.exc_info]
+    assert not loud, [(r.levelname, r.getMessage()) for r in loud[:3]]
+
+
+def test_held_bytes_are_bounded_and_a_refusal_says_when_to_come_back(gateway) -> None:
+    body = json.dumps(
+        {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 16], "data": [0.5] * 16}]}
+    ).encode()
+    body += b" " * (1000 - len(body))  # 1,000 bytes each
+    gw = gateway([], activator=True, models=["m0"], holdTimeoutSeconds=120, maxHeldBytes=2500)
+    _, results = _in_threads(2, lambda i: gw.infer("m0", body))
+    wait_for(lambda: _held(gw) == 2, 30, "2 requests held")
+    held_since = time.monotonic()
+    assert gw.metric("tidal_gateway_held_bytes") == 2000
+    # A third would take the held bodies past maxHeldBytes: refused at once, naming the budget.
+    status, headers, answer = gw.infer("m0", body)
+    assert status == 503 and "maxHeldBytes" in answer["error"], (status, answer)
+    assert _held(gw) == 2
+    # Retry-After is the wait still expected: with no wake measured yet, as long as the hold
+    # has already waited (a client is not invited back every second to a hold still waiting).
+    wait_for(lambda: time.monotonic() - held_since > 4, 30, "the hold 4 s old")
+    status, headers, answer = gw.infer("m0", body)
+    assert status == 503, (status, answer)
+    assert 4 <= int(headers["Retry-After"]) <= 30, (headers, answer)
+    assert _outcomes(gw)["full"] == 2, _outcomes(gw)
+    # A body larger than the whole budget could never be held.
+    status, headers, answer = gw.infer("m0", body + b" " * 2000)
+    assert status == 503 and "larger than maxHeldBytes" in answer["error"], (status, answer)
+    assert int(headers["Retry-After"]) >= 1, headers
+    assert all(r is None for r in results), "a held request was answered while still held"

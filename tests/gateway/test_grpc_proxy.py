@@ -144,11 +144,15 @@ def test_held_grpc_calls_are_bounded_and_expire_unavailable(gateway) -> None:
         _raw_call(gw.grpc_port, "ModelInfer", request, timeout=60)
     assert caught.value.code() == grpc.StatusCode.UNAVAILABLE, caught.value
     assert "maxHeldRequests" in (caught.value.details() or ""), caught.value.details()
+    # Each UNAVAILABLE of the hold says when to come back, as HTTP's Retry-After does.
+    trailing = dict(caught.value.trailing_metadata() or ())
+    assert 1 <= int(trailing["retry-after"]) <= 30, trailing
     for thread in threads:
         thread.join(60)
     for exc in errors:
         assert exc is not None and exc.code() == grpc.StatusCode.UNAVAILABLE, exc
         assert "not ready on any replica; held" in (exc.details() or ""), exc.details()
+        assert 1 <= int(dict(exc.trailing_metadata() or ())["retry-after"]) <= 30, exc
     assert _held(gw) == 0
     assert gw.metric("tidal_gateway_hold_outcomes_total", outcome="expired") == 2
     # The call's own deadline shortens the hold: DEADLINE_EXCEEDED at the client, no wait

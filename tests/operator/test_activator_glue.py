@@ -113,3 +113,39 @@ def test_a_fleet_keeps_its_own_gateway_hold() -> None:
 def test_a_fleet_that_never_reaches_zero_is_no_activator() -> None:
     isvc = parse_inference_service(minimal(fleet={}, memory={"engineCacheBudget": "1Gi"}))
     assert "activator" not in gateway_config(isvc)
+
+
+def _quantity_bytes(value: str) -> int:
+    assert value.endswith("Mi"), value
+    return int(value[:-2]) * 2**20
+
+
+def test_the_activator_pod_asks_for_memory_sized_from_its_byte_budget() -> None:
+    isvc = parse_inference_service(minimal(autoscaling={"minReplicas": 0}))
+    gateway = by_kind(desired_objects(isvc, Observed()))[("Deployment", "svc-gateway")]
+    container = gateway["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    budget = load_config(
+        env={"TIDAL_GATEWAY_CONFIG_JSON": env["TIDAL_GATEWAY_CONFIG_JSON"]}
+    ).max_held_bytes
+    resources = container["resources"]
+    request = _quantity_bytes(resources["requests"]["memory"])
+    limit = _quantity_bytes(resources["limits"]["memory"])
+    # The hold full (its budget, ~1.2 bytes of RSS per held byte measured) and the idle process
+    # fit in the request; the limit leaves room for bodies in flight; no CPU limit (it would
+    # throttle every request through the activator).
+    assert request >= 1.2 * budget + 60 * 2**20, (request, budget)
+    assert limit > request, resources
+    assert "cpu" in resources["requests"] and "cpu" not in resources["limits"], resources
+    # Resources the user set for a fleet's gateway stay the user's.
+    fleet = parse_inference_service(
+        minimal(
+            fleet={"gateway": {"resources": {"limits": {"memory": "2Gi"}}}},
+            memory={"engineCacheBudget": "1Gi"},
+            autoscaling={"minReplicas": 0},
+        )
+    )
+    own = by_kind(desired_objects(fleet, Observed()))[("Deployment", "svc-gateway")]
+    assert own["spec"]["template"]["spec"]["containers"][0]["resources"] == {
+        "limits": {"memory": "2Gi"}
+    }
