@@ -4,8 +4,8 @@ The session's real node (``real_sandbox``, shared with the other scenarios) for 
 The steps run in order and build on each other, as a user's first hour does:
 
 1. the node is a real kubelet with ``nvidia.com/gpu``; pods resolve names through CoreDNS and have
-   no default route; every console script of both images starts, as non-root on a read-only
-   root filesystem, and neither image holds the sandbox;
+   no default route; each image's console scripts start, as non-root on a read-only root
+   filesystem, and each holds its own program's modules only (no sandbox, no other program);
 2. ``helm install`` of the chart with the built operator image: the operator runs in a pod with
    the chart's RBAC and in-cluster config, leader election on;
 3. ``kubectl apply`` of the single-model example (engines fetched over HTTP from a model store
@@ -291,31 +291,45 @@ def test_node_is_a_real_kubelet_with_gpus_dns_and_no_way_out(real: Sandbox) -> N
     assert facts == {"kubernetes": "10.96.0.1", "dns": "10.96.0.10", "default_route": False}, log
 
 
-@pytest.mark.parametrize("image", ["operator", "runtime_cpu"])
-def test_every_console_script_starts_non_root_read_only_and_no_sandbox(
+# Each image holds its own programs and their dependencies only (pyproject's extras).
+IMAGE_CONTENTS = {
+    "operator": (["tidal-operator"], ["tidal.operator", "kopf"], ["tidal.runtime", "numpy"]),
+    "runtime_cpu": (
+        ["tidal-runtime", "tidal-gateway"],
+        ["tidal.runtime", "tidal.gateway", "onnxruntime"],
+        ["tidal.operator", "kopf", "kubernetes"],
+    ),
+}
+
+
+@pytest.mark.parametrize("image", list(IMAGE_CONTENTS))
+def test_each_image_s_console_scripts_start_non_root_read_only_and_no_more(
     real: Sandbox, image: str
 ) -> None:
     ref = getattr(real.images, image).name
+    scripts, present, absent = IMAGE_CONTENTS[image]
     check = (
         "import importlib.util as u, json, os, sys;"
-        "print(json.dumps({'uid': os.getuid(), 'sandbox': u.find_spec('tidal.sandbox') is not None,"
-        " 'tests': u.find_spec('tests') is not None}))"
+        "print(json.dumps({'uid': os.getuid(),"
+        " 'modules': {m: u.find_spec(m) is not None for m in sys.argv[1:]}}))"
     )
+    modules = [*present, *absent, "tidal.sandbox", "tests", "pandas"]
     command = [
         "sh",
         "-ec",
-        "for s in tidal-operator tidal-runtime tidal-gateway; do "
+        f"for s in {' '.join(scripts)}; do "
         '$s --help > /dev/null; echo "$s ok"; done; '
         "touch /cannot-write 2>/dev/null && echo root-writable || echo root-read-only; "
-        f'python -c "{check}"',
+        f'python -c "{check}" {" ".join(modules)}',
     ]
     log = run_pod(
         real, command_pod(f"scripts-{image.replace('_', '-')}", ref, command), timeout=180
     )
-    for script in ("tidal-operator", "tidal-runtime", "tidal-gateway"):
+    for script in scripts:
         assert f"{script} ok" in log, log
     assert "root-read-only" in log, log
-    assert last_json_line(log) == {"uid": RUNTIME_UID, "sandbox": False, "tests": False}, log
+    want = {m: m in present for m in modules}
+    assert last_json_line(log) == {"uid": RUNTIME_UID, "modules": want}, log
 
 
 # -- 2. helm install -------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 # The tidal operator: `tidal-operator` (kopf) on a slim Python, as a non-root user.
 #
 # Build from the repository root (the context must be the repository):
-#   docker build -f images/operator.Dockerfile -t ghcr.io/tidal-serving/operator:0.1.0 .
+#   docker build -f images/operator.Dockerfile -t ghcr.io/tidal-serving/tidal-operator:0.1.0 .
+# (names and version: common/release.py, checked by tests/charts/test_release_names.py).
 # The chart (charts/tidal) runs it with a read-only root filesystem: nothing here writes to it.
 ARG PYTHON_IMAGE=python:3.12-slim-bookworm
 
@@ -14,10 +15,10 @@ WORKDIR /src
 # Only what the package is built from (tidal/ holds the links giving operator/, runtime/,
 # gateway/ and common/ their import names; see pyproject.toml). The sandbox is not part of it.
 COPY pyproject.toml ./
-# The dependencies first, in a layer of their own (listed in pyproject.toml): a change to the
-# code or the README rebuilds only the last step.
+# The dependencies first, in a layer of their own: pyproject.toml's shared ones and the `operator`
+# extra only (no inference stack); a change to the code or the README rebuilds only the last step.
 RUN python -m venv /opt/tidal \
- && python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'], sep='\n')" > /tmp/requirements.txt \
+ && python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print(*p['dependencies'], *[r for e in 'operator'.split(',') for r in p['optional-dependencies'][e]], sep='\n')" > /tmp/requirements.txt \
  && /opt/tidal/bin/pip install --no-cache-dir -r /tmp/requirements.txt
 COPY README.md ./
 COPY tidal/ tidal/
@@ -25,13 +26,18 @@ COPY operator/ operator/
 COPY runtime/ runtime/
 COPY gateway/ gateway/
 COPY common/ common/
+# The runtime's and the gateway's code and scripts go: their dependencies are not here.
 RUN /opt/tidal/bin/pip install --no-cache-dir --no-deps . \
+ && rm -rf /opt/tidal/bin/tidal-runtime /opt/tidal/bin/tidal-gateway \
+      /opt/tidal/lib/python3*/site-packages/tidal/runtime \
+      /opt/tidal/lib/python3*/site-packages/tidal/gateway \
  && /opt/tidal/bin/tidal-operator --help > /dev/null
 
 # --- final: the virtualenv alone ------------------------------------------------------------
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="tidal-operator" \
       org.opencontainers.image.description="Kubernetes operator for elastic GPU inference" \
+      org.opencontainers.image.version="0.1.0" \
       org.opencontainers.image.source="https://github.com/tidal-serving/tidal" \
       org.opencontainers.image.licenses="Apache-2.0"
 COPY --from=build /opt/tidal /opt/tidal

@@ -4,7 +4,8 @@
 # Python, as a non-root user with a read-only root filesystem. GPU nodes use runtime.Dockerfile.
 #
 # Build from the repository root (the context must be the repository):
-#   docker build -f images/runtime-cpu.Dockerfile -t ghcr.io/tidal-serving/runtime-cpu:0.3.0 .
+#   docker build -f images/runtime-cpu.Dockerfile -t ghcr.io/tidal-serving/tidal-runtime-cpu:0.1.0 .
+# (names and version: common/release.py, checked by tests/charts/test_release_names.py).
 # The sandbox builds it with buildah on a Debian base made by mmdebstrap (PYTHON_IMAGE).
 ARG PYTHON_IMAGE=python:3.12-slim-bookworm
 
@@ -16,10 +17,11 @@ WORKDIR /src
 # Only what the package is built from (tidal/ holds the links giving operator/, runtime/,
 # gateway/ and common/ their import names; see pyproject.toml). The sandbox is not part of it.
 COPY pyproject.toml ./
-# The dependencies first, in a layer of their own (listed in pyproject.toml): a change to the
-# code or the README rebuilds only the last step.
+# The dependencies first, in a layer of their own: pyproject.toml's shared ones and the `runtime`
+# and `gateway` extras (no Kubernetes client); a change to the code or the README rebuilds only
+# the last step.
 RUN python -m venv /opt/tidal \
- && python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'], sep='\n')" > /tmp/requirements.txt \
+ && python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print(*p['dependencies'], *[r for e in 'runtime,gateway'.split(',') for r in p['optional-dependencies'][e]], sep='\n')" > /tmp/requirements.txt \
  && /opt/tidal/bin/pip install --no-cache-dir -r /tmp/requirements.txt
 COPY README.md ./
 COPY tidal/ tidal/
@@ -27,7 +29,9 @@ COPY operator/ operator/
 COPY runtime/ runtime/
 COPY gateway/ gateway/
 COPY common/ common/
+# The operator's code and script go: its dependencies are not here.
 RUN /opt/tidal/bin/pip install --no-cache-dir --no-deps . \
+ && rm -rf /opt/tidal/bin/tidal-operator /opt/tidal/lib/python3*/site-packages/tidal/operator \
  && /opt/tidal/bin/tidal-runtime --help > /dev/null \
  && /opt/tidal/bin/tidal-gateway --help > /dev/null
 
@@ -35,6 +39,7 @@ RUN /opt/tidal/bin/pip install --no-cache-dir --no-deps . \
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="tidal-runtime-cpu" \
       org.opencontainers.image.description="tidal inference runtime and gateway (ONNX Runtime, CPU)" \
+      org.opencontainers.image.version="0.1.0" \
       org.opencontainers.image.source="https://github.com/tidal-serving/tidal" \
       org.opencontainers.image.licenses="Apache-2.0"
 COPY --from=build /opt/tidal /opt/tidal

@@ -4,7 +4,8 @@
 # the project for the onnxruntime backend.
 #
 # Build from the repository root (the context must be the repository):
-#   docker build -f images/runtime.Dockerfile -t ghcr.io/tidal-serving/runtime:0.1.0 .
+#   docker build -f images/runtime.Dockerfile -t ghcr.io/tidal-serving/tidal-runtime:0.1.0 .
+# (names and version: common/release.py, checked by tests/charts/test_release_names.py).
 # TensorRT plans only load on the TensorRT version that built them (unless built version-
 # compatible): set TENSORRT_IMAGE to the release your plans were built with, e.g.
 #   --build-arg TENSORRT_IMAGE=nvcr.io/nvidia/tensorrt:25.12-py3
@@ -29,6 +30,7 @@ RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 FROM ${TENSORRT_IMAGE}
 LABEL org.opencontainers.image.title="tidal-runtime" \
       org.opencontainers.image.description="tidal inference runtime (TensorRT, ONNX Runtime)" \
+      org.opencontainers.image.version="0.1.0" \
       org.opencontainers.image.source="https://github.com/tidal-serving/tidal" \
       org.opencontainers.image.licenses="Apache-2.0"
 # The `gpu` extra is deliberately not installed: its TensorRT wheels would shadow the base
@@ -37,7 +39,7 @@ LABEL org.opencontainers.image.title="tidal-runtime" \
 # image's Python is the system one (PEP 668); this image exists to run this one program.
 COPY --from=wheel /wheels /tmp/wheels
 RUN PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-cache-dir \
-      /tmp/wheels/tidal-*.whl "cuda-python>=13,<14" \
+      "$(echo /tmp/wheels/tidal-*.whl)[runtime,gateway]" "cuda-python>=13,<14" \
  && rm -rf /tmp/wheels \
  && python3 -c "import tensorrt; print('TensorRT', tensorrt.__version__)" \
  && tidal-runtime --help > /dev/null \

@@ -21,6 +21,12 @@ flag                        environment                          default
 ``--lease-seconds S``       ``TIDAL_OPERATOR_LEASE_SECONDS``     15
 ==========================  ===================================  =========================
 
+``--runtime-image BACKEND=IMAGE`` (many; ``TIDAL_OPERATOR_RUNTIME_IMAGES``, ``b=ref,b=ref``): the
+runtime image of an InferenceService pool that names none (``spec.runtime.image``), per backend;
+default: this release's published images, ``tidal-runtime-cpu`` for onnxruntime and
+``tidal-runtime`` for tensorrt (``tidal.common.release``). The chart sets it from
+``runtimeImages``.
+
 Scale to zero (``minReplicas: 0``): ``--wake-margin-seconds S``
 (``TIDAL_OPERATOR_WAKE_MARGIN_SECONDS``, default 30): a service at zero is woken this long,
 plus its measured time-to-routable, before its forecast demand returns.
@@ -59,6 +65,7 @@ from typing import Any, cast
 import kopf
 from prometheus_client import start_http_server
 
+from tidal.operator.core.images import DEFAULT_RUNTIME_IMAGES, parse_runtime_images
 from tidal.operator.shell import handlers
 from tidal.operator.shell.controller import ZERO_FORECAST_MIN_PERIOD
 from tidal.operator.shell.leader import (
@@ -156,6 +163,14 @@ def parse_args(argv: list[str] | None, env: Mapping[str, str]) -> argparse.Names
     p.add_argument(
         "--lease-seconds", type=int, default=_env_int(env, "TIDAL_OPERATOR_LEASE_SECONDS", 15)
     )
+    p.add_argument(
+        "--runtime-image",
+        dest="runtime_images",
+        action="append",
+        metavar="BACKEND=IMAGE",
+        default=None,
+        help="the runtime image of a pool that names none, per backend (many)",
+    )
     level = env.get("TIDAL_OPERATOR_LOG_LEVEL", "info").lower()
     p.add_argument("--verbose", action="store_true", default=level == "verbose")
     p.add_argument("--debug", action="store_true", default=level == "debug")
@@ -166,6 +181,16 @@ def parse_args(argv: list[str] | None, env: Mapping[str, str]) -> argparse.Names
         args.lease_name = lease_name(args.namespaces)
     if args.lease_namespace is None:
         args.lease_namespace = args.namespaces[0] if args.namespaces else "default"
+    if args.runtime_images is None:
+        given = env.get("TIDAL_OPERATOR_RUNTIME_IMAGES", "")
+        args.runtime_images = [item for item in given.split(",") if item.strip()]
+    try:
+        args.runtime_images = {
+            **DEFAULT_RUNTIME_IMAGES,
+            **parse_runtime_images(args.runtime_images),
+        }
+    except ValueError as exc:
+        p.error(f"--runtime-image {exc}")
     if args.lease_seconds < 4:
         p.error("--lease-seconds must be at least 4")
     if not args.resync_seconds > 0:
@@ -243,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
             forecast_period_seconds=args.forecast_period_seconds,
             prometheus_url=args.prometheus_url,
             prometheus_matchers=matchers,
+            runtime_images=args.runtime_images,
         )
     )
     if args.metrics_port:

@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from tidal.common import release
 from tidal.sandbox.binaries import K8S_VERSION, Binaries, ensure_binaries
 from tidal.sandbox.pki import Pki, make_pki
 from tidal.sandbox.procs import ManagedProcess, free_port
@@ -54,7 +55,7 @@ class SandboxConfig:
 
 
 # Where a release publishes the project's images; the real node has the ones built here instead.
-PUBLISHED = "ghcr.io/tidal-serving/"
+PUBLISHED = release.REGISTRY + "/"
 # The object store's in-cluster name on the real node (users' stores have names like it).
 OBJECT_STORE_SERVICE = "objectstore"
 OBJECT_STORE_PORT = 7070

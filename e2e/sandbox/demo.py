@@ -75,7 +75,6 @@ def inference_service(model_uri: str, sha256: str) -> dict[str, Any]:
     def runtime(latency_ms: int) -> dict[str, Any]:
         return {
             "backend": "onnxruntime",
-            "image": "ghcr.io/tidal-serving/runtime:0.1.0",
             "env": [
                 {"name": "TIDAL_FAULT_ADDED_LATENCY_MS", "value": str(latency_ms)},
                 # A few seconds of warm-up, as a real engine load would take.

@@ -124,10 +124,12 @@ def command_pod(name: str, image: str, command: list[str]) -> dict[str, Any]:
     }
 
 
-def model_store(image: str, host_dir: str, port: int = 8000) -> list[dict[str, Any]]:
+def model_store(
+    image: str, host_dir: str, port: int = 8000, service_port: int | None = None
+) -> list[dict[str, Any]]:
     """``models``: a Deployment serving ``host_dir`` of the node read-only over HTTP (Python's
     http.server, which logs every GET: the scenarios count downloads from its log), and its
-    Service."""
+    Service (on ``service_port``, default ``port``; 80 for the examples' URLs)."""
     labels = {"app": "models"}
     return [
         {
@@ -177,7 +179,7 @@ def model_store(image: str, host_dir: str, port: int = 8000) -> list[dict[str, A
             "metadata": {"name": "models"},
             "spec": {
                 "selector": labels,
-                "ports": [{"name": "http", "port": port, "targetPort": "http"}],
+                "ports": [{"name": "http", "port": service_port or port, "targetPort": "http"}],
             },
         },
     ]

@@ -656,16 +656,19 @@ class Runtime(ApiModel):
         )
     )
 
-    image: str = Field(
-        default="ghcr.io/tidal-serving/runtime:0.1.0",
+    image: str | None = Field(
+        default=None,
         min_length=1,
         max_length=512,
         pattern=IMAGE_PATTERN,
-        description="Container image with the tidal runtime (`tidal-runtime` on its PATH).",
+        description="Container image with the tidal runtime (`tidal-runtime` on its PATH). "
+        "Unset: the operator's image for the backend (tidal-runtime-cpu for onnxruntime, "
+        "tidal-runtime for tensorrt, of the operator's release).",
     )
     backend: Backend = Field(
-        default=Backend.TENSORRT,
-        description="Inference backend: tensorrt on NVIDIA GPUs, onnxruntime on CPUs.",
+        default=Backend.ONNXRUNTIME,
+        description="Inference backend: tensorrt on NVIDIA GPUs, onnxruntime on CPUs "
+        "(the default, as in tidal-runtime).",
     )
     gpus: int | None = Field(
         default=None,

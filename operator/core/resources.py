@@ -50,6 +50,7 @@ from tidal.operator.core.api import (
     percent_value,
     quantity_bytes,
 )
+from tidal.operator.core.images import runtime_image
 
 LABEL_COMPONENT = f"{GROUP}/component"
 
@@ -592,7 +593,7 @@ def _deployment(
     probe = {"port": "http", "scheme": "HTTP"}
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
-        "image": pool.runtime.image,
+        "image": runtime_image(pool.runtime),
         "command": ["tidal-runtime"],
         "ports": [
             {"name": "http", "containerPort": RUNTIME_PORT, "protocol": "TCP"},
@@ -831,7 +832,7 @@ def _gateway_deployment(isvc: InferenceService) -> dict[str, Any]:
     config = json.dumps(gateway_config(isvc), sort_keys=True, separators=(",", ":"))
     container: dict[str, Any] = {
         "name": GATEWAY_CONTAINER,
-        "image": isvc.spec.runtime.image,
+        "image": runtime_image(isvc.spec.runtime),
         "command": ["tidal-gateway"],
         "ports": [
             {"name": "http", "containerPort": GATEWAY_PORT, "protocol": "TCP"},

@@ -50,7 +50,6 @@ from tidal.operator.core.api import (
     PoolName,
     StandbyTier,
     TimeToRoutable,
-    parse_inference_service,
 )
 from tidal.operator.core.autoscaler import (
     Observation,
@@ -496,7 +495,7 @@ class Controller:
             isvc = st.isvc
         else:
             try:
-                isvc = parse_inference_service(body)
+                isvc = self.store.parse(body)
             except ValidationError:
                 return  # the reconciler reports it as Degraded
             if find_spec_problems(isvc):

@@ -49,7 +49,6 @@ from tidal.operator.core.api import (
     InferenceService,
     PoolName,
     duration_seconds,
-    parse_inference_service,
 )
 from tidal.operator.core.control import ControlView
 from tidal.operator.core.fleet import (
@@ -318,7 +317,7 @@ class FleetController:
         if body is None or body["metadata"].get("deletionTimestamp"):
             return
         try:
-            isvc = parse_inference_service(body)
+            isvc = self.store.parse(body)
         except ValidationError:
             return  # the reconciler reports it as Degraded
         fleet = isvc.spec.fleet

@@ -29,13 +29,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
 
-from tidal.operator.core.api import GROUP, LABEL_ISVC, PLURAL, VERSION
+from tidal.operator.core.api import GROUP, LABEL_ISVC, PLURAL, VERSION, Backend
 from tidal.operator.core.drift import resync_due, resync_offset
+from tidal.operator.core.images import DEFAULT_RUNTIME_IMAGES
 from tidal.operator.shell import metrics
 from tidal.operator.shell.controller import Controller, ControllerSettings
 from tidal.operator.shell.fleet import FleetController
@@ -65,6 +67,8 @@ class OperatorSettings:
     prometheus_url: str | None = None
     # PromQL matchers narrowing every query (e.g. namespace=~"a|b" when watching namespaces).
     prometheus_matchers: str = ""
+    # The runtime image of a pool that names none, per backend.
+    runtime_images: Mapping[Backend, str] = field(default_factory=lambda: DEFAULT_RUNTIME_IMAGES)
 
 
 @dataclass
@@ -104,6 +108,7 @@ async def on_startup_configure(settings: kopf.OperatorSettings, **_: Any) -> Non
     settings.networking.request_timeout = 60.0
     kube = Kube.from_environment()
     config = RUNTIME.settings
+    RUNTIME.store.runtime_images = config.runtime_images
     prometheus = (
         PrometheusSignals(config.prometheus_url, matchers=config.prometheus_matchers)
         if config.prometheus_url

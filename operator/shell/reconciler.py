@@ -37,6 +37,7 @@ from tidal.operator.core.api import (
     LABEL_ISVC,
     LABEL_POOL,
     LABEL_ROLE,
+    Backend,
     InferenceService,
     InferenceServiceStatus,
     PoolName,
@@ -46,6 +47,7 @@ from tidal.operator.core.api import (
 from tidal.operator.core.control import ControlView, follow_planner, stamp_template_hash
 from tidal.operator.core.drift import COMPARED_KINDS, find_drift, trim_child
 from tidal.operator.core.fleet import FleetView
+from tidal.operator.core.images import DEFAULT_RUNTIME_IMAGES, with_default_images
 from tidal.operator.core.resources import (
     ANNOTATION_APPLIED_HASH,
     COMPONENT_GATEWAY,
@@ -196,6 +198,12 @@ class Store:
 
     services: dict[Key, dict[str, Any]] = field(default_factory=dict)
     children: dict[Key, Children] = field(default_factory=dict)
+    # The runtime image of a pool that names none, per backend (--runtime-image).
+    runtime_images: Mapping[Backend, str] = field(default_factory=lambda: DEFAULT_RUNTIME_IMAGES)
+
+    def parse(self, body: dict[str, Any]) -> InferenceService:
+        """The InferenceService of a body, every pool's image set (raises ValidationError)."""
+        return with_default_images(parse_inference_service(body), self.runtime_images)
 
     def put_service(self, body: Mapping[str, Any]) -> Key:
         meta = body["metadata"]
@@ -297,7 +305,7 @@ class Reconciler:
         now = self.clock()
         previous = _previous_status(body)
         try:
-            isvc = parse_inference_service(body)
+            isvc = self.store.parse(body)
         except ValidationError as exc:
             # The API server accepted it, so the CRD and the models disagree (an older CRD?).
             problem = f"spec does not match the operator's API: {format_validation_error(exc)}"

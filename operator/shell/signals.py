@@ -4,8 +4,9 @@ Owns the I/O of observing a pool; the arithmetic is pure, in `tidal.operator.cor
 
 * `PrometheusSignals` runs **one** PromQL expression per tick for all InferenceServices at once
   (`core.signals.pool_signals_query`, grouped ``by (namespace, isvc, pool)``) through
-  prometheus-api-client's `PrometheusConnect`. The client is synchronous (requests), so each
-  round runs in a worker thread (`asyncio.to_thread`) and the event loop never blocks; one
+  `InstantQueries`, Prometheus's HTTP API with the standard library. The client is synchronous
+  (urllib), so each round runs in a worker thread (`asyncio.to_thread`) and the event loop
+  never blocks; one
   round at a time (single flight), and a round younger than `min_interval` is reused, so N
   pools observed in one tick cost one query, not N.
 * `SignalCollector.observe_pool` is the one call per pool per tick: it scrapes the pool's pods
@@ -22,15 +23,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-from prometheus_api_client import PrometheusConnect
-from urllib3.util.retry import Retry
 
 from tidal.operator.core.signals import (
     DEFAULT_COLD_WINDOW,
@@ -67,7 +70,14 @@ from tidal.operator.shell.podmetrics import (
 
 log = logging.getLogger("tidal.operator.signals")
 
-__all__ = ["PoolReading", "PrometheusRound", "PrometheusSignals", "SignalCollector"]
+__all__ = [
+    "InstantQueries",
+    "PoolReading",
+    "PrometheusQueryError",
+    "PrometheusRound",
+    "PrometheusSignals",
+    "SignalCollector",
+]
 
 
 @dataclass(frozen=True)
@@ -81,6 +91,40 @@ class PrometheusRound:
 
     def pool(self, key: PoolKey) -> PromPoolSignals | None:
         return self.pools.get(key)
+
+
+class PrometheusQueryError(RuntimeError):
+    """Prometheus answered an instant query with an error (HTTP status or ``status: error``)."""
+
+
+class InstantQueries:
+    """Prometheus's instant-query API (``POST /api/v1/query``) over plain HTTP: one request per
+    call, no retries (the next tick is the retry). The operator's only Prometheus client: a
+    client library brought pandas and numpy into the operator's image for this one call."""
+
+    def __init__(self, url: str) -> None:
+        self.endpoint = url.rstrip("/") + "/api/v1/query"
+
+    def custom_query(
+        self, query: str, params: Mapping[str, str] | None = None, timeout: float | None = None
+    ) -> list[Any]:
+        """The ``data.result`` of an instant query (a vector: metric labels and value each)."""
+        form = urllib.parse.urlencode({"query": query, **(params or {})}).encode()
+        request = urllib.request.Request(
+            self.endpoint,
+            data=form,
+            headers={"Content-Type": "application/x-www-form-urlencoded"},
+            method="POST",
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                body = json.load(response)
+        except urllib.error.HTTPError as exc:
+            detail = exc.read(300).decode(errors="replace")
+            raise PrometheusQueryError(f"HTTP {exc.code} from {self.endpoint}: {detail}") from None
+        if body.get("status") != "success":
+            raise PrometheusQueryError(f"{body.get('errorType')}: {body.get('error')}")
+        return list(body["data"]["result"])
 
 
 class PrometheusSignals:
@@ -101,7 +145,7 @@ class PrometheusSignals:
         cold_window: str = DEFAULT_COLD_WINDOW,
         rate_window: str = DEFAULT_RATE_WINDOW,
         clock: Callable[[], float] = time.monotonic,
-        client: PrometheusConnect | None = None,
+        client: InstantQueries | None = None,
     ) -> None:
         self.url = url
         self.timeout = timeout
@@ -113,11 +157,9 @@ class PrometheusSignals:
             cold_window=cold_window,
             rate_window=rate_window,
         )
-        # No retries inside a round: the next tick is the retry, and urllib3's default retries
-        # with back-off turned one refused connection into a 6 s round.
-        self._client = client or PrometheusConnect(
-            url=url, disable_ssl=True, retry=Retry(total=0, connect=0, read=0)
-        )
+        # No retries inside a round: the next tick is the retry (a client library's default
+        # retries with back-off once turned one refused connection into a 6 s round).
+        self._client = client or InstantQueries(url)
         self._lock = asyncio.Lock()
         self._last: PrometheusRound | None = None
         self._task: asyncio.Task[None] | None = None

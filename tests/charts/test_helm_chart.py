@@ -22,6 +22,7 @@ from chart_helpers import (
     rule_set,
 )
 
+from tidal.common import release
 from tidal.operator.__main__ import parse_args
 from tidal.operator.core.api import GROUP, LABEL_ISVC, LABEL_POOL, LABEL_ROLE, PLURAL
 
@@ -121,7 +122,7 @@ def test_operator_pod_is_locked_down(helm: Helm) -> None:
     assert "memory" in container["resources"]["limits"]
     for probe in ("livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
-    assert container["image"] == "ghcr.io/tidal-serving/operator:0.1.0"
+    assert container["image"] == release.image("operator")
 
 
 def test_rendered_env_configures_the_operator_cli(helm: Helm) -> None:

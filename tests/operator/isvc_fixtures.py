@@ -13,7 +13,8 @@ INVALID = Path(__file__).resolve().parent / "invalid"
 DEGRADED = INVALID / "degraded"
 INEFFECTIVE = INVALID / "ineffective"
 ACCEPTED = INVALID / "accepted"
-EXAMPLE_MODEL_PREFIX = "file:///var/lib/tidal/models/"
+# Where the examples fetch their engines: the model store `make test` runs in the cluster.
+EXAMPLE_MODEL_PREFIX = "http://models.tidal-system.svc/"
 
 
 def example_paths(include_gpu: bool = True) -> list[Path]:

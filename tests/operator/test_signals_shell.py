@@ -163,7 +163,7 @@ async def test_scrape_round_reports_each_failure_as_missing(pods: dict[str, str]
 
 
 class BlockingClient:
-    """A stand-in for PrometheusConnect whose answer waits for the test (threads, not sleeps)."""
+    """A stand-in for InstantQueries whose answer waits for the test (threads, not sleeps)."""
 
     def __init__(self) -> None:
         self.calls = 0

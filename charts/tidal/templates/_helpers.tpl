@@ -53,6 +53,18 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
 {{/*
+The runtime image per backend for TIDAL_OPERATOR_RUNTIME_IMAGES: backend=repository:tag,...
+(a tag left empty is the chart's appVersion).
+*/}}
+{{- define "tidal.runtimeImages" -}}
+{{- $pairs := list }}
+{{- range $backend, $image := .Values.runtimeImages }}
+{{- $pairs = append $pairs (printf "%s=%s:%s" $backend $image.repository (default $.Chart.AppVersion $image.tag)) }}
+{{- end }}
+{{- join "," $pairs }}
+{{- end }}
+
+{{/*
 The operator's own API rights, derived from operator/shell (see charts/README.md):
   - kopf watches InferenceServices and the labelled children (list, watch);
   - kube.py server-side applies ConfigMaps, Services and Deployments (patch, and create: an

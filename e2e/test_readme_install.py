@@ -1,0 +1,311 @@
+"""The README's "Installing on a real cluster" block, run verbatim, and every example as written.
+
+On the session's real node (kubelet, containerd, kube-proxy, CoreDNS), as a user with a cluster,
+the published images and a model store would:
+
+1. the images built here are imported into the node's containerd under the names a release
+   publishes (``tidal.common.release``: the chart's defaults, the operator's default runtime
+   images), and a model store answers at the address the examples name
+   (``http://models.tidal-system.svc/<file>``, a plain HTTP server, as a user's store would);
+2. the README's block runs as written, from the repository root, with ``helm`` and ``kubectl``
+   on the PATH (``helm install`` with the chart's default images, ``kubectl apply -f
+   examples/onnx-cpu.yaml``, ``kubectl wait``, ``kubectl get``); the service answers requests
+   from a client pod through its ClusterIP, on the image the operator chose for its backend;
+3. every other InferenceService under ``examples/`` is applied with ``kubectl apply -f`` as
+   written and answers every model's requests, except the GPU example, which names an H200 node
+   this cluster lacks: its pods stay Pending and condition ``Scaling`` says ``Unschedulable``,
+   as the README says.
+
+The chart's release and the examples are removed afterwards, so the scenarios after this module
+(each with an operator of its own) meet no second operator.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tidal.common import release
+from tidal.operator.core.api import LABEL_ISVC
+from tidal.runtime.modelgen import write_mlp
+from tidal.sandbox import Sandbox
+from tidal.sandbox.incluster import client_pod, last_json_line, model_store
+from tidal.sandbox.operatorproc import condition, get_isvc
+from tidal.sandbox.realnode import STATE_DIR
+from tidal.sandbox.wait import wait_for
+
+pytestmark = [pytest.mark.sandbox, pytest.mark.realnode, pytest.mark.timeout(1800)]
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "examples"
+STORE_NS = "tidal-system"
+STORE_URL = "http://models.tidal-system.svc/"
+MODELS_DIR = STATE_DIR / "readme-models"  # on the node: hostPath of the model store
+INFER = {"inputs": [{"name": "input", "shape": [1, 16], "datatype": "FP32", "data": [0.5] * 16}]}
+# The InferenceService examples other than the README's, and the namespace each goes to (the
+# GitOps one where its Argo CD Application syncs it).
+EXAMPLE_NAMESPACES = {
+    "multi-model-autoscaling.yaml": "default",
+    "fleet.yaml": "default",
+    "rollout-baseline.yaml": "default",
+    "gitops/models/mlp-small.yaml": "ml-serving",
+}
+GPU_EXAMPLE = "gpu/tensorrt-h200.yaml"
+
+
+def readme_install_block() -> str:
+    """The first ``sh`` block under the README's "Installing on a real cluster" heading."""
+    text = (REPO / "README.md").read_text()
+    section = text.split("## Installing on a real cluster", 1)[1].split("\n## ", 1)[0]
+    found = re.search(r"```sh\n(.*?)```", section, re.S)
+    assert found, "no sh block under 'Installing on a real cluster' in README.md"
+    return found.group(1)
+
+
+def isvc_docs(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d and d.get("kind")]
+
+
+def engine_files() -> set[str]:
+    """Every engine file the examples fetch from the model store."""
+    files = set()
+    for path in EXAMPLES.rglob("*.yaml"):
+        files.update(re.findall(re.escape(STORE_URL) + r"(\S+)", path.read_text()))
+    return files
+
+
+# -- fixtures --------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def published(real_sandbox: Sandbox) -> Iterator[Sandbox]:
+    """The built images under the release's names, and the model store of the examples."""
+    sb = real_sandbox
+    built = {"operator": sb.images.operator.name, "runtime-cpu": sb.images.runtime_cpu.name}
+    for kind, name in built.items():
+        done = sb.node.ctr("images", "tag", "--force", name, release.image(kind))
+        assert done.returncode == 0, f"ctr images tag {name}: {done.stderr}"
+    from kubernetes import client
+
+    sb.node.wait_images_visible(
+        client.CoreV1Api(sb.api_client()), [release.image(k) for k in built], timeout=120
+    )
+    MODELS_DIR.mkdir(parents=True, exist_ok=True)
+    MODELS_DIR.chmod(0o755)
+    files = engine_files()
+    onnx = sorted(f for f in files if f.endswith(".onnx"))
+    assert "mlp-small.onnx" in onnx, files
+    for seed, name in enumerate(onnx, start=1):
+        path = MODELS_DIR / name
+        write_mlp(path, seed=seed)
+        path.chmod(0o644)
+    sb.kubectl("create", "namespace", STORE_NS, check=False)
+    store = model_store(release.image("runtime-cpu"), str(MODELS_DIR), service_port=80)
+    sb.kubectl("apply", "-n", STORE_NS, "-f", "-", input=yaml.safe_dump_all(store))
+    sb.kubectl(
+        "-n", STORE_NS, "rollout", "status", "deployment/models", "--timeout=180s", timeout=200
+    )
+    yield sb
+    sb.kubectl("delete", "-n", STORE_NS, "deployment/models", "service/models", check=False)
+
+
+def helm_binary() -> str:
+    out = subprocess.run(
+        ["bash", str(REPO / "e2e/helm/build-helm.sh")], capture_output=True, text=True, check=True
+    )
+    return out.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def installed(published: Sandbox) -> Iterator[subprocess.CompletedProcess[str]]:
+    """The README's block, run verbatim by bash from the repository root."""
+    sb = published
+    assert sb.binaries is not None
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(sb.kubeconfig),
+        "PATH": f"{Path(helm_binary()).parent}:{sb.binaries.kubectl.parent}:{os.environ['PATH']}",
+    }
+    env = {k: v for k, v in env.items() if not k.startswith("HELM_")}
+    block = readme_install_block()
+    result = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", block],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    yield result
+    # Services first (the operator still runs to see them go), then the release.
+    for file, namespace in [("onnx-cpu.yaml", "default"), *EXAMPLE_NAMESPACES.items()]:
+        sb.kubectl(
+            "delete", "-n", namespace, "-f", str(EXAMPLES / file), "--ignore-not-found",
+            "--wait=true", "--timeout=120s", check=False, timeout=150,
+        )  # fmt: skip
+    sb.kubectl("delete", "-f", str(EXAMPLES / GPU_EXAMPLE), "--ignore-not-found", check=False)
+    subprocess.run(
+        [helm_binary(), "uninstall", "tidal", f"--kubeconfig={sb.kubeconfig}",
+         "--namespace", "tidal-system", "--wait", "--timeout", "2m"],
+        capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+def diagnostics(sb: Sandbox, namespace: str, name: str | None = None) -> str:
+    status = ""
+    if name is not None:
+        status = json.dumps(get_isvc(sb, namespace, name).get("status"), indent=1)[-3000:]
+    pods = sb.kubectl("get", "pods", "-A", "-o", "wide", check=False).stdout
+    events = sb.kubectl(
+        "get", "events", "-n", namespace, "--sort-by=.lastTimestamp", check=False
+    ).stdout[-3000:]
+    operator = sb.kubectl(
+        "logs", "-n", "tidal-system", "-l", "app.kubernetes.io/name=tidal", "--tail=40",
+        check=False,
+    ).stdout  # fmt: skip
+    return f"status: {status}\npods:\n{pods}\nevents:\n{events}\noperator:\n{operator}"
+
+
+def wait_ready(sb: Sandbox, namespace: str, name: str, timeout: float = 420) -> dict[str, Any]:
+    def ready() -> dict[str, Any] | None:
+        body = get_isvc(sb, namespace, name)
+        return body if condition(body, "Ready").get("status") == "True" else None
+
+    try:
+        return wait_for(ready, timeout=timeout, interval=1.0, what=f"{namespace}/{name} Ready")
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}\n{diagnostics(sb, namespace, name)}") from None
+
+
+def send_traffic(sb: Sandbox, namespace: str, service: str, model: str) -> dict[str, Any]:
+    """A client pod's requests (4 a second for 4 s) to one model through the Service; its
+    summary, every request answered 200."""
+    name = f"client-{service}-{model}"[:60].rstrip("-")
+    url = f"http://{service}.{namespace}.svc.cluster.local:8080/v2/models/{model}/infer"
+    pod = client_pod(name, release.image("runtime-cpu"), url, INFER, rate=4, seconds=4)
+    sb.kubectl("delete", "pod", name, "-n", namespace, "--ignore-not-found", "--wait=true")
+    sb.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(pod))
+
+    def phase() -> str | None:
+        got = sb.kubectl(
+            "get", "pod", name, "-n", namespace, "-o", "jsonpath={.status.phase}", check=False
+        ).stdout
+        return got if got in ("Succeeded", "Failed") else None
+
+    try:
+        wait_for(phase, timeout=240, interval=0.5, what=f"client pod {name} to finish")
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}\n{diagnostics(sb, namespace, service)}") from None
+    log = sb.kubectl("logs", "-n", namespace, name, check=False).stdout
+    summary = last_json_line(log)
+    codes = summary["codes"]
+    assert set(codes) == {"200"} and codes["200"] == summary["sent"] > 0, (
+        f"{namespace}/{service} model {model}: not every request was answered 200: {codes}; "
+        f"first failures {summary['failed'][:10]}\n{diagnostics(sb, namespace, service)}"
+    )
+    sb.kubectl("delete", "pod", name, "-n", namespace, "--wait=false", check=False)
+    return summary
+
+
+def runtime_images(sb: Sandbox, namespace: str, name: str) -> set[str]:
+    out = sb.kubectl("get", "pods", "-n", namespace, "-l", f"{LABEL_ISVC}={name}", "-o", "json")
+    return {c["image"] for p in json.loads(out.stdout)["items"] for c in p["spec"]["containers"]}
+
+
+# -- the README's block ----------------------------------------------------------------------------
+def test_readme_install_block_runs_verbatim_and_the_example_answers(
+    installed: subprocess.CompletedProcess[str],
+) -> None:
+    assert installed.returncode == 0, (
+        f"the README's block failed ({installed.returncode}):\n{readme_install_block()}\n"
+        f"stdout:\n{installed.stdout[-3000:]}\nstderr:\n{installed.stderr[-3000:]}"
+    )
+    # `kubectl get inferenceservices` printed the service, Ready.
+    assert re.search(r"^mlp-small\s+True", installed.stdout, re.M), installed.stdout
+
+
+def test_readme_service_runs_its_backend_s_image_and_answers(
+    published: Sandbox, installed: subprocess.CompletedProcess[str]
+) -> None:
+    sb = published
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    wait_ready(sb, "default", "mlp-small")
+    operator_pod = json.loads(
+        sb.kubectl("get", "pods", "-n", "tidal-system", "-l", "app.kubernetes.io/name=tidal",
+                   "-o", "json").stdout
+    )["items"]  # fmt: skip
+    assert {c["image"] for p in operator_pod for c in p["spec"]["containers"]} == {
+        release.image("operator")
+    }
+    assert runtime_images(sb, "default", "mlp-small") == {release.image("runtime-cpu")}
+    send_traffic(sb, "default", "mlp-small", "mlp-small")
+    # The operator's resident memory while it serves this service (bench/RESULTS.md, "Images"),
+    # well inside the chart's 512Mi limit.
+    status = sb.kubectl(
+        "exec", "-n", "tidal-system", "deployment/tidal", "--",
+        "python", "-c", "print(open('/proc/1/status').read())",
+    ).stdout  # fmt: skip
+    rss_kib = int(next(x for x in status.splitlines() if x.startswith("VmRSS")).split()[1])
+    print(f"operator pod RSS: {rss_kib / 1024:.1f} MiB")
+    assert rss_kib < 256 * 1024, status
+
+
+# -- every other example, as written ---------------------------------------------------------------
+@pytest.mark.parametrize("file", list(EXAMPLE_NAMESPACES), ids=lambda f: f.removesuffix(".yaml"))
+def test_example_applied_as_written_answers_every_model(
+    published: Sandbox, installed: subprocess.CompletedProcess[str], file: str
+) -> None:
+    sb = published
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    namespace = EXAMPLE_NAMESPACES[file]
+    sb.kubectl("create", "namespace", namespace, check=False)
+    path = EXAMPLES / file
+    (doc,) = isvc_docs(path)
+    name = doc["metadata"]["name"]
+    sb.kubectl("apply", "-n", namespace, "-f", str(path))
+    try:
+        wait_ready(sb, namespace, name)
+        assert runtime_images(sb, namespace, name) == {release.image("runtime-cpu")}
+        models = {m["name"] for m in doc["spec"]["models"]}
+        baseline = ((doc["spec"].get("rollout") or {}).get("baseline") or {}).get("models") or []
+        models |= {m["name"] for m in baseline}
+        for model in sorted(models):
+            send_traffic(sb, namespace, name, model)
+    finally:
+        # One at a time: the next example's pods need the node's room.
+        sb.kubectl(
+            "delete", "-n", namespace, "-f", str(path), "--wait=true", "--timeout=120s",
+            check=False, timeout=150,
+        )  # fmt: skip
+
+
+def test_gpu_example_without_its_gpu_node_says_unschedulable(
+    published: Sandbox, installed: subprocess.CompletedProcess[str]
+) -> None:
+    sb = published
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    path = EXAMPLES / GPU_EXAMPLE
+    (doc,) = isvc_docs(path)
+    name = doc["metadata"]["name"]
+    sb.kubectl("apply", "-f", str(path))
+
+    def unschedulable() -> dict[str, Any] | None:
+        cond = condition(get_isvc(sb, "default", name), "Scaling")
+        return cond if cond.get("reason") == "Unschedulable" else None
+
+    try:
+        cond = wait_for(unschedulable, timeout=240, interval=1.0, what=f"{name} Unschedulable")
+        assert "pending unschedulable" in cond.get("message", ""), cond
+        assert runtime_images(sb, "default", name) == {release.image("runtime")}
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}\n{diagnostics(sb, 'default', name)}") from None
+    finally:
+        sb.kubectl("delete", "-f", str(path), "--wait=true", "--timeout=120s", check=False)
