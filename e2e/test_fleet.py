@@ -521,7 +521,7 @@ def _replicas_seen(ip: str) -> dict[str, Any] | None:
         return None
 
 
-async def _burst(url: str, models: list[str]) -> list[tuple[str, int, str]]:
+async def _cold_burst(url: str, models: list[str]) -> list[tuple[str, int, str]]:
     """One request for each model, all at once; (model, status, body) each."""
     timeout = aiohttp.ClientTimeout(total=150)
     async with aiohttp.ClientSession(timeout=timeout) as session:
@@ -580,7 +580,7 @@ def test_a_burst_of_cold_requests_spreads_within_the_load_limits(
                 what="a first report of every runtime",
             )
             sent = time.time()
-            answers = asyncio.run(_burst(f"http://{ip}:8080", burst))
+            answers = asyncio.run(_cold_burst(f"http://{ip}:8080", burst))
             # The loads of the burst have all ended by now; one more round of reports.
             done = len(sampler.samples)
             wait_for(

@@ -6,7 +6,7 @@ learns lasts 90 s (18 buckets of 5 s), and ``--wake-margin-seconds 10``. A real 
 (onnxruntime, one small MLP) serves a service with ``minReplicas: 0``:
 
 1. A "morning rise": requests at 1/s for ``RISE_SECONDS``, through the service's gateway.
-2. Then nothing: the pool goes to zero (``scaleToZeroAfterSeconds``: 20 s, once the forecast's
+2. Then nothing: the pool goes to zero (``scaleToZeroAfterSeconds``: 8 s, once the forecast's
    short term has calmed down) well before the next "morning".
 3. No request is sent, yet the pool is woken (an Event ``ScaledFromZero`` with reason
    ``wake:forecast``) before the rise comes back one period later, and a replica is ready
@@ -73,11 +73,10 @@ def test_a_service_at_zero_is_woken_by_its_forecast_before_the_rise_returns(
         name,
         tmp_path / "mlp.onnx",
         env={},
-        # 20 s, not less: the first replica turns Serving, then the rise starts; on a loaded
-        # machine 8 s ran out in between (the pool went to zero and the rise woke it on demand,
-        # so no forecast wake was left to see). The forecast's short term holds the pool until
-        # ~44 s after the rise began anyway, well before the next rise (90 s).
-        autoscaling={"minReplicas": 0, "maxReplicas": 1, "scaleToZeroAfterSeconds": 20},
+        # 8 s: the wake rate is 1 / 8 s, so the forecast's short term stops holding the pool
+        # (hold:forecast-due) soon after the rise; at 20 s (a rate of 1 / 20 s) it held the
+        # pool until less than 25 s before the next rise (.ci/run, 2026-12-06).
+        autoscaling={"minReplicas": 0, "maxReplicas": 1, "scaleToZeroAfterSeconds": 8},
     )
     flags = ("--forecast-period-seconds", str(PERIOD), "--wake-margin-seconds", str(MARGIN))
     with running_operator(sandbox, namespace, tmp_path / "operator.log", *flags):
