@@ -628,6 +628,28 @@ class ControlView:
     hold_primary_template: bool = False
 
 
+def urgent_change(before: ControlView | None, view: ControlView) -> bool:
+    """Whether the reconciler must write ``view`` now rather than with the next periodic status
+    write (metrics alone wait for that): a change of the children, the template hold, the
+    conditions, the decision, the rollout's traffic, or the pods' problems (Degraded follows
+    them: a pod that cannot start or load is news, and a loop that is quiet because nothing of
+    such a pod keeps it busy would otherwise hold it)."""
+    return (
+        before is None
+        or before.observed != view.observed
+        or before.hold_primary_template != view.hold_primary_template
+        or before.status.conditions != view.status.conditions
+        or before.status.last_decision != view.status.last_decision
+        or before.status.pod_problems != view.status.pod_problems
+        or (before.status.rollout is None) != (view.status.rollout is None)
+        or (
+            before.status.rollout is not None
+            and view.status.rollout is not None
+            and before.status.rollout.traffic != view.status.rollout.traffic
+        )
+    )
+
+
 def provisional_view(
     previous: InferenceServiceStatus | None, deployment_replicas: Mapping[PoolName, int]
 ) -> ControlView | None:

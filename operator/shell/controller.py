@@ -92,6 +92,7 @@ from tidal.operator.core.control import (
     status_decision,
     stored_zero_memory,
     to_wall_signals,
+    urgent_change,
 )
 from tidal.operator.core.forecast import ForecastPolicy
 from tidal.operator.core.idle import (
@@ -802,19 +803,7 @@ class Controller:
         st.view = view
         if before is not None and before == view:
             return
-        urgent = (
-            before is None
-            or before.observed != view.observed
-            or before.hold_primary_template != view.hold_primary_template
-            or before.status.conditions != view.status.conditions
-            or before.status.last_decision != view.status.last_decision
-            or (before.status.rollout is None) != (view.status.rollout is None)
-            or (
-                before.status.rollout is not None
-                and view.status.rollout is not None
-                and before.status.rollout.traffic != view.status.rollout.traffic
-            )
-        )
+        urgent = urgent_change(before, view)
         if urgent or mono - st.enqueued_at >= self.settings.status_interval:
             st.enqueued_at = mono
             st.unsent = False

@@ -393,3 +393,20 @@ def test_scaling_condition_names_pending_pods_whatever_the_decision() -> None:
     verdict = scaling_condition(decision_for(obs), obs, False)
     assert verdict[1:3] == (ConditionStatus.TRUE, "Unschedulable")
     assert "1 pod(s) pending unschedulable" in verdict[3]
+
+
+def test_a_change_of_the_pods_problems_is_written_at_once() -> None:
+    """Degraded follows the pods' problems: a pod that cannot start (a missing credentials
+    Secret) keeps no probe or timer busy, so a quiet loop would hold the news until its next
+    periodic write; a metrics-only change waits for that write."""
+    from tidal.operator.core.control import ControlStatus, ControlView, urgent_change
+
+    quiet = ControlView(Observed(), ControlStatus())
+    stuck = ControlView(
+        Observed(),
+        ControlStatus(pod_problems=("pool primary: pod p not ready: cannot start: ...",)),
+    )
+    assert urgent_change(None, quiet)
+    assert urgent_change(quiet, stuck)
+    assert urgent_change(stuck, quiet)
+    assert not urgent_change(quiet, ControlView(Observed(), ControlStatus()))
