@@ -340,6 +340,7 @@ class RealNode:
         self.etc = STATE_DIR / "etc"
         self.processes: dict[str, ManagedProcess] = {}
         self._lock: IO[str] | None = None
+        self._holds_lock = False  # the host (bridge, cgroups, kubelet paths) is ours to change
 
     # lifecycle ---------------------------------------------------------------------------
     def prepare_host(self) -> None:
@@ -375,6 +376,7 @@ class RealNode:
                     f"another real sandbox node has run on this machine for over "
                     f"{self.lock_timeout:.0f} s ({LOCK_FILE} is locked); one at a time"
                 ) from None
+        self._holds_lock = True
         leftovers = cleanup_host()
         if leftovers:
             log.warning("cleared what a previous real node left: %s", "; ".join(leftovers))
@@ -411,8 +413,12 @@ class RealNode:
             proc = self.processes.pop(name, None)
             if proc is not None:
                 proc.stop(grace=20.0)
-        undone = cleanup_host()
-        log.info("real node cleaned up: %s", "; ".join(undone))
+        if self._holds_lock:
+            # Only the holder: a sandbox stopped while it waited for the lock (a second test
+            # run, ended early) must not take the bridge from under the node that runs.
+            undone = cleanup_host()
+            log.info("real node cleaned up: %s", "; ".join(undone))
+            self._holds_lock = False
         if self._lock is not None:
             self._lock.close()
             self._lock = None
