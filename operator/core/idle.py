@@ -697,7 +697,12 @@ def step_zero(
     active = None
     if fresh:
         active = (obs.queue_depth or 0.0) > 0 or (obs.arrival_rate or 0.0) > 0
-    if new:
+    if new and scaler.desired_serving > 0:
+        # Arrivals the gateway reported since the last read mean activity while the pool
+        # serves. At zero every request is held (`tick.held` wakes the pool at once): counts
+        # read then are requests forwarded before the pool went to zero, reported by the
+        # long-poll up to 25 s late, and must not wake it again (`wake:request` with nothing
+        # held, seen on the real node after every scale to zero).
         active = True
     if forecast is not None:
         peak = forecast_peak(forecast, memory, tick.wall, lead)

@@ -876,3 +876,23 @@ def test_counts_are_learned_up_to_when_they_were_read_not_up_to_the_tick() -> No
     step = step_zero(POLICY, zero, FORECAST, step.memory, step.scaler, tick(t0 + 25, 10, t0 + 25))
     f = step.memory.forecast
     assert f is not None and f.open_n == 5 and f.open_sum * 5.0 == pytest.approx(10.0), f
+
+
+def test_arrivals_reported_late_at_zero_do_not_wake_the_pool() -> None:
+    """The gateway's long-poll reports its arrival count up to 25 s late: requests forwarded
+    just before the pool went to zero arrive in a count read at zero, with nothing held. They
+    are learned, but do not wake the pool (on the real node each scale to zero was followed
+    by a `wake:request` with no request held)."""
+    zero = ZeroPolicy(after_seconds=8.0)
+    t0 = 10 * 900.0
+
+    def tick(t: float, count: int, ready: int) -> Any:
+        observation = Observation(now=t, ready_serving=ready, queue_depth=0.0, arrival_rate=0.0)
+        return ZeroTick(t, t, observation, held=0, arrivals={"gw": count}, arrivals_at=t)
+
+    at_zero = ZeroMemory(idle=IdleState(0.0, 8.0))
+    step = step_zero(
+        POLICY, zero, FORECAST, at_zero, ScalerState(desired_serving=0), tick(t0, 0, 0)
+    )
+    step = step_zero(POLICY, zero, FORECAST, step.memory, step.scaler, tick(t0 + 1.0, 12, 0))
+    assert step.decision.desired_serving == 0, step.decision
