@@ -697,7 +697,7 @@ def step_zero(
     active = None
     if fresh:
         active = (obs.queue_depth or 0.0) > 0 or (obs.arrival_rate or 0.0) > 0
-    if new and scaler.desired_serving > 0:
+    if new and (scaler.desired_serving or 0) > 0:
         # Arrivals the gateway reported since the last read mean activity while the pool
         # serves. At zero every request is held (`tick.held` wakes the pool at once): counts
         # read then are requests forwarded before the pool went to zero, reported by the
