@@ -23,8 +23,9 @@ gateway (its long-poll of the held count), the first request to reach a quiet re
 runtime's activity long-poll) and a replica turning ready (a pod event). What the operator
 knows is what the shell would: the runtime's arrival rate as the scrape computes it (arrivals
 since the last tick over the interval; none at a replica's first tick) and the gateway's
-cumulative arrival count as its long-poll last answered (at each change of the held count, else
-every `--held-wait` seconds). Only I/O and time are replaced.
+cumulative arrival count as its long-poll last answered (at each change of the held count,
+`arrivals_every_seconds` after requests arrived, else every `held_wait_seconds`). Only I/O and
+time are replaced.
 
 The activator as built (`bench/zero_first_answer.py`): a request at zero is held at the
 gateway, never lost; a woken replica is routable `--routable` seconds after the decision, and
@@ -182,6 +183,7 @@ class Setup:
     quiet_tick_seconds: float
     measure_from: int
     held_wait_seconds: float = 25.0  # the operator's long-poll of the gateway (fleet.py)
+    arrivals_every_seconds: float = 5.0  # ... and its answer once requests arrived
     tick_seconds: float = 1.0
 
 
@@ -253,9 +255,15 @@ def simulate(
                         out.failed += k
             held = []
         holding = sum(k for _, k in held)
-        if holding != reported_held or t >= poll_due:
-            # The held count's long-poll answers at a change (and pokes the loop), else at
-            # its timeout; either answer carries the gateway's arrival count.
+        moved = gateway_count != reported.get("gw", gateway_count)
+        if (
+            holding != reported_held
+            or t >= poll_due
+            or (moved and t >= reported_at + setup.arrivals_every_seconds)
+        ):
+            # The held count's long-poll answers at a change (and pokes the loop), once
+            # requests arrived and it is `arrivals_every_seconds` old, else at its timeout;
+            # every answer carries the gateway's arrival count.
             poke = poke or holding != reported_held
             reported_held, reported, reported_at = holding, {"gw": gateway_count}, float(t)
             poll_due = t + setup.held_wait_seconds

@@ -665,10 +665,21 @@ def test_rollout_example_with_a_bad_primary_is_rolled_back_to_its_baseline(
     except TimeoutError as exc:
         raise AssertionError(f"{exc}\n{diagnostics(real, 'classifier')}") from None
     assert body["status"]["activePool"] == "baseline", body["status"]
-    selector = json.loads(real.kubectl("get", "svc", "classifier", "-n", NS, "-o", "json").stdout)[
-        "spec"
-    ]["selector"]
-    assert selector.get("serving.tidal.dev/pool") == "baseline", selector
+    # The move is make-before-break: the Service selects both pools until the EndpointSlices
+    # list the baseline's pods as ready, then the baseline alone.
+    seen: dict[str, Any] = {}
+
+    def baseline_alone() -> bool:
+        service = json.loads(
+            real.kubectl("get", "svc", "classifier", "-n", NS, "-o", "json").stdout
+        )
+        seen["selector"] = service["spec"]["selector"]
+        return bool(seen["selector"].get("serving.tidal.dev/pool") == "baseline")
+
+    try:
+        wait_for(baseline_alone, timeout=90, interval=1.0, what="the Service on the baseline alone")
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}; selector {seen}\n{diagnostics(real, 'classifier')}") from None
     summary = client_summary(real, "client-rollback", 150)
     assert set(summary["codes"]) == {"200"}, summary
 

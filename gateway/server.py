@@ -314,6 +314,9 @@ class Gateway:
         # Infer requests received since the gateway started (HTTP and gRPC, held or not): the
         # count the operator's scale-to-zero forecast learns from, every arrival once.
         self.arrivals = 0
+        # Long-polls waiting for the arrival count to move (``GET /v2/tidal/held?arrivals=``):
+        # an arrival wakes them (once each: then they wait for their ``every``).
+        self.arrival_watchers = 0
         self._held: dict[str, dict[Held, None]] = {}  # per model, oldest first
         self._held_all: dict[Held, None] = {}  # oldest first
         self._wake_seconds: dict[str, float] = {}  # the last wait of a hold until routable
@@ -587,6 +590,8 @@ class Gateway:
         (a 400 at once for what no model accepts) and who leaves the hold if it hangs up."""
         if hold:
             self.arrivals += 1
+            if self.arrival_watchers:
+                self.held_changes.notify()
         failures: list[Failed] = []
         excluded: frozenset[str] = frozenset()
         held: Held | None = None
@@ -960,26 +965,53 @@ class Gateway:
 
     async def get_held(self, request: web.Request) -> web.Response:
         """How many requests are held now: the operator's push of demand at zero; with it
-        ``arrivals``, the infer requests received since the gateway started (the operator's
-        forecast learns from its growth; it does not end the wait).
+        ``arrivals``, the infer requests received since the gateway started (the count the
+        operator's forecast learns from).
 
         ``?seen=N&wait=S``: answer as soon as the count differs from ``N`` (at once if it
         already does), at the latest after ``S`` seconds (at most 30); without them, at once.
-        A quiet service costs one parked request per gateway pod, no polling loop.
+        ``&arrivals=A&every=E`` (the arrival count the caller last read): also answer once the
+        arrival count differs from ``A`` and the poll is ``E`` seconds old (0 to 30; none: at
+        the first arrival), so the forecast learns a busy service's requests within ``E``
+        seconds, not at the end of ``S``. A quiet service costs one parked request per gateway
+        pod per ``S``, no polling loop; a busy one an answer per ``E``.
         """
+        query = request.query
         try:
-            seen = int(request.query.get("seen", "-1"))
-            wait = float(request.query.get("wait", "0"))
+            seen = int(query.get("seen", "-1"))
+            wait = float(query.get("wait", "0"))
+            known = int(query["arrivals"]) if "arrivals" in query else None
+            every = float(query.get("every", "0"))
         except ValueError:
-            return error(400, "'seen' must be an integer and 'wait' a number of seconds")
+            return error(
+                400,
+                "'seen' and 'arrivals' must be integers, 'wait' and 'every' numbers of seconds",
+            )
         if not 0 <= wait <= MAX_LONG_POLL_S:
             return error(400, f"'wait' must be between 0 and {MAX_LONG_POLL_S:g} seconds")
-        deadline = self.loop.time() + wait
-        while self.held_now == seen and not self.draining:
-            left = deadline - self.loop.time()
-            if left <= 0:
-                break
-            await self.held_changes.wait(left)
+        if not 0 <= every <= MAX_LONG_POLL_S:
+            return error(400, f"'every' must be between 0 and {MAX_LONG_POLL_S:g} seconds")
+        start = self.loop.time()
+        deadline = start + wait
+        watching = False  # counted in arrival_watchers: an arrival wakes this poll
+        try:
+            while self.held_now == seen and not self.draining:
+                until = deadline
+                if known is not None and self.arrivals != known:
+                    until = min(deadline, start + every)
+                    if watching:
+                        self.arrival_watchers -= 1
+                        watching = False
+                elif known is not None and not watching:
+                    self.arrival_watchers += 1
+                    watching = True
+                left = until - self.loop.time()
+                if left <= 0:
+                    break
+                await self.held_changes.wait(left)
+        finally:
+            if watching:
+                self.arrival_watchers -= 1
         return web.json_response(
             {"gateway": self.name, "held": self.held_now, "arrivals": self.arrivals}
         )

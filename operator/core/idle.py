@@ -627,9 +627,10 @@ class ZeroTick:
     cumulative count of requests it received (None: no gateway reported one, e.g. an older
     gateway: the runtime's arrival rate is then learned instead), as read at wall time
     `arrivals_at` (None: now). The counts are learned up to when they were read, not up to
-    the tick: the long-poll that carries them answers at each change of the held count and
-    otherwise every `held_wait_seconds`, so a tick between two answers knows nothing yet of
-    the arrivals since the last one, and must not learn that interval as empty;
+    the tick: the long-poll that carries them answers at each change of the held count,
+    within `arrivals_every_seconds` of arrivals and otherwise every `held_wait_seconds`, so a
+    tick between two answers knows nothing yet of the arrivals since the last one, and must
+    not learn that interval as empty;
     `routable_seconds`: the
     measured time-to-routable of one replica (None: not measured yet); `quiet_tick_seconds`:
     how long a quiet loop may sleep (a forecast wake due within it is looked at every tick).

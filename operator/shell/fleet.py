@@ -109,6 +109,9 @@ class FleetSettings:
     status_interval: float = 2.0
     # How long one long-poll of a gateway's held count waits for a change.
     held_wait_seconds: float = 25.0
+    # ... and how soon it answers once requests arrived (the zero forecast learns a busy
+    # service's arrivals within this, one forecast sample: not at the end of the wait).
+    arrivals_every_seconds: float = 5.0
 
 
 @dataclass
@@ -219,7 +222,8 @@ class FleetController:
 
     def arrivals(self, key: Key) -> tuple[dict[str, int], float] | None:
         """Each gateway pod's cumulative count of requests received, as its long-poll last
-        said (it answers on every change of the held count, else every ``held_wait_seconds``),
+        said (it answers on every change of the held count, within ``arrivals_every_seconds``
+        of arrivals, else every ``held_wait_seconds``),
         and the wall time of the oldest of those answers (the counts cover arrivals up to
         then); None while no pod has reported one (none yet, or an older gateway)."""
         state = self.states.get(key)
@@ -572,7 +576,9 @@ class FleetController:
 
     async def _poll_held(self, key: Key, st: FleetState, name: str, url: str) -> None:
         """Long-poll one gateway pod's held count; on every change hand it over and poke the
-        service's control loop (a quiet one ticks at once)."""
+        service's control loop (a quiet one ticks at once). Each answer carries the pod's
+        arrival count, which the zero forecast learns: the poll asks for an answer within
+        ``arrivals_every_seconds`` of requests arriving, so it learns them within a sample."""
         if self._poll_session is None or self._poll_session.closed:
             # Apart from the pushes' session: parked long-polls must not take its connections.
             self._poll_session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
@@ -581,10 +587,18 @@ class FleetController:
         backoff = 0.1
         seen = -1
         while True:
+            params = {"seen": str(seen), "wait": str(wait)}
+            known = st.arrivals.get(name)
+            if known is not None and seen >= 0:
+                # Answer within `every` of an arrival too (an older gateway ignores these).
+                params |= {
+                    "arrivals": str(known[0]),
+                    "every": str(self.settings.arrivals_every_seconds),
+                }
             try:
                 async with session.get(
                     f"{url}/v2/tidal/held",
-                    params={"seen": str(seen), "wait": str(wait)},
+                    params=params,
                     timeout=aiohttp.ClientTimeout(total=wait + 5),
                 ) as response:
                     if response.status != 200:

@@ -92,6 +92,42 @@ def test_a_burst_at_zero_is_held_pushed_to_the_long_poll_and_answered_once_each(
     assert status == 200 and body["arrivals"] == BURST + 1, body
 
 
+def test_the_long_poll_answers_within_every_of_an_arrival_not_at_its_wait(
+    gateway, runtimes, runtime_config
+) -> None:
+    """The operator's forecast learns a serving pool's arrivals from this long-poll: with
+    `arrivals` (the count it last read) it answers `every` seconds into the poll once a request
+    arrived, not at the end of `wait` (up to 25 s late: a pool could reach zero first)."""
+    (a,) = runtimes(("rt-a", runtime_config(preload=("m0",), models=("m0",))))
+    gw = gateway([a], activator=True, models=["m0"])
+    assert gw.infer("m0")[0] == 200
+    status, _, body = http("GET", f"{gw.url}/v2/tidal/held")
+    assert status == 200, body
+    known = int(body["arrivals"])
+    poll: dict[str, Any] = {}
+
+    def long_poll() -> None:
+        started = time.monotonic()
+        query = f"seen=0&wait=25&arrivals={known}&every=1.5"
+        poll["answer"] = http("GET", f"{gw.url}/v2/tidal/held?{query}")
+        poll["seconds"] = time.monotonic() - started
+
+    poller = threading.Thread(target=long_poll, daemon=True)
+    poller.start()
+    assert gw.infer("m0")[0] == 200
+    poller.join(60)
+    assert "answer" in poll, "the long-poll did not return"
+    status, _, body = poll["answer"]
+    assert status == 200 and body["held"] == 0 and body["arrivals"] == known + 1, poll
+    # Not before `every` (a busy service costs an answer per `every`, not one per request),
+    # and well before `wait`.
+    assert 1.4 <= poll["seconds"] < 20, poll
+    # Bad values are refused with what to fix.
+    for query, word in (("arrivals=x", "arrivals"), ("arrivals=1&every=31", "every")):
+        status, _, body = http("GET", f"{gw.url}/v2/tidal/held?seen=0&wait=1&{query}")
+        assert status == 400 and word in body["error"], (query, status, body)
+
+
 def test_held_requests_are_bounded_and_expire_with_retry_after(gateway) -> None:
     gw = gateway([], activator=True, models=["m0"], holdTimeoutSeconds=3, maxHeldRequests=3)
     # Nothing held: the long-poll waits its whole `wait`, then says 0.
