@@ -182,6 +182,7 @@ def smooth_rates(
     window_seconds: float,
     *,
     rise_to: float | None = None,
+    before_rates: Mapping[str, float] | None = None,
 ) -> dict[str, float]:
     """Per-model rates averaged over about ``window_seconds`` (an exponentially weighted mean
     with that time constant), what placement ranks models by.
@@ -196,6 +197,15 @@ def smooth_rates(
     the sum of smoothed rates as 6-7x the real demand, and placement's hot threshold (a share
     of that sum) rose above the real hot models (fleet simulator, rotating hot set seed 4: the
     threshold 1.4-1.9 req/s, the three busiest models 0.5-1 req/s, unpinned for minutes).
+
+    ``before_rates`` (the interval before this one's rates; the operator passes them): the rise
+    must then hold over both intervals, each a real rise on its own. A cold burst (a batch job
+    touching 40 tail models at once, a few requests each within one second) otherwise read as
+    40 viral models: their rates taken at once doubled the sum of smoothed rates, placement's
+    hot threshold rose above the busiest models, and they were unpinned for the minute the
+    burst took to decay, then evicted by the burst's own loads (fleet simulator, cold bursts
+    seed 1, quick trace: the sum 21 -> 41 req/s, the threshold 0.43 -> 0.83 req/s, the busiest
+    model at 0.81 req/s unpinned). A viral model is still taken at once, one interval later.
 
     One placement interval is too short a window for a tail model: one request in 2 s reads
     as 0.5 req/s, 50x ``minRate``, and pins would follow single requests (churn, and hot models
@@ -212,7 +222,13 @@ def smooth_rates(
         now = max(rates.get(name, 0.0), 0.0)
         before = previous.get(name)
         if before is None or (
-            rise_to is not None and now >= rise_to and now > before and _rose(before, now, elapsed)
+            rise_to is not None
+            and now >= rise_to
+            and now > before
+            and _rose(before, now, elapsed)
+            and (
+                before_rates is None or _held(before, before_rates.get(name, 0.0), rise_to, elapsed)
+            )
         ):
             out[name] = now
         else:
@@ -241,6 +257,11 @@ def placement_rates(
         if mean > out.get(name, 0.0):
             out[name] = mean
     return out
+
+
+def _held(before: float, earlier: float, rise_to: float, elapsed: float) -> bool:
+    """Whether the interval before this one (``earlier`` req/s) was a real rise too."""
+    return earlier >= rise_to and earlier > before and _rose(before, earlier, elapsed)
 
 
 def _rose(before: float, now: float, elapsed: float) -> bool:
@@ -382,7 +403,9 @@ def learn_demands(
     if not first:
         last_rates = rates
         rise_to = PlacementPolicy().hot_threshold(sum(rates.values())) if fast_attack else None
-        smoothed = smooth_rates(smoothed, rates, elapsed, window_seconds, rise_to=rise_to)
+        smoothed = smooth_rates(
+            smoothed, rates, elapsed, window_seconds, rise_to=rise_to, before_rates=state.last_rates
+        )
     forecasts = dict(state.forecasts)
     forecast_rates: dict[str, float] = {}
     if forecast is not None and not first:

@@ -421,27 +421,36 @@ def test_smoothed_rates_stay_within_the_rates_seen(
         assert min(series) - 1e-6 <= smoothed["m"] <= max(series) + 1e-6
 
 
+def counted_replica(**requests: float) -> ReplicaReport:
+    """One replica's report with each model READY (100 bytes) and its request counter."""
+    from tidal.operator.core.fleet import ModelReport
+
+    return ReplicaReport(
+        name="r0",
+        url="http://r0",
+        at=0.0,
+        generation=1,
+        ready=True,
+        budget_bytes=2**30,
+        resident_bytes=0,
+        models={
+            m: ModelReport(state="READY", size_bytes=100, requests=n) for m, n in requests.items()
+        },
+    )
+
+
 def test_one_interval_learns_rates_and_the_forecast_and_forgets_models_gone() -> None:
     """`learn_demands`, the fleet loop's step the simulator runs too (issue 30): the first call
     only reads the counters; the next takes the rates over the interval, smooths them,
     teaches the forecast and predicts each model's peak; a model gone from the spec is
     forgotten."""
-    from tidal.operator.core.fleet import DemandState, ModelReport, learn_demands
+    from tidal.operator.core.fleet import DemandState, learn_demands
     from tidal.operator.core.forecast import ForecastPolicy
 
     models = fleet_isvc().spec.models
 
     def report(count: float) -> ReplicaReport:
-        return ReplicaReport(
-            name="r0",
-            url="http://r0",
-            at=0.0,
-            generation=1,
-            ready=True,
-            budget_bytes=2**30,
-            resident_bytes=0,
-            models={"m0": ModelReport(state="READY", size_bytes=100, requests=count)},
-        )
+        return counted_replica(m0=count)
 
     policy = ForecastPolicy(period_seconds=100.0, slots=10)
     knobs: dict[str, Any] = {"window_seconds": 60.0, "forecast": policy, "lead_seconds": 5.0}
@@ -454,3 +463,28 @@ def test_one_interval_learns_rates_and_the_forecast_and_forgets_models_gone() ->
     assert set(state.forecasts) == {"m0", "m1", "m2"}
     state, _ = learn_demands(state, models[:1], [report(30)], 4.0, 1004.0, **knobs)
     assert set(state.forecasts) == {"m0"} and set(state.smoothed) <= {"m0"}
+
+
+def test_a_cold_burst_in_one_interval_does_not_outrank_the_busiest_model() -> None:
+    """A batch job touching tail models once (a few requests each within one second) is not a
+    viral rise: taken at once, the burst's models outranked the busiest one and placement's hot
+    threshold, a share of all rates, rose above it (fleet simulator, cold bursts: the busiest
+    models unpinned, then evicted by the burst's loads). A rise that holds over two intervals
+    is still taken at once."""
+    from tidal.operator.core.fleet import DemandState, learn_demands
+
+    models = fleet_isvc().spec.models  # m0 busy at 1 req/s; m1, m2 the burst, then m1 viral
+
+    def report(m0: float, m1: float, m2: float) -> ReplicaReport:
+        return counted_replica(m0=m0, m1=m1, m2=m2)
+
+    knobs: dict[str, Any] = {"window_seconds": 60.0, "forecast": None, "lead_seconds": 5.0}
+    state, _ = learn_demands(DemandState(), models, [report(0, 0, 0)], 0.0, 0.0, **knobs)
+    state, _ = learn_demands(state, models, [report(2, 0, 0)], 2.0, 2.0, **knobs)
+    state, demands = learn_demands(state, models, [report(4, 4, 4)], 4.0, 4.0, **knobs)
+    rank = {d.name: d.rate for d in demands}
+    assert rank["m1"] < 0.2 and rank["m2"] < 0.2 and rank["m0"] == pytest.approx(1.0), rank
+    # m1 keeps rising: the second interval of the rise takes its rate at once.
+    state, demands = learn_demands(state, models, [report(6, 10, 4)], 6.0, 6.0, **knobs)
+    rank = {d.name: d.rate for d in demands}
+    assert rank["m1"] == pytest.approx(3.0) and rank["m2"] < 0.2, rank
