@@ -20,3 +20,10 @@ class MonotonicClock:
 
 
 CLOCK: Clock = MonotonicClock()
+
+
+def utc_timestamp() -> str:
+    """Wall time for records (manifests), ISO 8601 in UTC to the second; never for durations."""
+    from datetime import UTC, datetime
+
+    return datetime.now(UTC).isoformat(timespec="seconds")

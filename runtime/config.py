@@ -294,12 +294,13 @@ class ConfigError(Exception):
     """The configuration could not be read or is invalid; the message names the field."""
 
 
-def format_validation_error(error: ValidationError) -> str:
+def format_validation_error(error: ValidationError, what: str = "runtime configuration") -> str:
+    """One line per offending field, named by its dotted camelCase path."""
     lines = []
     for item in error.errors():
         where = ".".join(str(part) for part in item["loc"]) or "(top level)"
         lines.append(f"  {where}: {item['msg']}")
-    return "invalid runtime configuration:\n" + "\n".join(lines)
+    return f"invalid {what}:\n" + "\n".join(lines)
 
 
 def parse_config(data: Any) -> RuntimeConfig:

@@ -72,26 +72,48 @@ def write_mlp(
 ) -> ModelInfo:
     """An MLP: ``layers`` hidden layers of width ``hidden`` with ReLU, then a linear output."""
     rng = np.random.default_rng(seed)
+    weights, biases = [], []
+    width = inputs
+    for index in range(layers + 1):
+        out_width = outputs if index == layers else hidden
+        weights.append(_weights(rng, (width, out_width)))
+        biases.append((0.01 * rng.standard_normal(out_width)).astype(np.float32))
+        width = out_width
+    return write_layers(
+        path, weights, biases, input_name, output_name, f"mlp_{inputs}x{hidden}x{outputs}_s{seed}"
+    )
+
+
+def write_layers(
+    path: str | Path,
+    weights: list[np.ndarray],
+    biases: list[np.ndarray],
+    input_name: str = "input",
+    output_name: str = "logits",
+    graph_name: str = "trained_mlp",
+) -> ModelInfo:
+    """An MLP from given weights (``weights[i]`` is in x out): Gemm + ReLU per hidden layer,
+    a linear output (logits). How a trained network (scikit-learn's ``coefs_`` and
+    ``intercepts_``) becomes ONNX without a converter package."""
     nodes = []
     initializers = []
-    previous, width = input_name, inputs
-    for index in range(layers + 1):
-        last = index == layers
-        out_width = outputs if last else hidden
-        w = numpy_helper.from_array(_weights(rng, (width, out_width)), f"w{index}")
-        b = numpy_helper.from_array(
-            (0.01 * rng.standard_normal(out_width)).astype(np.float32), f"b{index}"
-        )
-        initializers += [w, b]
+    previous = input_name
+    for index, (w, b) in enumerate(zip(weights, biases, strict=True)):
+        last = index == len(weights) - 1
+        initializers += [
+            numpy_helper.from_array(np.asarray(w, dtype=np.float32), f"w{index}"),
+            numpy_helper.from_array(np.asarray(b, dtype=np.float32), f"b{index}"),
+        ]
         target = output_name if last else f"h{index}"
         pre = target if last else f"z{index}"
         nodes.append(helper.make_node("Gemm", [previous, f"w{index}", f"b{index}"], [pre]))
         if not last:
             nodes.append(helper.make_node("Relu", [pre], [target]))
-        previous, width = target, out_width
+        previous = target
+    inputs, outputs = int(weights[0].shape[0]), int(weights[-1].shape[1])
     graph = helper.make_graph(
         nodes,
-        f"mlp_{inputs}x{hidden}x{outputs}_s{seed}",
+        graph_name,
         [helper.make_tensor_value_info(input_name, TensorProto.FLOAT, ["batch", inputs])],
         [helper.make_tensor_value_info(output_name, TensorProto.FLOAT, ["batch", outputs])],
         initializers,
@@ -102,6 +124,44 @@ def write_mlp(
     model.ir_version = 8
     out, digest, size = _save(model, path)
     return ModelInfo(out, digest, size, input_name, (-1, inputs), output_name, (-1, outputs))
+
+
+@dataclass(frozen=True)
+class DigitsSplit:
+    """scikit-learn's digits (8x8 images, 10 classes), pixels scaled to [0, 1], split in two."""
+
+    train_x: np.ndarray
+    train_y: np.ndarray
+    test_x: np.ndarray
+    test_y: np.ndarray
+
+
+def digits_split(seed: int = 0, test_share: float = 0.25) -> DigitsSplit:
+    from sklearn.datasets import load_digits  # the dev extra; the data ship with the package
+
+    x, y = load_digits(return_X_y=True)
+    order = np.random.default_rng(seed).permutation(len(x))
+    cut = int(len(x) * (1 - test_share))
+    x = (x / 16.0).astype(np.float32)
+    y = y.astype(np.int64)
+    return DigitsSplit(x[order[:cut]], y[order[:cut]], x[order[cut:]], y[order[cut:]])
+
+
+def write_digits_mlp(
+    path: str | Path, data: DigitsSplit, hidden: tuple[int, ...] = (64,), seed: int = 0
+) -> ModelInfo:
+    """Train an MLP classifier on the digits' training split (about a second for one hidden
+    layer of 64) and write it as ONNX: input ``input`` (batch x 64), output ``logits``."""
+    import warnings
+
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.neural_network import MLPClassifier
+
+    classifier = MLPClassifier(hidden_layer_sizes=hidden, max_iter=200, random_state=seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)  # accuracy is measured, not assumed
+        classifier.fit(data.train_x, data.train_y)
+    return write_layers(path, list(classifier.coefs_), list(classifier.intercepts_))
 
 
 def write_text_identity(path: str | Path, width: int = 2) -> ModelInfo:

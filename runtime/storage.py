@@ -138,30 +138,10 @@ class EngineStore:
             raise EngineLoadError(f"cannot download engine {uri}: {exc}") from None
 
     def _s3_store(self, bucket: str) -> Any:
-        from obstore.store import S3Store  # only runtimes that read s3:// engines load it
-
         with self._s3_lock:
             store = self._s3_stores.get(bucket)
             if store is None:
-                spec = self.s3
-                config: S3Config = {
-                    "region": spec.region,
-                    "virtual_hosted_style_request": not spec.path_style,
-                }
-                if spec.endpoint:
-                    config["endpoint"] = spec.endpoint.rstrip("/")
-                retry: RetryConfig = {
-                    "max_retries": spec.max_retries,
-                    "backoff": {"init_backoff": timedelta(milliseconds=100), "base": 2},
-                    "retry_timeout": timedelta(seconds=120),
-                }
-                client: ClientConfig = {
-                    "allow_http": bool(spec.endpoint and spec.endpoint.startswith("http:"))
-                }
-                # Credentials: the standard AWS variables or the ambient chain (obstore reads
-                # AWS_* from the environment itself).
-                store = S3Store(bucket, config=config, client_options=client, retry_config=retry)
-                self._s3_stores[bucket] = store
+                store = self._s3_stores[bucket] = make_s3_store(self.s3, bucket)
             return store
 
     def _s3_chunks(self, uri: str) -> Iterator[Chunk]:
@@ -220,6 +200,28 @@ class EngineStore:
         finally:
             Path(partial).unlink(missing_ok=True)
         return target
+
+
+def make_s3_store(spec: S3Spec, bucket: str, prefix: str | None = None) -> Any:
+    """An obstore S3Store for ``bucket`` (keys under ``prefix``) as ``spec`` describes the
+    store; the engine store reads with it, the builder (tidal.runtime.builder) writes with it."""
+    from obstore.store import S3Store  # only processes that touch s3:// load it
+
+    config: S3Config = {
+        "region": spec.region,
+        "virtual_hosted_style_request": not spec.path_style,
+    }
+    if spec.endpoint:
+        config["endpoint"] = spec.endpoint.rstrip("/")
+    retry: RetryConfig = {
+        "max_retries": spec.max_retries,
+        "backoff": {"init_backoff": timedelta(milliseconds=100), "base": 2},
+        "retry_timeout": timedelta(seconds=120),
+    }
+    client: ClientConfig = {"allow_http": bool(spec.endpoint and spec.endpoint.startswith("http:"))}
+    # Credentials: the standard AWS variables or the ambient chain (obstore reads AWS_* from
+    # the environment itself).
+    return S3Store(bucket, prefix=prefix, config=config, client_options=client, retry_config=retry)
 
 
 def s3_reason(exc: BaseException) -> str:

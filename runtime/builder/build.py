@@ -1,0 +1,297 @@
+"""One build, end to end: fetch the source and the data sets, make each engine the spec asks
+for, gate it against the FP32 reference, and publish what passed under the naming scheme.
+
+Destinations are obstore stores (``LocalStore`` for a directory, ``S3Store`` for
+``s3://bucket/prefix``): one code path for both, the store's construction the only difference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tidal.runtime.builder import onnxrt
+from tidal.runtime.builder.gate import judge, measure
+from tidal.runtime.builder.onnxrt import ModelError
+from tidal.runtime.builder.plan import (
+    MANIFEST,
+    DataRecord,
+    FileRecord,
+    Manifest,
+    accuracy_record,
+    artifact_prefix,
+    build_key,
+    differences,
+    engine_file_name,
+    key_inputs,
+)
+from tidal.runtime.builder.spec import BuildError, BuildSpec
+from tidal.runtime.clock import CLOCK, Clock, utc_timestamp
+from tidal.runtime.config import S3Spec
+from tidal.runtime.errors import EngineLoadError
+from tidal.runtime.storage import EngineStore, local_path, make_s3_store, sha256_file
+
+
+class FetchError(BuildError):
+    """An input could not be read from its store (the message names the spec field)."""
+
+
+class ArtifactConflict(BuildError):
+    """The destination already holds a published engine of this model version built from other
+    inputs; published engines are immutable (publish a new version)."""
+
+
+class GateRefused(BuildError):
+    """At least one engine lost more than the accuracy gate allows; it was not published."""
+
+
+class Destination:
+    """Where a build writes: relative keys under a local directory or an S3 prefix."""
+
+    def __init__(self, store: Any, base_uri: str) -> None:
+        self._store = store
+        self.base_uri = base_uri.rstrip("/")
+
+    @classmethod
+    def open(cls, output: str, s3: S3Spec) -> Destination:
+        if output.startswith("s3://"):
+            bucket, _, prefix = output[len("s3://") :].partition("/")
+            prefix = prefix.strip("/")
+            return cls(make_s3_store(s3, bucket, prefix or None), output)
+        from obstore.store import LocalStore
+
+        path = local_path(output)
+        assert path is not None  # the spec admits only local paths and s3://
+        root = path.resolve()
+        return cls(LocalStore(root, mkdir=True), root.as_uri())
+
+    def uri(self, key: str) -> str:
+        return f"{self.base_uri}/{key}"
+
+    def read(self, key: str) -> bytes | None:
+        import obstore
+
+        try:
+            return bytes(obstore.get(self._store, key).bytes())
+        except FileNotFoundError:
+            return None
+
+    def size(self, key: str) -> int | None:
+        import obstore
+
+        try:
+            return int(obstore.head(self._store, key)["size"])
+        except FileNotFoundError:
+            return None
+
+    def put(self, key: str, data: bytes | Path) -> None:
+        import obstore
+
+        obstore.put(self._store, key, data)
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """One engine of the build: published (or refused), built now or reused."""
+
+    precision: str
+    manifest_uri: str
+    engine_uri: str | None  # None when refused: nothing loadable is written
+    manifest: Manifest
+    reused: bool
+
+    @property
+    def published(self) -> bool:
+        return self.manifest.published
+
+    def describe(self) -> str:
+        state = "published" if self.published else "REFUSED"
+        how = (
+            "reused (same build key)"
+            if self.reused
+            else f"built in {self.manifest.build_seconds:.2f}s"
+        )
+        where = self.engine_uri or self.manifest_uri
+        return f"{self.precision}: {state}, {how}: {where}\n    {self.manifest.accuracy.reason}"
+
+
+@dataclass(frozen=True)
+class BuildReport:
+    artifacts: tuple[Artifact, ...]
+
+    @property
+    def refused(self) -> tuple[Artifact, ...]:
+        return tuple(a for a in self.artifacts if not a.published)
+
+    def raise_for_refusal(self) -> None:
+        if self.refused:
+            raise GateRefused(
+                "the accuracy gate refused "
+                + "; ".join(
+                    f"{a.manifest.model}/{a.manifest.version} {a.precision} "
+                    f"({a.manifest.accuracy.reason})"
+                    for a in self.refused
+                )
+            )
+
+
+def _fetch(store: EngineStore, uri: str, sha256: str | None, field: str) -> Path:
+    try:
+        return store.fetch(uri, sha256)
+    except EngineLoadError as exc:
+        raise FetchError(f"{field}: {exc.message}") from None
+
+
+def build(
+    spec: BuildSpec,
+    work_dir: Path,
+    *,
+    clock: Clock = CLOCK,
+    timestamp: Callable[[], str] = utc_timestamp,
+) -> BuildReport:
+    """Make, gate and publish every precision of ``spec``; engines whose build key matches an
+    existing manifest are reused, not rebuilt. Returns what was published and what refused
+    (:meth:`BuildReport.raise_for_refusal` turns a refusal into an error)."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    store = EngineStore(str(work_dir / "inputs"), spec.s3)
+    source = _fetch(store, spec.source.uri, spec.source.sha256, "source")
+    validation_file = _fetch(store, spec.validation.uri, spec.validation.sha256, "validation")
+    calibration_file = (
+        _fetch(store, spec.calibration.uri, spec.calibration.sha256, "calibration")
+        if spec.calibration is not None and "int8" in spec.precisions
+        else None
+    )
+    digests = {
+        "source": sha256_file(source),
+        "validation": sha256_file(validation_file),
+        "calibration": sha256_file(calibration_file) if calibration_file else None,
+    }
+    libraries = onnxrt.library_versions()
+    destination = Destination.open(spec.output, spec.s3)
+
+    # The reference: the source as written (no graph rewrites), FP32.
+    reference = onnxrt.session(source, "disabled")
+    inputs = onnxrt.inputs_of(reference)
+    outputs = [o.name for o in reference.get_outputs()]
+    output = spec.gate.output or outputs[0]
+    if output not in outputs:
+        raise ModelError(
+            f"gate.output: the model has no output {output!r} (its outputs: {outputs})"
+        )
+    validation = onnxrt.load_set(validation_file, inputs, "validation")
+    labels = None
+    if spec.validation.labels is not None:
+        labels = validation.get(spec.validation.labels)
+        if labels is None:
+            raise ModelError(
+                f"validation.labels: the validation set has no array {spec.validation.labels!r}"
+            )
+    onnxrt.check_profiles(reference, inputs, spec.profiles)
+    expected = onnxrt.run(reference, validation, inputs, output, spec.validation.batch_size)
+    samples = onnxrt.samples_of(validation, inputs)
+
+    artifacts = []
+    for precision in spec.precisions:
+        key_material = key_inputs(
+            spec,
+            precision,
+            source_sha256=digests["source"] or "",
+            calibration_sha256=digests["calibration"],
+            validation_sha256=digests["validation"] or "",
+            libraries=libraries,
+        )
+        key = build_key(key_material)
+        prefix = artifact_prefix(spec, precision)
+        engine_key = f"{prefix}/{engine_file_name(spec, precision)}"
+        manifest_key = f"{prefix}/{MANIFEST}"
+        previous = destination.read(manifest_key)
+        if previous is not None:
+            old = Manifest.model_validate_json(previous)
+            intact = not old.published or destination.size(engine_key) == old.file.size_bytes
+            if old.build_key == key and intact:
+                artifacts.append(
+                    Artifact(
+                        precision,
+                        destination.uri(manifest_key),
+                        destination.uri(engine_key) if old.published else None,
+                        old,
+                        reused=True,
+                    )
+                )
+                continue
+            if old.published and old.build_key != key:
+                changed = ", ".join(differences(old.inputs, key_material))
+                raise ArtifactConflict(
+                    f"{destination.uri(prefix)} already holds a published {precision} engine of "
+                    f"{spec.model}/{spec.version} built from other inputs (changed: {changed}); "
+                    "a published engine may be serving: build a new version instead"
+                )
+
+        started = clock.now()
+        engine = work_dir / precision / engine_file_name(spec, precision)
+        engine.parent.mkdir(parents=True, exist_ok=True)
+        calibration_record = None
+        if precision == "fp32":
+            onnxrt.optimize_fp32(source, engine, spec.optimization)
+        else:
+            assert spec.calibration is not None and calibration_file is not None
+            calibration = onnxrt.load_set(calibration_file, inputs, "calibration")
+            used = onnxrt.quantize_int8(
+                source,
+                engine,
+                calibration,
+                inputs,
+                spec.quantization,
+                spec.calibration.batch_size,
+                spec.calibration.max_samples,
+            )
+            calibration_record = DataRecord(
+                uri=spec.calibration.uri, sha256=digests["calibration"] or "", samples=used
+            )
+        candidate = onnxrt.session(engine)
+        onnxrt.check_profiles(candidate, inputs, spec.profiles)
+        actual = onnxrt.run(candidate, validation, inputs, output, spec.validation.batch_size)
+        metrics = measure(expected, actual, None if labels is None else np.asarray(labels))
+        verdict = judge(metrics, spec.gate)
+        manifest = Manifest(
+            model=spec.model,
+            version=spec.version,
+            backend=spec.backend,
+            target=spec.target,
+            precision=precision,
+            file=FileRecord(
+                name=engine.name, sha256=sha256_file(engine), size_bytes=engine.stat().st_size
+            ),
+            source=DataRecord(uri=spec.source.uri, sha256=digests["source"] or ""),
+            calibration=calibration_record,
+            validation=DataRecord(
+                uri=spec.validation.uri, sha256=digests["validation"] or "", samples=samples
+            ),
+            profiles=list(spec.profiles),
+            builder={"name": "tidal.runtime.builder", "version": key_material["builder"]},
+            libraries=libraries,
+            build_key=key,
+            inputs=key_material,
+            accuracy=accuracy_record(output, metrics, spec.gate, verdict),
+            published=verdict.passed,
+            built_at=timestamp(),
+            build_seconds=round(clock.now() - started, 3),
+        )
+        if verdict.passed:
+            destination.put(engine_key, engine)
+        # Last: a manifest is the commit mark of an engine (and the record of a refusal).
+        destination.put(manifest_key, manifest.to_json().encode())
+        artifacts.append(
+            Artifact(
+                precision,
+                destination.uri(manifest_key),
+                destination.uri(engine_key) if verdict.passed else None,
+                manifest,
+                reused=False,
+            )
+        )
+    return BuildReport(tuple(artifacts))

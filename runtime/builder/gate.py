@@ -1,0 +1,150 @@
+"""The accuracy gate: how far an engine's outputs are from the FP32 reference's on the
+validation set (:func:`measure`), and whether that is within what the gate allows
+(:func:`judge`). Pure: arrays and thresholds in, a verdict with its reasons out."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from tidal.runtime.builder.spec import GateSpec
+
+Array = npt.NDArray[Any]
+
+
+@dataclass(frozen=True)
+class AccuracyMetrics:
+    """An engine against the reference on ``samples`` validation samples."""
+
+    samples: int
+    top1_agreement: float  # share of samples whose arg-max class is the reference's
+    max_abs_error: float
+    mean_abs_error: float
+    reference_accuracy: float | None = None  # against the labels, when there are labels
+    candidate_accuracy: float | None = None
+
+    @property
+    def accuracy_drop(self) -> float | None:
+        if self.reference_accuracy is None or self.candidate_accuracy is None:
+            return None
+        return self.reference_accuracy - self.candidate_accuracy
+
+
+def measure(reference: Array, candidate: Array, labels: Array | None = None) -> AccuracyMetrics:
+    """Compare one output of both models; classes are along the last axis, samples along the
+    first (an output with one value per sample has no top class: agreement is then exact
+    equality of the sign, the usual binary decision)."""
+    if reference.shape != candidate.shape:
+        raise ValueError(f"output shapes differ: reference {reference.shape}, {candidate.shape}")
+    samples = int(reference.shape[0]) if reference.ndim else 1
+    ref = reference.astype(np.float64).reshape(samples, -1)
+    cand = candidate.astype(np.float64).reshape(samples, -1)
+    error = np.abs(ref - cand)
+    if ref.shape[1] > 1:
+        ref_top, cand_top = ref.argmax(axis=1), cand.argmax(axis=1)
+    else:
+        ref_top, cand_top = (ref[:, 0] > 0).astype(np.int64), (cand[:, 0] > 0).astype(np.int64)
+    # NaN anywhere makes the errors NaN, which no threshold admits
+    metrics = AccuracyMetrics(
+        samples=samples,
+        top1_agreement=float((ref_top == cand_top).mean()) if samples else math.nan,
+        max_abs_error=float(error.max()) if error.size else 0.0,
+        mean_abs_error=float(error.mean()) if error.size else 0.0,
+    )
+    if labels is None:
+        return metrics
+    truth = labels.reshape(-1).astype(np.int64)
+    if truth.shape[0] != samples:
+        raise ValueError(f"{truth.shape[0]} labels for {samples} validation samples")
+    return AccuracyMetrics(
+        samples=metrics.samples,
+        top1_agreement=metrics.top1_agreement,
+        max_abs_error=metrics.max_abs_error,
+        mean_abs_error=metrics.mean_abs_error,
+        reference_accuracy=float((ref_top == truth).mean()),
+        candidate_accuracy=float((cand_top == truth).mean()),
+    )
+
+
+@dataclass(frozen=True)
+class Check:
+    """One criterion of the gate: the measured value against its limit."""
+
+    criterion: str  # the GateSpec field, camelCase as in the spec
+    metric: str
+    value: float
+    limit: float
+    at_least: bool  # the value must be >= the limit (else <=)
+
+    @property
+    def passed(self) -> bool:
+        # NaN fails either way: comparisons with NaN are false
+        return self.value >= self.limit if self.at_least else self.value <= self.limit
+
+    def describe(self) -> str:
+        relations = (">=", "<") if self.at_least else ("<=", ">")
+        relation = relations[0] if self.passed else relations[1]
+        return f"{self.metric} {self.value:.6g} {relation} {self.criterion} {self.limit:.6g}"
+
+
+@dataclass(frozen=True)
+class GateVerdict:
+    """Whether an engine may be published, and why."""
+
+    passed: bool
+    checks: tuple[Check, ...]
+    skipped: tuple[str, ...] = ()  # criteria that could not be checked, and why
+
+    @property
+    def failed(self) -> tuple[Check, ...]:
+        return tuple(c for c in self.checks if not c.passed)
+
+    @property
+    def reason(self) -> str:
+        """The failed criteria with their numbers, or every check when all passed."""
+        shown = self.failed if not self.passed else self.checks
+        head = "refused: " if not self.passed else "passed: "
+        return head + "; ".join(c.describe() for c in shown)
+
+
+def judge(metrics: AccuracyMetrics, gate: GateSpec) -> GateVerdict:
+    """The gate's verdict: every configured criterion must hold. Labelled accuracy is checked
+    only when the validation set has labels (reported as skipped otherwise)."""
+    checks = [
+        Check(
+            "minTop1Agreement",
+            "top1Agreement",
+            metrics.top1_agreement,
+            gate.min_top1_agreement,
+            at_least=True,
+        )
+    ]
+    skipped: list[str] = []
+    drop = metrics.accuracy_drop
+    if drop is None:
+        skipped.append("maxAccuracyDrop: the validation set has no labels")
+    else:
+        checks.append(
+            Check("maxAccuracyDrop", "accuracyDrop", drop, gate.max_accuracy_drop, at_least=False)
+        )
+    if gate.max_abs_error is not None:
+        checks.append(
+            Check("maxAbsError", "maxAbsError", metrics.max_abs_error, gate.max_abs_error, False)
+        )
+    if gate.max_mean_abs_error is not None:
+        checks.append(
+            Check(
+                "maxMeanAbsError",
+                "meanAbsError",
+                metrics.mean_abs_error,
+                gate.max_mean_abs_error,
+                False,
+            )
+        )
+    return GateVerdict(
+        passed=all(c.passed for c in checks), checks=tuple(checks), skipped=tuple(skipped)
+    )

@@ -1,0 +1,262 @@
+"""The ONNX Runtime builder: the graph-optimized FP32 model (the session's
+``optimized_model_filepath``), static INT8 quantization calibrated on a data set
+(``quantize_static``), and running models the way the runtime's backend does."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from tidal.runtime.builder.spec import BuildError, QuantizationSpec, ShapeProfile
+
+Array = np.ndarray[Any, Any]
+
+_NUMPY_TYPES = {
+    "tensor(float)": np.float32,
+    "tensor(double)": np.float64,
+    "tensor(float16)": np.float16,
+    "tensor(int64)": np.int64,
+    "tensor(int32)": np.int32,
+    "tensor(int8)": np.int8,
+    "tensor(uint8)": np.uint8,
+    "tensor(bool)": np.bool_,
+}
+_LEVELS = {
+    "disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+
+
+class ModelError(BuildError):
+    """The source model, a data set or a profile does not fit; the message names which."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dims: tuple[int | str | None, ...]
+    dtype: type[Any]
+
+
+def library_versions() -> dict[str, str]:
+    import onnx
+
+    versions = {"onnxruntime": ort.__version__, "onnx": onnx.__version__, "numpy": np.__version__}
+    try:
+        versions["tidal"] = metadata.version("tidal")
+    except metadata.PackageNotFoundError:
+        versions["tidal"] = "unknown"
+    return versions
+
+
+def session(
+    path: Path, optimization: str = "all", intra_op_threads: int = 0
+) -> ort.InferenceSession:
+    """A CPU session. With ``optimization='all'`` and one inter-op thread it is what the
+    runtime's ONNX Runtime backend opens (runtime/backends/onnx.py), so the gate measures the
+    engine as it will be served."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = _LEVELS[optimization]
+    options.inter_op_num_threads = 1
+    if intra_op_threads:
+        options.intra_op_num_threads = intra_op_threads
+    try:
+        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # ORT raises its own exception types for bad models
+        raise ModelError(f"ONNX Runtime cannot load {path.name}: {exc}") from None
+
+
+def inputs_of(sess: ort.InferenceSession) -> list[TensorInfo]:
+    out = []
+    for arg in sess.get_inputs():
+        dtype = _NUMPY_TYPES.get(arg.type)
+        if dtype is None:
+            raise ModelError(
+                f"input {arg.name!r} has type {arg.type}, which the builder cannot feed"
+            )
+        out.append(TensorInfo(arg.name, tuple(arg.shape), dtype))
+    return out
+
+
+def load_set(path: Path, inputs: list[TensorInfo], field: str) -> dict[str, Array]:
+    """The arrays of an .npz data set, one per model input, cast to the input's type."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {name: data[name] for name in data.files}
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"{field}: not a readable .npz file: {exc}") from None
+    missing = [t.name for t in inputs if t.name not in arrays]
+    if missing:
+        raise ModelError(
+            f"{field}: no array for model input(s) {missing} (the file holds {sorted(arrays)})"
+        )
+    counts = {t.name: int(arrays[t.name].shape[0]) for t in inputs}
+    if len(set(counts.values())) != 1 or 0 in counts.values():
+        raise ModelError(
+            f"{field}: inputs must hold the same, non-zero number of samples: {counts}"
+        )
+    out = {t.name: np.ascontiguousarray(arrays[t.name], dtype=t.dtype) for t in inputs}
+    for name, value in arrays.items():
+        if name not in out:
+            out[name] = value  # labels and anything else, as stored
+    return out
+
+
+def samples_of(data: Mapping[str, Array], inputs: list[TensorInfo]) -> int:
+    return int(data[inputs[0].name].shape[0])
+
+
+def batches(
+    data: Mapping[str, Array], inputs: list[TensorInfo], size: int, limit: int | None = None
+) -> Iterator[dict[str, Array]]:
+    total = samples_of(data, inputs)
+    if limit is not None:
+        total = min(total, limit)
+    for start in range(0, total, size):
+        end = min(start + size, total)
+        yield {t.name: data[t.name][start:end] for t in inputs}
+
+
+def run(
+    sess: ort.InferenceSession,
+    data: Mapping[str, Array],
+    inputs: list[TensorInfo],
+    output: str,
+    batch_size: int,
+) -> Array:
+    """One output of the model over the whole data set, in batches."""
+    parts = [sess.run([output], batch)[0] for batch in batches(data, inputs, batch_size)]
+    return np.concatenate(parts, axis=0)
+
+
+def check_profiles(
+    sess: ort.InferenceSession, inputs: list[TensorInfo], profiles: list[ShapeProfile]
+) -> None:
+    """Every profile names an input whose static dimensions it keeps, and the model runs at
+    each of its min, opt and max shapes (other inputs at their static shape, batch 1)."""
+    by_name = {t.name: t for t in inputs}
+    for index, profile in enumerate(profiles):
+        field = f"profiles[{index}]"
+        info = by_name.get(profile.input)
+        if info is None:
+            raise ModelError(
+                f"{field}.input: the model has no input {profile.input!r} "
+                f"(its inputs: {sorted(by_name)})"
+            )
+        if len(profile.opt) != len(info.dims):
+            raise ModelError(
+                f"{field}: input {info.name!r} has rank {len(info.dims)}, the profile "
+                f"{len(profile.opt)}"
+            )
+        for axis, dim in enumerate(info.dims):
+            if isinstance(dim, int) and dim > 0:
+                used = {profile.min[axis], profile.opt[axis], profile.max[axis]}
+                if used != {dim}:
+                    raise ModelError(
+                        f"{field}: axis {axis} of input {info.name!r} is fixed at {dim}, "
+                        f"the profile asks for {sorted(used)}"
+                    )
+    for index, profile in enumerate(profiles):
+        for point in ("min", "opt", "max"):
+            shape = getattr(profile, point)
+            feed = {
+                t.name: np.zeros(
+                    shape
+                    if t.name == profile.input
+                    else [d if isinstance(d, int) and d > 0 else 1 for d in t.dims],
+                    dtype=t.dtype,
+                )
+                for t in inputs
+            }
+            try:
+                sess.run(None, feed)
+            except Exception as exc:
+                raise ModelError(
+                    f"profiles[{index}].{point}: the engine does not run input "
+                    f"{profile.input!r} at {shape}: {exc}"
+                ) from None
+
+
+def optimize_fp32(source: Path, out: Path, level: str) -> None:
+    """ONNX Runtime's offline graph optimization: the session writes the optimized graph."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = _LEVELS[level]
+    options.optimized_model_filepath = str(out)
+    try:
+        ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        raise ModelError(f"source: ONNX Runtime cannot optimize the model: {exc}") from None
+
+
+def quantize_int8(
+    source: Path,
+    out: Path,
+    calibration: Mapping[str, Array],
+    inputs: list[TensorInfo],
+    settings: QuantizationSpec,
+    batch_size: int,
+    max_samples: int | None,
+) -> int:
+    """Static INT8 quantization calibrated on ``calibration``; returns the samples used.
+
+    The source is first pre-processed (ONNX shape inference and ORT's basic optimizations:
+    what ONNX Runtime asks for before quantization), then quantized."""
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    feeds = list(batches(calibration, inputs, batch_size, max_samples))
+
+    class Reader(CalibrationDataReader):  # type: ignore[misc]
+        def __init__(self) -> None:
+            self._feeds = iter(feeds)
+
+        def get_next(self) -> dict[str, Array] | None:
+            return next(self._feeds, None)
+
+    prepared = out.with_name(out.stem + ".pre.onnx")
+    methods = {
+        "minmax": CalibrationMethod.MinMax,
+        "entropy": CalibrationMethod.Entropy,
+        "percentile": CalibrationMethod.Percentile,
+    }
+    types = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8}
+    # The quantization tool logs advice through the root logger; the build reports instead.
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        # Symbolic shape inference needs sympy, which the runtime image does not carry.
+        quant_pre_process(str(source), str(prepared), skip_symbolic_shape=True)
+        quantize_static(
+            str(prepared),
+            str(out),
+            Reader(),
+            quant_format=QuantFormat.QDQ if settings.format == "qdq" else QuantFormat.QOperator,
+            activation_type=types[settings.activation_type],
+            weight_type=types[settings.weight_type],
+            per_channel=settings.per_channel,
+            calibrate_method=methods[settings.method],
+        )
+    except ModelError:
+        raise
+    except Exception as exc:
+        raise ModelError(f"quantization: ONNX Runtime's quantize_static failed: {exc}") from None
+    finally:
+        root.setLevel(level)
+        prepared.unlink(missing_ok=True)
+    return sum(samples_of(f, inputs) for f in feeds)

@@ -1,0 +1,199 @@
+"""Where engines go and when they are rebuilt: the naming scheme, the build key, the manifest.
+
+Naming scheme (relative to the build's output)::
+
+    <model>/<version>/<target>/<precision>/<model>-<precision>.onnx
+    <model>/<version>/<target>/<precision>/manifest.json
+
+The file name follows the runtime's own scheme (``<anything>-<precision>.onnx``), so an engine
+listed by URI is understood without overrides. The manifest is written last: an engine without
+one is an interrupted build, one with ``published: false`` was refused by the accuracy gate
+(and its model file is not written).
+
+Build key: the sha256 of everything that decides an engine's bytes and its verdict (source,
+calibration and validation digests, the settings, the gate, the builder's and the libraries'
+versions), in canonical JSON. An existing manifest with the same key is reused as it is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from tidal.runtime.builder.gate import AccuracyMetrics, GateVerdict
+from tidal.runtime.builder.spec import BuildSpec, GateSpec, ShapeProfile
+
+MANIFEST = "manifest.json"
+MANIFEST_SCHEMA = "tidal.dev/engine-manifest/v1"
+# Bumped whenever the builder changes how it makes an engine from the same inputs.
+BUILDER_VERSION = "1"
+
+
+def artifact_prefix(spec: BuildSpec, precision: str) -> str:
+    return f"{spec.model}/{spec.version}/{spec.target}/{precision}"
+
+
+def engine_file_name(spec: BuildSpec, precision: str) -> str:
+    return f"{spec.model}-{precision}.onnx"
+
+
+def key_inputs(
+    spec: BuildSpec,
+    precision: str,
+    *,
+    source_sha256: str,
+    calibration_sha256: str | None,
+    validation_sha256: str,
+    libraries: dict[str, str],
+) -> dict[str, Any]:
+    """What the build key covers, as plain data (recorded in the manifest, so that a conflict
+    can say what changed)."""
+    inputs: dict[str, Any] = {
+        "builder": BUILDER_VERSION,
+        "libraries": dict(sorted(libraries.items())),
+        "backend": spec.backend,
+        "target": spec.target,
+        "precision": precision,
+        "source": source_sha256,
+        "profiles": [p.model_dump(by_alias=True) for p in spec.profiles],
+        "validation": {
+            "sha256": validation_sha256,
+            "labels": spec.validation.labels,
+        },
+        "gate": spec.gate.model_dump(by_alias=True),
+    }
+    if precision == "fp32":
+        inputs["optimization"] = spec.optimization
+    if precision == "int8":
+        assert spec.calibration is not None  # the spec requires it for int8
+        inputs["calibration"] = {
+            "sha256": calibration_sha256,
+            "maxSamples": spec.calibration.max_samples,
+            "batchSize": spec.calibration.batch_size,
+        }
+        inputs["quantization"] = spec.quantization.model_dump(by_alias=True)
+    return inputs
+
+
+def build_key(inputs: dict[str, Any]) -> str:
+    canonical = json.dumps(inputs, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def differences(old: Any, new: Any, where: str = "") -> list[str]:
+    """Dotted paths at which two key inputs differ (what changed since the last build)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out: list[str] = []
+        for name in sorted(set(old) | set(new)):
+            out += differences(old.get(name), new.get(name), f"{where}.{name}" if where else name)
+        return out
+    return [] if old == new else [where or "(all)"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True
+    )
+
+
+class FileRecord(_Model):
+    name: str
+    sha256: str
+    size_bytes: int
+
+
+class DataRecord(_Model):
+    uri: str
+    sha256: str
+    samples: int | None = None
+
+
+class CheckRecord(_Model):
+    criterion: str
+    metric: str
+    value: float | None  # None: NaN (JSON has none)
+    limit: float
+    passed: bool
+
+
+class AccuracyRecord(_Model):
+    """The gate's measurement and verdict, as the manifest carries them."""
+
+    reference: Literal["source-fp32"] = "source-fp32"
+    output: str
+    samples: int
+    top1_agreement: float | None
+    max_abs_error: float | None
+    mean_abs_error: float | None
+    reference_accuracy: float | None = None
+    candidate_accuracy: float | None = None
+    accuracy_drop: float | None = None
+    gate: GateSpec
+    passed: bool
+    checks: list[CheckRecord]
+    skipped: list[str] = Field(default_factory=list)
+    reason: str
+
+
+def _finite(value: float | None) -> float | None:
+    return None if value is None or value != value else value
+
+
+def accuracy_record(
+    output: str, metrics: AccuracyMetrics, gate: GateSpec, verdict: GateVerdict
+) -> AccuracyRecord:
+    return AccuracyRecord(
+        output=output,
+        samples=metrics.samples,
+        top1_agreement=_finite(metrics.top1_agreement),
+        max_abs_error=_finite(metrics.max_abs_error),
+        mean_abs_error=_finite(metrics.mean_abs_error),
+        reference_accuracy=metrics.reference_accuracy,
+        candidate_accuracy=metrics.candidate_accuracy,
+        accuracy_drop=metrics.accuracy_drop,
+        gate=gate,
+        passed=verdict.passed,
+        checks=[
+            CheckRecord(
+                criterion=c.criterion,
+                metric=c.metric,
+                value=_finite(c.value),
+                limit=c.limit,
+                passed=c.passed,
+            )
+            for c in verdict.checks
+        ],
+        skipped=list(verdict.skipped),
+        reason=verdict.reason,
+    )
+
+
+class Manifest(_Model):
+    """Written beside each engine (``manifest.json``)."""
+
+    schema_: str = Field(default=MANIFEST_SCHEMA, alias="schema")
+    model: str
+    version: str
+    backend: str
+    target: str
+    precision: str
+    file: FileRecord
+    source: DataRecord
+    calibration: DataRecord | None = None
+    validation: DataRecord
+    profiles: list[ShapeProfile]
+    builder: dict[str, str]
+    libraries: dict[str, str]
+    build_key: str
+    inputs: dict[str, Any]
+    accuracy: AccuracyRecord
+    published: bool
+    built_at: str
+    build_seconds: float
+
+    def to_json(self) -> str:
+        return self.model_dump_json(by_alias=True, indent=2) + "\n"

@@ -1,0 +1,205 @@
+"""The build spec: what one build of one model version is asked to produce.
+
+A typed model at the boundary (camelCase on the wire, unknown fields are errors); invalid specs
+raise :class:`BuildSpecError` whose message names every offending field. The spec is what a
+Kubernetes Job will be handed (one per target), so it carries no credentials: ``s3`` says where
+the store is, the standard AWS variables or the ambient identity say who is asking.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+from tidal.runtime.config import S3Spec, format_validation_error
+
+Name = Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9._-]*[a-z0-9])?$", max_length=63)]
+Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+BuildPrecision = Literal["fp32", "int8"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True
+    )
+
+
+class SourceRef(_Model):
+    """The FP32 ONNX model every engine is built from and compared with."""
+
+    uri: str = Field(min_length=1, description="a local path, file://, http(s):// or s3://")
+    sha256: Sha256 | None = Field(default=None, description="verified when given")
+
+
+class CalibrationSet(_Model):
+    """An ``.npz`` file with one array per model input, named after the input, samples along
+    the first axis: the representative data INT8 ranges are calibrated on."""
+
+    uri: str = Field(min_length=1)
+    sha256: Sha256 | None = None
+    batch_size: int = Field(default=32, ge=1, le=4096, description="samples per calibration run")
+    max_samples: int | None = Field(default=None, ge=1, description="None: every sample")
+
+
+class ValidationSet(_Model):
+    """An ``.npz`` file like the calibration set; ``labels`` names an array of integer class
+    labels in the same file (labelled accuracy is then part of the gate)."""
+
+    uri: str = Field(min_length=1)
+    sha256: Sha256 | None = None
+    labels: str | None = Field(default=None, min_length=1)
+    batch_size: int = Field(default=256, ge=1, le=65536)
+
+
+class ShapeProfile(_Model):
+    """The shapes one input takes: the engine is run at each of min, opt and max before it is
+    gated, and the profile is recorded in the manifest (TensorRT builds from the same record)."""
+
+    input: str = Field(min_length=1)
+    min: list[int] = Field(min_length=1)
+    opt: list[int] = Field(min_length=1)
+    max: list[int] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ShapeProfile:
+        if not len(self.min) == len(self.opt) == len(self.max):
+            raise ValueError(
+                f"input {self.input!r}: min, opt and max must have the same rank "
+                f"({len(self.min)}, {len(self.opt)}, {len(self.max)})"
+            )
+        for axis, (lo, mid, hi) in enumerate(zip(self.min, self.opt, self.max, strict=True)):
+            if not 1 <= lo <= mid <= hi:
+                raise ValueError(
+                    f"input {self.input!r} axis {axis}: need 1 <= min <= opt <= max, "
+                    f"got {lo}, {mid}, {hi}"
+                )
+        return self
+
+
+class QuantizationSpec(_Model):
+    """ONNX Runtime static quantization (``quantize_static``) settings."""
+
+    method: Literal["minmax", "entropy", "percentile"] = "minmax"
+    format: Literal["qdq", "qoperator"] = "qdq"
+    activation_type: Literal["int8", "uint8"] = "int8"
+    weight_type: Literal["int8", "uint8"] = "int8"
+    per_channel: bool = False
+
+
+class GateSpec(_Model):
+    """How much an engine may lose against the FP32 reference on the validation set."""
+
+    output: str | None = Field(default=None, description="output compared; None: the first")
+    min_top1_agreement: float = Field(
+        default=0.99, ge=0, le=1, description="share of samples whose top class is unchanged"
+    )
+    max_accuracy_drop: float = Field(
+        default=0.01, ge=0, le=1, description="labelled accuracy lost (needs validation.labels)"
+    )
+    max_abs_error: float | None = Field(default=None, ge=0, description="None: not checked")
+    max_mean_abs_error: float | None = Field(default=None, ge=0, description="None: not checked")
+
+
+class BuildSpec(_Model):
+    """One build: a model version, its source, and the engines wanted for one target."""
+
+    model: Name
+    version: Name
+    source: SourceRef
+    backend: Literal["onnxruntime"] = "onnxruntime"
+    target: Literal["cpu"] = Field(default="cpu", description="where the engines run")
+    precisions: list[BuildPrecision] = Field(min_length=1)
+    profiles: list[ShapeProfile] = Field(default_factory=list)
+    calibration: CalibrationSet | None = Field(default=None, validate_default=True)
+    validation: ValidationSet
+    gate: GateSpec = Field(default_factory=GateSpec)
+    quantization: QuantizationSpec = Field(default_factory=QuantizationSpec)
+    optimization: Literal["basic", "extended", "all"] = Field(
+        default="extended",
+        description="ONNX Runtime graph optimization level of the fp32 engine; 'all' adds "
+        "layout changes tied to the build machine's CPU",
+    )
+    output: str = Field(min_length=1, description="a local directory or s3://bucket[/prefix]")
+    s3: S3Spec = Field(default_factory=S3Spec)
+
+    @field_validator("precisions")
+    @classmethod
+    def _unique(cls, precisions: list[str]) -> list[str]:
+        if len(set(precisions)) != len(precisions):
+            raise ValueError(f"a precision appears twice: {precisions}")
+        return precisions
+
+    @field_validator("profiles")
+    @classmethod
+    def _one_per_input(cls, profiles: list[ShapeProfile]) -> list[ShapeProfile]:
+        names = [p.input for p in profiles]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"more than one profile for input {', '.join(twice)}")
+        return profiles
+
+    @field_validator("calibration")
+    @classmethod
+    def _calibration_for_int8(
+        cls, calibration: CalibrationSet | None, info: ValidationInfo
+    ) -> CalibrationSet | None:
+        if calibration is None and "int8" in info.data.get("precisions", ()):
+            raise ValueError("required when precisions include int8 (static quantization)")
+        return calibration
+
+    @field_validator("output")
+    @classmethod
+    def _output_scheme(cls, output: str) -> str:
+        scheme = output.split("://", 1)[0] if "://" in output else ""
+        if scheme not in ("", "file", "s3"):
+            raise ValueError(f"expected a local directory or s3://bucket[/prefix], got {output}")
+        if scheme == "s3" and not output[len("s3://") :].split("/", 1)[0]:
+            raise ValueError(f"expected s3://bucket[/prefix], got {output}")
+        return output
+
+
+class BuildError(Exception):
+    """Base of the builder's errors; each message names the spec field or the criterion.
+
+    ``BuildSpecError``: the spec cannot be read or is invalid. ``ModelError`` (onnxrt): the
+    source, a data set or a profile does not fit the model. ``FetchError`` (build): an input
+    cannot be read from its store. ``ArtifactConflict`` (build): a published engine of this
+    version was built from other inputs. ``GateRefused`` (build): an engine lost more than
+    the accuracy gate allows and was not published."""
+
+
+class BuildSpecError(BuildError):
+    """The build spec could not be read or is invalid; the message names the field."""
+
+
+def parse_build_spec(data: Any) -> BuildSpec:
+    try:
+        return BuildSpec.model_validate(data)
+    except ValidationError as exc:
+        raise BuildSpecError(format_validation_error(exc, "build spec")) from None
+
+
+def read_build_spec(path: str | Path) -> BuildSpec:
+    """A build spec from a YAML or JSON file."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise BuildSpecError(f"cannot read build spec {path}: {exc}") from None
+    try:
+        data = json.loads(text) if str(path).endswith(".json") else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise BuildSpecError(f"build spec {path} is not valid YAML/JSON: {exc}") from None
+    return parse_build_spec(data)
