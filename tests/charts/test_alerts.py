@@ -1,6 +1,6 @@
 """The chart's PrometheusRule: promtool accepts the rendered rules, each alert fires on the
 series that describe its failure (and not on healthy ones) under ``promtool test rules``, the
-thresholds come from the values, and every alert has its runbook in the README.
+thresholds come from the values, and every alert has its runbook in charts/tidal/RUNBOOKS.md.
 
 promtool is Debian's (``prometheus`` package), found beside the sandbox's Prometheus
 (``$TIDAL_CACHE/prometheus/usr/bin/promtool``) or on PATH."""
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
-from chart_helpers import CHART, REPO, Doc, Helm, by_kind, one
+from chart_helpers import CHART, Doc, Helm, by_kind, one
 
 from tidal.sandbox.binaries import Binaries
 
@@ -129,10 +129,10 @@ def test_schema_rejects_bad_rule_and_dashboard_values(
     assert message in result.stderr, result.stderr
 
 
-def test_every_alert_has_a_runbook_in_the_readme(helm: Helm) -> None:
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("## Alerts and runbooks", 1)
-    assert len(section) == 2, "README.md has no '## Alerts and runbooks' section"
+def test_every_alert_has_a_runbook_in_the_chart(helm: Helm) -> None:
+    runbooks = (CHART / "RUNBOOKS.md").read_text()
+    section = runbooks.split("## Alerts and runbooks", 1)
+    assert len(section) == 2, "charts/tidal/RUNBOOKS.md has no '## Alerts and runbooks' section"
     body = section[1].split("\n## ", 1)[0]
     headings = re.findall(r"^### (\w+)$", body, flags=re.M)
     assert set(headings) == ALERTS, headings
@@ -344,7 +344,7 @@ def test_alert_fires_on_its_failure_only(helm: Helm, tmp_path: Path, case: str) 
 
 def test_alert_annotations_name_the_service_and_the_numbers(helm: Helm, tmp_path: Path) -> None:
     rules = write_rules(helm.template(*ENABLED), tmp_path / "rules.yaml")
-    url = "https://github.com/tidal-serving/tidal/blob/main/README.md"
+    url = "https://github.com/tidal-serving/tidal/blob/main/charts/tidal/RUNBOOKS.md"
     inputs, _ = CASES["unschedulable replicas"]
     unit = {
         "rule_files": [rules.name],
