@@ -15,9 +15,11 @@ something; 1347 training digits, 450 held out as the validation set):
 
 ``run``: for each published package, throughput (rows/s) at batch 1, 8 and 64 of the runtime's
 torch backend (``TorchAOTIBackend.load`` then ``engine.infer``, numpy in and out: the call the
-batcher makes, CUDA graphs on) against two direct eager calls of the same model in this process
-with host arrays in and out (the same work): the FP32 source (``ExportedProgram.module()``) and
-the same precision's eager module (the builder's own precision transform, not compiled).
+batcher makes, CUDA graphs on) against three direct eager calls of the same model in this process
+with host arrays in and out (the same work): the trained ``nn.Module`` in FP32 (the plain
+direct call), the FP32 source program (``ExportedProgram.module()``, which checks its input
+guards and flattens its arguments on every call) and the same precision's eager module (the
+builder's own precision transform, not compiled).
 Rounds alternate between the three calls; each figure is the median of the rounds.  The gate's
 numbers come from each package's manifest.  Figures only; nothing here asserts.
 
@@ -46,8 +48,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 from gpu_bench import timed_calls  # noqa: E402  (5 warm-up calls, then >= 20 timed)
 
 PRECISIONS = ("fp32", "fp16", "bf16", "fp8")
-MODELS = {"small": (512, 512), "wide": (4096, 4096, 4096)}
-QUICK_MODELS = {"small": (64, 64), "wide": (256, 256)}
+MODELS = {"small": [512, 512], "wide": [4096, 4096, 4096]}
+QUICK_MODELS = {"small": [64, 64], "wide": [256, 256]}
 MAX_BATCH = 64
 BATCHES = (1, 8, 64)
 BEGAN = time.perf_counter()
@@ -65,14 +67,18 @@ def target_of(torch: Any) -> str:
     return f"sm{major}{minor}"
 
 
-def train(torch: Any, hidden: tuple[int, ...], x: Any, y: Any, device: Any) -> Any:
-    """An MLP classifier trained with Adam on the digits (full batch, 300 steps)."""
-    torch.manual_seed(0)
+def make_mlp(torch: Any, hidden: list[int]) -> Any:
     widths = [64, *hidden, 10]
     layers: list[Any] = []
     for a, b in itertools.pairwise(widths):
         layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
-    model = torch.nn.Sequential(*layers[:-1]).to(device)
+    return torch.nn.Sequential(*layers[:-1])
+
+
+def train(torch: Any, hidden: list[int], x: Any, y: Any, device: Any) -> Any:
+    """An MLP classifier trained with Adam on the digits (full batch, 300 steps)."""
+    torch.manual_seed(0)
+    model = make_mlp(torch, hidden).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     xs, ys = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
     for _ in range(300):
@@ -123,6 +129,9 @@ def cmd_sources(out: Path, quick: bool) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         torch.export.save(program, str(folder / "source.pt2"))
         np.savez(folder / "validation.npz", input=data.test_x, labels=data.test_y)
+        # The trained nn.Module's weights, for the plain eager baseline of ``run``.
+        torch.save(model.state_dict(), folder / "module.pt")
+        (folder / "hidden.json").write_text(json.dumps(hidden))
         params = sum(p.numel() for p in model.parameters())
         for precision in precisions:
             spec = spec_for(folder, name, target, [precision])
@@ -140,26 +149,25 @@ def cmd_sources(out: Path, quick: bool) -> None:
 def measure_batch(
     torch: Any,
     engine: Any,
-    eager32: Any,
-    eager_same: Any,
+    eager: dict[str, Any],
     device: Any,
     x: np.ndarray[Any, Any],
     rounds: int,
     budget_s: float,
 ) -> dict[str, list[float]]:
-    """Median seconds per call of the package and both eager calls, ``rounds`` alternating
-    rounds each."""
+    """Median seconds per call of the package and of each eager module (host arrays in and
+    out), in ``rounds`` rounds that alternate between them."""
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
 
-    def direct(module: Any) -> None:
-        with torch.inference_mode():
-            module(torch.from_numpy(x).to(device)).cpu().numpy()
+    def direct(module: Any) -> Any:
+        def call() -> None:
+            with torch.inference_mode():
+                module(torch.from_numpy(x).to(device)).cpu().numpy()
 
-    calls = {
-        "package": lambda: engine.infer({"input": x}),
-        "eager32": lambda: direct(eager32),
-        "eager_same": lambda: direct(eager_same),
-    }
+        return call
+
+    calls = {"package": lambda: engine.infer({"input": x})}
+    calls.update({name: direct(module) for name, module in eager.items()})
     for call in calls.values():  # warm-up (clocks up, lazy loads) outside the rounds
         timed_calls(call, 0.1, sync)
     medians: dict[str, list[float]] = {k: [] for k in calls}
@@ -193,6 +201,9 @@ def cmd_run(out: Path, rounds: int, budget_s: float) -> None:
         maker = TorchAOTIMaker(spec)
         program = maker.open_source(folder / "source.pt2")
         eager32 = program.module()
+        module32 = make_mlp(torch, json.loads((folder / "hidden.json").read_text()))
+        module32.load_state_dict(torch.load(folder / "module.pt", weights_only=True))
+        module32 = module32.eval().to(maker.device)
         validation = np.load(folder / "validation.npz")["input"]
         for precision in spec.precisions:
             manifest_path = out / "published" / name / "1" / spec.target / precision
@@ -222,15 +233,22 @@ def cmd_run(out: Path, rounds: int, budget_s: float) -> None:
                 x = x.astype(np.float32)
 
                 medians = measure_batch(
-                    torch, engine, eager32, eager_same, maker.device, x, rounds, budget_s
+                    torch,
+                    engine,
+                    {"module32": module32, "eager32": eager32, "eager_same": eager_same},
+                    maker.device,
+                    x,
+                    rounds,
+                    budget_s,
                 )
                 rate = {k: batch / statistics.median(v) for k, v in medians.items()}
                 spread = {k: (max(v) - min(v)) / statistics.median(v) for k, v in medians.items()}
                 speed_rows.append(
-                    f"{name:6s} {precision:5s} {batch:5d} | {rate['package']:11.0f} | "
-                    f"{rate['eager32']:11.0f} | {rate['eager_same']:11.0f} | "
-                    f"{rate['package'] / rate['eager32']:8.2f}x | "
-                    f"{rate['package'] / rate['eager_same']:8.2f}x | "
+                    f"{name:6s} {precision:5s} {batch:5d} | {rate['package']:9.0f} | "
+                    f"{rate['module32']:9.0f} | {rate['eager32']:9.0f} | "
+                    f"{rate['eager_same']:10.0f} | {rate['package'] / rate['module32']:6.2f}x | "
+                    f"{rate['package'] / rate['eager32']:6.2f}x | "
+                    f"{rate['package'] / rate['eager_same']:6.2f}x | "
                     f"{statistics.median(medians['package']) * 1e3:7.3f} | "
                     f"{max(spread.values()):5.1%} | {graphs}"
                 )
@@ -247,12 +265,13 @@ def cmd_run(out: Path, rounds: int, budget_s: float) -> None:
     print()
     print(
         "throughput, rows/s (median of rounds); package = runtime torch backend engine.infer "
-        "(numpy in/out, CUDA graphs); eager32 = the FP32 source, eager; eager_same = the same "
-        "precision, eager; both eager calls host tensors in and out"
+        "(numpy in/out, CUDA graphs); module32 = the trained nn.Module, FP32, eager; eager32 = "
+        "the FP32 source program (ExportedProgram.module()), eager; eager_same = the builder's "
+        "module of the same precision, eager; every eager call host tensors in and out"
     )
     print(
-        "model  prec  batch |     package |     eager32 |  eager_same | vs eager32 | vs same |"
-        " P50 ms  | spread | graphs"
+        "model  prec  batch |   package |  module32 |   eager32 | eager_same | vs mod32 | "
+        "vs ep32 | vs same | P50 ms  | spread | graphs"
     )
     print("\n".join(speed_rows))
     backend.close()

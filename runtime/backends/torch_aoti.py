@@ -1183,7 +1183,8 @@ def prepare_package(
     out_dir.mkdir(parents=True, exist_ok=True)
     # The file name is the binding (one folder per model, as for TensorRT plans).
     path = out_dir / pt2_file_name(arch, parse_torch_version(torch.__version__), precision)
-    weights = [t.view(torch.uint8).numpy().tobytes() for t in tensors]
+    # reshape(-1): a 0-dim constant (an fp8 scale) cannot be viewed as bytes as it is
+    weights = [t.reshape(-1).view(torch.uint8).numpy().tobytes() for t in tensors]
     return PreparedPackage(exported, path, manifest, weights)
 
 
