@@ -88,7 +88,7 @@ if [ "${MODE:-}" = torch-build ]; then
   limited 120 python3 -X faulthandler bench/torch_build_bench.py sources "$TB" >"$OUT/build.txt" 2>&1
   start_package_builds 300
   for m in small wide; do
-    for p in fp32 fp16 bf16 fp8; do
+    for p in fp32 fp16 bf16; do
       limited 330 python3 -X faulthandler -m tidal.runtime.builder "$TB/$m/spec-$p.json" \
         --work-dir "/tmp/work-$m-$p" >"/tmp/tb-$m-$p.log" 2>&1 &
       BUILD_PIDS+=($!)

@@ -12,10 +12,13 @@ Per precision (:data:`tidal.runtime.builder.plan.TORCH_SCHEMES`), the program is
 (``ExportedProgram.module()``, on the target device), changed as a graph, exported again with the
 batch axis dynamic up to the profiles' max, and compiled by AOTInductor
 (:func:`tidal.runtime.backends.torch_aoti.build_package`): ``fp16``/``bf16`` cast the parameters
-and buffers; ``fp8`` turns each linear layer whose in and out features are multiples of 16 into
-a float8 (e4m3) matrix product (``torch._scaled_mm``, per-tensor weight scale, per-call
-per-tensor activation scale) and the rest into bf16.  Inputs are cast in and outputs cast back,
-so every package has the source's interface and one model configuration serves any of them.
+and buffers.  Inputs are cast in and outputs cast back, so every package has the source's
+interface and one model configuration serves any of them.  ``fp8`` (each linear layer whose in
+and out features are multiples of 16 as a float8 e4m3 matrix product, ``torch._scaled_mm``,
+per-tensor weight scale, per-call per-tensor activation scale; the rest bf16) is here as an
+eager module (:meth:`TorchAOTIMaker.precision_module`, checked on an H200 by tests/gpu) but the
+spec does not offer it: its packages compiled and then did not load (the compiled model had no
+constant for the 0-dim scales its tidal section carried; runtime/BUILD.md).
 
 The reference is the FP32 source run eagerly on the same device (TF32 off: torch's default).
 Each package is measured as it will be served: loaded by the runtime's torch backend (weights
@@ -390,7 +393,13 @@ class TorchAOTIMaker:
         chosen = select_engine([descriptor], backend.target(model))
         if chosen.chosen is None:
             raise ModelError(f"the runtime would not select {engine.name}: {chosen.reason}")
-        loaded = backend.load(engine, descriptor, model, 0)
+        try:
+            loaded = backend.load(engine, descriptor, model, 0)
+        except Exception as exc:  # EngineLoadError, or the AOTI loader's RuntimeError
+            raise ModelError(
+                f"precisions: {precision}: the runtime's torch backend cannot load "
+                f"{engine.name}: {type(exc).__name__}: {str(exc)[:800]}"
+            ) from None
         try:
             lo, opt, hi = self.batch
             for point, rows in (("min", lo), ("opt", opt), ("max", hi)):

@@ -42,6 +42,7 @@ TORCH_SCHEMES: dict[str, str] = {
     "fp32": "the exported program as it is",
     "fp16": "parameters and buffers cast to float16; inputs cast in, outputs cast back",
     "bf16": "parameters and buffers cast to bfloat16; inputs cast in, outputs cast back",
+    # Not offered by the spec yet (see spec.BACKEND_PRECISIONS).
     "fp8": "linear layers whose in and out features are multiples of 16 as float8_e4m3fn "
     "matrix products (torch._scaled_mm: per-tensor weight scale, per-call per-tensor activation "
     "scale), everything else bfloat16; inputs cast in, outputs cast back",

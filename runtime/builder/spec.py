@@ -29,10 +29,11 @@ from tidal.runtime.config import S3Spec, format_validation_error
 Name = Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9._-]*[a-z0-9])?$", max_length=63)]
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 BuildPrecision = Literal["fp32", "int8", "fp16", "bf16", "fp8"]
-# The precisions each backend builds.
+# The precisions each backend builds. Torch fp8 is not offered: its packages compiled on an
+# H200 but did not load (runtime/BUILD.md, "torch (AOTInductor) on a GPU").
 BACKEND_PRECISIONS: dict[str, tuple[str, ...]] = {
     "onnxruntime": ("fp32", "int8"),
-    "torch": ("fp32", "fp16", "bf16", "fp8"),
+    "torch": ("fp32", "fp16", "bf16"),
 }
 
 

@@ -44,7 +44,7 @@ def torch_spec(**overrides: Any) -> BuildSpec:
         "source": {"uri": "s3://models/digits/1/digits.pt2"},
         "backend": "torch",
         "target": "sm90",
-        "precisions": ["fp32", "fp16", "bf16", "fp8"],
+        "precisions": ["fp32", "fp16", "bf16"],
         "profiles": [{"input": "input", "min": [1, 64], "opt": [8, 64], "max": [64, 64]}],
         "validation": {"uri": "s3://models/digits/validation.npz", "labels": "labels"},
         "output": "s3://engines/team",
@@ -53,7 +53,7 @@ def torch_spec(**overrides: Any) -> BuildSpec:
     return parse_build_spec(data)
 
 
-@pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16", "fp8"])
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
 def test_package_names_are_what_the_runtime_reads_and_selects(precision: str) -> None:
     spec = torch_spec()
     name = engine_file_name(spec, precision, LIBRARIES)
@@ -107,8 +107,8 @@ def test_the_torch_build_key_covers_the_scheme_and_the_torch_that_compiled() -> 
     assert fp16["scheme"] == TORCH_SCHEMES["fp16"]
     assert "optimization" not in fp16 and "quantization" not in fp16
     assert (fp16["backend"], fp16["target"]) == ("torch", "sm90")
-    keys = {build_key(inputs(p)) for p in ("fp32", "fp16", "bf16", "fp8")}
-    assert len(keys) == 4
+    keys = {build_key(inputs(p)) for p in ("fp32", "fp16", "bf16")}
+    assert len(keys) == 3
     newer = inputs("fp16", {**LIBRARIES, "torch": "2.12.0"})
     assert build_key(newer) != build_key(fp16)
     assert differences(fp16, newer) == ["libraries.torch"]
@@ -116,6 +116,7 @@ def test_the_torch_build_key_covers_the_scheme_and_the_torch_that_compiled() -> 
 
 TORCH_SPEC_ERRORS = [
     ({"precisions": ["int8"]}, "  precisions: ", "the torch builder makes"),
+    ({"precisions": ["fp8"]}, "  precisions: ", "makes ['fp32', 'fp16', 'bf16'], not ['fp8']"),
     ({"profiles": []}, "(top level)", "profiles: required by the torch builder"),
     ({"target": "hopper"}, "  target: ", "pattern"),
 ]
