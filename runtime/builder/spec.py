@@ -133,7 +133,7 @@ class BuildSpec(_Model):
         description="where the engines run: cpu, or a GPU architecture (sm90) for torch",
     )
     precisions: list[BuildPrecision] = Field(min_length=1)
-    profiles: list[ShapeProfile] = Field(default_factory=list)
+    profiles: list[ShapeProfile] = Field(default_factory=list, validate_default=True)
     calibration: CalibrationSet | None = Field(default=None, validate_default=True)
     validation: ValidationSet
     gate: GateSpec = Field(default_factory=GateSpec)
@@ -188,14 +188,17 @@ class BuildSpec(_Model):
             raise ValueError(f"the {backend} builder makes {list(wanted)}, not {other}")
         return precisions
 
-    @model_validator(mode="after")
-    def _profiles_for_torch(self) -> BuildSpec:
-        if self.backend == "torch" and not self.profiles:
+    @field_validator("profiles")
+    @classmethod
+    def _profiles_for_torch(
+        cls, profiles: list[ShapeProfile], info: ValidationInfo
+    ) -> list[ShapeProfile]:
+        if info.data.get("backend") == "torch" and not profiles:
             raise ValueError(
-                "profiles: required by the torch builder (their batch axis, min..max, becomes "
-                "the package's dynamic batch dimension)"
+                "required by the torch builder (their batch axis, min..max, becomes the "
+                "package's dynamic batch dimension)"
             )
-        return self
+        return profiles
 
     @field_validator("output")
     @classmethod

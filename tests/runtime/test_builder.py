@@ -200,7 +200,7 @@ INVALID_SPECS = [
     ),
     (
         {"backend": "torch", "target": "sm90", "precisions": ["fp16"], "profiles": []},
-        "(top level):",
+        "profiles:",
         "required by the torch",
     ),
     (
