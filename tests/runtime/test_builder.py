@@ -24,9 +24,14 @@ from tidal.runtime.builder.build import (
     build,
 )
 from tidal.runtime.builder.gate import AccuracyMetrics, judge, measure
-from tidal.runtime.builder.onnxrt import ModelError
 from tidal.runtime.builder.plan import build_key, differences, key_inputs
-from tidal.runtime.builder.spec import BuildSpec, BuildSpecError, GateSpec, parse_build_spec
+from tidal.runtime.builder.spec import (
+    BuildSpec,
+    BuildSpecError,
+    GateSpec,
+    ModelError,
+    parse_build_spec,
+)
 from tidal.runtime.config import S3Spec
 from tidal.runtime.core.engines import describe_engine
 from tidal.runtime.storage import EngineStore, sha256_file
@@ -183,8 +188,21 @@ INVALID_SPECS = [
     ({"calibration": None}, "calibration:", "required when precisions include int8"),
     ({"precisions": []}, "precisions:", "at least 1"),
     ({"precisions": ["fp32", "fp32"]}, "precisions:", "appears twice"),
-    ({"precisions": ["fp16"]}, "precisions.0:", "'fp32' or 'int8'"),
-    ({"target": "sm90"}, "target:", "'cpu'"),
+    ({"precisions": ["fp16"]}, "precisions:", "the onnxruntime builder makes ['fp32', 'int8']"),
+    ({"precisions": ["fp4"]}, "precisions.0:", "'fp32', 'int8', 'fp16', 'bf16' or 'fp8'"),
+    ({"target": "sm90"}, "target:", "the onnxruntime builder builds for cpu, not sm90"),
+    ({"target": "gpu"}, "target:", "pattern"),
+    ({"backend": "tensorrt"}, "backend:", "'onnxruntime' or 'torch'"),
+    (
+        {"backend": "torch", "precisions": ["fp32", "int8"]},
+        "precisions:",
+        "the torch builder makes ['fp32', 'fp16', 'bf16'], not ['int8']",
+    ),
+    (
+        {"backend": "torch", "target": "sm90", "precisions": ["fp16"], "profiles": []},
+        "profiles:",
+        "required by the torch",
+    ),
     (
         {"profiles": [{"input": "input", "min": [8, 64], "opt": [4, 64], "max": [64, 64]}]},
         "profiles.0:",
