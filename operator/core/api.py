@@ -2006,27 +2006,10 @@ METADATA_SCHEMA: dict[str, Any] = {
 }
 
 
-class InferenceService(ApiModel):
-    """Serves one or more models on an elastic pool of runtime pods."""
+class Resource(ApiModel):
+    """A custom resource's metadata, read the same way for every kind of this group."""
 
-    api_version: Literal["serving.tidal.dev/v1alpha1"] = Field(
-        default="serving.tidal.dev/v1alpha1", description="serving.tidal.dev/v1alpha1"
-    )
-    kind: Literal["InferenceService"] = Field(
-        default="InferenceService", description="InferenceService"
-    )
     metadata: dict[str, Any] = Field(default_factory=dict, description="Standard metadata.")
-    spec: InferenceServiceSpec = Field(description="Desired state.")
-    status: InferenceServiceStatus | None = Field(default=None, description="Observed state.")
-
-    @model_validator(mode="after")
-    def _name_is_dns_label(self) -> InferenceService:
-        name = self.metadata.get("name")
-        if name is not None and not (
-            re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", str(name)) and len(str(name)) <= 63
-        ):
-            raise ValueError(NAME_MESSAGE)
-        return self
 
     @property
     def name(self) -> str:
@@ -2043,6 +2026,28 @@ class InferenceService(ApiModel):
     @property
     def generation(self) -> int:
         return int(self.metadata.get("generation", 0))
+
+
+class InferenceService(Resource):
+    """Serves one or more models on an elastic pool of runtime pods."""
+
+    api_version: Literal["serving.tidal.dev/v1alpha1"] = Field(
+        default="serving.tidal.dev/v1alpha1", description="serving.tidal.dev/v1alpha1"
+    )
+    kind: Literal["InferenceService"] = Field(
+        default="InferenceService", description="InferenceService"
+    )
+    spec: InferenceServiceSpec = Field(description="Desired state.")
+    status: InferenceServiceStatus | None = Field(default=None, description="Observed state.")
+
+    @model_validator(mode="after")
+    def _name_is_dns_label(self) -> InferenceService:
+        name = self.metadata.get("name")
+        if name is not None and not (
+            re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", str(name)) and len(str(name)) <= 63
+        ):
+            raise ValueError(NAME_MESSAGE)
+        return self
 
 
 def parse_inference_service(body: dict[str, Any]) -> InferenceService:
