@@ -25,7 +25,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tidal.common.buildspec import GateSpec, QuantizationSpec, ShapeProfile
 from tidal.operator.core.api import (
@@ -139,12 +139,13 @@ class ModelBuildSpec(ApiModel):
                 ".calibration",
             ),
             cel(
-                "self.backend != 'onnxruntime' || self.targets.all(t, t == 'cpu')",
+                "self.backend != 'onnxruntime' || !has(self.targets) || "
+                "self.targets.all(t, t == 'cpu')",
                 ORT_TARGETS_MESSAGE,
                 ".targets",
             ),
             cel(
-                "self.backend == 'onnxruntime' || !('cpu' in self.targets)",
+                "self.backend == 'onnxruntime' || !has(self.targets) || !('cpu' in self.targets)",
                 GPU_TARGETS_MESSAGE,
                 ".targets",
             ),
@@ -321,6 +322,17 @@ BUILD_METADATA_SCHEMA: dict[str, Any] = {
 
 
 def parse_model_build(body: dict[str, Any]) -> ModelBuild:
-    """Parse a ModelBuild as the API server returns it; raises ``pydantic.ValidationError``."""
+    """Parse a ModelBuild as the API server returns it, with the status it holds (a status
+    this operator cannot read counts as none); raises ``pydantic.ValidationError`` when the
+    spec breaks the API's rules."""
     obj = {k: v for k, v in body.items() if k in ("apiVersion", "kind", "metadata", "spec")}
-    return ModelBuild.model_validate(obj)
+    build = ModelBuild.model_validate(obj)
+    return build.model_copy(update={"status": previous_status(body)})
+
+
+def previous_status(body: dict[str, Any]) -> ModelBuildStatus | None:
+    """The status a stored ModelBuild holds; None when absent or not readable."""
+    try:
+        return ModelBuildStatus.model_validate(body.get("status") or {})
+    except ValidationError:
+        return None

@@ -381,9 +381,7 @@ def _event(before: Condition | None, after: Condition) -> EventSpec | None:
         return None if before is None else EventSpec("Normal", "Recovered", "Degraded=False")
     if after.status is ConditionStatus.TRUE:
         return EventSpec("Normal", "Built", after.message[:1024])
-    if after.reason in ("GateRefused",):
-        return EventSpec("Warning", after.reason, after.message[:1024])
-    return None
+    return None  # a refusal's Event is per target (plan_build), not per condition change
 
 
 def invalid_build_status(
@@ -409,6 +407,7 @@ def plan_build(
     its Job is deleted. Backends whose builder this release lacks, and targets no node has,
     run no Job: ``Degraded`` says what to change.
     """
+    image = build.spec.image or image
     previous = build.status
     generation = build.generation
     before = {t.target: t for t in (previous.targets if previous else [])}

@@ -221,13 +221,7 @@ def test_invalid_specs_name_the_field(
 def digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A trained digits MLP as ONNX, its calibration sets (representative: the training digits;
     degenerate: blank images) and the labelled validation set (held-out digits)."""
-    root = tmp_path_factory.mktemp("digits")
-    data = modelgen.digits_split(seed=0)
-    modelgen.write_digits_mlp(root / "digits.onnx", data, hidden=(64,), seed=0)
-    np.savez(root / "calibration.npz", input=data.train_x)
-    np.savez(root / "blank.npz", input=np.zeros((64, 64), dtype=np.float32))
-    np.savez(root / "validation.npz", input=data.test_x, labels=data.test_y)
-    return root
+    return modelgen.write_digits_build_inputs(tmp_path_factory.mktemp("digits"))
 
 
 def make_spec(digits: Path, out: Path, **overrides: Any) -> Any:

@@ -1,0 +1,257 @@
+"""ModelBuilds on the sandbox's real API server, Job controller and scheduler, with the real
+operator: invalid specs refused by the schema naming the field; one Job per target that runs
+the real builder (``python -m tidal.runtime.builder``: the node agent runs pods as local
+processes of this checkout, so the Job's engines land in this test's directory); verdicts in
+status from the pod's termination message; a gate refusal, a failed Job with its reason and
+log tail, a backend with no builder; and an InferenceService never pointed at a refused engine
+(``tidal.operator.core.builds.resolve_engine`` on the stored status)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from tidal.operator.core.buildapi import LABEL_BUILD, parse_model_build
+from tidal.operator.core.builds import resolve_engine
+from tidal.runtime import modelgen
+from tidal.sandbox.operatorproc import OperatorProcess, condition
+from tidal.sandbox.wait import wait_for
+
+pytestmark = pytest.mark.sandbox
+
+GROUP, VERSION, PLURAL = "serving.tidal.dev", "v1alpha1", "modelbuilds"
+# A build Job imports onnxruntime and quantizes on a loaded 2-core machine: be generous.
+BUILD_TIMEOUT = 300.0
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return modelgen.write_digits_build_inputs(tmp_path_factory.mktemp("digits"))
+
+
+def manifest(name: str, digits: Path, out: Path, **spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": "digits",
+        "version": "1",
+        "source": {"uri": (digits / "digits.onnx").as_uri()},
+        "precisions": ["fp32", "int8"],
+        "profiles": [{"input": "input", "min": [1, 64], "opt": [8, 64], "max": [64, 64]}],
+        "calibration": {"uri": (digits / "calibration.npz").as_uri()},
+        "validation": {"uri": (digits / "validation.npz").as_uri(), "labels": "labels"},
+        "output": out.as_uri(),
+    }
+    body.update(spec)
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "ModelBuild",
+        "metadata": {"name": name},
+        "spec": body,
+    }
+
+
+def custom(sandbox: Any) -> client.CustomObjectsApi:
+    return client.CustomObjectsApi(sandbox.api_client())
+
+
+def create(sandbox: Any, namespace: str, body: dict[str, Any]) -> None:
+    custom(sandbox).create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+
+
+def get_build(sandbox: Any, namespace: str, name: str) -> dict[str, Any]:
+    return dict(
+        custom(sandbox).get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+    )
+
+
+def wait_ready_status(
+    sandbox: Any, namespace: str, name: str, reason: str, timeout: float = BUILD_TIMEOUT
+) -> dict[str, Any]:
+    """Wait until the build's Ready condition has ``reason``; the body then."""
+    return wait_for(
+        lambda: (
+            (b := get_build(sandbox, namespace, name))
+            and condition(b, "Ready").get("reason") == reason
+            and b
+        ),
+        timeout=timeout,
+        what=f"ModelBuild {name} Ready reason {reason}",
+        describe=lambda: get_build(sandbox, namespace, name).get("status"),
+    )
+
+
+def events_of(sandbox: Any, namespace: str, name: str) -> list[tuple[str, str, str]]:
+    items = client.CoreV1Api(sandbox.api_client()).list_namespaced_event(namespace).items
+    return [
+        (e.type, e.reason, e.message)
+        for e in items
+        if e.involved_object.kind == "ModelBuild" and e.involved_object.name == name
+    ]
+
+
+def jobs_of(sandbox: Any, namespace: str) -> list[Any]:
+    return list(
+        client.BatchV1Api(sandbox.api_client())
+        .list_namespaced_job(namespace, label_selector=LABEL_BUILD)
+        .items
+    )
+
+
+INVALID = [
+    ({"precisions": ["int8"], "calibration": None}, "spec.calibration", "calibration is required"),
+    ({"targets": ["sm90"]}, "spec.targets", "the onnxruntime builder builds for cpu only"),
+    ({"output": "http://store/x"}, "spec.output", "should match"),
+    (
+        {"profiles": [{"input": "input", "min": [1], "opt": [8, 64], "max": [64, 64]}]},
+        "spec.profiles[0]",
+        "min, opt and max must have the same rank",
+    ),
+]
+
+
+def test_the_schema_refuses_invalid_builds_naming_the_field(
+    sandbox: Any, namespace: str, isvc_crd: None, tmp_path: Path
+) -> None:
+    for override, field, text in INVALID:
+        body = manifest("bad", tmp_path, tmp_path / "store")
+        body["spec"].update(override)
+        body["spec"] = {k: v for k, v in body["spec"].items() if v is not None}
+        path = tmp_path / "bad.yaml"
+        path.write_text(yaml.safe_dump(body))
+        result = sandbox.kubectl("apply", "-n", namespace, "-f", str(path), check=False)
+        assert result.returncode != 0, f"{override} was accepted"
+        assert field in result.stderr and text in result.stderr, (override, result.stderr)
+    # and a valid one is accepted as written
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump(manifest("good", tmp_path, tmp_path / "store")))
+    result = sandbox.kubectl(
+        "apply", "--dry-run=server", "-n", namespace, "-f", str(good), check=False
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_a_build_runs_one_job_that_publishes_gated_engines_and_a_refusal_never_resolves(
+    sandbox: Any, namespace: str, operator: OperatorProcess, digits: Path, tmp_path: Path
+) -> None:
+    store = tmp_path / "store"
+    create(sandbox, namespace, manifest("digits-1", digits, store))
+    blank = {"uri": (digits / "blank.npz").as_uri()}
+    create(
+        sandbox,
+        namespace,
+        manifest("digits-2", digits, store, version="2", calibration=blank),
+    )
+
+    built = wait_ready_status(sandbox, namespace, "digits-1", "Built")
+    (target,) = built["status"]["targets"]
+    assert target["target"] == "cpu" and target["phase"] == "Built", target
+    assert [a["precision"] for a in target["artifacts"]] == ["fp32", "int8"], target
+    for artifact in target["artifacts"]:
+        engine = Path(artifact["uri"].removeprefix("file://"))
+        assert engine.is_file(), f"{engine} is not in the store: {target}"
+        assert (engine.parent / "manifest.json").is_file(), engine
+    assert built["status"]["summary"] == "2/2 published", built["status"]
+    assert condition(built, "Degraded")["status"] == "False", built["status"]
+
+    refused = wait_ready_status(sandbox, namespace, "digits-2", "GateRefused")
+    message = condition(refused, "Ready")["message"]
+    assert "int8: refused: top1Agreement" in message, message
+    int8_dir = store / "digits" / "2" / "cpu" / "int8"
+    assert sorted(p.name for p in int8_dir.iterdir()) == ["manifest.json"], "refused engine written"
+    assert json.loads((int8_dir / "manifest.json").read_text())["published"] is False
+
+    # one Job per build (one target: cpu), named from its inputs
+    jobs = {j.metadata.owner_references[0].name: j for j in jobs_of(sandbox, namespace)}
+    assert sorted(jobs) == ["digits-1", "digits-2"], sorted(jobs)
+    assert jobs["digits-1"].metadata.name == target["job"], target
+
+    # from the stored statuses to what a service may serve
+    passed = resolve_engine(parse_model_build(built), "int8")
+    assert passed.uri == target["artifacts"][1]["uri"], passed
+    never = resolve_engine(parse_model_build(refused), "int8")
+    assert never.uri is None and "refused by the accuracy gate" in never.reason, never
+    assert resolve_engine(parse_model_build(refused), "fp32").uri is not None
+
+    wait_for(
+        lambda: any(r == "GateRefused" for _, r, _ in events_of(sandbox, namespace, "digits-2")),
+        timeout=60,
+        what="a GateRefused Event on digits-2",
+        describe=lambda: events_of(sandbox, namespace, "digits-2"),
+    )
+
+
+def test_failed_jobs_and_missing_builders_are_degraded_with_what_to_fix(
+    sandbox: Any, namespace: str, operator: OperatorProcess, digits: Path, tmp_path: Path
+) -> None:
+    api = custom(sandbox)
+    missing = {"uri": (tmp_path / "nowhere.onnx").as_uri()}
+    create(
+        sandbox,
+        namespace,
+        manifest("broken", digits, tmp_path / "store", source=missing, precisions=["fp32"]),
+    )
+    create(
+        sandbox,
+        namespace,
+        manifest(
+            "gpu",
+            digits,
+            tmp_path / "store",
+            backend="tensorrt",
+            targets=["NVIDIA-H100-80GB-HBM3"],
+            precisions=["fp32"],
+        ),
+    )
+
+    def degraded(name: str, reason: str) -> dict[str, Any]:
+        return wait_for(
+            lambda: (
+                condition(b := get_build(sandbox, namespace, name), "Degraded").get("reason")
+                == reason
+                and b
+            ),
+            timeout=BUILD_TIMEOUT,
+            what=f"ModelBuild {name} Degraded {reason}",
+            describe=lambda: get_build(sandbox, namespace, name).get("status"),
+        )
+
+    broken = degraded("broken", "BuildFailed")
+    message = condition(broken, "Degraded")["message"]
+    assert "(InvalidInput): exit code 2" in message, message
+    assert "error: source: " in message and "nowhere.onnx" in message, message
+    (target,) = broken["status"]["targets"]
+    assert (target["phase"], target["reason"]) == ("Failed", "InvalidInput"), target
+
+    gpu = degraded("gpu", "BuilderUnavailable")
+    assert "spec.backend: no tensorrt builder" in condition(gpu, "Degraded")["message"]
+    owners = [j.metadata.owner_references[0].name for j in jobs_of(sandbox, namespace)]
+    assert owners == ["broken"], f"a Job ran for a backend without a builder: {owners}"
+
+    wait_for(
+        lambda: (
+            {"BuildFailed", "BuilderUnavailable"}
+            <= {r for _, r, _ in events_of(sandbox, namespace, "broken")}
+            | {r for _, r, _ in events_of(sandbox, namespace, "gpu")}
+        ),
+        timeout=60,
+        what="Warning Events naming what to fix",
+        describe=lambda: (
+            events_of(sandbox, namespace, "broken") + events_of(sandbox, namespace, "gpu")
+        ),
+    )
+
+    # deleting the build takes its Job with it (owner references; the garbage collector)
+    api.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "broken")
+    wait_for(
+        lambda: not jobs_of(sandbox, namespace),
+        timeout=120,
+        what="the build's Job collected",
+        describe=lambda: [j.metadata.name for j in jobs_of(sandbox, namespace)],
+    )
+    with pytest.raises(ApiException):
+        get_build(sandbox, namespace, "broken")
