@@ -960,11 +960,36 @@ class Warmup(ApiModel):
         return self
 
 
+ENGINES_OR_BUILD_MESSAGE = (
+    "models[]: set either engines (URIs) or build (a ModelBuild's engines), exactly one"
+)
+
+
+class BuildRef(ApiModel):
+    """Engines from a ModelBuild in this namespace: the operator serves the engine of this
+    precision for the pool's target (``cpu`` for onnxruntime) only once it passed its accuracy
+    gate and was published; until then, or if the gate refused it, the service is Degraded
+    naming why and its pods keep what they serve (a refused engine never reaches a pod)."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description="The ModelBuild's name (metadata.name) in this namespace.",
+    )
+    precision: Precision = Field(description="The precision served, e.g. int8 or fp32.")
+
+
 class Model(ApiModel):
     """A model served by the InferenceService, with one engine per backend/arch/precision."""
 
     model_config = ConfigDict(
         json_schema_extra=_rules(
+            cel(
+                "has(self.build) != (has(self.engines) && self.engines.size() > 0)",
+                ENGINES_OR_BUILD_MESSAGE,
+                ".engines",
+            ),
             cel(
                 "self.maxBatchSize < 1 || "
                 "self.batching.preferredBatchSizes.all(b, b <= self.maxBatchSize)",
@@ -986,11 +1011,16 @@ class Model(ApiModel):
         description="Model name in the inference URL (/v2/models/<name>/infer); unique.",
     )
     engines: list[Engine] = Field(
-        min_length=1,
+        default_factory=list,
         max_length=32,
         description="Engines of this model; the runtime picks the one for its backend and GPU. "
-        "Each uri at most once.",
+        "Each uri at most once. Or set build instead.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["uri"]},
+    )
+    build: BuildRef | None = Field(
+        default=None,
+        description="Serve the engines a ModelBuild published (instead of engines): only an "
+        "engine that passed its accuracy gate is ever served.",
     )
     max_batch_size: int = Field(
         default=8, ge=1, le=4096, description="Largest batch the runtime forms for this model."
@@ -1020,6 +1050,8 @@ class Model(ApiModel):
 
     @model_validator(mode="after")
     def _batch_sizes_fit(self) -> Model:
+        if (self.build is not None) == bool(self.engines):
+            raise ValueError(ENGINES_OR_BUILD_MESSAGE)
         uris = [e.uri for e in self.engines]
         repeated = sorted({u for u in uris if uris.count(u) > 1})
         if repeated:

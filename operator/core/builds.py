@@ -8,8 +8,8 @@
   builder's report from the pod's termination message, or the log's tail of a failure).
 * :func:`plan_build`: build + nodes + Jobs + previous status + now -> Jobs to create, the new
   status and the Events its changes deserve.
-* :func:`resolve_engine` / :func:`missing_targets`: from a build's status to the engine an
-  InferenceService may serve, only when it passed its gate.
+* :func:`resolve_engine` / :func:`missing_targets` / :func:`resolve_build_refs`: from a
+  build's status to the engine an InferenceService may serve, only when it passed its gate.
 """
 
 from __future__ import annotations
@@ -24,7 +24,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tidal.operator.core.api import API_VERSION, Condition, ConditionStatus
+from tidal.operator.core.api import (
+    API_VERSION,
+    Backend,
+    Condition,
+    ConditionStatus,
+    Engine,
+    InferenceService,
+    Model,
+)
 from tidal.operator.core.buildapi import (
     ANNOTATION_INPUTS,
     ARCH_TARGET_PATTERN,
@@ -586,3 +594,70 @@ def missing_targets(build: ModelBuild, precision: str, node_targets: Sequence[st
     """Targets of nodes (GPU products, or ``cpu``) a service's pods run on that have no
     published engine of ``precision`` in ``build``: what ``Degraded`` names."""
     return sorted({t for t in node_targets if resolve_engine(build, precision, t).uri is None})
+
+
+def build_refs(isvc: InferenceService) -> set[str]:
+    """The ModelBuilds an InferenceService's models name (primary and baseline)."""
+    spec = isvc.spec
+    baseline = spec.rollout.baseline
+    models = [*spec.models, *((baseline.models or []) if baseline is not None else [])]
+    return {m.build.name for m in models if m.build is not None}
+
+
+def resolve_build_refs(
+    isvc: InferenceService, builds: Mapping[str, ModelBuild]
+) -> tuple[InferenceService, tuple[str, ...]]:
+    """The service with each ``models[].build`` turned into the engine its build published
+    for the pool's target, and what could not be resolved (each naming the field and why).
+
+    An unresolved model keeps no engine; the reconciler treats its problem like a spec
+    problem: the service is Degraded and its children stay as they are, so a version that is
+    not built yet, or that its gate refused, never reaches a pod, and one that passes is
+    rolled out like any other change of the primary (the staged rollout, when configured).
+    """
+    spec = isvc.spec
+    problems: list[str] = []
+
+    def resolve(models: Sequence[Model], backend: Backend, at: str) -> list[Model]:
+        out = []
+        for model in models:
+            ref = model.build
+            if ref is None:
+                out.append(model)
+                continue
+            field_path = f"{at}[{model.name}].build"
+            if backend is not Backend.ONNXRUNTIME:
+                problems.append(
+                    f"{field_path}: engines from a ModelBuild are served by onnxruntime pools "
+                    f"only in this release (the pool's backend is {backend.value})"
+                )
+                out.append(model)
+                continue
+            choice = resolve_engine(builds.get(ref.name), ref.precision.value, CPU_TARGET)
+            if choice.uri is None:
+                problems.append(f"{field_path}: ModelBuild {ref.name}: {choice.reason}")
+                out.append(model)
+                continue
+            engine = Engine(
+                uri=choice.uri,
+                sha256=choice.sha256,
+                backend=Backend.ONNXRUNTIME,
+                precision=ref.precision,
+            )
+            out.append(model.model_copy(update={"engines": [engine]}))
+        return out
+
+    models = resolve(spec.models, spec.runtime.backend, "spec.models")
+    update: dict[str, Any] = {"models": models}
+    baseline = spec.rollout.baseline
+    if baseline is not None and baseline.models:
+        given = baseline.runtime.__dict__ if baseline.runtime is not None else {}
+        backend = given.get("backend") or spec.runtime.backend
+        resolved = resolve(baseline.models, backend, "spec.rollout.baseline.models")
+        rollout = spec.rollout.model_copy(
+            update={"baseline": baseline.model_copy(update={"models": resolved})}
+        )
+        update["rollout"] = rollout
+    if not build_refs(isvc):
+        return isvc, ()
+    return isvc.model_copy(update={"spec": spec.model_copy(update=update)}), tuple(problems)

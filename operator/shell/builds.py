@@ -173,3 +173,19 @@ class BuildReconciler:
                 return
             body["status"] = status
         await asyncio.gather(*(self.kube.post_event(body, e, now) for e in plan.events))
+
+
+def services_naming(services: Mapping[Key, Mapping[str, Any]], build: Key) -> list[Key]:
+    """InferenceServices (raw bodies by key) whose models name ``build`` in ``models[].build``,
+    the primary's or the baseline's."""
+    namespace, name = build
+    found = []
+    for key, body in services.items():
+        if key[0] != namespace:
+            continue
+        spec = body.get("spec") or {}
+        baseline = (spec.get("rollout") or {}).get("baseline") or {}
+        models = [*(spec.get("models") or []), *(baseline.get("models") or [])]
+        if any(isinstance(m, dict) and (m.get("build") or {}).get("name") == name for m in models):
+            found.append(key)
+    return found

@@ -43,7 +43,7 @@ from tidal.operator.core.buildapi import BUILD_PLURAL, LABEL_BUILD
 from tidal.operator.core.drift import resync_due, resync_offset
 from tidal.operator.core.images import DEFAULT_RUNTIME_IMAGES
 from tidal.operator.shell import metrics
-from tidal.operator.shell.builds import BuildReconciler, BuildStore
+from tidal.operator.shell.builds import BuildReconciler, BuildStore, services_naming
 from tidal.operator.shell.builds import Key as BuildKey
 from tidal.operator.shell.controller import Controller, ControllerSettings
 from tidal.operator.shell.fleet import FleetController
@@ -158,6 +158,7 @@ async def on_startup_configure(settings: kopf.OperatorSettings, **_: Any) -> Non
         image=config.runtime_images.get(Backend.ONNXRUNTIME)
         or DEFAULT_RUNTIME_IMAGES[Backend.ONNXRUNTIME],
     )
+    RUNTIME.store.builds = RUNTIME.builds.builds  # models[].build resolve against these
     RUNTIME.build_queue = WorkQueue(builder.reconcile, workers=1)
     RUNTIME.build_queue.start()
     metrics.publish_inference_services(RUNTIME.store)
@@ -301,6 +302,9 @@ async def _enqueue_build(key: BuildKey | None) -> None:
 async def on_event_model_build(event: dict[str, Any], body: kopf.Body, **_: Any) -> None:
     deleted = event.get("type") == "DELETED"
     key = RUNTIME.builds.put_build(_plain(body), deleted)
+    # Services serving this build look again: a version that passed its gate rolls out.
+    for service in services_naming(RUNTIME.store.services, key):
+        await _enqueue(service)
     if deleted:
         if RUNTIME.build_queue is not None:
             RUNTIME.build_queue.forget(key)

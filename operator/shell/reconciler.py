@@ -44,6 +44,8 @@ from tidal.operator.core.api import (
     format_validation_error,
     parse_inference_service,
 )
+from tidal.operator.core.buildapi import ModelBuild, parse_model_build
+from tidal.operator.core.builds import build_refs, resolve_build_refs
 from tidal.operator.core.control import ControlView, follow_planner, stamp_template_hash
 from tidal.operator.core.drift import COMPARED_KINDS, find_drift, trim_child
 from tidal.operator.core.fleet import FleetView
@@ -201,9 +203,31 @@ class Store:
     # The runtime image of a pool that names none, per backend (--runtime-image).
     runtime_images: Mapping[Backend, str] = field(default_factory=lambda: DEFAULT_RUNTIME_IMAGES)
 
+    # ModelBuild bodies by key (the build store's own table, shared): models[].build resolve
+    # against their status.
+    builds: Mapping[Key, dict[str, Any]] = field(default_factory=dict)
+
     def parse(self, body: dict[str, Any]) -> InferenceService:
-        """The InferenceService of a body, every pool's image set (raises ValidationError)."""
-        return with_default_images(parse_inference_service(body), self.runtime_images)
+        """The InferenceService of a body, every pool's image set and every ``models[].build``
+        resolved to its published engine where it has one (raises ValidationError)."""
+        return self.parse_resolved(body)[0]
+
+    def parse_resolved(self, body: dict[str, Any]) -> tuple[InferenceService, tuple[str, ...]]:
+        """:meth:`parse`, and what about its ``models[].build`` cannot be served yet."""
+        isvc = with_default_images(parse_inference_service(body), self.runtime_images)
+        names = build_refs(isvc)
+        if not names:
+            return isvc, ()
+        found: dict[str, ModelBuild] = {}
+        for name in names:
+            raw = self.builds.get((isvc.namespace, name))
+            if raw is None:
+                continue
+            try:
+                found[name] = parse_model_build(raw)
+            except ValidationError:
+                continue  # its own status says why; here it is "not built"
+        return resolve_build_refs(isvc, found)
 
     def put_service(self, body: Mapping[str, Any]) -> Key:
         meta = body["metadata"]
@@ -305,7 +329,7 @@ class Reconciler:
         now = self.clock()
         previous = _previous_status(body)
         try:
-            isvc = self.store.parse(body)
+            isvc, unresolved = self.store.parse_resolved(body)
         except ValidationError as exc:
             # The API server accepted it, so the CRD and the models disagree (an older CRD?).
             problem = f"spec does not match the operator's API: {format_validation_error(exc)}"
@@ -330,7 +354,10 @@ class Reconciler:
             )
             routed = isvc
         observed = _with_switch(routed, observed, kids)
-        problems = find_spec_problems(isvc)
+        # A models[].build not servable (not built, or refused by its gate) holds the children
+        # as they are: nothing that failed its gate reaches a pod.
+        # (Other spec problems show once it resolves: its empty engines would only add noise.)
+        problems = list(unresolved) or find_spec_problems(isvc)
         findings = find_setting_findings(isvc)
         fleet_view = self.fleet(key) if isvc.spec.fleet is not None else None
         events: list[EventSpec] = []

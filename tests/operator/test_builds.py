@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from isvc_fixtures import minimal
 from pydantic import ValidationError
 
 from tidal.operator import crdgen
-from tidal.operator.core.api import format_validation_error
+from tidal.operator.core.api import format_validation_error, parse_inference_service
 from tidal.operator.core.buildapi import (
     ANNOTATION_INPUTS,
     GPU_MAJOR_LABEL,
@@ -35,9 +36,11 @@ from tidal.operator.core.builds import (
     missing_targets,
     plan_build,
     read_job,
+    resolve_build_refs,
     resolve_engine,
     resolve_targets,
 )
+from tidal.operator.shell.builds import services_naming
 from tidal.runtime.builder.spec import parse_build_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -524,3 +527,88 @@ def test_a_node_whose_gpu_product_has_no_engine_is_named() -> None:
     build = make_build(status=status_with_artifacts())
     assert missing_targets(build, "fp32", ["cpu"]) == []
     assert missing_targets(build, "fp32", ["cpu", H100, L4, H100]) == [H100, L4]
+
+
+def serving(primary: dict[str, Any], baseline: dict[str, Any] | None = None) -> Any:
+    spec: dict[str, Any] = {"models": [{"name": "digits", "build": primary}]}
+    if baseline is not None:
+        spec["rollout"] = {
+            "baseline": {"models": [{"name": "digits", "build": baseline}]},
+            "steps": [50, 100],
+        }
+    return parse_inference_service(minimal(**spec))
+
+
+def test_a_service_naming_a_build_serves_only_what_passed_its_gate() -> None:
+    builds = {
+        "digits-1": make_build(status=status_with_artifacts()),
+        "digits-2": make_build(status=status_with_artifacts(refused=True), version="3"),
+    }
+    isvc, problems = resolve_build_refs(
+        serving(
+            {"name": "digits-2", "precision": "int8"}, {"name": "digits-1", "precision": "int8"}
+        ),
+        builds,
+    )
+    assert problems == (
+        "spec.models[digits].build: ModelBuild digits-2: digits/3 cpu int8: refused by the "
+        "accuracy gate: refused: top1Agreement 0.59 < 0.99",
+    ), problems
+    assert isvc.spec.models[0].engines == [], "a refused engine reached the primary"
+    baseline = isvc.spec.rollout.baseline
+    assert baseline is not None and baseline.models is not None
+    (engine,) = baseline.models[0].engines
+    assert engine.uri == "s3://engines/team/digits/2/cpu/int8/digits-int8.onnx", engine
+    assert (engine.sha256, engine.precision, engine.backend) == ("b" * 64, "int8", "onnxruntime")
+
+    # the new version passes: the primary resolves (a changed primary: the staged rollout)
+    passed, none = resolve_build_refs(serving({"name": "digits-1", "precision": "fp32"}), builds)
+    assert none == () and passed.spec.models[0].engines[0].uri.endswith("digits-fp32.onnx")
+
+    _, why = resolve_build_refs(serving({"name": "digits-9", "precision": "fp32"}), builds)
+    assert why == ("spec.models[digits].build: ModelBuild digits-9: the ModelBuild does not exist",)
+    trt = parse_inference_service(
+        minimal(
+            runtime={"backend": "tensorrt"},
+            models=[{"name": "digits", "build": {"name": "digits-1", "precision": "fp32"}}],
+        )
+    )
+    assert "served by onnxruntime pools only" in resolve_build_refs(trt, builds)[1][0]
+    plain = parse_inference_service(minimal())
+    assert resolve_build_refs(plain, builds) == (plain, ())
+
+
+def test_engines_or_a_build_exactly_one() -> None:
+    both = minimal(
+        models=[
+            {
+                "name": "m",
+                "engines": [{"uri": "file:///m.onnx"}],
+                "build": {"name": "b", "precision": "fp32"},
+            }
+        ]
+    )
+    for body in (both, minimal(models=[{"name": "m"}])):
+        with pytest.raises(ValidationError, match=r"set either engines \(URIs\) or build"):
+            parse_inference_service(body)
+
+
+def test_a_build_event_finds_the_services_that_name_it() -> None:
+    services = {
+        ("ns", "a"): minimal(
+            "a", models=[{"name": "m", "build": {"name": "b1", "precision": "fp32"}}]
+        ),
+        ("ns", "b"): minimal(
+            "b",
+            rollout={
+                "baseline": {
+                    "models": [{"name": "m", "build": {"name": "b1", "precision": "fp32"}}]
+                }
+            },
+        ),
+        ("ns", "c"): minimal("c"),
+        ("other", "d"): minimal(
+            "d", "other", models=[{"name": "m", "build": {"name": "b1", "precision": "fp32"}}]
+        ),
+    }
+    assert services_naming(services, ("ns", "b1")) == [("ns", "a"), ("ns", "b")]

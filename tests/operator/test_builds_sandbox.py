@@ -20,7 +20,7 @@ from kubernetes.client.exceptions import ApiException
 from tidal.operator.core.buildapi import LABEL_BUILD, parse_model_build
 from tidal.operator.core.builds import resolve_engine
 from tidal.runtime import modelgen
-from tidal.sandbox.operatorproc import OperatorProcess, condition
+from tidal.sandbox.operatorproc import OperatorProcess, condition, get_isvc
 from tidal.sandbox.wait import wait_for
 
 pytestmark = pytest.mark.sandbox
@@ -255,3 +255,94 @@ def test_failed_jobs_and_missing_builders_are_degraded_with_what_to_fix(
     )
     with pytest.raises(ApiException):
         get_build(sandbox, namespace, "broken")
+
+
+def config_text(sandbox: Any, namespace: str, name: str) -> str:
+    """The primary pool's runtime configuration ("" while it has none)."""
+    core = client.CoreV1Api(sandbox.api_client())
+    try:
+        cm = core.read_namespaced_config_map(f"{name}-primary-config", namespace)
+    except ApiException as exc:
+        if exc.status == 404:
+            return ""
+        raise
+    return json.dumps(cm.data or {})
+
+
+def test_a_service_naming_a_build_serves_only_engines_that_passed_their_gate(
+    sandbox: Any, namespace: str, operator: OperatorProcess, digits: Path, tmp_path: Path
+) -> None:
+    """From a build to a serving pod: a service naming a refused version stays Degraded with
+    the gate's reason and no child; naming a version that passed, its pods serve that engine
+    and turn Ready; naming the refused one again, the service is Degraded and its pods keep
+    the engine that passed (the refused one never reaches a pod)."""
+    store = tmp_path / "store"
+    create(sandbox, namespace, manifest("digits-1", digits, store))
+    blank = {"uri": (digits / "blank.npz").as_uri()}
+    create(sandbox, namespace, manifest("digits-2", digits, store, version="2", calibration=blank))
+    wait_ready_status(sandbox, namespace, "digits-2", "GateRefused")
+
+    isvc = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "InferenceService",
+        "metadata": {"name": "digits"},
+        "spec": {
+            "runtime": {"backend": "onnxruntime"},
+            "models": [{"name": "digits", "build": {"name": "digits-2", "precision": "int8"}}],
+            "autoscaling": {"minReplicas": 1, "maxReplicas": 1},
+        },
+    }
+    custom(sandbox).create_namespaced_custom_object(
+        GROUP, VERSION, namespace, "inferenceservices", isvc
+    )
+
+    def degraded_by_gate() -> dict[str, Any]:
+        body = get_isvc(sandbox, namespace, "digits")
+        message = condition(body, "Degraded").get("message", "")
+        return body if "refused by the accuracy gate" in message else {}
+
+    body = wait_for(
+        degraded_by_gate,
+        timeout=120,
+        what="the service Degraded by the refused build",
+        describe=lambda: get_isvc(sandbox, namespace, "digits").get("status"),
+    )
+    message = condition(body, "Degraded")["message"]
+    assert "spec.models[digits].build: ModelBuild digits-2: digits/2 cpu int8" in message, message
+    assert config_text(sandbox, namespace, "digits") == "", "a child was made for a refused build"
+
+    built = wait_ready_status(sandbox, namespace, "digits-1", "Built")
+    passed_uri = built["status"]["targets"][0]["artifacts"][1]["uri"]
+    patch = {
+        "spec": {"models": [{"name": "digits", "build": {"name": "digits-1", "precision": "int8"}}]}
+    }
+    custom(sandbox).patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, "inferenceservices", "digits", patch
+    )
+    body = wait_for(
+        lambda: (
+            (b := get_isvc(sandbox, namespace, "digits"))
+            and condition(b, "Ready").get("status") == "True"
+            and b
+        ),
+        timeout=BUILD_TIMEOUT,
+        what="the service Ready on the engine that passed",
+        describe=lambda: get_isvc(sandbox, namespace, "digits").get("status"),
+    )
+    served = config_text(sandbox, namespace, "digits")
+    assert passed_uri in served, served
+    assert condition(body, "Degraded")["status"] == "False", body["status"]
+
+    # back to the refused version: Degraded, and the pods keep the engine that passed
+    patch["spec"]["models"][0]["build"]["name"] = "digits-2"
+    custom(sandbox).patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, "inferenceservices", "digits", patch
+    )
+    wait_for(
+        degraded_by_gate,
+        timeout=120,
+        what="the service Degraded by the refused build again",
+        describe=lambda: get_isvc(sandbox, namespace, "digits").get("status"),
+    )
+    assert config_text(sandbox, namespace, "digits") == served, "the refused engine was applied"
+    assert "/digits/2/" not in served
