@@ -1971,6 +1971,19 @@ class FleetStatus(ApiModel):
     )
 
 
+class ServedBuild(ApiModel):
+    """The engine a model of a pool serves from a ModelBuild (``models[].build``): what its
+    pods were given. Kept while a newly named version is not servable (not built yet, or
+    refused by its gate), so that the pods keep serving this one."""
+
+    pool: str = Field(max_length=16, description="primary or baseline.")
+    model: str = Field(max_length=63, description="The model's name.")
+    build: str = Field(max_length=253, description="The ModelBuild it came from.")
+    precision: str = Field(max_length=16, description="Its precision.")
+    uri: str = Field(max_length=2048, description="The engine served.")
+    sha256: str | None = Field(default=None, max_length=64, description="Its digest.")
+
+
 class InferenceServiceStatus(ApiModel):
     """Observed state, written by the operator through the status subresource."""
 
@@ -2011,6 +2024,11 @@ class InferenceServiceStatus(ApiModel):
     )
     fleet: FleetStatus | None = Field(
         default=None, description="Model placement summary (with spec.fleet)."
+    )
+    builds: list[ServedBuild] | None = Field(
+        default=None,
+        max_length=1024,
+        description="Engines served from ModelBuilds (models[].build), per pool and model.",
     )
 
 

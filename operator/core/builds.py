@@ -32,6 +32,9 @@ from tidal.operator.core.api import (
     Engine,
     InferenceService,
     Model,
+    PoolName,
+    Precision,
+    ServedBuild,
 )
 from tidal.operator.core.buildapi import (
     ANNOTATION_INPUTS,
@@ -596,6 +599,19 @@ def missing_targets(build: ModelBuild, precision: str, node_targets: Sequence[st
     return sorted({t for t in node_targets if resolve_engine(build, precision, t).uri is None})
 
 
+def raw_build_refs(spec: Mapping[str, Any]) -> list[str]:
+    """The ModelBuilds an InferenceService's raw ``spec`` names (primary and baseline
+    models), in order, without parsing it (for watch handlers and caches)."""
+    baseline = (spec.get("rollout") or {}).get("baseline") or {}
+    models = [*(spec.get("models") or []), *(baseline.get("models") or [])]
+    names = [
+        str((m.get("build") or {}).get("name"))
+        for m in models
+        if isinstance(m, Mapping) and isinstance(m.get("build"), Mapping)
+    ]
+    return list(dict.fromkeys(names))
+
+
 def build_refs(isvc: InferenceService) -> set[str]:
     """The ModelBuilds an InferenceService's models name (primary and baseline)."""
     spec = isvc.spec
@@ -604,21 +620,44 @@ def build_refs(isvc: InferenceService) -> set[str]:
     return {m.build.name for m in models if m.build is not None}
 
 
-def resolve_build_refs(
-    isvc: InferenceService, builds: Mapping[str, ModelBuild]
-) -> tuple[InferenceService, tuple[str, ...]]:
-    """The service with each ``models[].build`` turned into the engine its build published
-    for the pool's target, and what could not be resolved (each naming the field and why).
+@dataclass(frozen=True)
+class BuildResolution:
+    """An InferenceService with its ``models[].build`` resolved to engines.
 
-    An unresolved model keeps no engine; the reconciler treats its problem like a spec
-    problem: the service is Degraded and its children stay as they are, so a version that is
-    not built yet, or that its gate refused, never reaches a pod, and one that passes is
-    rolled out like any other change of the primary (the staged rollout, when configured).
+    ``problems``: each named version that cannot be served, naming the field and why.
+    ``served``: the engine each such model's pods are given (the new one when it passed its
+    gate; else the one served before, from ``status.builds``). ``blocked``: a model with
+    neither (a first deploy of a version not servable yet): nothing of its pool can be made.
+    """
+
+    isvc: InferenceService
+    problems: tuple[str, ...] = ()
+    served: tuple[ServedBuild, ...] = ()
+    blocked: bool = False
+
+
+def resolve_build_refs(
+    isvc: InferenceService,
+    builds: Mapping[str, ModelBuild],
+    served: Sequence[ServedBuild] = (),
+) -> BuildResolution:
+    """The service with each ``models[].build`` turned into the engine its build published
+    for the pool's target, and only one that passed its gate: a version not built yet, or
+    refused, is reported (Degraded, serving goes on) while the pods keep the engine they were
+    given before (``served``, from ``status.builds``), so a refused engine never reaches a pod
+    and autoscaling and the rollback switch keep working. A version that passes changes the
+    pool's template like any edit: with a baseline, the staged rollout takes it from there.
     """
     spec = isvc.spec
+    if not build_refs(isvc):
+        return BuildResolution(isvc)
+    before = {(s.pool, s.model): s for s in served}
     problems: list[str] = []
+    kept: list[ServedBuild] = []
+    blocked = False
 
-    def resolve(models: Sequence[Model], backend: Backend, at: str) -> list[Model]:
+    def resolve(models: Sequence[Model], backend: Backend, pool: str, at: str) -> list[Model]:
+        nonlocal blocked
         out = []
         for model in models:
             ref = model.build
@@ -626,38 +665,56 @@ def resolve_build_refs(
                 out.append(model)
                 continue
             field_path = f"{at}[{model.name}].build"
-            if backend is not Backend.ONNXRUNTIME:
-                problems.append(
-                    f"{field_path}: engines from a ModelBuild are served by onnxruntime pools "
-                    f"only in this release (the pool's backend is {backend.value})"
-                )
-                out.append(model)
-                continue
             choice = resolve_engine(builds.get(ref.name), ref.precision.value, CPU_TARGET)
-            if choice.uri is None:
-                problems.append(f"{field_path}: ModelBuild {ref.name}: {choice.reason}")
-                out.append(model)
-                continue
-            engine = Engine(
-                uri=choice.uri,
+            if backend is not Backend.ONNXRUNTIME:
+                choice = EngineChoice(
+                    None,
+                    reason="engines from a ModelBuild are served by onnxruntime pools only in "
+                    f"this release (the pool's backend is {backend.value})",
+                )
+            now = ServedBuild(
+                pool=pool,
+                model=model.name,
+                build=ref.name,
+                precision=ref.precision.value,
+                uri=choice.uri or "",
                 sha256=choice.sha256,
+            )
+            if choice.uri is None:
+                old = before.get((pool, model.name))
+                keeping = f"; serving {old.uri} ({old.build}) meanwhile" if old else ""
+                problems.append(f"{field_path}: ModelBuild {ref.name}: {choice.reason}{keeping}")
+                if old is None:
+                    blocked = True
+                    out.append(model)
+                    continue
+                now = old
+            kept.append(now)
+            engine = Engine(
+                uri=now.uri,
+                sha256=now.sha256,
                 backend=Backend.ONNXRUNTIME,
-                precision=ref.precision,
+                precision=Precision(now.precision),
             )
             out.append(model.model_copy(update={"engines": [engine]}))
         return out
 
-    models = resolve(spec.models, spec.runtime.backend, "spec.models")
+    models = resolve(spec.models, spec.runtime.backend, PoolName.PRIMARY.value, "spec.models")
     update: dict[str, Any] = {"models": models}
     baseline = spec.rollout.baseline
     if baseline is not None and baseline.models:
         given = baseline.runtime.__dict__ if baseline.runtime is not None else {}
         backend = given.get("backend") or spec.runtime.backend
-        resolved = resolve(baseline.models, backend, "spec.rollout.baseline.models")
+        resolved = resolve(
+            baseline.models, backend, PoolName.BASELINE.value, "spec.rollout.baseline.models"
+        )
         rollout = spec.rollout.model_copy(
             update={"baseline": baseline.model_copy(update={"models": resolved})}
         )
         update["rollout"] = rollout
-    if not build_refs(isvc):
-        return isvc, ()
-    return isvc.model_copy(update={"spec": spec.model_copy(update=update)}), tuple(problems)
+    return BuildResolution(
+        isvc.model_copy(update={"spec": spec.model_copy(update=update)}),
+        tuple(problems),
+        tuple(kept),
+        blocked,
+    )

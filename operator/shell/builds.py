@@ -33,6 +33,7 @@ from tidal.operator.core.builds import (
     NodeInfo,
     invalid_build_status,
     plan_build,
+    raw_build_refs,
     read_job,
 )
 from tidal.operator.shell.kube import Kube, KubeError
@@ -179,13 +180,8 @@ def services_naming(services: Mapping[Key, Mapping[str, Any]], build: Key) -> li
     """InferenceServices (raw bodies by key) whose models name ``build`` in ``models[].build``,
     the primary's or the baseline's."""
     namespace, name = build
-    found = []
-    for key, body in services.items():
-        if key[0] != namespace:
-            continue
-        spec = body.get("spec") or {}
-        baseline = (spec.get("rollout") or {}).get("baseline") or {}
-        models = [*(spec.get("models") or []), *(baseline.get("models") or [])]
-        if any(isinstance(m, dict) and (m.get("build") or {}).get("name") == name for m in models):
-            found.append(key)
-    return found
+    return [
+        key
+        for key, body in services.items()
+        if key[0] == namespace and name in raw_build_refs(body.get("spec") or {})
+    ]

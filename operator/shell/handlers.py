@@ -304,6 +304,8 @@ async def on_event_model_build(event: dict[str, Any], body: kopf.Body, **_: Any)
     key = RUNTIME.builds.put_build(_plain(body), deleted)
     # Services serving this build look again: a version that passed its gate rolls out.
     for service in services_naming(RUNTIME.store.services, key):
+        if RUNTIME.controller is not None:
+            RUNTIME.controller.poke(service)
         await _enqueue(service)
     if deleted:
         if RUNTIME.build_queue is not None:

@@ -544,38 +544,79 @@ def test_a_service_naming_a_build_serves_only_what_passed_its_gate() -> None:
         "digits-1": make_build(status=status_with_artifacts()),
         "digits-2": make_build(status=status_with_artifacts(refused=True), version="3"),
     }
-    isvc, problems = resolve_build_refs(
+    first = resolve_build_refs(
         serving(
             {"name": "digits-2", "precision": "int8"}, {"name": "digits-1", "precision": "int8"}
         ),
         builds,
     )
-    assert problems == (
+    assert first.problems == (
         "spec.models[digits].build: ModelBuild digits-2: digits/3 cpu int8: refused by the "
         "accuracy gate: refused: top1Agreement 0.59 < 0.99",
-    ), problems
-    assert isvc.spec.models[0].engines == [], "a refused engine reached the primary"
-    baseline = isvc.spec.rollout.baseline
+    ), first.problems
+    assert first.blocked, "nothing served before: the refused primary cannot be made"
+    assert first.isvc.spec.models[0].engines == [], "a refused engine reached the primary"
+    baseline = first.isvc.spec.rollout.baseline
     assert baseline is not None and baseline.models is not None
     (engine,) = baseline.models[0].engines
     assert engine.uri == "s3://engines/team/digits/2/cpu/int8/digits-int8.onnx", engine
     assert (engine.sha256, engine.precision, engine.backend) == ("b" * 64, "int8", "onnxruntime")
+    assert [(s.pool, s.build, s.uri) for s in first.served] == [
+        ("baseline", "digits-1", engine.uri)
+    ]
 
-    # the new version passes: the primary resolves (a changed primary: the staged rollout)
-    passed, none = resolve_build_refs(serving({"name": "digits-1", "precision": "fp32"}), builds)
-    assert none == () and passed.spec.models[0].engines[0].uri.endswith("digits-fp32.onnx")
+    # the version that passed is served, and remembered (status.builds)
+    passed = resolve_build_refs(serving({"name": "digits-1", "precision": "fp32"}), builds)
+    assert passed.problems == () and not passed.blocked
+    assert passed.isvc.spec.models[0].engines[0].uri.endswith("/fp32/digits-fp32.onnx")
+    # the primary then names the refused version: its pods keep the engine that passed, the
+    # service is Degraded naming why, and nothing blocks the children (autoscaling, rollback)
+    held = resolve_build_refs(
+        serving({"name": "digits-2", "precision": "int8"}), builds, passed.served
+    )
+    assert not held.blocked and held.served == passed.served, held
+    assert held.isvc.spec.models[0].engines == passed.isvc.spec.models[0].engines
+    (problem,) = held.problems
+    assert "refused by the accuracy gate" in problem and "serving s3://engines/team" in problem
 
-    _, why = resolve_build_refs(serving({"name": "digits-9", "precision": "fp32"}), builds)
-    assert why == ("spec.models[digits].build: ModelBuild digits-9: the ModelBuild does not exist",)
+    missing = resolve_build_refs(serving({"name": "digits-9", "precision": "fp32"}), builds)
+    assert missing.problems == (
+        "spec.models[digits].build: ModelBuild digits-9: the ModelBuild does not exist",
+    )
     trt = parse_inference_service(
         minimal(
             runtime={"backend": "tensorrt"},
             models=[{"name": "digits", "build": {"name": "digits-1", "precision": "fp32"}}],
         )
     )
-    assert "served by onnxruntime pools only" in resolve_build_refs(trt, builds)[1][0]
+    assert "served by onnxruntime pools only" in resolve_build_refs(trt, builds).problems[0]
     plain = parse_inference_service(minimal())
-    assert resolve_build_refs(plain, builds) == (plain, ())
+    assert resolve_build_refs(plain, builds).isvc is plain
+
+
+def test_a_version_that_is_not_servable_is_degraded_while_serving_goes_on() -> None:
+    from tidal.operator.core.api import PoolName, ServedBuild
+    from tidal.operator.core.status import StatusInput, compute_status
+
+    kept = ServedBuild(
+        pool="primary", model="digits", build="digits-1", precision="int8", uri="s3://e/x.onnx"
+    )
+    result = compute_status(
+        StatusInput(
+            generation=2,
+            now=T0,
+            isvc_name="svc",
+            active_pool=PoolName.PRIMARY,
+            desired={PoolName.PRIMARY: 1},
+            build_problems=["spec.models[digits].build: ModelBuild digits-2: refused"],
+            builds=[kept],
+        )
+    )
+    degraded = {c.type: c for c in result.status.conditions}["Degraded"]
+    assert (degraded.status.value, degraded.reason) == ("True", "BuildNotServable"), degraded
+    assert "spec.models[digits].build" in degraded.message
+    assert result.status.builds == [kept]
+    assert ("Warning", "BuildNotServable") in [(e.type, e.reason) for e in result.events]
 
 
 def test_engines_or_a_build_exactly_one() -> None:

@@ -257,6 +257,74 @@ def test_failed_jobs_and_missing_builders_are_degraded_with_what_to_fix(
         get_build(sandbox, namespace, "broken")
 
 
+def build_ref(build: str, precision: str) -> dict[str, Any]:
+    """A model named digits served from a ModelBuild."""
+    return {"name": "digits", "build": {"name": build, "precision": precision}}
+
+
+def create_service(
+    sandbox: Any, namespace: str, name: str, model: dict[str, Any], **spec: Any
+) -> None:
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "InferenceService",
+        "metadata": {"name": name},
+        "spec": {
+            "runtime": {"backend": "onnxruntime"},
+            "models": [model],
+            "autoscaling": {"minReplicas": 1, "maxReplicas": 1},
+            **spec,
+        },
+    }
+    custom(sandbox).create_namespaced_custom_object(
+        GROUP, VERSION, namespace, "inferenceservices", body
+    )
+
+
+def wait_isvc(
+    sandbox: Any,
+    namespace: str,
+    name: str,
+    holds: Any,
+    what: str,
+    timeout: float = BUILD_TIMEOUT,
+) -> dict[str, Any]:
+    """Wait until ``holds(body)`` of the InferenceService; the body then."""
+    return wait_for(
+        lambda: (b := get_isvc(sandbox, namespace, name)) and holds(b) and b,
+        timeout=timeout,
+        what=what,
+        describe=lambda: get_isvc(sandbox, namespace, name).get("status"),
+    )
+
+
+def is_ready(body: dict[str, Any]) -> bool:
+    return condition(body, "Ready").get("status") == "True"
+
+
+def phase(body: dict[str, Any]) -> str:
+    return str(((body.get("status") or {}).get("rollout") or {}).get("phase", ""))
+
+
+def is_stable(body: dict[str, Any]) -> bool:
+    return is_ready(body) and phase(body) == "Stable"
+
+
+def rolling_out(body: dict[str, Any]) -> bool:
+    return phase(body) in ("Preparing", "Progressing")
+
+
+def not_servable(body: dict[str, Any]) -> bool:
+    return condition(body, "Degraded").get("reason") == "BuildNotServable"
+
+
+def point_at(sandbox: Any, namespace: str, name: str, model: dict[str, Any]) -> None:
+    """Make the service's one model that ``model``."""
+    custom(sandbox).patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, "inferenceservices", name, {"spec": {"models": [model]}}
+    )
+
+
 def config_text(sandbox: Any, namespace: str, name: str) -> str:
     """The primary pool's runtime configuration ("" while it has none)."""
     core = client.CoreV1Api(sandbox.api_client())
@@ -274,27 +342,16 @@ def test_a_service_naming_a_build_serves_only_engines_that_passed_their_gate(
 ) -> None:
     """From a build to a serving pod: a service naming a refused version stays Degraded with
     the gate's reason and no child; naming a version that passed, its pods serve that engine
-    and turn Ready; naming the refused one again, the service is Degraded and its pods keep
-    the engine that passed (the refused one never reaches a pod)."""
+    and turn Ready; naming the refused one again, the service is Degraded
+    (BuildNotServable), stays Ready, and its pods keep the engine that passed (status.builds):
+    the refused one never reaches a pod."""
     store = tmp_path / "store"
     create(sandbox, namespace, manifest("digits-1", digits, store))
     blank = {"uri": (digits / "blank.npz").as_uri()}
     create(sandbox, namespace, manifest("digits-2", digits, store, version="2", calibration=blank))
     wait_ready_status(sandbox, namespace, "digits-2", "GateRefused")
 
-    isvc = {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "InferenceService",
-        "metadata": {"name": "digits"},
-        "spec": {
-            "runtime": {"backend": "onnxruntime"},
-            "models": [{"name": "digits", "build": {"name": "digits-2", "precision": "int8"}}],
-            "autoscaling": {"minReplicas": 1, "maxReplicas": 1},
-        },
-    }
-    custom(sandbox).create_namespaced_custom_object(
-        GROUP, VERSION, namespace, "inferenceservices", isvc
-    )
+    create_service(sandbox, namespace, "digits", build_ref("digits-2", "int8"))
 
     def degraded_by_gate() -> dict[str, Any]:
         body = get_isvc(sandbox, namespace, "digits")
@@ -313,36 +370,65 @@ def test_a_service_naming_a_build_serves_only_engines_that_passed_their_gate(
 
     built = wait_ready_status(sandbox, namespace, "digits-1", "Built")
     passed_uri = built["status"]["targets"][0]["artifacts"][1]["uri"]
-    patch = {
-        "spec": {"models": [{"name": "digits", "build": {"name": "digits-1", "precision": "int8"}}]}
-    }
-    custom(sandbox).patch_namespaced_custom_object(
-        GROUP, VERSION, namespace, "inferenceservices", "digits", patch
-    )
-    body = wait_for(
-        lambda: (
-            (b := get_isvc(sandbox, namespace, "digits"))
-            and condition(b, "Ready").get("status") == "True"
-            and b
-        ),
-        timeout=BUILD_TIMEOUT,
-        what="the service Ready on the engine that passed",
-        describe=lambda: get_isvc(sandbox, namespace, "digits").get("status"),
-    )
+    point_at(sandbox, namespace, "digits", build_ref("digits-1", "int8"))
+    body = wait_isvc(sandbox, namespace, "digits", is_ready, "Ready on the version that passed")
     served = config_text(sandbox, namespace, "digits")
     assert passed_uri in served, served
     assert condition(body, "Degraded")["status"] == "False", body["status"]
 
     # back to the refused version: Degraded, and the pods keep the engine that passed
-    patch["spec"]["models"][0]["build"]["name"] = "digits-2"
-    custom(sandbox).patch_namespaced_custom_object(
-        GROUP, VERSION, namespace, "inferenceservices", "digits", patch
-    )
-    wait_for(
+    point_at(sandbox, namespace, "digits", build_ref("digits-2", "int8"))
+    body = wait_for(
         degraded_by_gate,
         timeout=120,
         what="the service Degraded by the refused build again",
         describe=lambda: get_isvc(sandbox, namespace, "digits").get("status"),
     )
+    degraded = condition(body, "Degraded")
+    assert degraded["reason"] == "BuildNotServable", degraded
+    assert f"serving {passed_uri} (digits-1) meanwhile" in degraded["message"], degraded
+    assert condition(body, "Ready")["status"] == "True", "serving stopped"
+    assert [(b["model"], b["build"], b["uri"]) for b in body["status"]["builds"]] == [
+        ("digits", "digits-1", passed_uri)
+    ], body["status"]
     assert config_text(sandbox, namespace, "digits") == served, "the refused engine was applied"
     assert "/digits/2/" not in served
+
+
+def test_a_version_that_passes_its_gate_later_starts_the_staged_rollout(
+    sandbox: Any, namespace: str, operator: OperatorProcess, digits: Path, tmp_path: Path
+) -> None:
+    """A service with a baseline serves digits-1; its primary then names digits-3, which does
+    not exist yet: Degraded (BuildNotServable), still Ready, pods unchanged. Once digits-3
+    is built and passes its gate, nothing in the service's spec changes, but its primary's
+    template does: the staged rollout against the baseline starts."""
+    store = tmp_path / "store"
+    create(sandbox, namespace, manifest("digits-1", digits, store))
+    wait_ready_status(sandbox, namespace, "digits-1", "Built")
+    rollout = {
+        # the validated version, pinned: the baseline does not follow the primary
+        "baseline": {"minReplicas": 1, "models": [build_ref("digits-1", "fp32")]},
+        "steps": [50, 100],
+        "stepSeconds": 600,
+    }
+    create_service(sandbox, namespace, "staged", build_ref("digits-1", "fp32"), rollout=rollout)
+
+    wait_isvc(sandbox, namespace, "staged", is_stable, "Ready and Stable on digits-1")
+    before = config_text(sandbox, namespace, "staged")
+    assert "/digits/1/cpu/fp32/" in before, before
+
+    point_at(sandbox, namespace, "staged", build_ref("digits-3", "int8"))
+    body = wait_isvc(sandbox, namespace, "staged", not_servable, "BuildNotServable", 120)
+    assert (
+        "ModelBuild digits-3: the ModelBuild does not exist"
+        in condition(body, "Degraded")["message"]
+    )
+    assert condition(body, "Ready")["status"] == "True", body["status"]
+    assert config_text(sandbox, namespace, "staged") == before, "the primary changed"
+
+    create(sandbox, namespace, manifest("digits-3", digits, store, version="3"))
+    wait_ready_status(sandbox, namespace, "digits-3", "Built")
+    body = wait_isvc(sandbox, namespace, "staged", rolling_out, "the staged rollout of digits-3")
+    assert condition(body, "Degraded")["status"] == "False", body["status"]
+    served = {(b["pool"], b["build"]) for b in body["status"]["builds"]}
+    assert served == {("primary", "digits-3"), ("baseline", "digits-1")}, body["status"]
