@@ -220,6 +220,12 @@ def test_failed_jobs_and_missing_builders_are_degraded_with_what_to_fix(
             describe=lambda: get_build(sandbox, namespace, name).get("status"),
         )
 
+    # the schema takes profiles of equal rank; their order is the operator's to refuse
+    unordered = [{"input": "input", "min": [8, 64], "opt": [4, 64], "max": [64, 64]}]
+    create(sandbox, namespace, manifest("unordered", digits, tmp_path / "s", profiles=unordered))
+    invalid = condition(degraded("unordered", "InvalidSpec"), "Degraded")["message"]
+    assert "spec.profiles[0]: input 'input' axis 0: need 1 <= min <= opt <= max" in invalid
+
     broken = degraded("broken", "BuildFailed")
     message = condition(broken, "Degraded")["message"]
     assert "(InvalidInput): exit code 2" in message, message
@@ -230,19 +236,19 @@ def test_failed_jobs_and_missing_builders_are_degraded_with_what_to_fix(
     gpu = degraded("gpu", "BuilderUnavailable")
     assert "spec.backend: no tensorrt builder" in condition(gpu, "Degraded")["message"]
     owners = [j.metadata.owner_references[0].name for j in jobs_of(sandbox, namespace)]
-    assert owners == ["broken"], f"a Job ran for a backend without a builder: {owners}"
+    assert owners == ["broken"], (
+        f"a Job ran for a backend without a builder or a bad spec: {owners}"
+    )
 
+    names = ("broken", "gpu", "unordered")
     wait_for(
         lambda: (
-            {"BuildFailed", "BuilderUnavailable"}
-            <= {r for _, r, _ in events_of(sandbox, namespace, "broken")}
-            | {r for _, r, _ in events_of(sandbox, namespace, "gpu")}
+            {"BuildFailed", "BuilderUnavailable", "InvalidSpec"}
+            <= {r for n in names for _, r, _ in events_of(sandbox, namespace, n)}
         ),
         timeout=60,
         what="Warning Events naming what to fix",
-        describe=lambda: (
-            events_of(sandbox, namespace, "broken") + events_of(sandbox, namespace, "gpu")
-        ),
+        describe=lambda: [e for n in names for e in events_of(sandbox, namespace, n)],
     )
 
     # deleting the build takes its Job with it (owner references; the garbage collector)
