@@ -131,8 +131,7 @@ class BuildReconciler:
             plan = invalid_build_status(
                 problem, int(body["metadata"].get("generation", 0)), previous, now
             )
-            await self._write(key, body, plan, now)
-            return None
+            return None if await self._write(key, body, plan, now) else self.retry_seconds
         retry: float | None = None
         try:
             labels = await self.kube.list_node_labels()
@@ -158,10 +157,12 @@ class BuildReconciler:
             for e in plan.events
             if e.reason != "Created" or e.message.removeprefix("Created Job ") in created
         )
-        await self._write(key, body, replace(plan, events=events), now)
+        if not await self._write(key, body, replace(plan, events=events), now):
+            retry = self.retry_seconds
         return retry
 
-    async def _write(self, key: Key, body: dict[str, Any], plan: BuildPlan, now: datetime) -> None:
+    async def _write(self, key: Key, body: dict[str, Any], plan: BuildPlan, now: datetime) -> bool:
+        """Write the status (when it changed) and post the Events; False: try again later."""
         status = plan.to_wire()
         current = body.get("status") or {}
         if current != status:
@@ -171,9 +172,10 @@ class BuildReconciler:
                 await self.kube.patch_status(key[0], key[1], patch, plural=BUILD_PLURAL)
             except KubeError as exc:
                 log.warning("status of build %s/%s: %s", *key, exc)
-                return
+                return False
             body["status"] = status
         await asyncio.gather(*(self.kube.post_event(body, e, now) for e in plan.events))
+        return True
 
 
 def services_naming(services: Mapping[Key, Mapping[str, Any]], build: Key) -> list[Key]:
