@@ -14,6 +14,7 @@
 # gets SIGUSR1 first (gpu_bench.py dumps every thread's stack on it), then SIGKILL 10 s later.
 # The whole script keeps inside DEADLINE_S seconds (default 560).
 #   run from the repository root on the device machine:  bash bench/gpu_device_run.sh
+# MODE=torch-build runs the torch builder's steps instead (issue 32 item 5; see below).
 # Wheels carried in .whl/ (pydantic and its needs, absent from the device image) are installed
 # into /tmp/site first.
 set -u
@@ -63,15 +64,59 @@ print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.
 export PYTHONPATH=/tmp/site
 # Every step below as the device script of 2026-12-04 ran them (the H100 run of 2026-12-06 too).
 export TORCHINDUCTOR_VEC_ISA_OK=1
-
 PKG=/tmp/pkg
-mkdir -p "$PKG"
 BUILD_PIDS=()
-for m in mlp big; do
-  limited 240 python3 -X faulthandler bench/gpu_bench.py build --model "$m" "$PKG" \
-    >"/tmp/build-$m.log" 2>&1 &
-  BUILD_PIDS+=($!)
-done
+# start_package_builds SECONDS: bench/gpu_bench.py's mlp and big packages (what make gpu-test
+# loads), each built by its own process in the background; their pids go to BUILD_PIDS.
+start_package_builds() {
+  for m in mlp big; do
+    limited "$1" python3 -X faulthandler bench/gpu_bench.py build --model "$m" "$PKG" \
+      >"/tmp/build-$m.log" 2>&1 &
+    BUILD_PIDS+=($!)
+  done
+}
+
+# MODE=torch-build (issue 32 item 5): the torch builder on this GPU instead of the steps below.
+# The sources (bench/torch_build_bench.py sources), then at once, each its own process: one
+# build per (model, precision) through the builder's command, and bench/gpu_bench.py's mlp and
+# big packages for make gpu-test; then every precision of each model again in one spec (same
+# build keys: all reused), the throughput of what was published (torch_build_bench.py run),
+# and make gpu-test (tests/gpu, the builder's tests on these builds among them).
+if [ "${MODE:-}" = torch-build ]; then
+  TB=/tmp/tb
+  mkdir -p "$TB" "$PKG"
+  limited 120 python3 -X faulthandler bench/torch_build_bench.py sources "$TB" >"$OUT/build.txt" 2>&1
+  start_package_builds 300
+  for m in small wide; do
+    for p in fp32 fp16 bf16; do
+      limited 330 python3 -X faulthandler -m tidal.runtime.builder "$TB/$m/spec-$p.json" \
+        --work-dir "/tmp/work-$m-$p" >"/tmp/tb-$m-$p.log" 2>&1 &
+      BUILD_PIDS+=($!)
+    done
+  done
+  wait "${BUILD_PIDS[@]}"
+  {
+    for f in /tmp/tb-*.log /tmp/build-*.log; do
+      echo "=== $f"
+      grep -v "FutureWarning\|return cls.__new__\|torch.frombuffer\|not writable" "$f"
+    done
+    echo "=== every precision of each model in one spec: the same build keys, nothing rebuilt"
+    for m in small wide; do
+      limited 120 python3 -m tidal.runtime.builder "$TB/$m/spec.json" --work-dir "/tmp/work-$m" \
+        2>&1 | grep -v "FutureWarning\|return cls.__new__\|torch.frombuffer\|not writable"
+    done
+  } >>"$OUT/build.txt" 2>&1
+  (cd "$TB/published" && find . -name manifest.json | sort | xargs tail -n +1) >"$OUT/manifests.txt"
+  limited 200 python3 -X faulthandler bench/torch_build_bench.py run "$TB" \
+    >"$OUT/torch_build_bench.txt" 2>&1
+  TIDAL_GPU_PACKAGES=$PKG TIDAL_TORCH_BUILDS=$TB limited 200 make gpu-test \
+    PYTEST="python3 -X faulthandler -m pytest -v -o timeout=150" >"$OUT/gpu_test.txt" 2>&1
+  stamp "all steps done" | tee -a "$OUT/setup.txt"
+  exit 0
+fi
+
+mkdir -p "$PKG"
+start_package_builds 240
 {
   echo "=== while the packages build (2 compiler processes of 16 cores busy):"
   echo "=== 1. what the start paid before issue 34 (torch._inductor, inductor's CPU-ISA probe), no loads"

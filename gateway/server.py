@@ -20,7 +20,9 @@
   operator learns of demand at a service scaled to zero (``activator``: ready with no replica,
   so the Service keeps an endpoint to hold requests at).
 * **Failures**: a forward that fails before any answer (connection refused or reset, replica
-  gone, or a 502/503 from it) is retried once on another replica; then a clear 502/503.
+  gone, or a 502/503 from it) is retried once on another replica; then a clear 502/503.  Where
+  the request may be held, a replica's 503 also marks that replica as refusing the model for
+  ``refusedCooldownSeconds`` (its loads go elsewhere) and earns the request one more replica.
 * **Watchers**: one task per replica long-polls ``GET /v2/tidal/models`` on a (control)
   aiohttp session of that replica's own (closed when the replica is forgotten, so a new
   replica at a reused address never inherits a dead connection), so a hot-set change reaches
@@ -294,6 +296,10 @@ class Failed:
     kind: str
     detail: str
     response: web.Response | None = None
+
+
+def _is_503(failure: Failed) -> bool:
+    return failure.response is not None and failure.response.status == 503
 
 
 class Gateway:
@@ -618,7 +624,13 @@ class Gateway:
                         outcome = "forwarded"
                         return answer, held is not None
                     failures.append(answer)
-                    if len(failures) == 2:
+                    refused = hold and answer.response is not None and answer.response.status == 503
+                    if refused:  # no room or no capacity there now: load elsewhere for a while
+                        self._refuse(self.replicas[target], model)
+                    # A request that may be held gets one more replica after a replica's 503: a
+                    # replica killed mid-request, then a copy the gateway saw hot but evicted in
+                    # the meantime, must not fail a request that a third replica can load.
+                    if len(failures) == (3 if hold and any(_is_503(f) for f in failures) else 2):
                         return self._give_up(model, failures), held is not None
                     excluded = excluded | {target}
                     continue

@@ -109,6 +109,26 @@ class Pt2Manifest:
     torch_version: str
 
 
+# Constant dtypes that numpy lacks (name: bytes per element): bf16 and fp8 packages' weights.
+TORCH_ONLY_DTYPES: dict[str, int] = {
+    "bfloat16": 2,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+}
+
+
+def dtype_name(name: str) -> str:
+    """A constant's dtype as the manifest writes it: numpy's name, or torch's for the types
+    numpy lacks (:data:`TORCH_ONLY_DTYPES`); unknown names raise ``TypeError``."""
+    if name in TORCH_ONLY_DTYPES:
+        return name
+    return str(np.dtype(name))
+
+
+def itemsize(name: str) -> int:
+    return TORCH_ONLY_DTYPES.get(name) or np.dtype(name).itemsize
+
+
 def layout_constants(
     constants: list[tuple[str, str, tuple[int, ...], int]],
 ) -> tuple[tuple[ConstantEntry, ...], int]:
@@ -164,7 +184,7 @@ def parse_manifest(text: str) -> Pt2Manifest:
         constants = tuple(
             ConstantEntry(
                 c["fqn"],
-                str(np.dtype(c["dtype"])),
+                dtype_name(str(c["dtype"])),
                 tuple(int(d) for d in c["shape"]),
                 int(c["offset"]),
                 int(c["nbytes"]),
@@ -186,7 +206,7 @@ def parse_manifest(text: str) -> Pt2Manifest:
     end = 0
     for c in sorted(manifest.constants, key=lambda c: c.offset):
         count = int(np.prod(c.shape)) if c.shape else 1
-        if count * np.dtype(c.dtype).itemsize != c.nbytes:
+        if count * itemsize(c.dtype) != c.nbytes:
             raise EngineLoadError(f"constant {c.fqn!r}: {c.nbytes}B does not match its shape")
         if c.offset < end or c.offset + c.nbytes > manifest.weights_bytes:
             raise EngineLoadError(f"constant {c.fqn!r} overlaps another or the blob's end")
@@ -335,6 +355,18 @@ def import_torch() -> Any:
             f"the torch backend needs PyTorch (pip install 'tidal[torch]'): {exc}"
         ) from None
     return torch
+
+
+def why_no_cuda() -> str | None:
+    """None when torch is installed and sees a CUDA device, else why not (the GPU tests' skip
+    reason)."""
+    try:
+        import torch
+    except ImportError as exc:
+        return f"needs PyTorch with CUDA (pip install 'tidal[torch]'): {exc}"
+    if not torch.cuda.is_available():
+        return f"needs a CUDA device; torch {torch.__version__} sees none"
+    return None
 
 
 def prime_cpu_isa(cpu_vec_isa: Any) -> str:
@@ -794,7 +826,9 @@ class TorchEngine:
                 graph.reset()
             self._graphs, self._pool, self._graph_io = {}, None, ()
             self._compiled = self._run_flat = None
-            if self._weights is not None:
+            if self._weights is not None and self._cuda:
+                # (On a CPU the weights are the staging tensor, whose storage numpy has seen:
+                # not resizable; it goes with its references.)
                 # Free the weights' memory now, whoever still refers to it: torch 2.11's
                 # load_constants(user_managed=True) keeps a new tensor handle per constant that
                 # it never releases, so dropping our references freed nothing (an eviction gave
@@ -1029,7 +1063,7 @@ class TorchAOTIBackend:
                     weights = staging
                 constants = {}
                 for entry in manifest.constants:
-                    tdtype = torch.from_numpy(np.empty(0, np.dtype(entry.dtype))).dtype
+                    tdtype = getattr(torch, entry.dtype)  # "bfloat16" has no numpy type
                     raw = weights[entry.offset : entry.offset + entry.nbytes]
                     constants[entry.fqn] = raw.view(tdtype).view(entry.shape)
                 try:
@@ -1104,6 +1138,9 @@ def prepare_package(
 
     for name in ("float16", "float32", "float64", "int8", "int32", "int64", "uint8", "bool"):
         _NUMPY_NAMES[getattr(torch, name)] = name
+    for name in TORCH_ONLY_DTYPES:  # constants only: the I/O stays in numpy's types
+        if hasattr(torch, name):
+            _NUMPY_NAMES[getattr(torch, name)] = name
 
     device = example_inputs[0].device
     if device.type == "cuda":
@@ -1131,7 +1168,7 @@ def prepare_package(
     tensors = [state[f].detach().contiguous().cpu() for f in fqns]
     layout, total = layout_constants(
         [
-            (f, str(np.dtype(_NUMPY_NAMES[t.dtype])), tuple(t.shape), t.numel() * t.element_size())
+            (f, _NUMPY_NAMES[t.dtype], tuple(t.shape), t.numel() * t.element_size())
             for f, t in zip(fqns, tensors, strict=True)
         ]
     )
@@ -1146,7 +1183,8 @@ def prepare_package(
     out_dir.mkdir(parents=True, exist_ok=True)
     # The file name is the binding (one folder per model, as for TensorRT plans).
     path = out_dir / pt2_file_name(arch, parse_torch_version(torch.__version__), precision)
-    weights = [t.view(torch.uint8).numpy().tobytes() for t in tensors]
+    # reshape(-1): a 0-dim constant (an fp8 scale) cannot be viewed as bytes as it is
+    weights = [t.reshape(-1).view(torch.uint8).numpy().tobytes() for t in tensors]
     return PreparedPackage(exported, path, manifest, weights)
 
 

@@ -1,5 +1,7 @@
 """One build, end to end: fetch the source and the data sets, make each engine the spec asks
 for, gate it against the FP32 reference, and publish what passed under the naming scheme.
+The backend (ONNX Runtime or torch AOTInductor, :func:`engine_maker`) makes and runs the
+engines; everything else here is the same for both.
 
 Destinations are obstore stores (``LocalStore`` for a directory, ``S3Store`` for
 ``s3://bucket/prefix``): one code path for both, the store's construction the only difference.
@@ -10,13 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-import numpy as np
-
-from tidal.runtime.builder import onnxrt
-from tidal.runtime.builder.gate import judge, measure
-from tidal.runtime.builder.onnxrt import ModelError
+from tidal.runtime.builder.gate import Reference, judge, measure
 from tidal.runtime.builder.plan import (
     MANIFEST,
     DataRecord,
@@ -104,6 +102,21 @@ class Artifact:
     manifest: Manifest
     reused: bool
 
+    @classmethod
+    def at(
+        cls,
+        destination: Destination,
+        prefix: str,
+        file_name: str,
+        manifest: Manifest,
+        *,
+        reused: bool,
+    ) -> Artifact:
+        """The engine whose manifest sits under ``prefix`` of ``destination``."""
+        engine_uri = destination.uri(f"{prefix}/{file_name}") if manifest.published else None
+        manifest_uri = destination.uri(f"{prefix}/{MANIFEST}")
+        return cls(manifest.precision, manifest_uri, engine_uri, manifest, reused)
+
     @property
     def published(self) -> bool:
         return self.manifest.published
@@ -146,6 +159,33 @@ def _fetch(store: EngineStore, uri: str, sha256: str | None, field: str) -> Path
         raise FetchError(f"{field}: {exc.message}") from None
 
 
+class EngineMaker(Protocol):
+    """One backend's part of a build (:class:`.onnxrt.OnnxRuntimeMaker`,
+    :class:`.aoti.TorchAOTIMaker`): the reference, each engine, each engine's outputs."""
+
+    def libraries(self) -> dict[str, str]: ...
+
+    def reference(self, source: Path, validation_file: Path) -> Reference: ...
+
+    def make(self, precision: str, engine: Path, calibration_file: Path | None) -> int | None: ...
+
+    def evaluate(self, engine: Path, precision: str) -> Any: ...
+
+    def close(self) -> None: ...
+
+
+def engine_maker(spec: BuildSpec) -> EngineMaker:
+    """The spec's backend; each is imported only when asked for (torch is not installed where
+    ONNX Runtime builds, and the other way round)."""
+    if spec.backend == "torch":
+        from tidal.runtime.builder.aoti import TorchAOTIMaker
+
+        return TorchAOTIMaker(spec)
+    from tidal.runtime.builder.onnxrt import OnnxRuntimeMaker
+
+    return OnnxRuntimeMaker(spec)
+
+
 def build(
     spec: BuildSpec,
     work_dir: Path,
@@ -170,128 +210,114 @@ def build(
         "validation": sha256_file(validation_file),
         "calibration": sha256_file(calibration_file) if calibration_file else None,
     }
-    libraries = onnxrt.library_versions()
-    destination = Destination.open(spec.output, spec.s3)
-
-    # The reference: the source as written (no graph rewrites), FP32.
-    reference = onnxrt.session(source, "disabled")
-    inputs = onnxrt.inputs_of(reference)
-    outputs = [o.name for o in reference.get_outputs()]
-    output = spec.gate.output or outputs[0]
-    if output not in outputs:
-        raise ModelError(
-            f"gate.output: the model has no output {output!r} (its outputs: {outputs})"
-        )
-    validation = onnxrt.load_set(validation_file, inputs, "validation")
-    labels = None
-    if spec.validation.labels is not None:
-        labels = validation.get(spec.validation.labels)
-        if labels is None:
-            raise ModelError(
-                f"validation.labels: the validation set has no array {spec.validation.labels!r}"
-            )
-    onnxrt.check_profiles(reference, inputs, spec.profiles)
-    expected = onnxrt.run(reference, validation, inputs, output, spec.validation.batch_size)
-    samples = onnxrt.samples_of(validation, inputs)
-
-    artifacts = []
-    for precision in spec.precisions:
-        key_material = key_inputs(
-            spec,
-            precision,
-            source_sha256=digests["source"] or "",
-            calibration_sha256=digests["calibration"],
-            validation_sha256=digests["validation"] or "",
-            libraries=libraries,
-        )
-        key = build_key(key_material)
-        prefix = artifact_prefix(spec, precision)
-        engine_key = f"{prefix}/{engine_file_name(spec, precision)}"
-        manifest_key = f"{prefix}/{MANIFEST}"
-        previous = destination.read(manifest_key)
-        if previous is not None:
-            old = Manifest.model_validate_json(previous)
-            intact = not old.published or destination.size(engine_key) == old.file.size_bytes
-            if old.build_key == key and intact:
-                artifacts.append(
-                    Artifact(
-                        precision,
-                        destination.uri(manifest_key),
-                        destination.uri(engine_key) if old.published else None,
-                        old,
-                        reused=True,
-                    )
+    maker = engine_maker(spec)
+    try:
+        libraries = maker.libraries()
+        destination = Destination.open(spec.output, spec.s3)
+        # The reference: the source as written, FP32.
+        reference = maker.reference(source, validation_file)
+        artifacts = []
+        for precision in spec.precisions:
+            artifacts.append(
+                _build_one(
+                    spec,
+                    precision,
+                    maker,
+                    reference,
+                    destination,
+                    work_dir,
+                    digests,
+                    libraries,
+                    calibration_file,
+                    clock,
+                    timestamp,
                 )
-                continue
-            if old.published and old.build_key != key:
-                changed = ", ".join(differences(old.inputs, key_material))
-                raise ArtifactConflict(
-                    f"{destination.uri(prefix)} already holds a published {precision} engine of "
-                    f"{spec.model}/{spec.version} built from other inputs (changed: {changed}); "
-                    "a published engine may be serving: build a new version instead"
-                )
-
-        started = clock.now()
-        engine = work_dir / precision / engine_file_name(spec, precision)
-        engine.parent.mkdir(parents=True, exist_ok=True)
-        calibration_record = None
-        if precision == "fp32":
-            onnxrt.optimize_fp32(source, engine, spec.optimization)
-        else:
-            assert spec.calibration is not None and calibration_file is not None
-            calibration = onnxrt.load_set(calibration_file, inputs, "calibration")
-            used = onnxrt.quantize_int8(
-                source,
-                engine,
-                calibration,
-                inputs,
-                spec.quantization,
-                spec.calibration.batch_size,
-                spec.calibration.max_samples,
             )
-            calibration_record = DataRecord(
-                uri=spec.calibration.uri, sha256=digests["calibration"] or "", samples=used
-            )
-        candidate = onnxrt.session(engine)
-        onnxrt.check_profiles(candidate, inputs, spec.profiles)
-        actual = onnxrt.run(candidate, validation, inputs, output, spec.validation.batch_size)
-        metrics = measure(expected, actual, None if labels is None else np.asarray(labels))
-        verdict = judge(metrics, spec.gate)
-        manifest = Manifest(
-            model=spec.model,
-            version=spec.version,
-            backend=spec.backend,
-            target=spec.target,
-            precision=precision,
-            file=FileRecord(
-                name=engine.name, sha256=sha256_file(engine), size_bytes=engine.stat().st_size
-            ),
-            source=DataRecord(uri=spec.source.uri, sha256=digests["source"] or ""),
-            calibration=calibration_record,
-            validation=DataRecord(
-                uri=spec.validation.uri, sha256=digests["validation"] or "", samples=samples
-            ),
-            profiles=list(spec.profiles),
-            builder={"name": "tidal.runtime.builder", "version": key_material["builder"]},
-            libraries=libraries,
-            build_key=key,
-            inputs=key_material,
-            accuracy=accuracy_record(output, metrics, spec.gate, verdict),
-            published=verdict.passed,
-            built_at=timestamp(),
-            build_seconds=round(clock.now() - started, 3),
-        )
-        if verdict.passed:
-            destination.put(engine_key, engine)
-        # Last: a manifest is the commit mark of an engine (and the record of a refusal).
-        destination.put(manifest_key, manifest.to_json().encode())
-        artifacts.append(
-            Artifact(
-                precision,
-                destination.uri(manifest_key),
-                destination.uri(engine_key) if verdict.passed else None,
-                manifest,
-                reused=False,
-            )
-        )
+    finally:
+        maker.close()
     return BuildReport(tuple(artifacts))
+
+
+def _build_one(
+    spec: BuildSpec,
+    precision: str,
+    maker: EngineMaker,
+    reference: Reference,
+    destination: Destination,
+    work_dir: Path,
+    digests: dict[str, str | None],
+    libraries: dict[str, str],
+    calibration_file: Path | None,
+    clock: Clock,
+    timestamp: Callable[[], str],
+) -> Artifact:
+    """One precision: reused when its manifest has the same key, else made, gated, published."""
+    key_material = key_inputs(
+        spec,
+        precision,
+        source_sha256=digests["source"] or "",
+        calibration_sha256=digests["calibration"],
+        validation_sha256=digests["validation"] or "",
+        libraries=libraries,
+    )
+    key = build_key(key_material)
+    prefix = artifact_prefix(spec, precision)
+    file_name = engine_file_name(spec, precision, libraries)
+    engine_key = f"{prefix}/{file_name}"
+    manifest_key = f"{prefix}/{MANIFEST}"
+    previous = destination.read(manifest_key)
+    if previous is not None:
+        old = Manifest.model_validate_json(previous)
+        intact = not old.published or destination.size(engine_key) == old.file.size_bytes
+        if old.build_key == key and intact:
+            return Artifact.at(destination, prefix, file_name, old, reused=True)
+        if old.published and old.build_key != key:
+            changed = ", ".join(differences(old.inputs, key_material))
+            raise ArtifactConflict(
+                f"{destination.uri(prefix)} already holds a published {precision} engine of "
+                f"{spec.model}/{spec.version} built from other inputs (changed: {changed}); "
+                "a published engine may be serving: build a new version instead"
+            )
+
+    started = clock.now()
+    engine = work_dir / precision / file_name
+    engine.parent.mkdir(parents=True, exist_ok=True)
+    used = maker.make(precision, engine, calibration_file)
+    calibration_record = None
+    if used is not None:
+        assert spec.calibration is not None
+        calibration_record = DataRecord(
+            uri=spec.calibration.uri, sha256=digests["calibration"] or "", samples=used
+        )
+    actual = maker.evaluate(engine, precision)
+    metrics = measure(reference.expected, actual, reference.labels)
+    verdict = judge(metrics, spec.gate)
+    manifest = Manifest(
+        model=spec.model,
+        version=spec.version,
+        backend=spec.backend,
+        target=spec.target,
+        precision=precision,
+        file=FileRecord(
+            name=engine.name, sha256=sha256_file(engine), size_bytes=engine.stat().st_size
+        ),
+        source=DataRecord(uri=spec.source.uri, sha256=digests["source"] or ""),
+        calibration=calibration_record,
+        validation=DataRecord(
+            uri=spec.validation.uri, sha256=digests["validation"] or "", samples=reference.samples
+        ),
+        profiles=list(spec.profiles),
+        builder={"name": "tidal.runtime.builder", "version": key_material["builder"]},
+        libraries=libraries,
+        build_key=key,
+        inputs=key_material,
+        accuracy=accuracy_record(reference.output, metrics, spec.gate, verdict),
+        published=verdict.passed,
+        built_at=timestamp(),
+        build_seconds=round(clock.now() - started, 3),
+    )
+    if verdict.passed:
+        destination.put(engine_key, engine)
+    # Last: a manifest is the commit mark of an engine (and the record of a refusal).
+    destination.put(manifest_key, manifest.to_json().encode())
+    return Artifact.at(destination, prefix, file_name, manifest, reused=False)

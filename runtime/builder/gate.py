@@ -11,9 +11,40 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from tidal.runtime.builder.spec import GateSpec
+from tidal.runtime.builder.spec import GateSpec, ModelError
 
 Array = npt.NDArray[Any]
+
+
+@dataclass(frozen=True)
+class Reference:
+    """What every engine of a build is measured against: the FP32 source's ``output`` over the
+    validation set (``expected``), and the set's labels when it has them."""
+
+    output: str
+    expected: Array
+    labels: Array | None
+    samples: int
+
+
+def gate_output(wanted: str | None, outputs: list[str]) -> str:
+    """The output the gate compares (``gate.output``, default the model's first)."""
+    output = wanted or outputs[0]
+    if output not in outputs:
+        raise ModelError(
+            f"gate.output: the model has no output {output!r} (its outputs: {outputs})"
+        )
+    return output
+
+
+def validation_labels(name: str | None, data: dict[str, Array]) -> Array | None:
+    """The validation set's labels array (``validation.labels``), if the spec names one."""
+    if name is None:
+        return None
+    labels = data.get(name)
+    if labels is None:
+        raise ModelError(f"validation.labels: the validation set has no array {name!r}")
+    return np.asarray(labels)
 
 
 @dataclass(frozen=True)

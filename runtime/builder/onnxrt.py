@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -14,7 +14,9 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from tidal.runtime.builder.spec import BuildError, QuantizationSpec, ShapeProfile
+from tidal.runtime.builder.datasets import batches, load_set, samples_of
+from tidal.runtime.builder.gate import Reference, gate_output, validation_labels
+from tidal.runtime.builder.spec import BuildSpec, ModelError, QuantizationSpec, ShapeProfile
 
 Array = np.ndarray[Any, Any]
 
@@ -34,10 +36,6 @@ _LEVELS = {
     "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
     "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
 }
-
-
-class ModelError(BuildError):
-    """The source model, a data set or a profile does not fit; the message names which."""
 
 
 @dataclass(frozen=True)
@@ -85,45 +83,6 @@ def inputs_of(sess: ort.InferenceSession) -> list[TensorInfo]:
             )
         out.append(TensorInfo(arg.name, tuple(arg.shape), dtype))
     return out
-
-
-def load_set(path: Path, inputs: list[TensorInfo], field: str) -> dict[str, Array]:
-    """The arrays of an .npz data set, one per model input, cast to the input's type."""
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {name: data[name] for name in data.files}
-    except (OSError, ValueError) as exc:
-        raise ModelError(f"{field}: not a readable .npz file: {exc}") from None
-    missing = [t.name for t in inputs if t.name not in arrays]
-    if missing:
-        raise ModelError(
-            f"{field}: no array for model input(s) {missing} (the file holds {sorted(arrays)})"
-        )
-    counts = {t.name: int(arrays[t.name].shape[0]) for t in inputs}
-    if len(set(counts.values())) != 1 or 0 in counts.values():
-        raise ModelError(
-            f"{field}: inputs must hold the same, non-zero number of samples: {counts}"
-        )
-    out = {t.name: np.ascontiguousarray(arrays[t.name], dtype=t.dtype) for t in inputs}
-    for name, value in arrays.items():
-        if name not in out:
-            out[name] = value  # labels and anything else, as stored
-    return out
-
-
-def samples_of(data: Mapping[str, Array], inputs: list[TensorInfo]) -> int:
-    return int(data[inputs[0].name].shape[0])
-
-
-def batches(
-    data: Mapping[str, Array], inputs: list[TensorInfo], size: int, limit: int | None = None
-) -> Iterator[dict[str, Array]]:
-    total = samples_of(data, inputs)
-    if limit is not None:
-        total = min(total, limit)
-    for start in range(0, total, size):
-        end = min(start + size, total)
-        yield {t.name: data[t.name][start:end] for t in inputs}
 
 
 def run(
@@ -260,3 +219,63 @@ def quantize_int8(
         root.setLevel(level)
         prepared.unlink(missing_ok=True)
     return sum(samples_of(f, inputs) for f in feeds)
+
+
+class OnnxRuntimeMaker:
+    """The ONNX Runtime builder as :func:`tidal.runtime.builder.build.build` drives it: the
+    reference is the source run with every graph optimization off, FP32; ``fp32`` is the
+    graph-optimized model, ``int8`` static quantization; each engine is run as the runtime's
+    ONNX Runtime backend opens it."""
+
+    def __init__(self, spec: BuildSpec) -> None:
+        self.spec = spec
+        self._source: Path | None = None
+        self._inputs: list[TensorInfo] = []
+        self._validation: dict[str, Array] = {}
+        self._output = ""
+
+    def libraries(self) -> dict[str, str]:
+        return library_versions()
+
+    def reference(self, source: Path, validation_file: Path) -> Reference:
+        spec = self.spec
+        reference = session(source, "disabled")
+        self._source = source
+        self._inputs = inputs_of(reference)
+        self._output = gate_output(spec.gate.output, [o.name for o in reference.get_outputs()])
+        self._validation = load_set(validation_file, self._inputs, "validation")
+        labels = validation_labels(spec.validation.labels, self._validation)
+        check_profiles(reference, self._inputs, spec.profiles)
+        expected = run(
+            reference, self._validation, self._inputs, self._output, spec.validation.batch_size
+        )
+        return Reference(self._output, expected, labels, samples_of(self._validation, self._inputs))
+
+    def make(self, precision: str, engine: Path, calibration_file: Path | None) -> int | None:
+        """Write the engine; returns the calibration samples used (None: no calibration)."""
+        spec = self.spec
+        assert self._source is not None, "reference() first"
+        if precision == "fp32":
+            optimize_fp32(self._source, engine, spec.optimization)
+            return None
+        assert spec.calibration is not None and calibration_file is not None
+        calibration = load_set(calibration_file, self._inputs, "calibration")
+        return quantize_int8(
+            self._source,
+            engine,
+            calibration,
+            self._inputs,
+            spec.quantization,
+            spec.calibration.batch_size,
+            spec.calibration.max_samples,
+        )
+
+    def evaluate(self, engine: Path, precision: str) -> Array:
+        candidate = session(engine)
+        check_profiles(candidate, self._inputs, self.spec.profiles)
+        return run(
+            candidate, self._validation, self._inputs, self._output, self.spec.validation.batch_size
+        )
+
+    def close(self) -> None:
+        pass

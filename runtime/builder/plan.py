@@ -2,13 +2,15 @@
 
 Naming scheme (relative to the build's output)::
 
-    <model>/<version>/<target>/<precision>/<model>-<precision>.onnx
+    <model>/<version>/<target>/<precision>/<model>-<precision>.onnx        (onnxruntime)
+    <model>/<version>/<target>/<precision>/<target>-torch<M.m>-<precision>.pt2  (torch)
     <model>/<version>/<target>/<precision>/manifest.json
 
-The file name follows the runtime's own scheme (``<anything>-<precision>.onnx``), so an engine
-listed by URI is understood without overrides. The manifest is written last: an engine without
-one is an interrupted build, one with ``published: false`` was refused by the accuracy gate
-(and its model file is not written).
+The file name follows the runtime's own scheme (``<anything>-<precision>.onnx``;
+``<gpuArch>-torch<major>.<minor>-<precision>.pt2``, the GPU and torch a package is bound to),
+so an engine listed by URI is understood without overrides. The manifest is written last: an
+engine without one is an interrupted build, one with ``published: false`` was refused by the
+accuracy gate (and its model file is not written).
 
 Build key: the sha256 of everything that decides an engine's bytes and its verdict (source,
 calibration and validation digests, the settings, the gate, the builder's and the libraries'
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -26,18 +29,40 @@ from pydantic.alias_generators import to_camel
 
 from tidal.runtime.builder.gate import AccuracyMetrics, GateVerdict
 from tidal.runtime.builder.spec import BuildSpec, GateSpec, ShapeProfile
+from tidal.runtime.core.engines import parse_torch_version, pt2_file_name
 
 MANIFEST = "manifest.json"
 MANIFEST_SCHEMA = "tidal.dev/engine-manifest/v1"
 # Bumped whenever the builder changes how it makes an engine from the same inputs.
 BUILDER_VERSION = "1"
+# How the torch builder makes each precision (part of the build key: a new scheme, a new key).
+# The package's inputs and outputs keep the source's dtypes whatever the precision, so one model
+# configuration serves any of its packages.
+TORCH_SCHEMES: dict[str, str] = {
+    "fp32": "the exported program as it is",
+    "fp16": "parameters and buffers cast to float16; inputs cast in, outputs cast back",
+    "bf16": "parameters and buffers cast to bfloat16; inputs cast in, outputs cast back",
+    # Not offered by the spec yet (see spec.BACKEND_PRECISIONS).
+    "fp8": "linear layers whose in and out features are multiples of 16 as float8_e4m3fn "
+    "matrix products (torch._scaled_mm: per-tensor weight scale, per-call per-tensor activation "
+    "scale), everything else bfloat16; inputs cast in, outputs cast back",
+}
 
 
 def artifact_prefix(spec: BuildSpec, precision: str) -> str:
     return f"{spec.model}/{spec.version}/{spec.target}/{precision}"
 
 
-def engine_file_name(spec: BuildSpec, precision: str) -> str:
+def engine_file_name(
+    spec: BuildSpec, precision: str, libraries: Mapping[str, str] | None = None
+) -> str:
+    """The engine's file name; a torch package's names the torch it was built with (from
+    ``libraries``, the build's :func:`key_inputs` material)."""
+    if spec.backend == "torch":
+        torch_version = (libraries or {}).get("torch")
+        if torch_version is None:
+            raise ValueError("a torch package's name needs the torch version (libraries)")
+        return pt2_file_name(spec.target, parse_torch_version(torch_version), precision)
     return f"{spec.model}-{precision}.onnx"
 
 
@@ -66,6 +91,9 @@ def key_inputs(
         },
         "gate": spec.gate.model_dump(by_alias=True),
     }
+    if spec.backend == "torch":
+        inputs["scheme"] = TORCH_SCHEMES[precision]
+        return inputs
     if precision == "fp32":
         inputs["optimization"] = spec.optimization
     if precision == "int8":

@@ -31,7 +31,13 @@ from tidal.runtime.config import S3Spec, format_validation_error
 
 Name = Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9._-]*[a-z0-9])?$", max_length=63)]
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
-BuildPrecision = Literal["fp32", "int8"]
+BuildPrecision = Literal["fp32", "int8", "fp16", "bf16", "fp8"]
+# The precisions each backend builds. Torch fp8 is not offered: its packages compiled on an
+# H200 but did not load (runtime/BUILD.md, "torch (AOTInductor) on a GPU").
+BACKEND_PRECISIONS: dict[str, tuple[str, ...]] = {
+    "onnxruntime": ("fp32", "int8"),
+    "torch": ("fp32", "fp16", "bf16"),
+}
 
 
 class _Model(BaseModel):
@@ -41,7 +47,8 @@ class _Model(BaseModel):
 
 
 class SourceRef(_Model):
-    """The FP32 ONNX model every engine is built from and compared with."""
+    """The FP32 model every engine is built from and compared with: an ONNX file, or for the
+    torch builder a ``torch.export`` program saved by ``torch.export.save`` (``.pt2``)."""
 
     uri: str = Field(min_length=1, description="a local path, file://, http(s):// or s3://")
     sha256: Sha256 | None = Field(default=None, description="verified when given")
@@ -73,10 +80,14 @@ class BuildSpec(_Model):
     model: Name
     version: Name
     source: SourceRef
-    backend: Literal["onnxruntime"] = "onnxruntime"
-    target: Literal["cpu"] = Field(default="cpu", description="where the engines run")
+    backend: Literal["onnxruntime", "torch"] = "onnxruntime"
+    target: str = Field(
+        default="cpu",
+        pattern=r"^(cpu|sm\d{2,3})$",
+        description="where the engines run: cpu, or a GPU architecture (sm90) for torch",
+    )
     precisions: list[BuildPrecision] = Field(min_length=1)
-    profiles: list[ShapeProfile] = Field(default_factory=list)
+    profiles: list[ShapeProfile] = Field(default_factory=list, validate_default=True)
     calibration: CalibrationSet | None = Field(default=None, validate_default=True)
     validation: ValidationSet
     gate: GateSpec = Field(default_factory=GateSpec)
@@ -114,6 +125,35 @@ class BuildSpec(_Model):
             raise ValueError("required when precisions include int8 (static quantization)")
         return calibration
 
+    @field_validator("target")
+    @classmethod
+    def _target_of_backend(cls, target: str, info: ValidationInfo) -> str:
+        if info.data.get("backend") == "onnxruntime" and target != "cpu":
+            raise ValueError(f"the onnxruntime builder builds for cpu, not {target}")
+        return target
+
+    @field_validator("precisions")
+    @classmethod
+    def _made_by_backend(cls, precisions: list[str], info: ValidationInfo) -> list[str]:
+        backend = info.data.get("backend")
+        wanted = BACKEND_PRECISIONS.get(str(backend), ())
+        other = [p for p in precisions if p not in wanted]
+        if backend is not None and other:
+            raise ValueError(f"the {backend} builder makes {list(wanted)}, not {other}")
+        return precisions
+
+    @field_validator("profiles")
+    @classmethod
+    def _profiles_for_torch(
+        cls, profiles: list[ShapeProfile], info: ValidationInfo
+    ) -> list[ShapeProfile]:
+        if info.data.get("backend") == "torch" and not profiles:
+            raise ValueError(
+                "required by the torch builder (their batch axis, min..max, becomes the "
+                "package's dynamic batch dimension)"
+            )
+        return profiles
+
     @field_validator("output")
     @classmethod
     def _output_scheme(cls, output: str) -> str:
@@ -128,7 +168,7 @@ class BuildSpec(_Model):
 class BuildError(Exception):
     """Base of the builder's errors; each message names the spec field or the criterion.
 
-    ``BuildSpecError``: the spec cannot be read or is invalid. ``ModelError`` (onnxrt): the
+    ``BuildSpecError``: the spec cannot be read or is invalid. ``ModelError``: the
     source, a data set or a profile does not fit the model. ``FetchError`` (build): an input
     cannot be read from its store. ``ArtifactConflict`` (build): a published engine of this
     version was built from other inputs. ``GateRefused`` (build): an engine lost more than
@@ -137,6 +177,10 @@ class BuildError(Exception):
 
 class BuildSpecError(BuildError):
     """The build spec could not be read or is invalid; the message names the field."""
+
+
+class ModelError(BuildError):
+    """The source model, a data set or a profile does not fit; the message names which."""
 
 
 def parse_build_spec(data: Any) -> BuildSpec:

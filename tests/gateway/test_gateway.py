@@ -318,6 +318,49 @@ def test_a_replica_without_room_refuses_and_the_load_goes_elsewhere(
     assert "m1" in gw.replicas()["rt-a"]["refused"]
 
 
+def test_two_replicas_answering_503_send_the_held_request_to_a_third_that_loads_it(
+    runtimes, runtime_config, gateway
+) -> None:
+    """A replica's 503 on a forwarded request (queue full here; on the real node a copy the
+    gateway saw hot but the replica had evicted and could not reload) marks it refusing the
+    model, and a request that may be held gets a third replica: the gateway loads the model
+    there instead of passing the second 503 to the client (e2e/test_fleet.py lost one request
+    that way when a replica was killed mid-request beside a stale copy)."""
+
+    def saturable() -> dict[str, Any]:
+        config = runtime_config(preload=("m1",), faults={"serviceTimeMs": 4000})
+        for entry in config["models"]:
+            entry["batching"] = {"maxQueueSize": 1}
+        return config
+
+    a, c, b = runtimes(("rt-a", saturable()), ("rt-c", saturable()), ("rt-b", runtime_config()))
+    gw = gateway([a, c, b], holdTimeoutSeconds=30)
+    wait_for(lambda: set(gw.hot_on("m1")) == {"rt-a", "rt-c"}, what="m1 hot on rt-a and rt-c")
+    # One batch executing and one request queued on each: a third is refused at once (503).
+    direct = [
+        threading.Thread(target=http, args=("POST", f"{r.url}/v2/models/m1/infer", INFER_BODY))
+        for r in (a, a, c, c)
+    ]
+    for thread in direct:
+        thread.start()
+        time.sleep(0.05)  # executing first, then queued
+    for r in (a, c):
+        wait_for(
+            lambda r=r: r.fleet()["models"]["m1"]["outstanding"] == 2,
+            what=f"{r.name}: one executing and one queued ({r.fleet()['models']['m1']})",
+        )
+        status, _, body = http("POST", f"{r.url}/v2/models/m1/infer", INFER_BODY)
+        assert status == 503, (r.name, status, body)
+
+    status, _, body = gw.infer("m1")
+    assert status == 200, (status, body, gw.replicas())
+    assert b.answered("m1") == 1 and b.state("m1") == "READY", b.fleet()
+    assert gw.metric("tidal_gateway_upstream_errors_total", kind="unavailable") == 2
+    assert {"m1"} <= set(gw.replicas()["rt-a"]["refused"]) | set(gw.replicas()["rt-c"]["refused"])
+    for thread in direct:
+        thread.join(30)
+
+
 def raw_exchange(port: int, data: bytes, patience: float = 10.0) -> tuple[int, bytes, float]:
     """Send raw bytes, read until the server closes or the answer is complete: (status, head
     and body, seconds it took)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import faulthandler
 import importlib.util
+import json
 import os
 import signal
 from pathlib import Path
@@ -28,12 +29,17 @@ def pytest_configure(config: Any) -> None:
     faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
-def gpu_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_bench", ROOT / "bench" / "gpu_bench.py")
+def bench_module(name: str) -> ModuleType:
+    """``bench/<name>.py`` as a module."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def gpu_bench() -> ModuleType:
+    return bench_module("gpu_bench")
 
 
 @pytest.fixture(scope="session")
@@ -46,4 +52,24 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> Path:
     bench = gpu_bench()
     for model in ("mlp", "big"):
         bench.cmd_build(model, folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder that ``bench/torch_build_bench.py sources`` made and the torch builder filled
+    (``published/``): ``$TIDAL_TORCH_BUILDS``, or made here (the small model, fp32 and bf16:
+    about two minutes of compiling)."""
+    given = os.environ.get("TIDAL_TORCH_BUILDS")
+    if given:
+        return Path(given)
+    from tidal.runtime.builder.build import build
+    from tidal.runtime.builder.spec import parse_build_spec
+
+    folder = tmp_path_factory.mktemp("torch-builds")
+    bench_module("torch_build_bench").cmd_sources(folder, quick=True)
+    data = json.loads((folder / "small" / "spec.json").read_text())
+    data["precisions"] = ["fp32", "bf16"]
+    (folder / "small" / "spec.json").write_text(json.dumps(data))
+    build(parse_build_spec(data), folder / "work-small")
     return folder

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tidal.runtime.backends.torch_aoti import why_no_cuda
 from tidal.runtime.clock import CLOCK
 from tidal.runtime.config import parse_config
 from tidal.runtime.enginecache import EngineCache
@@ -17,18 +18,7 @@ from tidal.runtime.errors import EngineLoadError
 from tidal.runtime.metrics import RuntimeMetrics
 from tidal.runtime.storage import EngineStore, sha256_file
 
-
-def _why_no_gpu() -> str | None:
-    try:
-        import torch
-    except ImportError as exc:
-        return f"needs PyTorch with CUDA (pip install 'tidal[torch]'): {exc}"
-    if not torch.cuda.is_available():
-        return f"needs a CUDA device; torch {torch.__version__} sees none"
-    return None
-
-
-WHY_NO_GPU = _why_no_gpu()
+WHY_NO_GPU = why_no_cuda()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(WHY_NO_GPU is not None, reason=str(WHY_NO_GPU))]
 MiB = 1 << 20
 ROOT = Path(__file__).resolve().parents[2]

@@ -103,7 +103,7 @@ def test_the_committed_crd_is_generated_from_the_models() -> None:
 INVALID = [
     ({"precisions": ["int8"], "calibration": None}, "calibration is required when precisions"),
     ({"targets": ["sm90"]}, "targets: the onnxruntime builder builds for cpu only"),
-    ({"backend": "tensorrt", "targets": ["cpu"]}, "targets: tensorrt and torch-aoti build for"),
+    ({"backend": "tensorrt", "targets": ["cpu"]}, "targets: tensorrt builds for GPUs, not cpu"),
     ({"precisions": ["fp32", "fp32"]}, "spec.precisions: an entry appears twice"),
     ({"precisions": ["fp64"]}, "spec.precisions[0]: Input should be"),
     ({"version": "Two"}, "spec.version: String should match pattern"),

@@ -19,6 +19,8 @@ from aiohttp import web
 from tidal.runtime.backends import Backend
 from tidal.runtime.config import RuntimeConfig, parse_config
 from tidal.runtime.server import RuntimeServer, make_runner
+from tidal.sandbox.binaries import Binaries
+from tidal.sandbox.objectstore import ObjectStore
 
 
 class ServedRuntime:
@@ -157,3 +159,20 @@ def _model_entry(info: Any, name: str, **extra: Any) -> dict[str, Any]:
 def model_entry() -> Callable[..., dict[str, Any]]:
     """Builds one ``models[]`` entry of the configuration for a generated model."""
     return _model_entry
+
+
+# -- a real S3 server (versitygw, built by `make sandbox-binaries`) ----------------------------
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ObjectStore]:
+    store = ObjectStore.start(Binaries.locate().versitygw, tmp_path_factory.mktemp("s3"))
+    store.create_bucket("engines")
+    yield store
+    store.stop()
+
+
+@pytest.fixture
+def aws_env(s3: ObjectStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in s3.env().items():
+        monkeypatch.setenv(name, value)

@@ -24,12 +24,18 @@ from tidal.runtime.builder.build import (
     build,
 )
 from tidal.runtime.builder.gate import AccuracyMetrics, judge, measure
-from tidal.runtime.builder.onnxrt import ModelError
 from tidal.runtime.builder.plan import build_key, differences, key_inputs
-from tidal.runtime.builder.spec import BuildSpec, BuildSpecError, GateSpec, parse_build_spec
+from tidal.runtime.builder.spec import (
+    BuildSpec,
+    BuildSpecError,
+    GateSpec,
+    ModelError,
+    parse_build_spec,
+)
 from tidal.runtime.config import S3Spec
 from tidal.runtime.core.engines import describe_engine
-from tidal.runtime.storage import sha256_file
+from tidal.runtime.storage import EngineStore, sha256_file
+from tidal.sandbox.objectstore import ObjectStore
 
 # -- the gate, pure -----------------------------------------------------------------------------
 
@@ -182,8 +188,21 @@ INVALID_SPECS = [
     ({"calibration": None}, "calibration:", "required when precisions include int8"),
     ({"precisions": []}, "precisions:", "at least 1"),
     ({"precisions": ["fp32", "fp32"]}, "precisions:", "appears twice"),
-    ({"precisions": ["fp16"]}, "precisions.0:", "'fp32' or 'int8'"),
-    ({"target": "sm90"}, "target:", "'cpu'"),
+    ({"precisions": ["fp16"]}, "precisions:", "the onnxruntime builder makes ['fp32', 'int8']"),
+    ({"precisions": ["fp4"]}, "precisions.0:", "'fp32', 'int8', 'fp16', 'bf16' or 'fp8'"),
+    ({"target": "sm90"}, "target:", "the onnxruntime builder builds for cpu, not sm90"),
+    ({"target": "gpu"}, "target:", "pattern"),
+    ({"backend": "tensorrt"}, "backend:", "'onnxruntime' or 'torch'"),
+    (
+        {"backend": "torch", "precisions": ["fp32", "int8"]},
+        "precisions:",
+        "the torch builder makes ['fp32', 'fp16', 'bf16'], not ['int8']",
+    ),
+    (
+        {"backend": "torch", "target": "sm90", "precisions": ["fp16"], "profiles": []},
+        "profiles:",
+        "required by the torch",
+    ),
     (
         {"profiles": [{"input": "input", "min": [8, 64], "opt": [4, 64], "max": [64, 64]}]},
         "profiles.0:",
@@ -432,7 +451,7 @@ def test_a_report_is_shortened_to_the_termination_message_limit(
 
 def test_an_s3_output_is_a_store_of_that_bucket_prefix_and_endpoint() -> None:
     """Publishing to s3:// shares the local directory's code path; only the store differs. Its
-    construction is checked here (no S3 server: put/get against one are not exercised)."""
+    construction is checked here (put and get against a real server: the sandbox test below)."""
     destination = Destination.open("s3://engines/team/", S3Spec(endpoint="http://127.0.0.1:9/"))
     store = destination._store
     assert (store.config["bucket"], str(store.prefix)) == ("engines", "team"), store.config
@@ -442,3 +461,55 @@ def test_an_s3_output_is_a_store_of_that_bucket_prefix_and_endpoint() -> None:
     assert destination.uri("digits/1/cpu/int8/manifest.json") == (
         "s3://engines/team/digits/1/cpu/int8/manifest.json"
     )
+
+
+@pytest.mark.sandbox
+def test_a_build_from_and_to_a_real_s3_server_is_served_by_the_runtime_store(
+    s3: ObjectStore, aws_env: None, digits: Path, tmp_path: Path
+) -> None:
+    """Source, calibration and validation read from versitygw, both engines and their manifests
+    published to it, the same build reused from what the store holds, and the published INT8
+    engine fetched back, verified, by the runtime's own engine store."""
+    for name in ("digits.onnx", "calibration.npz", "validation.npz"):
+        s3.put_file("engines", f"inputs/{name}", digits / name)
+    spec = parse_build_spec(
+        spec_data(
+            digits,
+            source={"uri": "s3://engines/inputs/digits.onnx"},
+            calibration={"uri": "s3://engines/inputs/calibration.npz"},
+            validation={"uri": "s3://engines/inputs/validation.npz", "labels": "labels"},
+            output="s3://engines/published",
+            s3={"endpoint": s3.endpoint},
+        )
+    )
+    report = build(spec, tmp_path / "work")
+    shown = [a.describe() for a in report.artifacts]
+    assert [(a.precision, a.published, a.reused) for a in report.artifacts] == [
+        ("fp32", True, False),
+        ("int8", True, False),
+    ], shown
+    int8 = report.artifacts[1]
+    assert int8.engine_uri == "s3://engines/published/digits/1/cpu/int8/digits-int8.onnx", shown
+    assert int8.manifest.source.sha256 == sha256_file(digits / "digits.onnx"), shown
+
+    # what the store holds is the manifest the build returned
+    import obstore
+
+    client = s3.client("engines")
+    held = json.loads(
+        bytes(obstore.get(client, "published/digits/1/cpu/int8/manifest.json").bytes())
+    )
+    assert held["published"] is True and held["file"]["name"] == "digits-int8.onnx", held
+
+    # same inputs: nothing rebuilt, read back from the store
+    again = build(spec, tmp_path / "other-work")
+    assert [a.reused for a in again.artifacts] == [True, True], [
+        a.describe() for a in again.artifacts
+    ]
+
+    # the runtime fetches the published engine from S3 and verifies it against the manifest
+    fetched = EngineStore(str(tmp_path / "node-cache"), S3Spec(endpoint=s3.endpoint)).fetch(
+        int8.engine_uri, held["file"]["sha256"]
+    )
+    assert fetched.stat().st_size == held["file"]["sizeBytes"], held
+    assert describe_engine(int8.engine_uri).precision == "int8"

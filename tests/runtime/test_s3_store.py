@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,6 @@ import tritonclient.http as triton
 from tidal.runtime.config import S3Spec
 from tidal.runtime.errors import EngineLoadError
 from tidal.runtime.storage import EngineStore, in_order, part_ranges, split_s3_uri
-from tidal.sandbox.binaries import Binaries
 from tidal.sandbox.objectstore import ObjectStore
 
 MIB = 2**20
@@ -79,20 +77,6 @@ def test_in_order_raises_the_first_failure() -> None:
 
 
 # -- against versitygw ----------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ObjectStore]:
-    store = ObjectStore.start(Binaries.locate().versitygw, tmp_path_factory.mktemp("s3"))
-    store.create_bucket("engines")
-    yield store
-    store.stop()
-
-
-@pytest.fixture
-def aws_env(s3: ObjectStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in s3.env().items():
-        monkeypatch.setenv(name, value)
 
 
 def _spec(s3: ObjectStore, **extra: Any) -> S3Spec:
