@@ -1,6 +1,7 @@
-"""Generate the InferenceService CRD from the pydantic models in ``tidal.operator.core.api``.
+"""Generate the CRDs from the pydantic models: InferenceService from ``tidal.operator.core.api``,
+ModelBuild from ``tidal.operator.core.buildapi``.
 
-    python -m tidal.operator.crdgen crds/          # writes crds/<plural>.<group>.yaml
+    python -m tidal.operator.crdgen crds/          # writes crds/<plural>.<group>.yaml (both kinds)
     python -m tidal.operator.crdgen --check crds/  # exits 1 when the file differs
     python -m tidal.operator.crdgen --readme operator/README.md crds/  # and the rules table
 
@@ -25,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from tidal.operator.core import api
+from tidal.operator.core import api, buildapi
 from tidal.operator.core.rules import SETTING_RULES
 
 _DROP = {"title", "examples", "discriminator"}
@@ -143,7 +144,7 @@ def build_crd() -> dict[str, Any]:
     extra = api.InferenceService.model_config.get("json_schema_extra")
     if isinstance(extra, dict):
         root.update(extra)
-    columns = [
+    columns: list[dict[str, Any]] = [
         {
             "name": "Ready",
             "type": "string",
@@ -204,20 +205,37 @@ def build_crd() -> dict[str, Any]:
         },
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]
+    names = (api.KIND, api.PLURAL, api.SINGULAR, api.SHORT_NAMES, api.CATEGORIES)
+    scale = {
+        "specReplicasPath": ".spec.replicas",
+        "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector",
+    }
+    return _crd(names, root, {"status": {}, "scale": scale}, columns)
+
+
+def _crd(
+    names: tuple[str, str, str, tuple[str, ...], tuple[str, ...]],
+    root: dict[str, Any],
+    subresources: dict[str, Any],
+    columns: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """A namespaced CRD of this group with one served, stored version."""
+    kind, plural, singular, short_names, categories = names
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{api.PLURAL}.{api.GROUP}"},
+        "metadata": {"name": f"{plural}.{api.GROUP}"},
         "spec": {
             "group": api.GROUP,
             "scope": "Namespaced",
             "names": {
-                "kind": api.KIND,
-                "listKind": f"{api.KIND}List",
-                "plural": api.PLURAL,
-                "singular": api.SINGULAR,
-                "shortNames": list(api.SHORT_NAMES),
-                "categories": list(api.CATEGORIES),
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": singular,
+                "shortNames": list(short_names),
+                "categories": list(categories),
             },
             "versions": [
                 {
@@ -225,19 +243,69 @@ def build_crd() -> dict[str, Any]:
                     "served": True,
                     "storage": True,
                     "schema": {"openAPIV3Schema": root},
-                    "subresources": {
-                        "status": {},
-                        "scale": {
-                            "specReplicasPath": ".spec.replicas",
-                            "statusReplicasPath": ".status.replicas",
-                            "labelSelectorPath": ".status.selector",
-                        },
-                    },
+                    "subresources": subresources,
                     "additionalPrinterColumns": columns,
                 }
             ],
         },
     }
+
+
+def build_model_build_crd() -> dict[str, Any]:
+    """The ModelBuild CustomResourceDefinition as a plain dict."""
+    root: dict[str, Any] = {
+        "type": "object",
+        "description": (buildapi.ModelBuild.__doc__ or "").strip(),
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string", "description": api.API_VERSION},
+            "kind": {"type": "string", "description": buildapi.BUILD_KIND},
+            "metadata": buildapi.BUILD_METADATA_SCHEMA,
+            "spec": schema_of(buildapi.ModelBuildSpec),
+            "status": schema_of(buildapi.ModelBuildStatus),
+        },
+    }
+    columns: list[dict[str, Any]] = [
+        {
+            "name": "Model",
+            "type": "string",
+            "jsonPath": ".spec.model",
+            "description": "The model built.",
+        },
+        {
+            "name": "Version",
+            "type": "string",
+            "jsonPath": ".spec.version",
+            "description": "The version built.",
+        },
+        {
+            "name": "Ready",
+            "type": "string",
+            "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
+            "description": "Every target built and every engine published.",
+        },
+        {
+            "name": "Engines",
+            "type": "string",
+            "jsonPath": ".status.summary",
+            "description": "Engines published / engines asked for.",
+        },
+        {
+            "name": "Reason",
+            "type": "string",
+            "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
+            "priority": 1,
+        },
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ]
+    names = (
+        buildapi.BUILD_KIND,
+        buildapi.BUILD_PLURAL,
+        buildapi.BUILD_SINGULAR,
+        buildapi.BUILD_SHORT_NAMES,
+        ("tidal",),
+    )
+    return _crd(names, root, {"status": {}}, columns)
 
 
 HEADER = (
@@ -247,12 +315,22 @@ HEADER = (
 
 
 def render() -> str:
-    """The CRD file's exact text."""
+    """The InferenceService CRD file's exact text."""
     return HEADER + yaml.safe_dump(build_crd(), sort_keys=False, width=100)
+
+
+def render_model_build() -> str:
+    """The ModelBuild CRD file's exact text."""
+    header = HEADER.replace("core/api.py", "core/buildapi.py")
+    return header + yaml.safe_dump(build_model_build_crd(), sort_keys=False, width=100)
 
 
 def crd_path(directory: Path) -> Path:
     return directory / f"{api.PLURAL}.{api.GROUP}.yaml"
+
+
+def model_build_crd_path(directory: Path) -> Path:
+    return directory / f"{buildapi.BUILD_PLURAL}.{api.GROUP}.yaml"
 
 
 RULES_BEGIN = "<!-- rules table: generated by `make crds` (tidal.operator.crdgen); do not edit -->"
@@ -316,9 +394,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="fail if the file is out of date")
     parser.add_argument("--readme", type=Path, help="a README whose rules table to write too")
     args = parser.parse_args(argv)
-    path = crd_path(args.directory)
-    text = render()
-    outputs = [(path, text)]
+    outputs = [
+        (crd_path(args.directory), render()),
+        (model_build_crd_path(args.directory), render_model_build()),
+    ]
     if args.readme is not None:
         outputs.append((args.readme, with_rules_table(args.readme.read_text())))
     if args.check:

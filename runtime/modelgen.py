@@ -275,3 +275,16 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def write_digits_build_inputs(root: Path) -> Path:
+    """What a digits build needs, under ``root``: the trained MLP (``digits.onnx``), a
+    representative calibration set (the training digits, ``calibration.npz``), a degenerate
+    one (64 blank images, ``blank.npz``) and the labelled validation set (held-out digits,
+    ``validation.npz``). Returns ``root``."""
+    data = digits_split(seed=0)
+    write_digits_mlp(root / "digits.onnx", data, hidden=(64,), seed=0)
+    np.savez(root / "calibration.npz", input=data.train_x)
+    np.savez(root / "blank.npz", input=np.zeros((64, 64), dtype=np.float32))
+    np.savez(root / "validation.npz", input=data.test_x, labels=data.test_y)
+    return root

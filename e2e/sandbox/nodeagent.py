@@ -19,6 +19,9 @@ local processes:
 * on deletion: SIGTERM to the container's process group, SIGKILL after the grace period, then
   the pod object is removed — just as kubelet finalises a deletion;
 * a log file per container under ``<state-dir>/pods/<namespace>_<pod>_<uid>/<container>.log``.
+* termination messages: the file at a container's own ``terminationMessagePath`` (removed
+  before each run, read after it), else with ``FallbackToLogsOnError`` the log's tail of a
+  failed run, as kubelet reports them in ``state.terminated.message``.
 
 What it does not do, and how a pod learns it (a waiting reason on the container, never a silent
 fake): images and image entrypoints (``CommandRequired``), volume mounts other than the
@@ -390,6 +393,9 @@ class PodRunner(threading.Thread):
             "finishedAt": now_rfc3339(),
             "containerID": f"tidal-sandbox://{c.proc.pid}",
         }
+        message = termination_message(c.spec, c.log_path, c.terminated["exitCode"])
+        if message:
+            c.terminated["message"] = message
         c.last_state = {"terminated": c.terminated}
         c.proc = None
         c.stop_requested = False
@@ -469,6 +475,9 @@ class PodRunner(threading.Thread):
             return
         argv = [expand(a, env) for a in [*c.spec["command"], *(c.spec.get("args") or [])]]
         workdir = Path(c.spec.get("workingDir") or self.dir)
+        report = _termination_path(c.spec)
+        if report is not None:
+            report.unlink(missing_ok=True)  # kubelet: each run starts with an empty file
         logf = open(c.log_path, "ab")  # noqa: SIM115 - the child holds it
         try:
             c.proc = subprocess.Popen(
@@ -652,6 +661,41 @@ class PodRunner(threading.Thread):
                 self.gone = True
             else:
                 log.warning("status update of %s/%s failed: %s", ns, name, exc)
+
+
+TERMINATION_MESSAGE_BYTES = 4096
+FALLBACK_LOG_LINES, FALLBACK_LOG_BYTES = 80, 2048
+
+
+def _termination_path(spec: Mapping[str, Any]) -> Path | None:
+    """A container's own ``terminationMessagePath``; the default ``/dev/termination-log`` (and
+    anything under /dev) is not read here: pods share the host's filesystem."""
+    path = spec.get("terminationMessagePath")
+    if not path or str(path).startswith("/dev/"):
+        return None
+    return Path(str(path))
+
+
+def termination_message(spec: Mapping[str, Any], log_path: Path, exit_code: int) -> str:
+    """kubelet's termination message: the file at ``terminationMessagePath`` (at most 4096
+    bytes); when it is empty, the container failed and its policy is
+    ``FallbackToLogsOnError``, the log's last 80 lines (at most 2048 bytes)."""
+    path = _termination_path(spec)
+    if path is not None:
+        try:
+            with path.open("rb") as f:
+                text = f.read(TERMINATION_MESSAGE_BYTES).decode(errors="replace")
+        except OSError:
+            text = ""
+        if text:
+            return text
+    if exit_code == 0 or spec.get("terminationMessagePolicy") != "FallbackToLogsOnError":
+        return ""
+    try:
+        lines = log_path.read_bytes().splitlines()[-FALLBACK_LOG_LINES:]
+    except OSError:
+        return ""
+    return b"\n".join(lines)[-FALLBACK_LOG_BYTES:].decode(errors="replace")
 
 
 def _tail(path: Path, lines: int) -> str:

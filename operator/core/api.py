@@ -960,11 +960,36 @@ class Warmup(ApiModel):
         return self
 
 
+ENGINES_OR_BUILD_MESSAGE = (
+    "models[]: set either engines (URIs) or build (a ModelBuild's engines), exactly one"
+)
+
+
+class BuildRef(ApiModel):
+    """Engines from a ModelBuild in this namespace: the operator serves the engine of this
+    precision for the pool's target (``cpu`` for onnxruntime) only once it passed its accuracy
+    gate and was published; until then, or if the gate refused it, the service is Degraded
+    naming why and its pods keep what they serve (a refused engine never reaches a pod)."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description="The ModelBuild's name (metadata.name) in this namespace.",
+    )
+    precision: Precision = Field(description="The precision served, e.g. int8 or fp32.")
+
+
 class Model(ApiModel):
     """A model served by the InferenceService, with one engine per backend/arch/precision."""
 
     model_config = ConfigDict(
         json_schema_extra=_rules(
+            cel(
+                "has(self.build) != (has(self.engines) && self.engines.size() > 0)",
+                ENGINES_OR_BUILD_MESSAGE,
+                ".engines",
+            ),
             cel(
                 "self.maxBatchSize < 1 || "
                 "self.batching.preferredBatchSizes.all(b, b <= self.maxBatchSize)",
@@ -986,11 +1011,16 @@ class Model(ApiModel):
         description="Model name in the inference URL (/v2/models/<name>/infer); unique.",
     )
     engines: list[Engine] = Field(
-        min_length=1,
+        default_factory=list,
         max_length=32,
         description="Engines of this model; the runtime picks the one for its backend and GPU. "
-        "Each uri at most once.",
+        "Each uri at most once. Or set build instead.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["uri"]},
+    )
+    build: BuildRef | None = Field(
+        default=None,
+        description="Serve the engines a ModelBuild published (instead of engines): only an "
+        "engine that passed its accuracy gate is ever served.",
     )
     max_batch_size: int = Field(
         default=8, ge=1, le=4096, description="Largest batch the runtime forms for this model."
@@ -1020,6 +1050,8 @@ class Model(ApiModel):
 
     @model_validator(mode="after")
     def _batch_sizes_fit(self) -> Model:
+        if (self.build is not None) == bool(self.engines):
+            raise ValueError(ENGINES_OR_BUILD_MESSAGE)
         uris = [e.uri for e in self.engines]
         repeated = sorted({u for u in uris if uris.count(u) > 1})
         if repeated:
@@ -1939,6 +1971,19 @@ class FleetStatus(ApiModel):
     )
 
 
+class ServedBuild(ApiModel):
+    """The engine a model of a pool serves from a ModelBuild (``models[].build``): what its
+    pods were given. Kept while a newly named version is not servable (not built yet, or
+    refused by its gate), so that the pods keep serving this one."""
+
+    pool: str = Field(max_length=16, description="primary or baseline.")
+    model: str = Field(max_length=63, description="The model's name.")
+    build: str = Field(max_length=253, description="The ModelBuild it came from.")
+    precision: str = Field(max_length=16, description="Its precision.")
+    uri: str = Field(max_length=2048, description="The engine served.")
+    sha256: str | None = Field(default=None, max_length=64, description="Its digest.")
+
+
 class InferenceServiceStatus(ApiModel):
     """Observed state, written by the operator through the status subresource."""
 
@@ -1980,6 +2025,11 @@ class InferenceServiceStatus(ApiModel):
     fleet: FleetStatus | None = Field(
         default=None, description="Model placement summary (with spec.fleet)."
     )
+    builds: list[ServedBuild] | None = Field(
+        default=None,
+        max_length=1024,
+        description="Engines served from ModelBuilds (models[].build), per pool and model.",
+    )
 
 
 NAME_MESSAGE = (
@@ -2006,27 +2056,10 @@ METADATA_SCHEMA: dict[str, Any] = {
 }
 
 
-class InferenceService(ApiModel):
-    """Serves one or more models on an elastic pool of runtime pods."""
+class Resource(ApiModel):
+    """A custom resource's metadata, read the same way for every kind of this group."""
 
-    api_version: Literal["serving.tidal.dev/v1alpha1"] = Field(
-        default="serving.tidal.dev/v1alpha1", description="serving.tidal.dev/v1alpha1"
-    )
-    kind: Literal["InferenceService"] = Field(
-        default="InferenceService", description="InferenceService"
-    )
     metadata: dict[str, Any] = Field(default_factory=dict, description="Standard metadata.")
-    spec: InferenceServiceSpec = Field(description="Desired state.")
-    status: InferenceServiceStatus | None = Field(default=None, description="Observed state.")
-
-    @model_validator(mode="after")
-    def _name_is_dns_label(self) -> InferenceService:
-        name = self.metadata.get("name")
-        if name is not None and not (
-            re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", str(name)) and len(str(name)) <= 63
-        ):
-            raise ValueError(NAME_MESSAGE)
-        return self
 
     @property
     def name(self) -> str:
@@ -2043,6 +2076,28 @@ class InferenceService(ApiModel):
     @property
     def generation(self) -> int:
         return int(self.metadata.get("generation", 0))
+
+
+class InferenceService(Resource):
+    """Serves one or more models on an elastic pool of runtime pods."""
+
+    api_version: Literal["serving.tidal.dev/v1alpha1"] = Field(
+        default="serving.tidal.dev/v1alpha1", description="serving.tidal.dev/v1alpha1"
+    )
+    kind: Literal["InferenceService"] = Field(
+        default="InferenceService", description="InferenceService"
+    )
+    spec: InferenceServiceSpec = Field(description="Desired state.")
+    status: InferenceServiceStatus | None = Field(default=None, description="Observed state.")
+
+    @model_validator(mode="after")
+    def _name_is_dns_label(self) -> InferenceService:
+        name = self.metadata.get("name")
+        if name is not None and not (
+            re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", str(name)) and len(str(name)) <= 63
+        ):
+            raise ValueError(NAME_MESSAGE)
+        return self
 
 
 def parse_inference_service(body: dict[str, Any]) -> InferenceService:

@@ -30,6 +30,7 @@ from tidal.operator.core.api import (
     InferenceServiceStatus,
     PoolName,
     PoolStatus,
+    ServedBuild,
 )
 from tidal.operator.core.control import ControlStatus
 
@@ -41,6 +42,8 @@ OWNED_CONDITIONS = (READY, PROGRESSING, DEGRADED)
 # contradict each other (tidal.operator.core.rules).
 INEFFECTIVE_SETTING = "IneffectiveSetting"
 CONFLICTING_SETTINGS = "ConflictingSettings"
+# Degraded's reason when a models[].build names a version that cannot be served (yet).
+BUILD_NOT_SERVABLE = "BuildNotServable"
 # Ready's reason for a pool at zero that has never had a Ready replica (see has_served).
 NOT_YET_SERVED = "NotYetServed"
 
@@ -93,6 +96,10 @@ class StatusInput:
     # (core.rules): Degraded, serving goes on; a conflict outranks an ineffective setting.
     warnings: Sequence[str] = ()
     conflicts: Sequence[str] = ()
+    # models[].build: what could not be served (Degraded, serving goes on with the engines
+    # kept in ``builds``), and the engines served from builds (None: keep the previous).
+    build_problems: Sequence[str] = ()
+    builds: Sequence[ServedBuild] | None = None
 
 
 @dataclass(frozen=True)
@@ -218,6 +225,8 @@ def _degraded(inp: StatusInput) -> tuple[ConditionStatus, str, str]:
         return ConditionStatus.TRUE, "InvalidSpec", "; ".join(inp.problems)
     if inp.error is not None:
         return ConditionStatus.TRUE, "ReconcileError", inp.error
+    if inp.build_problems:
+        return ConditionStatus.TRUE, BUILD_NOT_SERVABLE, "; ".join(inp.build_problems)
     failures = [
         f"pool {pool.value}: {dep.failure}" for pool, dep in inp.deployments.items() if dep.failure
     ]
@@ -335,5 +344,6 @@ def compute_status(inp: StatusInput) -> StatusResult:
         if control is not None
         else prev.autoscaler,
         fleet=(inp.fleet or prev.fleet) if inp.fleet_enabled else None,
+        builds=(list(inp.builds) or None) if inp.builds is not None else prev.builds,
     )
     return StatusResult(status=status, events=events)

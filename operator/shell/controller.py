@@ -65,6 +65,7 @@ from tidal.operator.core.autoscaler_pods import (
     choose_standby,
     pod_deletion_cost,
 )
+from tidal.operator.core.builds import raw_build_refs
 from tidal.operator.core.control import (
     ANNOTATION_TEMPLATE_HASH,
     ControlStatus,
@@ -490,6 +491,14 @@ class Controller:
             meta.get("generation"),
             json.dumps(meta.get("labels") or {}, sort_keys=True),
             json.dumps(meta.get("annotations") or {}, sort_keys=True),
+            # models[].build resolve against their ModelBuilds: a build that passes its gate
+            # changes the primary's template (a staged rollout) with no change of the spec.
+            *(
+                (self.store.builds.get((key[0], name)) or {})
+                .get("metadata", {})
+                .get("resourceVersion")
+                for name in raw_build_refs(body.get("spec") or {})
+            ),
         )
         st = self.states.get(key)
         if st is not None and st.spec_key == spec_key and st.isvc is not None:

@@ -10,6 +10,9 @@ while the operator is down is still cleaned up by the garbage collector.
   enqueue the owner, so a deleted or edited child is put back, and status follows the pods.
   The Service's EndpointSlices (labelled like it) update the store and poke the control loop,
   whose traffic moves wait for them (``tidal.operator.core.traffic``).
+* ModelBuild events, and those of its Jobs and their pods (labelled ``serving.tidal.dev/build``),
+  update the build store and enqueue the build on a queue of its own
+  (``tidal.operator.shell.builds``): one build Job per target, status and Events.
 * Every InferenceService gets a control loop (``tidal.operator.shell.controller``), started
   on its first event and stopped when it is deleted; the loop publishes replica counts,
   routing and its status fields for the reconciler and enqueues the key when they change.
@@ -36,9 +39,12 @@ from typing import Any
 import kopf
 
 from tidal.operator.core.api import GROUP, LABEL_ISVC, PLURAL, VERSION, Backend
+from tidal.operator.core.buildapi import BUILD_PLURAL, LABEL_BUILD
 from tidal.operator.core.drift import resync_due, resync_offset
 from tidal.operator.core.images import DEFAULT_RUNTIME_IMAGES
 from tidal.operator.shell import metrics
+from tidal.operator.shell.builds import BuildReconciler, BuildStore, services_naming
+from tidal.operator.shell.builds import Key as BuildKey
 from tidal.operator.shell.controller import Controller, ControllerSettings
 from tidal.operator.shell.fleet import FleetController
 from tidal.operator.shell.kube import Kube
@@ -83,6 +89,8 @@ class Runtime:
     fleet: FleetController | None = None
     started: asyncio.Event | None = None
     resync_task: asyncio.Task[None] | None = None
+    builds: BuildStore = field(default_factory=BuildStore)
+    build_queue: WorkQueue[BuildKey] | None = None
 
 
 RUNTIME = Runtime()
@@ -144,6 +152,15 @@ async def on_startup_configure(settings: kopf.OperatorSettings, **_: Any) -> Non
         on_depth=metrics.QUEUE_DEPTH.set,
     )
     RUNTIME.queue.start()
+    builder = BuildReconciler(
+        kube,
+        RUNTIME.builds,
+        image=config.runtime_images.get(Backend.ONNXRUNTIME)
+        or DEFAULT_RUNTIME_IMAGES[Backend.ONNXRUNTIME],
+    )
+    RUNTIME.store.builds = RUNTIME.builds.builds  # models[].build resolve against these
+    RUNTIME.build_queue = WorkQueue(builder.reconcile, workers=1)
+    RUNTIME.build_queue.start()
     metrics.publish_inference_services(RUNTIME.store)
     RUNTIME.resync_task = asyncio.create_task(_resync_forever())
     log.info(
@@ -166,6 +183,8 @@ async def on_cleanup_stop(**_: Any) -> None:
         await RUNTIME.fleet.close()
     if RUNTIME.queue is not None:
         await RUNTIME.queue.stop()
+    if RUNTIME.build_queue is not None:
+        await RUNTIME.build_queue.stop()
 
 
 async def _resync_forever() -> None:
@@ -269,6 +288,43 @@ async def on_event_endpoint_slice(event: dict[str, Any], body: kopf.Body, **_: A
 @kopf.on.event("", "v1", "configmaps", **_CHILD)  # type: ignore[arg-type]
 async def on_event_config_map(event: dict[str, Any], body: kopf.Body, **_: Any) -> None:
     await _on_child(event, body, "ConfigMap")
+
+
+# -- ModelBuilds (tidal.operator.shell.builds): the build, its Jobs and their pods -------------
+
+
+async def _enqueue_build(key: BuildKey | None) -> None:
+    if key is not None and RUNTIME.build_queue is not None:
+        await RUNTIME.build_queue.add(key)
+
+
+@kopf.on.event(GROUP, VERSION, BUILD_PLURAL)  # type: ignore[arg-type]
+async def on_event_model_build(event: dict[str, Any], body: kopf.Body, **_: Any) -> None:
+    deleted = event.get("type") == "DELETED"
+    key = RUNTIME.builds.put_build(_plain(body), deleted)
+    # Services serving this build look again: a version that passed its gate rolls out.
+    for service in services_naming(RUNTIME.store.services, key):
+        if RUNTIME.controller is not None:
+            RUNTIME.controller.poke(service)
+        await _enqueue(service)
+    if deleted:
+        if RUNTIME.build_queue is not None:
+            RUNTIME.build_queue.forget(key)
+        return
+    await _enqueue_build(key)
+
+
+_BUILD_CHILD = {"labels": {LABEL_BUILD: kopf.PRESENT}}
+
+
+@kopf.on.event("batch", "v1", "jobs", **_BUILD_CHILD)  # type: ignore[arg-type]
+async def on_event_build_job(event: dict[str, Any], body: kopf.Body, **_: Any) -> None:
+    await _enqueue_build(RUNTIME.builds.put_job(_plain(body), event.get("type") == "DELETED"))
+
+
+@kopf.on.event("", "v1", "pods", **_BUILD_CHILD)  # type: ignore[arg-type]
+async def on_event_build_pod(event: dict[str, Any], body: kopf.Body, **_: Any) -> None:
+    await _enqueue_build(RUNTIME.builds.put_pod(_plain(body), event.get("type") == "DELETED"))
 
 
 def _plain(body: kopf.Body) -> dict[str, Any]:

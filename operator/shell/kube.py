@@ -156,18 +156,21 @@ class Kube:
         except KubeError as exc:
             raise KubeError(f"{what}: {exc}", status=exc.status, retryable=exc.retryable) from None
 
-    async def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
-        """Replace the status (JSON merge patch on the status subresource).
+    async def patch_status(
+        self, namespace: str, name: str, status: Mapping[str, Any], plural: str = PLURAL
+    ) -> None:
+        """Replace the status (JSON merge patch on the status subresource) of an
+        InferenceService, or of another kind of this group by its ``plural``.
 
         Lists (conditions) are replaced whole, and fields the new status leaves out are
         removed (sent as null), so the stored status is exactly the computed one.
         """
-        path = f"/apis/{API_VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status"
+        path = f"/apis/{API_VERSION}/namespaces/{namespace}/{plural}/{name}/status"
         try:
             await self._call(
                 "PATCH",
                 path,
-                resource="inferenceservices/status",
+                resource=f"{plural}/status",
                 body={"status": status},
                 content_type="application/merge-patch+json",
             )
@@ -234,15 +237,50 @@ class Kube:
             if exc.status != 404:
                 raise
 
+    async def create_job(self, job: Mapping[str, Any]) -> bool:
+        """Create a Job; False when one of that name exists already (names are digests of
+        their inputs, so it is the same Job)."""
+        meta = job["metadata"]
+        try:
+            await self._call(
+                "POST",
+                f"/apis/batch/v1/namespaces/{meta['namespace']}/jobs",
+                resource="jobs",
+                body=dict(job),
+            )
+        except KubeError as exc:
+            if exc.status == 409:
+                return False
+            raise KubeError(
+                f"create Job {meta['namespace']}/{meta['name']}: {exc}",
+                status=exc.status,
+                retryable=exc.retryable,
+            ) from None
+        return True
+
+    async def list_node_labels(self) -> dict[str, dict[str, str]] | None:
+        """Every node's labels by name; None when the operator may not list nodes."""
+        try:
+            data = await self._call("GET", "/api/v1/nodes", resource="nodes")
+        except KubeError as exc:
+            if exc.status in (401, 403):
+                return None
+            raise
+        return {
+            str(item["metadata"]["name"]): dict(item["metadata"].get("labels") or {})
+            for item in data.get("items", [])
+        }
+
     async def post_event(self, isvc: Mapping[str, Any], event: EventSpec, now: datetime) -> None:
-        """Post a core/v1 Event about an InferenceService; failures are logged, not raised."""
+        """Post a core/v1 Event about an InferenceService (or another object of this group:
+        its ``kind`` says which); failures are logged, not raised."""
         meta = isvc["metadata"]
         when = timestamp(now)
         body = {
             "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
             "involvedObject": {
                 "apiVersion": API_VERSION,
-                "kind": KIND,
+                "kind": isvc.get("kind") or KIND,
                 "name": meta["name"],
                 "namespace": meta["namespace"],
                 "uid": meta.get("uid"),

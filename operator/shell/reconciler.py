@@ -44,6 +44,8 @@ from tidal.operator.core.api import (
     format_validation_error,
     parse_inference_service,
 )
+from tidal.operator.core.buildapi import ModelBuild, parse_model_build
+from tidal.operator.core.builds import BuildResolution, build_refs, resolve_build_refs
 from tidal.operator.core.control import ControlView, follow_planner, stamp_template_hash
 from tidal.operator.core.drift import COMPARED_KINDS, find_drift, trim_child
 from tidal.operator.core.fleet import FleetView
@@ -201,9 +203,33 @@ class Store:
     # The runtime image of a pool that names none, per backend (--runtime-image).
     runtime_images: Mapping[Backend, str] = field(default_factory=lambda: DEFAULT_RUNTIME_IMAGES)
 
+    # ModelBuild bodies by key (the build store's own table, shared): models[].build resolve
+    # against their status.
+    builds: Mapping[Key, dict[str, Any]] = field(default_factory=dict)
+
     def parse(self, body: dict[str, Any]) -> InferenceService:
-        """The InferenceService of a body, every pool's image set (raises ValidationError)."""
-        return with_default_images(parse_inference_service(body), self.runtime_images)
+        """The InferenceService of a body, every pool's image set and every ``models[].build``
+        resolved to its published engine where it has one (raises ValidationError)."""
+        return self.parse_resolved(body).isvc
+
+    def parse_resolved(self, body: dict[str, Any]) -> BuildResolution:
+        """:meth:`parse`, with what about its ``models[].build`` cannot be served yet and
+        the engines served from builds (``status.builds`` keeps the previous ones)."""
+        isvc = with_default_images(parse_inference_service(body), self.runtime_images)
+        names = build_refs(isvc)
+        if not names:
+            return BuildResolution(isvc)
+        found: dict[str, ModelBuild] = {}
+        for name in names:
+            raw = self.builds.get((isvc.namespace, name))
+            if raw is None:
+                continue
+            try:
+                found[name] = parse_model_build(raw)
+            except ValidationError:
+                continue  # its own status says why; here it is "not built"
+        previous = _previous_status(body)
+        return resolve_build_refs(isvc, found, (previous.builds or []) if previous else ())
 
     def put_service(self, body: Mapping[str, Any]) -> Key:
         meta = body["metadata"]
@@ -305,13 +331,14 @@ class Reconciler:
         now = self.clock()
         previous = _previous_status(body)
         try:
-            isvc = self.store.parse(body)
+            resolution = self.store.parse_resolved(body)
         except ValidationError as exc:
             # The API server accepted it, so the CRD and the models disagree (an older CRD?).
             problem = f"spec does not match the operator's API: {format_validation_error(exc)}"
             await self._write_status_degraded(key, body, [problem], previous, now)
             metrics.RECONCILES.labels(result="degraded").inc()
             return None
+        isvc = resolution.isvc
         # Kept in the store (not a throwaway) so what this pass applies is recorded at once.
         kids = self.store.children.setdefault(key, Children())
         view = self.control(key)
@@ -330,7 +357,11 @@ class Reconciler:
             )
             routed = isvc
         observed = _with_switch(routed, observed, kids)
-        problems = find_spec_problems(isvc)
+        # A models[].build not servable (not built yet, or refused by its gate) is Degraded
+        # while its pods keep the engine they had (status.builds); one with none to keep (a
+        # first deploy) holds every child back. Nothing that failed its gate reaches a pod.
+        blocked = list(resolution.problems) if resolution.blocked else []
+        problems = blocked or find_spec_problems(isvc)
         findings = find_setting_findings(isvc)
         fleet_view = self.fleet(key) if isvc.spec.fleet is not None else None
         events: list[EventSpec] = []
@@ -367,6 +398,8 @@ class Reconciler:
                 fleet_problems=fleet_view.problems if fleet_view is not None else (),
                 warnings=[f.message for f in findings if f.outcome is Outcome.INEFFECTIVE],
                 conflicts=[f.message for f in findings if f.outcome is Outcome.CONFLICTING],
+                build_problems=() if blocked else resolution.problems,
+                builds=resolution.served if not blocked else None,
             )
         )
         events += result.events

@@ -20,10 +20,13 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
-    model_validator,
 )
 from pydantic.alias_generators import to_camel
 
+# Shared with the operator's ModelBuild API (re-exported: the builder's modules import them here).
+from tidal.common.buildspec import GateSpec as GateSpec
+from tidal.common.buildspec import QuantizationSpec as QuantizationSpec
+from tidal.common.buildspec import ShapeProfile as ShapeProfile
 from tidal.runtime.config import S3Spec, format_validation_error
 
 Name = Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9._-]*[a-z0-9])?$", max_length=63)]
@@ -69,55 +72,6 @@ class ValidationSet(_Model):
     sha256: Sha256 | None = None
     labels: str | None = Field(default=None, min_length=1)
     batch_size: int = Field(default=256, ge=1, le=65536)
-
-
-class ShapeProfile(_Model):
-    """The shapes one input takes: the engine is run at each of min, opt and max before it is
-    gated, and the profile is recorded in the manifest (TensorRT builds from the same record)."""
-
-    input: str = Field(min_length=1)
-    min: list[int] = Field(min_length=1)
-    opt: list[int] = Field(min_length=1)
-    max: list[int] = Field(min_length=1)
-
-    @model_validator(mode="after")
-    def _ordered(self) -> ShapeProfile:
-        if not len(self.min) == len(self.opt) == len(self.max):
-            raise ValueError(
-                f"input {self.input!r}: min, opt and max must have the same rank "
-                f"({len(self.min)}, {len(self.opt)}, {len(self.max)})"
-            )
-        for axis, (lo, mid, hi) in enumerate(zip(self.min, self.opt, self.max, strict=True)):
-            if not 1 <= lo <= mid <= hi:
-                raise ValueError(
-                    f"input {self.input!r} axis {axis}: need 1 <= min <= opt <= max, "
-                    f"got {lo}, {mid}, {hi}"
-                )
-        return self
-
-
-class QuantizationSpec(_Model):
-    """ONNX Runtime static quantization (``quantize_static``) settings."""
-
-    method: Literal["minmax", "entropy", "percentile"] = "minmax"
-    format: Literal["qdq", "qoperator"] = "qdq"
-    activation_type: Literal["int8", "uint8"] = "int8"
-    weight_type: Literal["int8", "uint8"] = "int8"
-    per_channel: bool = False
-
-
-class GateSpec(_Model):
-    """How much an engine may lose against the FP32 reference on the validation set."""
-
-    output: str | None = Field(default=None, description="output compared; None: the first")
-    min_top1_agreement: float = Field(
-        default=0.99, ge=0, le=1, description="share of samples whose top class is unchanged"
-    )
-    max_accuracy_drop: float = Field(
-        default=0.01, ge=0, le=1, description="labelled accuracy lost (needs validation.labels)"
-    )
-    max_abs_error: float | None = Field(default=None, ge=0, description="None: not checked")
-    max_mean_abs_error: float | None = Field(default=None, ge=0, description="None: not checked")
 
 
 class BuildSpec(_Model):

@@ -133,9 +133,21 @@ OPERATOR_RIGHTS = {
     ("", "events", "create"),
     # ownerReferences with blockOwnerDeletion (OwnerReferencesPermissionEnforcement)
     (GROUP, f"{PLURAL}/finalizers", "update"),
+    # ModelBuilds (shell/builds.py): watched with their build Jobs (pods: above), one Job
+    # created per target (owned by its build), status merge patch
+    (GROUP, "modelbuilds", "list"),
+    (GROUP, "modelbuilds", "watch"),
+    (GROUP, "modelbuilds/status", "patch"),
+    (GROUP, "modelbuilds/finalizers", "update"),
+    ("batch", "jobs", "list"),
+    ("batch", "jobs", "watch"),
+    ("batch", "jobs", "create"),
 }
 KOPF_DISCOVERY = {
     ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
+    # cluster-wide reads beside kopf's: a ModelBuild's default targets are the GPU products
+    # among the nodes' labels (kube.py list_node_labels; without it, name spec.targets)
+    ("", "nodes", "list"),
 }
 NAMESPACE_DISCOVERY = {("", "namespaces", "list"), ("", "namespaces", "watch")}

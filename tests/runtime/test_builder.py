@@ -240,13 +240,7 @@ def test_invalid_specs_name_the_field(
 def digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A trained digits MLP as ONNX, its calibration sets (representative: the training digits;
     degenerate: blank images) and the labelled validation set (held-out digits)."""
-    root = tmp_path_factory.mktemp("digits")
-    data = modelgen.digits_split(seed=0)
-    modelgen.write_digits_mlp(root / "digits.onnx", data, hidden=(64,), seed=0)
-    np.savez(root / "calibration.npz", input=data.train_x)
-    np.savez(root / "blank.npz", input=np.zeros((64, 64), dtype=np.float32))
-    np.savez(root / "validation.npz", input=data.test_x, labels=data.test_y)
-    return root
+    return modelgen.write_digits_build_inputs(tmp_path_factory.mktemp("digits"))
 
 
 def make_spec(digits: Path, out: Path, **overrides: Any) -> Any:
@@ -407,6 +401,52 @@ def test_cli_publishes_and_names_the_field_of_an_invalid_spec(
     assert builder_main([str(spec_file)]) == 2
     _, err = capsys.readouterr()
     assert "calibration: Value error, required when precisions include int8" in err, err
+
+
+def test_cli_takes_an_inline_spec_and_reports_each_verdict_as_json(
+    digits: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """How the operator's Jobs run it: the spec inline, the outcome in a report file (the
+    container's termination message), refused engines included, within the kubelet's 4096
+    bytes; no report when the spec is wrong (the log's tail names the field instead)."""
+    data = spec_data(
+        digits, output=str(tmp_path / "store"), calibration={"uri": str(digits / "blank.npz")}
+    )
+    report_file = tmp_path / "report" / "termination-log"
+    code = builder_main(["--spec-json", json.dumps(data), "--report", str(report_file)])
+    assert code == 1, capsys.readouterr()
+    report = json.loads(report_file.read_text())
+    assert report["schema"] == "tidal.dev/build-report/v1", report
+    fp32, int8 = report["engines"]
+    assert (fp32["precision"], fp32["published"], int8["published"]) == ("fp32", True, False)
+    assert fp32["uri"].endswith("/digits/1/cpu/fp32/digits-fp32.onnx"), fp32
+    assert len(fp32["sha256"]) == 64 and len(int8["buildKey"]) == 64, report
+    assert int8["uri"] is None and int8["sha256"] is None, int8
+    assert int8["reason"].startswith("refused: top1Agreement"), int8
+    assert int8["manifest"].endswith("/digits/1/cpu/int8/manifest.json"), int8
+
+    bad = dict(data, precisions=["int8"], calibration=None)
+    other = tmp_path / "bad-report"
+    assert builder_main(["--spec-json", json.dumps(bad), "--report", str(other)]) == 2
+    assert "calibration: Value error, required" in capsys.readouterr().err
+    assert not other.exists(), "a report was written for an invalid spec"
+    assert builder_main(["--spec-json", "{not json"]) == 2
+    assert "--spec-json is not valid JSON" in capsys.readouterr().err
+
+
+def test_a_report_is_shortened_to_the_termination_message_limit(
+    digits: Path, tmp_path: Path
+) -> None:
+    from tidal.runtime.builder.__main__ import report_json
+
+    report = build(make_spec(digits, tmp_path / "store"), tmp_path / "work")
+    full = report_json(report)
+    assert '"reason":"passed: ' in full, full
+    short = report_json(report, limit=len(full) - 1)
+    assert len(short.encode()) < len(full.encode()), short
+    assert json.loads(short)["engines"][0]["sha256"] == report.artifacts[0].manifest.file.sha256
+    with pytest.raises(ValueError, match="does not fit 100 bytes"):
+        report_json(report, limit=100)
 
 
 def test_an_s3_output_is_a_store_of_that_bucket_prefix_and_endpoint() -> None:

@@ -1,4 +1,5 @@
-"""Pure parts of the node agent: $(VAR) expansion, downward-API fields, addresses, probes."""
+"""Pure parts of the node agent: $(VAR) expansion, downward-API fields, addresses, probes,
+termination messages."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from tidal.sandbox.nodeagent import (
     expand,
     field_ref,
     run_probe,
+    termination_message,
 )
 
 POD = {
@@ -179,3 +181,26 @@ def test_routes_into_a_pod_subnet_go_with_it() -> None:
     finally:
         net.teardown()
         ip("link", "del", link)
+
+
+def testtermination_message_is_the_file_else_the_logs_tail_of_a_failure(tmp_path: Path) -> None:
+    """As kubelet: the file at terminationMessagePath (at most 4096 bytes); empty, with
+    FallbackToLogsOnError and a non-zero exit, the log's last 80 lines (at most 2048 bytes)."""
+    log = tmp_path / "c.log"
+    log.write_text("".join(f"line {i}\n" for i in range(200)))
+    report = tmp_path / "report.json"
+    spec = {
+        "terminationMessagePath": str(report),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    report.write_text("x" * 5000)
+    assert termination_message(spec, log, 1) == "x" * 4096
+    report.write_text("")
+    tail = termination_message(spec, log, 1)
+    assert tail.splitlines()[0] == "line 120" and tail.endswith("line 199"), tail[:80]
+    assert termination_message(spec, log, 0) == "", "no fallback for a success"
+    plain = {"terminationMessagePath": str(report)}
+    assert termination_message(plain, log, 1) == "", "no fallback without the policy"
+    # the default path is the host's /dev here: never read
+    host = {"terminationMessagePolicy": "FallbackToLogsOnError"}
+    assert termination_message(host, log, 2).endswith("line 199")

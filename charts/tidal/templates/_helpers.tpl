@@ -109,6 +109,20 @@ Nothing is ever deleted by the operator: children go with their owner (garbage c
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+# ModelBuilds: one build Job per target (runtime/BUILD.md); their pods' termination messages
+# carry the builder's verdicts (pods: list, watch above).
+- apiGroups: ["serving.tidal.dev"]
+  resources: ["modelbuilds"]
+  verbs: ["list", "watch"]
+- apiGroups: ["serving.tidal.dev"]
+  resources: ["modelbuilds/status"]
+  verbs: ["patch"]
+- apiGroups: ["serving.tidal.dev"]
+  resources: ["modelbuilds/finalizers"]
+  verbs: ["update"]
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  verbs: ["list", "watch", "create"]
 {{- end }}
 
 {{/*
@@ -120,6 +134,10 @@ logs warnings and uses what it found at start).
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
   verbs: ["list", "watch"]
+# A ModelBuild's default targets are the GPU products among the nodes' labels (read only).
+- apiGroups: [""]
+  resources: ["nodes"]
+  verbs: ["list"]
 {{- if .Values.watchNamespaces }}
 - apiGroups: [""]
   resources: ["namespaces"]
