@@ -132,12 +132,15 @@ class Peers:
     processes: list[ManagedProcess] = field(default_factory=list)
 
     @classmethod
-    def start(cls, sandbox: Any, timeout: float = 180.0) -> Peers:
+    def start(cls, sandbox: Any, host: str | None = None, timeout: float = 180.0) -> Peers:
+        """Start them and wait until both metrics APIs are Available. ``host``: the address
+        they listen on and the APIServices route to (default: the sandbox's, the real node's
+        bridge; an Endpoints address may not be a loopback one)."""
         if sandbox.front_proxy is None:
             raise RuntimeError("the peers need SandboxConfig(aggregation=True)")
         peers = cls(sandbox, ensure_peer_binaries())
         try:
-            peers._start(timeout)
+            peers._start(host or sandbox.host, timeout)
         except BaseException:
             peers.stop()
             raise
@@ -147,9 +150,8 @@ class Peers:
         log = self.sandbox.log_dir / f"{name}.log"
         self.processes.append(ManagedProcess(name, argv, log, env={**os.environ, **env}))
 
-    def _start(self, timeout: float) -> None:
+    def _start(self, host: str, timeout: float) -> None:
         sb, bins = self.sandbox, self.binaries
-        host = sb.host
         kubeconfig = str(sb.kubeconfig)
         state = sb.state_dir / "peers"
         certs = state / "certs"
