@@ -413,13 +413,15 @@ def run_trace(sb: Sandbox, trace: Trace, out: Path, cpu_per_rps: list[float | No
         ]
         sb.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(scalers))
         if zero:
-            # tidal goes to zero after its idle time; give it that before the night ends
-            wait_for(
-                lambda: (apps.read_namespaced_deployment("tidal-primary", t_ns).spec.replicas) == 0,
-                timeout=120,
-                interval=1,
-                what="tidal at zero",
-            )
+            # Those that scale to zero (tidal after scaleToZeroAfterSeconds, keda-tuned after
+            # its cooldown) are at zero when the day begins, as after a quiet night.
+            for name, ns in (("tidal-primary", t_ns), ("keda-tuned", p_ns)):
+                wait_for(
+                    lambda n=name, s=ns: apps.read_namespaced_deployment(n, s).spec.replicas == 0,
+                    timeout=180,
+                    interval=1,
+                    what=f"{name} at zero",
+                )
         time.sleep(5)  # scalers settled on their first reading
         recorder = ReplicaRecorder(
             sb.api_client(), {"tidal-primary": t_ns, **dict.fromkeys(PEERS, p_ns)}
