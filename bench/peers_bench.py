@@ -477,6 +477,33 @@ def run_trace(sb: Sandbox, trace: Trace, out: Path, cpu_per_rps: list[float | No
     return rows
 
 
+def tables_from_raw(directory: Path) -> list[str]:
+    """The tables again from a run's raw outputs (``<trace>.json``), without running anything."""
+    out = []
+    for path in sorted(directory.glob("*.json")):
+        raw = json.loads(path.read_text())
+        t = raw["trace"]
+        trace = Trace(t["name"], tuple(tuple(p) for p in t["points"]), t["onset"], t["what"])
+        rows = []
+        for name, data in raw["autoscalers"].items():
+            answers = [
+                Answer(s["sent"], s["latency"], 200 <= s["status"] < 300) for s in data["samples"]
+            ]
+            series = [Replicas(**r) for r in data["replicas"]]
+            rows.append(
+                measure(
+                    name,
+                    trace,
+                    answers,
+                    series,
+                    slo=raw["slo_s"],
+                    capacity_rps=raw["capacity_rps"],
+                )
+            )
+        out.append(table(trace, rows, tuned))
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--traces", default="step,herd,sawtooth,day")
@@ -488,7 +515,11 @@ def main() -> int:
         help="a dry run under the node agent (no real node, no lock; no CPU metrics, so no "
         "HPA figures): the peers listen on HOST_IP, a non-loopback address of this machine",
     )
+    p.add_argument("--from-raw", type=Path, help="print the tables of a run's raw outputs")
     args = p.parse_args()
+    if args.from_raw is not None:
+        print("\n\n".join(tables_from_raw(args.from_raw)))
+        return 0
     stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H%M")
     out: Path = args.out or REPO / "bench" / "results" / f"peers-{stamp}"
     out.mkdir(parents=True, exist_ok=True)
