@@ -117,3 +117,12 @@ def test_table_puts_tidal_first_with_ratios_to_it(rep: ModuleType) -> None:
     assert lines[0].startswith("trace step")
     assert lines[3].startswith("tidal") and lines[3].rstrip().endswith("1.00x")
     assert lines[4].startswith("keda-tuned") and "2.00x" in lines[4] and "1.25x" in lines[4]
+
+
+def test_warmup_is_the_median_wait_from_a_raise_to_its_readiness(rep: ModuleType) -> None:
+    import peers_vs_sim
+
+    s = series(rep, (0, 1, 1, 1), (10, 3, 3, 1), (14, 3, 3, 2), (16, 3, 3, 3), (30, 4, 4, 3))
+    # 10 -> 16 s for the raise to 3; the raise to 4 never became ready
+    assert peers_vs_sim.warmup_seconds(s) == pytest.approx(6.0)
+    assert peers_vs_sim.warmup_seconds(s[:1]) is None
