@@ -31,11 +31,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import copy
 import datetime as dt
+import gzip
 import json
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -122,11 +125,12 @@ def hpa(name: str, namespace: str, utilization: int, tuned_behaviour: bool) -> d
 
 
 def scaled_object(
-    name: str, namespace: str, prometheus: str, offered_url: str, tuned_: bool
+    name: str, namespace: str, prometheus: str, offered_url: str, tuned_: bool, idle: bool
 ) -> dict[str, Any]:
     """Two triggers: the runtime's in-flight requests (Prometheus) and the clients' offered
     rate (metrics-api), the demand signal that exists at zero, as an ingress's request rate
-    would; minReplicaCount is KEDA's default, 0 (KEDA scales 0<->1 itself on activation)."""
+    would. minReplicaCount: KEDA's default (0) for the default; tuned, 0 on the trace with an
+    idle night (``idle``: KEDA scales 0<->1 itself on activation), else 1."""
     spec: dict[str, Any] = {
         "scaleTargetRef": {"name": name},
         "maxReplicaCount": MAX_REPLICAS,
@@ -153,7 +157,7 @@ def scaled_object(
     }
     if tuned_:
         spec.update(
-            minReplicaCount=0,
+            minReplicaCount=0 if idle else 1,
             pollingInterval=1,
             cooldownPeriod=20,
             advanced={"horizontalPodAutoscalerConfig": {"behavior": no_stabilisation()}},
@@ -166,21 +170,34 @@ def scaled_object(
     }
 
 
+class CountingLoad(LoadGenerator):
+    """A load generator that also notes when it sends each request (sent or failed at once)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sends: collections.deque[float] = collections.deque(maxlen=10_000)
+
+    async def _one(self, session: Any, t0: float) -> None:
+        self.sends.append(time.monotonic())
+        await super()._one(session, t0)
+
+
 class OfferedRate:
-    """An HTTP endpoint on the host: ``GET /<anything>`` answers ``{"rate": r}``, the request
-    rate the load generators offer (the same schedule for every service), averaged over the
-    last 2 s: what an ingress in front of the service would count, at zero too."""
+    """An HTTP endpoint on the host: ``GET /<service>`` answers ``{"rate": r}``, the requests a
+    second the service's clients sent over the last 2 s, answered or not: what an ingress in
+    front of the service counts, at zero too. Before the trace it reports the trace's first
+    rate, the steady state the trace begins in (a quiet rate, or the night's 0)."""
 
     def __init__(self, trace: Trace) -> None:
         import http.server
 
         self.trace = trace
-        self.t0: float | None = None
+        self.loads: dict[str, CountingLoad] = {}
         owner = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                body = json.dumps({"rate": owner.rate()}).encode()
+                body = json.dumps({"rate": owner.rate(self.path.strip("/"))}).encode()
                 self.send_response(200)
                 for header, value in (
                     ("Content-Type", "application/json"),
@@ -197,13 +214,12 @@ class OfferedRate:
         self.port = self.server.server_address[1]
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
-    def rate(self) -> float:
-        if self.t0 is None:  # before the trace: its first rate (the night's 0 on the day)
+    def rate(self, service: str) -> float:
+        load = self.loads.get(service)
+        if load is None:
             return self.trace.rate(0.0)
-        now = time.monotonic() - self.t0
-        if now > self.trace.duration:
-            return 0.0
-        return statistics.mean(self.trace.rate(now - k * 0.1) for k in range(20) if now >= k * 0.1)
+        since = time.monotonic() - 2.0
+        return sum(1 for t in list(load.sends) if t >= since) / 2.0
 
     def close(self) -> None:
         self.server.shutdown()
@@ -353,7 +369,7 @@ def run_trace(sb: Sandbox, trace: Trace, out: Path, cpu_per_rps: list[float | No
         autoscaling["scaleToZeroAfterSeconds"] = 20
     manifest = capacity_limited_service(
         "tidal",
-        out / "models" / "mlp.onnx",
+        Path(tempfile.mkdtemp()) / "mlp.onnx",
         service_ms=SERVICE_MS,
         batch_rows=1,
         warmup_seconds=WARMUP_S,
@@ -404,12 +420,12 @@ def run_trace(sb: Sandbox, trace: Trace, out: Path, cpu_per_rps: list[float | No
         )
         prometheus = sb.prometheus_url
         offered = OfferedRate(trace)
-        url = f"http://127.0.0.1:{offered.port}/offered"
+        url = f"http://127.0.0.1:{offered.port}"
         scalers = [
             hpa("hpa-default", p_ns, 80, False),
             hpa("hpa-tuned", p_ns, tuned_target, True),
-            scaled_object("keda-default", p_ns, prometheus, url, False),
-            scaled_object("keda-tuned", p_ns, prometheus, url, True),
+            scaled_object("keda-default", p_ns, prometheus, f"{url}/keda-default", False, zero),
+            scaled_object("keda-tuned", p_ns, prometheus, f"{url}/keda-tuned", True, zero),
         ]
         sb.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(scalers))
         if zero:
@@ -428,7 +444,7 @@ def run_trace(sb: Sandbox, trace: Trace, out: Path, cpu_per_rps: list[float | No
         )
         recorder.start()
         gens = {
-            name: LoadGenerator(
+            name: CountingLoad(
                 sb.api_client(),
                 ns,
                 svc,
@@ -444,7 +460,7 @@ def run_trace(sb: Sandbox, trace: Trace, out: Path, cpu_per_rps: list[float | No
         async def drive() -> list[LoadReport]:
             return list(await asyncio.gather(*(g.run(trace.duration) for g in gens.values())))
 
-        offered.t0 = time.monotonic()
+        offered.loads = {name: gens[name] for name in ("keda-default", "keda-tuned")}
         reports = dict(zip(gens, asyncio.run(drive()), strict=True))
         recorder.stop()
         offered.close()
@@ -469,7 +485,8 @@ def run_trace(sb: Sandbox, trace: Trace, out: Path, cpu_per_rps: list[float | No
                 "endpoint_changes": report.endpoint_changes,
                 "row": asdict(rows[-1]),
             }
-        (out / f"{trace.name}.json").write_text(json.dumps(raw))
+        with gzip.open(out / f"{trace.name}.json.gz", "wt") as f:
+            json.dump(raw, f)
         (out / f"operator-{trace.name}.log").write_text(log.read_text(errors="replace"))
         sb.kubectl("delete", "inferenceservice", "tidal", "-n", t_ns, "--wait=true", check=False)
     for ns in (t_ns, p_ns):
@@ -477,11 +494,17 @@ def run_trace(sb: Sandbox, trace: Trace, out: Path, cpu_per_rps: list[float | No
     return rows
 
 
+def read_raw(directory: Path) -> list[dict[str, Any]]:
+    """A run's raw outputs, ``<trace>.json.gz``, in the order the traces ran."""
+    runs = [json.loads(gzip.decompress(p.read_bytes())) for p in directory.glob("*.json.gz")]
+    order = list(traces(BASE_RPS))
+    return sorted(runs, key=lambda r: order.index(r["trace"]["name"]))
+
+
 def tables_from_raw(directory: Path) -> list[str]:
-    """The tables again from a run's raw outputs (``<trace>.json``), without running anything."""
+    """The tables again from a run's raw outputs, without running anything."""
     out = []
-    for path in sorted(directory.glob("*.json")):
-        raw = json.loads(path.read_text())
+    for raw in read_raw(directory):
         t = raw["trace"]
         trace = Trace(t["name"], tuple(tuple(p) for p in t["points"]), t["onset"], t["what"])
         rows = []
@@ -505,6 +528,8 @@ def tables_from_raw(directory: Path) -> list[str]:
 
 
 def main() -> int:
+    # SIGTERM stops the run as Ctrl-C does: the sandbox and the peers are stopped cleanly.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--traces", default="step,herd,sawtooth,day")
     p.add_argument("--out", type=Path, default=None)
@@ -523,7 +548,6 @@ def main() -> int:
     stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H%M")
     out: Path = args.out or REPO / "bench" / "results" / f"peers-{stamp}"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "models").mkdir(exist_ok=True)
     chosen = [traces(BASE_RPS, args.time_scale)[t] for t in args.traces.split(",")]
     t_up = time.monotonic()
     tables: list[str] = []

@@ -10,7 +10,7 @@ Figures, per trace and autoscaler (times in seconds from the trace's surge onset
   late p99    99th percentile of how far past the SLO the late answers came
   failed      requests not answered 200 (connection refused, no ready endpoint, 5xx, timeout)
   rep·s       replica-seconds: pods that exist (starting or ready), integrated over the trace
-  0→1st       for a service at zero at the onset: the first request's time to its answer
+  0→1st       for a service at zero at the onset: from its first request to its first answer
 """
 
 from __future__ import annotations
@@ -176,15 +176,19 @@ def warm_capacity(series: Sequence[Replicas], onset: float, needed: int) -> floa
 def zero_first_answer(
     series: Sequence[Replicas], answers: Sequence[Answer], onset: float
 ) -> float | None:
-    """For a pool at zero when the surge began: its first request's wait for an answer
-    (None when the pool was not at zero, or the request failed)."""
+    """For a pool at zero when the surge began: from its first request to its first answer
+    (the first request itself when it is held until answered, as tidal's gateway does; a
+    later one when the first ones fail, as with no endpoint to send to). None when the pool
+    was not at zero, or nothing was answered."""
     before = [s for s in series if s.t <= onset]
     if not before or before[-1].existing != 0:
         return None
-    first = min((a for a in answers if a.sent >= onset), key=lambda a: a.sent, default=None)
-    if first is None or not first.ok:
+    after = [a for a in answers if a.sent >= onset]
+    if not after:
         return None
-    return first.latency
+    first = min(a.sent for a in after)
+    done = [a.sent + a.latency for a in after if a.ok]
+    return min(done) - first if done else None
 
 
 def measure(

@@ -15,7 +15,6 @@ Usage:  python bench/peers_vs_sim.py RAW_DIR
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 from dataclasses import replace
@@ -26,6 +25,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import autoscale_sim as sim
+from peers_bench import read_raw
 from peers_report import Replicas, Trace
 
 
@@ -43,8 +43,7 @@ def warmup_seconds(series: list[Replicas]) -> float | None:
 def main() -> int:
     raw_dir = Path(sys.argv[1])
     print(f"{'trace':9} {'who':22} {'late % (min..median..max)':>26} {'rep*s':>20}")
-    for path in sorted(raw_dir.glob("*.json")):
-        raw = json.loads(path.read_text())
+    for raw in read_raw(raw_dir):
         t = raw["trace"]
         trace = Trace(t["name"], tuple(tuple(p) for p in t["points"]), t["onset"], t["what"])
         if trace.name == "day":

@@ -78,11 +78,18 @@ def test_measure_counts_failed_requests_as_late(rep: ModuleType) -> None:
     assert row.zero_first_answer is None  # one replica at the onset, not zero
 
 
-def test_zero_first_answer_is_the_first_request_after_the_onset(rep: ModuleType) -> None:
+def test_zero_first_answer_runs_from_the_first_request_to_the_first_answer(
+    rep: ModuleType,
+) -> None:
     s = series(rep, (0, 1, 1, 1), (20, 0, 0, 0), (52, 1, 1, 0), (56, 1, 1, 1))
-    answers = [rep.Answer(50.4, 6.1, True), rep.Answer(50.1, 6.3, True)]
-    assert rep.zero_first_answer(s, answers, 50.0) == pytest.approx(6.3)
-    assert rep.zero_first_answer(s, [rep.Answer(50.1, 0.0, False)], 50.0) is None
+    held = [rep.Answer(50.4, 6.1, True), rep.Answer(50.1, 6.3, True)]
+    assert rep.zero_first_answer(s, held, 50.0) == pytest.approx(6.3)
+    # the first two fail at once (no endpoint), the third is answered at 57.0
+    failing = [rep.Answer(50.1, 0.0, False), rep.Answer(51.0, 0.0, False)]
+    failing.append(rep.Answer(56.5, 0.5, True))
+    assert rep.zero_first_answer(s, failing, 50.0) == pytest.approx(6.9)
+    assert rep.zero_first_answer(s, failing[:2], 50.0) is None
+    assert rep.zero_first_answer(s, held, 10.0) is None  # one replica then, not zero
 
 
 def row(rep: ModuleType, name: str, late: float, reps: float, failed: int = 0) -> object:
