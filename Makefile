@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test venv sandbox-binaries node-binaries images helm lint unit crds bench clean
+.PHONY: demo test venv sandbox-binaries node-binaries images helm lint unit crds bench bench-peers clean
 
 demo: venv sandbox-binaries
 	$(BIN)/python -m tidal.sandbox demo
@@ -67,6 +67,13 @@ bench: venv
 	$(BIN)/python bench/fleet_sim.py
 	$(BIN)/python bench/runtime_bench.py
 	$(BIN)/python bench/gateway_bench.py
+
+# tidal beside the real peers (KEDA, HPA on CPU through metrics-server) on the real node, same
+# pods and traffic: builds KEDA and metrics-server from the Go module proxy into ~/.cache/tidal
+# when missing, runs four traces and prints the table (bench/RESULTS.md). Not part of `make test`.
+bench-peers: venv sandbox-binaries node-binaries images
+	bash e2e/sandbox/build-peers.sh
+	$(BIN)/python bench/peers_bench.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -31,7 +31,8 @@ would give it:
   15 s; 10 % tolerance; pods without a sample count as 0 when scaling up and as on target when
   scaling down; scale-down stabilisation 300 s (max of recommendations); scale-up limited per
   15 s to max(+100 %, +4 pods) of the replicas at the period's start (the default `behavior`).
-* KEDA: the same HPA, fed from KEDA's metric cache that polls Prometheus every 30 s.
+* KEDA: the same HPA on KEDA's External metric, queried live at each sync (KEDA's default,
+  `useCachedMetrics: false`), replicas from the total against all current replicas.
 * KPA: concurrency scraped every 1 s (per-second averages), decided every 2 s; stable window
   60 s, panic window 6 s, panic when the panic-window demand reaches 200 % of ready pods; no
   scale-down while panicking; max scale-up rate 1000, max scale-down rate 2.
@@ -646,20 +647,27 @@ class Hpa:
 
 
 class Keda(Hpa):
-    """HPA fed from KEDA's metrics cache, refreshed by polling Prometheus every 30 s."""
+    """HPA on the External metric KEDA's adapter serves (keda v2.21 pkg/scaling/scale_handler.go,
+    GetScaledObjectMetrics): each HPA sync asks the adapter, which queries Prometheus then and
+    there (``useCachedMetrics`` is false by default; ``pollingInterval`` only paces the 0<->1
+    activation checks). The HPA turns an AverageValue External metric into replicas with
+    GetExternalPerPodMetricReplicas: the total over the target per pod, against all current
+    replicas, warming ones included (no missing-pod fill as for a Pods metric).
+
+    Until issue 35 this class cached the metric for 30 s (the polling interval); the real KEDA
+    on the real node (bench/peers_bench.py) decided within one HPA sync of a surge, which the
+    cached model could not: the cache was the model's error, not KEDA's behaviour."""
 
     name = "KEDA"
-    poll, poll_phase = 30.0, 13.0
 
-    def __init__(self, cfg: SimConfig) -> None:
-        super().__init__(cfg)
-        self.cached: float | None = None
-
-    def metric(self, svc: Service) -> float | None:
-        prometheus = super().metric(svc)
-        if _due(svc.t, self.poll, self.poll_phase, self.cfg.dt):
-            self.cached = prometheus
-        return self.cached
+    def calc_replicas(self, total: float, ready: int, missing: int) -> int:
+        target = self.cfg.target_concurrency
+        current = self.replicas
+        if current == 0:
+            return current
+        if abs(1.0 - total / (target * current)) <= self.tolerance:
+            return current
+        return math.ceil(total / target)
 
 
 class Kpa:

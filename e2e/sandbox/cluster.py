@@ -25,7 +25,7 @@ import yaml
 
 from tidal.common import release
 from tidal.sandbox.binaries import K8S_VERSION, Binaries, ensure_binaries
-from tidal.sandbox.pki import Pki, make_pki
+from tidal.sandbox.pki import FrontProxy, Pki, make_front_proxy, make_pki
 from tidal.sandbox.procs import ManagedProcess, free_port
 from tidal.sandbox.prometheus import write_prometheus_config
 from tidal.sandbox.wait import wait_for
@@ -52,6 +52,10 @@ class SandboxConfig:
     # nvidia.com/gpu; the project's images are built and imported first. One per machine.
     real_node: bool = False
     real_node_gpus: int = 2
+    # The API server's aggregation layer (front-proxy CA and client certificate, aggregator
+    # routing to endpoints): what metrics-server and KEDA's metrics adapter need to serve
+    # metrics.k8s.io / external.metrics.k8s.io (bench/peers_bench.py). Off for the test suite.
+    aggregation: bool = False
 
 
 # Where a release publishes the project's images; the real node has the ones built here instead.
@@ -76,6 +80,7 @@ class Sandbox:
         self.log_dir = self.state_dir / "logs"
         self.kubeconfig = self.state_dir / "kubeconfig"
         self.pki: Pki | None = None
+        self.front_proxy: FrontProxy | None = None
         self.api_port = 0
         self.prometheus_port = 0
         self.processes: list[ManagedProcess] = []
@@ -104,6 +109,8 @@ class Sandbox:
             self.binaries = ensure_binaries()
             self.state_dir.mkdir(parents=True, exist_ok=True)
             self.pki = make_pki(self.state_dir / "pki")
+            if self.config.aggregation:
+                self.front_proxy = make_front_proxy(self.state_dir / "pki")
             if self.config.real_node:
                 self._prepare_real_node()
             self._start_etcd()
@@ -397,6 +404,7 @@ class Sandbox:
                 f"--client-ca-file={pki.ca_cert}",
                 f"--secure-port={self.api_port}",
                 *where,
+                *self._aggregation_flags(),
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 f"--service-account-key-file={pki.sa_pub}",
@@ -409,6 +417,23 @@ class Sandbox:
             ],
         )
         self._wait(self._apiserver_ready, "kube-apiserver /readyz", 90)
+
+    def _aggregation_flags(self) -> list[str]:
+        """The API server's flags for the aggregation layer (none unless asked for)."""
+        proxy = self.front_proxy
+        if proxy is None:
+            return []
+        return [
+            f"--requestheader-client-ca-file={proxy.ca_cert}",
+            f"--requestheader-allowed-names={proxy.client_name}",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={proxy.client_cert}",
+            f"--proxy-client-key-file={proxy.client_key}",
+            # Dial the extension server's endpoint (a host process) rather than its ClusterIP.
+            "--enable-aggregator-routing=true",
+        ]
 
     def _ssl_context(self) -> ssl.SSLContext:
         assert self.pki is not None

@@ -92,14 +92,19 @@ def _cert(
     return builder.sign(signing_key, hashes.SHA256())
 
 
+def _new_ca(common_name: str) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    return key, _cert(name, name, key.public_key(), key, ca=True)
+
+
 def make_pki(directory: Path) -> Pki:
     """Generate a fresh CA, serving and admin certificates and service-account keys."""
     directory.mkdir(parents=True, exist_ok=True)
     pem = serialization.Encoding.PEM
 
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tidal-sandbox-ca")])
-    ca_cert = _cert(ca_name, ca_name, ca_key.public_key(), ca_key, ca=True)
+    ca_key, ca_cert = _new_ca("tidal-sandbox-ca")
+    ca_name = ca_cert.subject
 
     serving_key = ec.generate_private_key(ec.SECP256R1())
     sans: list[x509.GeneralName] = [
@@ -153,28 +158,90 @@ def make_pki(directory: Path) -> Pki:
     )
 
 
-def issue_client_cert(pki: Pki, directory: Path, common_name: str, group: str) -> tuple[Path, Path]:
-    """A client certificate for ``common_name`` in ``group``, signed by the sandbox CA: a node's
-    identity (``system:node:<name>`` in ``system:nodes``), kube-proxy's (``system:kube-proxy``)."""
+def _issue(
+    ca: tuple[Path, Path],
+    directory: Path,
+    stem: str,
+    subject: x509.Name,
+    usages: list[x509.ObjectIdentifier],
+    sans: list[x509.GeneralName] | None = None,
+) -> tuple[Path, Path]:
+    """A certificate and key signed by the CA ``ca`` (its certificate and key files), written as
+    ``<stem>.crt/.key``."""
     pem = serialization.Encoding.PEM
-    ca_cert = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
-    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    ca_cert = x509.load_pem_x509_certificate(ca[0].read_bytes())
+    ca_key = serialization.load_pem_private_key(ca[1].read_bytes(), password=None)
     assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
     key = ec.generate_private_key(ec.SECP256R1())
-    attrs = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
-    if group:
-        attrs.insert(0, x509.NameAttribute(NameOID.ORGANIZATION_NAME, group))
     cert = _cert(
-        x509.Name(attrs),
+        subject,
         ca_cert.subject,
         key.public_key(),
         ca_key,
         ca=False,
-        usages=[ExtendedKeyUsageOID.CLIENT_AUTH],
+        usages=usages,
+        sans=sans,
     )
     directory.mkdir(parents=True, exist_ok=True)
-    stem = common_name.replace(":", "-")
     return (
         _write(directory / f"{stem}.crt", cert.public_bytes(pem)),
         _write(directory / f"{stem}.key", _key_pem(key)),
     )
+
+
+def issue_client_cert(pki: Pki, directory: Path, common_name: str, group: str) -> tuple[Path, Path]:
+    """A client certificate for ``common_name`` in ``group``, signed by the sandbox CA: a node's
+    identity (``system:node:<name>`` in ``system:nodes``), kube-proxy's (``system:kube-proxy``)."""
+    attrs = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
+    if group:
+        attrs.insert(0, x509.NameAttribute(NameOID.ORGANIZATION_NAME, group))
+    stem = common_name.replace(":", "-")
+    return _issue(
+        (pki.ca_cert, pki.ca_key),
+        directory,
+        stem,
+        x509.Name(attrs),
+        [ExtendedKeyUsageOID.CLIENT_AUTH],
+    )
+
+
+@dataclass(frozen=True)
+class FrontProxy:
+    """The aggregation layer's own CA and the API server's client certificate signed by it: the
+    API server proxies requests for an APIService (metrics.k8s.io, external.metrics.k8s.io) to its
+    extension server with this certificate, and the extension server trusts the user named in its
+    headers because the CA is in ``kube-system/extension-apiserver-authentication``."""
+
+    ca_cert: Path
+    client_cert: Path
+    client_key: Path
+    client_name: str = "front-proxy-client"
+
+
+def make_front_proxy(directory: Path) -> FrontProxy:
+    """A separate CA (as kubeadm makes one) and the ``front-proxy-client`` certificate."""
+    directory.mkdir(parents=True, exist_ok=True)
+    pem = serialization.Encoding.PEM
+    ca_key, ca_cert = _new_ca("tidal-front-proxy-ca")
+    ca = (
+        _write(directory / "front-proxy-ca.crt", ca_cert.public_bytes(pem)),
+        _write(directory / "front-proxy-ca.key", _key_pem(ca_key)),
+    )
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "front-proxy-client")])
+    cert, key = _issue(ca, directory, "front-proxy-client", name, [ExtendedKeyUsageOID.CLIENT_AUTH])
+    return FrontProxy(ca_cert=ca[0], client_cert=cert, client_key=key)
+
+
+def issue_serving_cert(pki: Pki, directory: Path, stem: str, hosts: list[str]) -> tuple[Path, Path]:
+    """A certificate for server and client use (mutual TLS between two host processes, as KEDA's
+    operator and its metrics adapter speak gRPC), for DNS names and IP addresses ``hosts``,
+    signed by the sandbox CA."""
+    sans: list[x509.GeneralName] = []
+    for host in hosts:
+        try:
+            sans.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            sans.append(x509.DNSName(host))
+    attrs = [x509.NameAttribute(NameOID.COMMON_NAME, stem)]
+    usages = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+    return _issue((pki.ca_cert, pki.ca_key), directory, stem, x509.Name(attrs), usages, sans)

@@ -88,3 +88,19 @@ def test_a_warm_baseline_overflow_serves_only_while_the_primary_is_short(sim: Mo
     # The primary is sized as without the help (all of the demand): no scale-down because of it.
     assert helped.max_pods == alone.max_pods
     assert helped.replica_seconds == pytest.approx(alone.replica_seconds, rel=0.05)
+
+
+def test_keda_reads_its_metric_live_and_counts_warming_replicas(sim: ModuleType) -> None:
+    """KEDA's External metric is queried at each HPA sync (no 30 s cache), and the HPA sizes an
+    AverageValue External metric against all current replicas, warming ones included."""
+    cfg = sim.SimConfig()
+    keda, hpa = sim.Keda(cfg), sim.Hpa(cfg)
+    assert sim.Keda.metric is sim.Hpa.metric
+    keda.replicas = hpa.replicas = 10
+    target = cfg.target_concurrency
+    # 2 ready + 8 warming with a load of 4 targets: the External formula sees 10 replicas
+    # (ratio 0.4, scale down to 4); the Pods formula holds for the 8 without samples
+    assert keda.calc_replicas(4 * target, 2, 8) == 4
+    assert hpa.calc_replicas(4 * target, 2, 8) == 10
+    assert keda.calc_replicas(10.5 * target, 10, 0) == 10  # within the 10 % tolerance
+    assert keda.calc_replicas(14.5 * target, 10, 0) == 15
