@@ -17,11 +17,12 @@ WORKDIR /src
 # Only what the package is built from (tidal/ holds the links giving operator/, runtime/,
 # gateway/ and common/ their import names; see pyproject.toml). The sandbox is not part of it.
 COPY pyproject.toml ./
-# The dependencies first, in a layer of their own: pyproject.toml's shared ones and the `runtime`
-# and `gateway` extras (no Kubernetes client); a change to the code or the README rebuilds only
-# the last step.
+# The dependencies first, in a layer of their own: pyproject.toml's shared ones and the `runtime`,
+# `gateway` and `builder` extras (no Kubernetes client; `builder` is onnx, for the ModelBuild Jobs
+# that run `python -m tidal.runtime.builder` in this image); a change to the code or the README
+# rebuilds only the last step.
 RUN python -m venv /opt/tidal \
- && python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print(*p['dependencies'], *[r for e in 'runtime,gateway'.split(',') for r in p['optional-dependencies'][e]], sep='\n')" > /tmp/requirements.txt \
+ && python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print(*p['dependencies'], *[r for e in 'runtime,gateway,builder'.split(',') for r in p['optional-dependencies'][e]], sep='\n')" > /tmp/requirements.txt \
  && /opt/tidal/bin/pip install --no-cache-dir -r /tmp/requirements.txt
 COPY README.md ./
 COPY tidal/ tidal/
@@ -33,7 +34,8 @@ COPY common/ common/
 RUN /opt/tidal/bin/pip install --no-cache-dir --no-deps . \
  && rm -rf /opt/tidal/bin/tidal-operator /opt/tidal/lib/python3*/site-packages/tidal/operator \
  && /opt/tidal/bin/tidal-runtime --help > /dev/null \
- && /opt/tidal/bin/tidal-gateway --help > /dev/null
+ && /opt/tidal/bin/tidal-gateway --help > /dev/null \
+ && /opt/tidal/bin/python -m tidal.runtime.builder --help > /dev/null
 
 # --- final: the virtualenv alone ------------------------------------------------------------
 FROM ${PYTHON_IMAGE}

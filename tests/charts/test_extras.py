@@ -121,6 +121,25 @@ def test_each_program_imports_only_what_its_extra_installs(program: str, extras:
     assert not missing, f"{program} imports distributions its extra lacks: {sorted(missing)}"
 
 
+def test_the_builder_runs_on_what_the_cpu_runtime_image_installs() -> None:
+    """ModelBuild Jobs run `python -m tidal.runtime.builder` in the CPU runtime image (the
+    operator's default build image): the builder's imports are within that image's extras, and
+    its Dockerfile installs them."""
+    extras = ("runtime", "gateway", "builder")
+    imported = imported_distributions(
+        [
+            "tidal.runtime.builder.__main__",
+            "tidal.runtime.builder.build",
+            "tidal.runtime.builder.onnxrt",
+            "onnxruntime.quantization",
+        ]
+    )
+    missing = imported - extra_closure(*extras)
+    assert not missing, f"the builder imports what the CPU runtime image lacks: {sorted(missing)}"
+    dockerfile = (REPO / "images" / "runtime-cpu.Dockerfile").read_text()
+    assert "'runtime,gateway,builder'.split(',')" in dockerfile
+
+
 def test_modelgen_has_an_extra_with_onnx() -> None:
     assert "onnx" in extra_closure("modelgen")
     imported = imported_distributions(["tidal.runtime.modelgen"])
