@@ -8,23 +8,33 @@ request schedule by its own load generator (tidal.sandbox.loadgen, to the ready 
 its Service):
 
   tidal         an InferenceService (its operator makes the Deployment; every other copy is
-                cloned from that Deployment: same image, model, runtime config, probes, resources)
+                cloned from that Deployment: same image, model, runtime config, probes, resources);
+                scaleDownDelaySeconds 30; on the day minReplicas 0, scaleToZeroAfterSeconds 20
   hpa-default   HPA on CPU through metrics-server: target 80 % (kubectl autoscale's default),
                 default behaviour (scale-down stabilisation 300 s)
-  hpa-tuned     HPA on CPU, target set from the CPU per request measured at the quiet rate,
-                no stabilisation either way, policies that allow any step
-  keda-default  a ScaledObject on the runtime's in-flight requests (Prometheus scaler), KEDA's
-                defaults (pollingInterval 30 s, cooldownPeriod 300 s, HPA default behaviour)
-  keda-tuned    the same trigger, pollingInterval 1 s, cooldownPeriod 20 s, HPA behaviour
-                without stabilisation
+  hpa-tuned     HPA on CPU, target set from the CPU per request measured at the quiet rate
+                (what a replica uses at 70 % of its capacity), no stabilisation either way,
+                policies that allow any step
+  keda-default  a ScaledObject with two triggers: the runtime's in-flight requests (Prometheus
+                scaler, 1.5 a replica) and the requests/s its clients send (metrics-api scaler,
+                3.5 a replica; the signal that exists at zero, as an ingress's count would);
+                KEDA's defaults (pollingInterval 30 s, cooldownPeriod 300 s, minReplicaCount 0,
+                HPA default behaviour)
+  keda-tuned    the same triggers, pollingInterval 1 s, cooldownPeriod 20 s, HPA behaviour
+                without stabilisation; minReplicaCount 0 on the day (activation wakes it),
+                else 1
 
+All target 70 % of a replica's capacity (tidal's targetUtilization default). The HPA controller
+syncs every 15 s (kube-controller-manager's default; a cluster flag, not a per-object setting).
 Each replica is an emulated device (the runtime's ``faults.serviceTimeMs`` with one execution
 slot, batch 1): CAPACITY requests a second, whatever the 2 shared cores do, plus a warm-up.
 Knative's KPA needs an Envoy-based networking layer that cannot be built here: it is not run
 (its row in bench/autoscale_sim.py stays simulated).
 
 Usage:  python bench/peers_bench.py [--traces step,herd,sawtooth,day] [--out DIR]  (root)
-Raw outputs (every answer and every replica observation per autoscaler) go to DIR as JSON.
+        python bench/peers_bench.py --from-raw DIR     (the tables again from a run's outputs)
+Raw outputs (every answer and every replica observation per autoscaler) go to DIR as gzipped
+JSON, one file a trace, with the printed table and the peers' and the operator's logs.
 """
 
 from __future__ import annotations
