@@ -179,16 +179,22 @@ class Sandbox:
         return Path(path).resolve().as_uri()
 
     def adapt(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        """An InferenceService as a user of this cluster writes it (a copy; anything else is
-        returned as is): on the real node, the runtime image built here for every pool that
-        names none or one of the project's published images (``PUBLISHED``: no registry can be
-        reached here), and every ``file://`` engine URI served by :meth:`engine_uri`.
+        """An InferenceService or ModelBuild as a user of this cluster writes it (a copy; anything
+        else is returned as is): on the real node, the runtime image built here for every pool
+        (and build) that names none or one of the project's published images (``PUBLISHED``: no
+        registry can be reached here), and every ``file://`` engine URI served by
+        :meth:`engine_uri`.
         Under the node agent, unchanged: it runs the runtime from this checkout."""
-        if self.node is None or manifest.get("kind") != "InferenceService":
+        if self.node is None or manifest.get("kind") not in ("InferenceService", "ModelBuild"):
             return manifest
         doc: dict[str, Any] = json.loads(json.dumps(manifest))
         spec = doc.setdefault("spec", {})
         image = self.images.runtime_cpu.name
+        if doc["kind"] == "ModelBuild":
+            # Its Jobs run the backend's runtime image, the one built here.
+            if str(spec.get("image") or PUBLISHED).startswith(PUBLISHED):
+                spec["image"] = image
+            return doc
         runtimes = [spec.setdefault("runtime", {})]
         baseline = (spec.get("rollout") or {}).get("baseline") or {}
         if baseline.get("runtime") is not None:

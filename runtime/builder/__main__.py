@@ -57,6 +57,15 @@ def report_json(report: BuildReport, limit: int = REPORT_MAX_BYTES) -> str:
     raise ValueError(f"a report of {len(report.artifacts)} engines does not fit {limit} bytes")
 
 
+def _progress(line: str) -> None:
+    """A phase's end on stderr with its wall time to the millisecond (the journey's table in
+    e2e/test_build_journey.py reads these from the build pod's log)."""
+    from datetime import UTC, datetime
+
+    print(f"{datetime.now(UTC).isoformat(timespec='milliseconds')} {line}", file=sys.stderr)
+    sys.stderr.flush()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tidal.runtime.builder", description=__doc__)
     source = parser.add_mutually_exclusive_group(required=True)
@@ -78,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             spec = read_build_spec(args.spec)
         work = Path(args.work_dir or tempfile.mkdtemp(prefix="tidal-build-"))
-        report = build(spec, work)
+        report = build(spec, work, progress=_progress)
     except ArtifactConflict as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 3

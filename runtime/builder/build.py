@@ -192,10 +192,12 @@ def build(
     *,
     clock: Clock = CLOCK,
     timestamp: Callable[[], str] = utc_timestamp,
+    progress: Callable[[str], None] = lambda _line: None,
 ) -> BuildReport:
     """Make, gate and publish every precision of ``spec``; engines whose build key matches an
     existing manifest are reused, not rebuilt. Returns what was published and what refused
-    (:meth:`BuildReport.raise_for_refusal` turns a refusal into an error)."""
+    (:meth:`BuildReport.raise_for_refusal` turns a refusal into an error). ``progress`` gets a
+    line as each phase ends (inputs fetched; per precision: built, gated, published)."""
     work_dir.mkdir(parents=True, exist_ok=True)
     store = EngineStore(str(work_dir / "inputs"), spec.s3)
     source = _fetch(store, spec.source.uri, spec.source.sha256, "source")
@@ -210,6 +212,7 @@ def build(
         "validation": sha256_file(validation_file),
         "calibration": sha256_file(calibration_file) if calibration_file else None,
     }
+    progress("fetched: inputs")
     maker = engine_maker(spec)
     try:
         libraries = maker.libraries()
@@ -231,6 +234,7 @@ def build(
                     calibration_file,
                     clock,
                     timestamp,
+                    progress,
                 )
             )
     finally:
@@ -250,6 +254,7 @@ def _build_one(
     calibration_file: Path | None,
     clock: Clock,
     timestamp: Callable[[], str],
+    progress: Callable[[str], None],
 ) -> Artifact:
     """One precision: reused when its manifest has the same key, else made, gated, published."""
     key_material = key_inputs(
@@ -270,6 +275,7 @@ def _build_one(
         old = Manifest.model_validate_json(previous)
         intact = not old.published or destination.size(engine_key) == old.file.size_bytes
         if old.build_key == key and intact:
+            progress(f"reused: {precision}")
             return Artifact.at(destination, prefix, file_name, old, reused=True)
         if old.published and old.build_key != key:
             changed = ", ".join(differences(old.inputs, key_material))
@@ -289,9 +295,11 @@ def _build_one(
         calibration_record = DataRecord(
             uri=spec.calibration.uri, sha256=digests["calibration"] or "", samples=used
         )
+    progress(f"built: {precision}")
     actual = maker.evaluate(engine, precision)
     metrics = measure(reference.expected, actual, reference.labels)
     verdict = judge(metrics, spec.gate)
+    progress(f"gated: {precision} {'passed' if verdict.passed else 'refused'}")
     manifest = Manifest(
         model=spec.model,
         version=spec.version,
@@ -320,4 +328,5 @@ def _build_one(
         destination.put(engine_key, engine)
     # Last: a manifest is the commit mark of an engine (and the record of a refusal).
     destination.put(manifest_key, manifest.to_json().encode())
+    progress(f"{'published' if verdict.passed else 'recorded refusal'}: {precision}")
     return Artifact.at(destination, prefix, file_name, manifest, reused=False)
