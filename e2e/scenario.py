@@ -3,13 +3,14 @@ pod readiness times, and an InferenceService on the real runtime with a generate
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 import yaml
 
 from tidal.runtime.modelgen import write_mlp
+from tidal.sandbox.loadgen import LoadGenerator, LoadReport, step_rate
 from tidal.sandbox.operatorproc import REPO, OperatorProcess
 
 INFER_BODY = {
@@ -269,6 +271,89 @@ class StatusRecorder:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+
+
+# Decisions stamped up to this long before the surge's onset belong to it (the status's times
+# are the operator's, the onset the load generator's: clocks of one machine, stamps to the ms).
+SURGE_SKEW_S = 0.5
+
+
+@dataclass
+class SurgeRun:
+    """One step surge against a service (:func:`run_surge`): the load's report, the service's
+    status as it was recorded, and when the surge began."""
+
+    report: LoadReport
+    recorder: StatusRecorder
+    started: float  # wall time the load began
+    surge_at: float  # seconds after ``started`` the rate stepped up
+
+    @property
+    def surge_wall(self) -> float:
+        return self.started + self.surge_at
+
+    def decisions_before(self) -> list[dict[str, Any]]:
+        """The scaling decisions recorded before the surge."""
+        cut = self.surge_wall - SURGE_SKEW_S
+        return [d for d in self.recorder.decisions if parse_time(d["at"]) < cut]
+
+    def ups(self, above: int) -> list[dict[str, Any]]:
+        """The decisions from the surge on that ask for more than ``above`` replicas."""
+        return ups_after(self.recorder.decisions, self.surge_wall, above)
+
+
+def ups_after(
+    decisions: list[dict[str, Any]], surge_wall: float, above: int
+) -> list[dict[str, Any]]:
+    """Of recorded ``decisions``, those from the surge at ``surge_wall`` on that ask for more
+    than ``above`` replicas."""
+    cut = surge_wall - SURGE_SKEW_S
+    return [
+        d for d in decisions if parse_time(d["at"]) >= cut and d.get("desiredReplicas", 0) > above
+    ]
+
+
+def run_surge(
+    sandbox: Any,
+    namespace: str,
+    name: str,
+    *,
+    base_rps: float,
+    surge_rps: float,
+    surge_at: float,
+    duration: float,
+    timeout: float,
+    during: Callable[[StatusRecorder, float], None] | None = None,
+    settle: float = 0.0,
+) -> SurgeRun:
+    """The end-to-end tests' surge: ``base_rps`` to model ``mlp`` of service ``name`` through
+    its EndpointSlices, stepping to ``surge_rps`` at ``surge_at`` s, for ``duration`` s, while a
+    :class:`StatusRecorder` keeps every decision. ``during(recorder, surge_wall)`` runs in a
+    thread beside the load (a fault to inject); ``settle`` s more are recorded after it."""
+    load = LoadGenerator(
+        sandbox.api_client(),
+        namespace,
+        name,
+        "mlp",
+        INFER_BODY,
+        step_rate(base_rps, surge_rps, surge_at),
+        timeout=timeout,
+        refresh=0.1,
+    )
+    with StatusRecorder(sandbox, namespace, name) as recorder:
+        started = time.time()
+        beside = None
+        if during is not None:
+            beside = threading.Thread(
+                target=during, args=(recorder, started + surge_at), daemon=True, name="surge-fault"
+            )
+            beside.start()
+        report = asyncio.run(load.run(duration))
+        if beside is not None:
+            beside.join(timeout=30)
+        if settle:
+            time.sleep(settle)
+    return SurgeRun(report, recorder, started, surge_at)
 
 
 def install_crd(sandbox: Any) -> None:

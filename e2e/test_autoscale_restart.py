@@ -14,9 +14,7 @@ minimum) and never grew beyond it (no duplicate scale-up), and no request failed
 
 from __future__ import annotations
 
-import asyncio
 import math
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -24,16 +22,16 @@ from typing import Any
 
 import pytest
 from scenario import (
-    INFER_BODY,
     StatusRecorder,
     apply,
     capacity_limited_service,
     install_crd,
     parse_time,
+    run_surge,
     running_operator,
+    ups_after,
 )
 
-from tidal.sandbox.loadgen import LoadGenerator, step_rate
 from tidal.sandbox.operatorproc import condition, get_isvc
 from tidal.sandbox.wait import wait_for
 
@@ -97,12 +95,7 @@ def test_operator_killed_mid_surge_resumes_from_its_persisted_state(
             # the new operator's step to 3 would then read as scaling up again after a restart.
             deadline = surge_wall + 20.0
             while time.time() < deadline:
-                ups = [
-                    d
-                    for d in recorder.decisions
-                    if parse_time(d["at"]) >= surge_wall - 0.5 and d.get("desiredReplicas", 0) >= 3
-                ]
-                if ups:
+                if ups_after(recorder.decisions, surge_wall, above=2):
                     break
                 time.sleep(0.1)
             time.sleep(1.5)
@@ -112,26 +105,19 @@ def test_operator_killed_mid_surge_resumes_from_its_persisted_state(
             operator.start()
             kill["restarted_at"] = time.time()
 
-        load = LoadGenerator(
-            sandbox.api_client(),
+        surge = run_surge(
+            sandbox,
             namespace,
             name,
-            "mlp",
-            INFER_BODY,
-            step_rate(BASE_RPS, SURGE_RPS, SURGE_AT),
+            base_rps=BASE_RPS,
+            surge_rps=SURGE_RPS,
+            surge_at=SURGE_AT,
+            duration=DURATION,
             timeout=15.0,
-            refresh=0.1,
+            during=kill_mid_surge,
+            settle=3.0,
         )
-        with StatusRecorder(sandbox, namespace, name) as recorder:
-            started = time.time()
-            surge_wall = started + SURGE_AT
-            killer = threading.Thread(
-                target=kill_mid_surge, args=(recorder, surge_wall), daemon=True
-            )
-            killer.start()
-            report = asyncio.run(load.run(DURATION))
-            killer.join(timeout=30)
-            time.sleep(3.0)
+        report, recorder, surge_wall = surge.report, surge.recorder, surge.surge_wall
         log = operator.log()
 
     assert "at" in kill, "the operator was not killed (no scale-up decision seen)"

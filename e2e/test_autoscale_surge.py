@@ -12,15 +12,12 @@ near the pre-surge P99.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from scenario import (
-    INFER_BODY,
-    StatusRecorder,
     apply,
     events,
     install_crd,
@@ -28,10 +25,10 @@ from scenario import (
     parse_time,
     pods,
     ready_since_by_ip,
+    run_surge,
     running_operator,
 )
 
-from tidal.sandbox.loadgen import LoadGenerator, step_rate
 from tidal.sandbox.operatorproc import condition, get_isvc
 from tidal.sandbox.wait import wait_for
 
@@ -81,30 +78,23 @@ def test_surge_scales_up_within_seconds_and_serves_only_warm_replicas(
         # Let the autoscaler see a fresh, steady pool before the load starts.
         time.sleep(2.0)
 
-        load = LoadGenerator(
-            sandbox.api_client(),
+        surge = run_surge(
+            sandbox,
             namespace,
             name,
-            "mlp",
-            INFER_BODY,
-            step_rate(BASE_RPS, SURGE_RPS, SURGE_AT),
+            base_rps=BASE_RPS,
+            surge_rps=SURGE_RPS,
+            surge_at=SURGE_AT,
+            duration=DURATION,
             timeout=10.0,
-            refresh=0.1,
         )
-        with StatusRecorder(sandbox, namespace, name) as recorder:
-            started = time.time()
-            report = asyncio.run(load.run(DURATION))
-        surge_wall = started + SURGE_AT
+        report, recorder, surge_wall = surge.report, surge.recorder, surge.surge_wall
         final = get_isvc(sandbox, namespace, name)
         pod_list = pods(sandbox, namespace)
         isvc_events = events(sandbox, namespace, name)
 
     # -- the decision follows the surge --------------------------------------------------------
-    ups = [
-        d
-        for d in recorder.decisions
-        if parse_time(d["at"]) >= surge_wall - 0.5 and d.get("desiredReplicas", 0) > 1
-    ]
+    ups = surge.ups(above=1)
     assert ups, f"no scale-up decision after the surge: {recorder.decisions}"
     first = ups[0]
     decision_after = parse_time(first["at"]) - surge_wall

@@ -17,7 +17,6 @@ replica could be warm (8 s); no request fails.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import urllib.request
@@ -26,17 +25,15 @@ from typing import Any
 
 import pytest
 from scenario import (
-    INFER_BODY,
-    StatusRecorder,
     apply,
     capacity_limited_service,
     install_crd,
     parse_time,
     pods,
+    run_surge,
     running_operator,
 )
 
-from tidal.sandbox.loadgen import LoadGenerator, step_rate
 from tidal.sandbox.operatorproc import condition, get_isvc
 from tidal.sandbox.wait import wait_for
 
@@ -104,33 +101,25 @@ def test_host_warm_standby_is_routable_within_seconds_of_a_surge(
                 on_device.append('tidal_model_ready{model="mlp"} 1.0' in response.read().decode())
         time.sleep(3.0)  # a few quiet ticks: the learned capacity settles
 
-        load = LoadGenerator(
-            sandbox.api_client(),
+        surge = run_surge(
+            sandbox,
             namespace,
             name,
-            "mlp",
-            INFER_BODY,
-            step_rate(BASE_RPS, SURGE_RPS, SURGE_AT),
+            base_rps=BASE_RPS,
+            surge_rps=SURGE_RPS,
+            surge_at=SURGE_AT,
+            duration=DURATION,
             timeout=15.0,
-            refresh=0.1,
         )
-        with StatusRecorder(sandbox, namespace, name) as recorder:
-            started = time.time()
-            report = asyncio.run(load.run(DURATION))
+        report, started, surge_wall = surge.report, surge.started, surge.surge_wall
         final = get_isvc(sandbox, namespace, name)
         log = operator.log()
 
-    surge_wall = started + SURGE_AT
     # The scale-up decision: the first after the surge that asks more than the last one before
     # it did (a steady decision after the surge is not it, whatever the pool held before).
-    before_surge = [d for d in recorder.decisions if parse_time(d["at"]) < surge_wall - 0.5]
-    held = max((d.get("desiredReplicas", 1) for d in before_surge[-1:]), default=1)
-    ups = [
-        d
-        for d in recorder.decisions
-        if parse_time(d["at"]) >= surge_wall - 0.5 and d.get("desiredReplicas", 0) > held
-    ]
-    assert ups, json.dumps(recorder.decisions)
+    held = max((d.get("desiredReplicas", 1) for d in surge.decisions_before()[-1:]), default=1)
+    ups = surge.ups(above=held)
+    assert ups, json.dumps(surge.recorder.decisions)
     decided = parse_time(ups[0]["at"])
     before = max((len(e) for t, e in report.endpoint_changes if t < SURGE_AT), default=0)
     grown = next(

@@ -15,24 +15,21 @@ overflow the load generator's endpoints include the baseline's pods; no request 
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from scenario import (
-    INFER_BODY,
-    StatusRecorder,
     apply,
     capacity_limited_service,
     events,
     install_crd,
     pods,
+    run_surge,
     running_operator,
 )
 
-from tidal.sandbox.loadgen import LoadGenerator, step_rate
 from tidal.sandbox.operatorproc import condition, get_isvc
 from tidal.sandbox.wait import wait_for
 
@@ -95,19 +92,17 @@ def test_a_surge_overflows_to_the_warm_baseline_until_the_primary_is_ready(
         assert len(baseline_ips) == BASELINE_REPLICAS
         time.sleep(3.0)  # a few quiet ticks: the learned capacity settles
 
-        load = LoadGenerator(
-            sandbox.api_client(),
+        surge = run_surge(
+            sandbox,
             namespace,
             name,
-            "mlp",
-            INFER_BODY,
-            step_rate(BASE_RPS, SURGE_RPS, SURGE_AT),
+            base_rps=BASE_RPS,
+            surge_rps=SURGE_RPS,
+            surge_at=SURGE_AT,
+            duration=DURATION,
             timeout=15.0,
-            refresh=0.1,
         )
-        with StatusRecorder(sandbox, namespace, name) as recorder:
-            started = time.time()
-            report = asyncio.run(load.run(DURATION))
+        report, recorder, started = surge.report, surge.recorder, surge.started
         reasons = [e.get("reason") for e in events(sandbox, namespace, name)]
 
     traffic = [(seen - started, r.get("traffic")) for seen, r in recorder.rollouts]
