@@ -1,20 +1,23 @@
 """Fetching an engine from an S3-compatible store: the runtime's path against a raw GET.
 
 Starts the sandbox's object store (versitygw, `make sandbox-binaries`) on 127.0.0.1, puts one
-object of `--mib` MiB, and fetches it `--repeat` times each way, alternating, into files on the
-same disk (the node's engine cache is a directory too):
+object of `--mib` MiB, and fetches it `--repeat` times each way, the ways one after another in
+each repetition, into files on the same disk (the node's engine cache is a directory too):
 
 * `raw GET`: one presigned GET streamed to a file with urllib (what `curl -o` does): the baseline;
 * `raw GET + sha256`: the same, hashing as it goes (what any verified download must do);
 * `runtime`: `tidal.runtime.storage.EngineStore.fetch` — obstore, ranged reads of `--part-mib` MiB,
-  `--concurrency` at once, hashed and written in order, sha256 verified;
+  `--concurrency` at once, written in order and hashed on a thread of its own, sha256 verified;
 * `runtime, one stream`: the same with the part as large as the object (one GET);
 * `minio-py` (when the `minio` package is installed): the MinIO Python client's `fget_object`,
   a candidate client, with the same hashing afterwards left out (it is already slower).
 
-Prints MB/s per way (median of the repeats) and the runtime's ratio to the raw GET (goal >= 90 %).
+Prints, per way, MB/s (median of the repeats), the ratio to the raw GET of the same repetition
+(median of the per-repetition ratios, and their range; the runtime's goal is >= 0.90) and this
+process's CPU seconds per fetch (all threads; median): on a shared machine the ratio moves with
+what else runs, the CPU seconds much less.
 
-    .venv/bin/python bench/s3_fetch_bench.py [--mib 512] [--repeat 3]
+    .venv/bin/python bench/s3_fetch_bench.py [--mib 512] [--repeat 7]
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -49,10 +53,16 @@ def raw_get(url: str, target: Path, digest: bool) -> None:
             out.write(chunk)
 
 
+def cpu_seconds() -> float:
+    """This process's CPU time so far, every thread's (the store is another process)."""
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    return used.ru_utime + used.ru_stime
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mib", type=int, default=512)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--part-mib", type=int, default=16)
     parser.add_argument("--concurrency", type=int, default=8)
     args = parser.parse_args(argv)
@@ -105,28 +115,35 @@ def main(argv: list[str] | None = None) -> int:
         except ImportError:
             pass
         seconds: dict[str, list[float]] = {name: [] for name in ways}
+        cpu: dict[str, list[float]] = {name: [] for name in ways}
         for _ in range(args.repeat):
             for name, way in ways.items():
                 target = work / "out" / name.replace(" ", "_").replace("/", "_")
                 target.parent.mkdir(parents=True, exist_ok=True)
+                used = cpu_seconds()
                 start = time.perf_counter()
                 way(target)
                 seconds[name].append(time.perf_counter() - start)
+                cpu[name].append(cpu_seconds() - used)
                 if target.is_dir():
                     for f in target.iterdir():
                         f.unlink()
                     target.rmdir()
                 else:
                     target.unlink()
-        base = statistics.median(seconds["raw GET"])
+        base = seconds["raw GET"]
         print(
-            f"object {args.mib} MiB from versitygw on 127.0.0.1, median of {args.repeat}, "
-            f"{os.cpu_count()} cores"
+            f"object {args.mib} MiB from versitygw on 127.0.0.1, {args.repeat} repetitions, "
+            f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at the end"
         )
-        print(f"{'way':44s} {'MB/s':>8s} {'vs raw GET':>10s}")
+        print(f"{'way':40s} {'MB/s':>7s} {'vs raw GET (median, range)':>28s} {'CPU s':>7s}")
         for name, values in seconds.items():
-            median = statistics.median(values)
-            print(f"{name:44s} {size / median / 1e6:8.0f} {base / median:10.2f}")
+            ratios = [b / v for b, v in zip(base, values, strict=True)]
+            spread = f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
+            print(
+                f"{name:40s} {size / statistics.median(values) / 1e6:7.0f} {spread:>28s} "
+                f"{statistics.median(cpu[name]):7.3f}"
+            )
     finally:
         store.stop()
     return 0

@@ -10,6 +10,8 @@
   status and the Events its changes deserve.
 * :func:`resolve_engine` / :func:`missing_targets` / :func:`resolve_build_refs`: from a
   build's status to the engine an InferenceService may serve, only when it passed its gate.
+* :func:`node_target` / :func:`find_missing_engines`: the service's pods on nodes whose
+  target (GPU product) the build has no published engine for (``EngineMissingForTarget``).
 """
 
 from __future__ import annotations
@@ -599,6 +601,71 @@ def missing_targets(build: ModelBuild, precision: str, node_targets: Sequence[st
     return sorted({t for t in node_targets if resolve_engine(build, precision, t).uri is None})
 
 
+def builds_per_gpu(build: ModelBuild) -> bool:
+    """Whether the build makes engines per GPU (its targets, named or built, are not only
+    ``cpu``; a GPU backend with no targets named builds for the nodes' GPU products)."""
+    named = [
+        *build.spec.targets,
+        *(t.target for t in (build.status.targets if build.status else [])),
+    ]
+    if named:
+        return any(t != CPU_TARGET for t in named)
+    return build.spec.backend is not BuildBackend.ONNXRUNTIME
+
+
+def node_target(build: ModelBuild, labels: Mapping[str, str]) -> str:
+    """The target a node needs from ``build``: its GPU product when the build makes engines
+    per GPU and the node has one, else ``cpu`` (a cpu engine runs on any node)."""
+    product = labels.get(GPU_PRODUCT_LABEL)
+    return product if product and builds_per_gpu(build) else CPU_TARGET
+
+
+@dataclass(frozen=True)
+class PodPlacement:
+    """A pod of the service, the pool it belongs to and the labels of the node it is
+    scheduled on."""
+
+    pod: str
+    pool: str
+    node: str
+    node_labels: Mapping[str, str] = field(default_factory=dict)
+
+
+def find_missing_engines(
+    isvc: InferenceService, builds: Mapping[str, ModelBuild], placements: Sequence[PodPlacement]
+) -> list[str]:
+    """Each (model, node) where a pod of the model's pool runs on a node whose target has no
+    published engine of the model's build (:func:`missing_targets`): a line naming the
+    field, the model, the node, the missing target and its pods. A build that does not exist
+    is :func:`resolve_build_refs`'s to report, not this."""
+    spec = isvc.spec
+    baseline = spec.rollout.baseline
+    pools = [(PoolName.PRIMARY.value, "spec.models", spec.models)]
+    if baseline is not None and baseline.models:
+        pools.append((PoolName.BASELINE.value, "spec.rollout.baseline.models", baseline.models))
+    problems = []
+    for pool, at, models in pools:
+        for model in models:
+            ref = model.build
+            build = builds.get(ref.name) if ref is not None else None
+            if ref is None or build is None:
+                continue
+            on_nodes: dict[tuple[str, str], list[str]] = {}
+            for placed in placements:
+                if placed.pool == pool:
+                    key = (placed.node, node_target(build, placed.node_labels))
+                    on_nodes.setdefault(key, []).append(placed.pod)
+            for (node, target), pods in sorted(on_nodes.items()):
+                if missing_targets(build, ref.precision.value, [target]):
+                    reason = resolve_engine(build, ref.precision.value, target).reason
+                    problems.append(
+                        f"{at}[{model.name}].build: model {model.name} has pods on node {node} "
+                        f"(target {target}) but ModelBuild {ref.name} has no engine for "
+                        f"target {target}: {reason} (pods: {', '.join(sorted(pods))})"
+                    )
+    return problems
+
+
 def raw_build_refs(spec: Mapping[str, Any]) -> list[str]:
     """The ModelBuilds an InferenceService's raw ``spec`` names (primary and baseline
     models), in order, without parsing it (for watch handlers and caches)."""
@@ -634,6 +701,8 @@ class BuildResolution:
     problems: tuple[str, ...] = ()
     served: tuple[ServedBuild, ...] = ()
     blocked: bool = False
+    # The builds found, by name (what :func:`find_missing_engines` reads).
+    builds: Mapping[str, ModelBuild] = field(default_factory=dict)
 
 
 def resolve_build_refs(
@@ -717,4 +786,5 @@ def resolve_build_refs(
         tuple(problems),
         tuple(kept),
         blocked,
+        dict(builds),
     )

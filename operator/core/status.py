@@ -44,6 +44,9 @@ INEFFECTIVE_SETTING = "IneffectiveSetting"
 CONFLICTING_SETTINGS = "ConflictingSettings"
 # Degraded's reason when a models[].build names a version that cannot be served (yet).
 BUILD_NOT_SERVABLE = "BuildNotServable"
+# Degraded's reason when a pod runs on a node whose target (GPU product) the build has no
+# published engine for (tidal.operator.core.builds.find_missing_engines).
+ENGINE_MISSING_FOR_TARGET = "EngineMissingForTarget"
 # Ready's reason for a pool at zero that has never had a Ready replica (see has_served).
 NOT_YET_SERVED = "NotYetServed"
 
@@ -100,6 +103,9 @@ class StatusInput:
     # kept in ``builds``), and the engines served from builds (None: keep the previous).
     build_problems: Sequence[str] = ()
     builds: Sequence[ServedBuild] | None = None
+    # Pods on nodes whose target has no engine from the build they serve (Degraded, serving
+    # goes on elsewhere): each names the model, the node and the missing target.
+    target_problems: Sequence[str] = ()
 
 
 @dataclass(frozen=True)
@@ -227,6 +233,8 @@ def _degraded(inp: StatusInput) -> tuple[ConditionStatus, str, str]:
         return ConditionStatus.TRUE, "ReconcileError", inp.error
     if inp.build_problems:
         return ConditionStatus.TRUE, BUILD_NOT_SERVABLE, "; ".join(inp.build_problems)
+    if inp.target_problems:
+        return ConditionStatus.TRUE, ENGINE_MISSING_FOR_TARGET, "; ".join(inp.target_problems)
     failures = [
         f"pool {pool.value}: {dep.failure}" for pool, dep in inp.deployments.items() if dep.failure
     ]

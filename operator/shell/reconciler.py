@@ -45,7 +45,14 @@ from tidal.operator.core.api import (
     parse_inference_service,
 )
 from tidal.operator.core.buildapi import ModelBuild, parse_model_build
-from tidal.operator.core.builds import BuildResolution, build_refs, resolve_build_refs
+from tidal.operator.core.builds import (
+    BuildResolution,
+    PodPlacement,
+    build_refs,
+    builds_per_gpu,
+    find_missing_engines,
+    resolve_build_refs,
+)
 from tidal.operator.core.control import ControlView, follow_planner, stamp_template_hash
 from tidal.operator.core.drift import COMPARED_KINDS, find_drift, trim_child
 from tidal.operator.core.fleet import FleetView
@@ -362,6 +369,7 @@ class Reconciler:
         # first deploy) holds every child back. Nothing that failed its gate reaches a pod.
         blocked = list(resolution.problems) if resolution.blocked else []
         problems = blocked or find_spec_problems(isvc)
+        target_problems = [] if blocked else await self._missing_engines(resolution, kids)
         findings = find_setting_findings(isvc)
         fleet_view = self.fleet(key) if isvc.spec.fleet is not None else None
         events: list[EventSpec] = []
@@ -400,6 +408,7 @@ class Reconciler:
                 conflicts=[f.message for f in findings if f.outcome is Outcome.CONFLICTING],
                 build_problems=() if blocked else resolution.problems,
                 builds=resolution.served if not blocked else None,
+                target_problems=target_problems,
             )
         )
         events += result.events
@@ -421,6 +430,34 @@ class Reconciler:
         result_label = "retry" if retry else ("degraded" if problems else "ok")
         metrics.RECONCILES.labels(result=result_label).inc()
         return retry
+
+    async def _missing_engines(self, resolution: BuildResolution, kids: Children) -> list[str]:
+        """Pods on nodes whose target (GPU product) has no engine from the build their model
+        names (``EngineMissingForTarget``). The nodes are listed only for a service that
+        serves a build made per GPU and has pods scheduled: a pod that moves, or an engine
+        published (the build's watch), reconciles the service again and clears it."""
+        if not any(builds_per_gpu(b) for b in resolution.builds.values()):
+            return []
+        scheduled = {
+            name: str(node)
+            for name, body in kids.pod_bodies.items()
+            if (node := (body.get("spec") or {}).get("nodeName"))
+            and not kids.pods[name].terminating
+        }
+        if not scheduled:
+            return []
+        try:
+            labels = await self.kube.list_node_labels()
+        except KubeError as exc:
+            log.warning("list nodes for %s: %s", resolution.isvc.name, exc)
+            return []
+        if labels is None:
+            return []  # the operator may not list nodes (RBAC): nothing to compare
+        placements = [
+            PodPlacement(name, kids.pods[name].pool, node, labels.get(node, {}))
+            for name, node in sorted(scheduled.items())
+        ]
+        return find_missing_engines(resolution.isvc, resolution.builds, placements)
 
     async def _apply_children(
         self,

@@ -6,6 +6,8 @@ Events, and from a build to the engine an InferenceService may serve. Time is in
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,7 @@ from isvc_fixtures import minimal
 from pydantic import ValidationError
 
 from tidal.operator import crdgen
-from tidal.operator.core.api import format_validation_error, parse_inference_service
+from tidal.operator.core.api import PoolName, format_validation_error, parse_inference_service
 from tidal.operator.core.buildapi import (
     ANNOTATION_INPUTS,
     GPU_MAJOR_LABEL,
@@ -30,16 +32,20 @@ from tidal.operator.core.buildapi import (
 from tidal.operator.core.builds import (
     JobOutcome,
     NodeInfo,
+    PodPlacement,
     builder_spec,
+    find_missing_engines,
     invalid_build_status,
     make_job,
     missing_targets,
+    node_target,
     plan_build,
     read_job,
     resolve_build_refs,
     resolve_engine,
     resolve_targets,
 )
+from tidal.operator.core.status import StatusInput, compute_status
 from tidal.operator.shell.builds import services_naming
 from tidal.runtime.builder.spec import parse_build_spec
 
@@ -527,6 +533,81 @@ def test_a_node_whose_gpu_product_has_no_engine_is_named() -> None:
     build = make_build(status=status_with_artifacts())
     assert missing_targets(build, "fp32", ["cpu"]) == []
     assert missing_targets(build, "fp32", ["cpu", H100, L4, H100]) == [H100, L4]
+
+
+def per_gpu_build(built: Sequence[str]) -> ModelBuild:
+    """A torch build for cpu, H100 and L4 with an fp32 engine published for ``built``."""
+    artifact = {"precision": "fp32", "published": True, "sha256": "a" * 64, "reason": "passed"}
+    return make_build(
+        backend="torch",
+        targets=["cpu", H100, L4],
+        precisions=["fp32"],
+        calibration=None,
+        status={
+            "targets": [
+                {
+                    "target": t,
+                    "phase": "Built",
+                    "artifacts": [{**artifact, "uri": f"s3://engines/digits/2/{t}/fp32.pt2"}],
+                }
+                for t in built
+            ]
+        },
+    )
+
+
+def test_a_node_needs_its_gpu_products_engine_only_from_a_build_per_gpu() -> None:
+    on_h100 = {GPU_PRODUCT_LABEL: H100}
+    assert node_target(per_gpu_build(["cpu"]), on_h100) == H100
+    assert node_target(per_gpu_build(["cpu"]), {}) == "cpu", "a node with no GPU runs cpu"
+    cpu_only = make_build(status=status_with_artifacts())
+    assert node_target(cpu_only, on_h100) == "cpu", "a cpu engine runs on any node"
+
+
+def test_pods_on_a_node_whose_gpu_product_has_no_engine_name_model_node_and_target() -> None:
+    isvc = serving(
+        {"name": "digits-2", "precision": "fp32"}, {"name": "digits-1", "precision": "fp32"}
+    )
+    pods = [
+        PodPlacement("p-1", "primary", "gpu-a", {GPU_PRODUCT_LABEL: H100}),
+        PodPlacement("p-2", "primary", "gpu-b", {GPU_PRODUCT_LABEL: L4}),
+        PodPlacement("p-3", "primary", "gpu-b", {GPU_PRODUCT_LABEL: L4}),
+        PodPlacement("p-4", "primary", "cpu-a", {}),
+        # the baseline's build (digits-1) is not among the builds found: not this check's
+        PodPlacement("b-1", "baseline", "gpu-b", {GPU_PRODUCT_LABEL: L4}),
+    ]
+    builds = {"digits-2": per_gpu_build(["cpu", H100])}
+    assert find_missing_engines(isvc, builds, pods) == [
+        f"spec.models[digits].build: model digits has pods on node gpu-b (target {L4}) but "
+        f"ModelBuild digits-2 has no engine for target {L4}: digits/2 {L4} fp32: no build for "
+        f"target {L4} (pods: p-2, p-3)"
+    ]
+    # it clears when the pods move to a node with an engine, or when the engine exists
+    moved = [p if p.node != "gpu-b" else PodPlacement(p.pod, p.pool, "gpu-a", {}) for p in pods]
+    assert find_missing_engines(isvc, builds, moved) == []
+    built = {"digits-2": per_gpu_build(["cpu", H100, L4])}
+    assert find_missing_engines(isvc, built, pods) == []
+    assert find_missing_engines(isvc, {}, pods) == [], "a missing build is reported elsewhere"
+
+
+def test_a_missing_engine_for_a_target_is_degraded_with_an_event() -> None:
+    problem = "spec.models[digits].build: model digits has pods on node gpu-b (target L4) ..."
+    inp = StatusInput(
+        generation=1,
+        now=T0,
+        isvc_name="digits",
+        active_pool=PoolName.PRIMARY,
+        desired={},
+        target_problems=[problem],
+    )
+    result = compute_status(inp)
+    degraded = {c.type: c for c in result.status.conditions}["Degraded"]
+    assert (degraded.status.value, degraded.reason) == ("True", "EngineMissingForTarget")
+    assert degraded.message == problem
+    assert ("Warning", "EngineMissingForTarget") in [(e.type, e.reason) for e in result.events]
+    # the pods moved: Degraded clears
+    later = compute_status(replace(inp, target_problems=(), previous=result.status))
+    assert {c.type: c for c in later.status.conditions}["Degraded"].status.value == "False"
 
 
 def serving(primary: dict[str, Any], baseline: dict[str, Any] | None = None) -> Any:

@@ -30,6 +30,12 @@ class FakeKube:
         self.statuses: list[dict[str, Any]] = []
         self.events: list[EventSpec] = []
         self.objects: dict[tuple[str, str], dict[str, Any]] = {}  # as the API server stores them
+        self.node_labels: dict[str, dict[str, str]] = {}
+        self.node_lists = 0
+
+    async def list_node_labels(self) -> dict[str, dict[str, str]] | None:
+        self.node_lists += 1
+        return copy.deepcopy(self.node_labels)
 
     async def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         if self.fail_apply:
@@ -365,3 +371,101 @@ async def test_a_hostpath_the_api_server_refuses_is_degraded_naming_the_field() 
     assert "volumes[1].hostPath.path" in degraded["message"]  # the server's words are kept
     (event,) = [e for e in kube.events if e.reason == "ReconcileError"]
     assert "spec.runtime.engineCache.hostPath" in event.message
+
+
+L4 = "NVIDIA-L4"
+
+
+def _per_gpu_build(built: list[str]) -> dict[str, Any]:
+    """A ModelBuild for cpu and L4 with an fp32 engine published for ``built``."""
+    artifact = {"precision": "fp32", "published": True, "sha256": "a" * 64, "reason": "passed"}
+    return {
+        "apiVersion": "serving.tidal.dev/v1alpha1",
+        "kind": "ModelBuild",
+        "metadata": {"name": "digits-2", "namespace": "ns", "uid": "u-2", "generation": 1},
+        "spec": {
+            "model": "digits",
+            "version": "2",
+            "backend": "torch",
+            "targets": ["cpu", L4],
+            "source": {"uri": "s3://models/digits/2/digits.onnx"},
+            "precisions": ["fp32"],
+            "validation": {"uri": "s3://models/digits/validation.npz"},
+            "output": "s3://engines/ns",
+        },
+        "status": {
+            "targets": [
+                {
+                    "target": t,
+                    "phase": "Built",
+                    "artifacts": [{**artifact, "uri": f"s3://engines/ns/digits/2/{t}/fp32"}],
+                }
+                for t in built
+            ]
+        },
+    }
+
+
+def _pod_on(store: Store, name: str, node: str) -> None:
+    labels = {
+        "serving.tidal.dev/isvc": "svc",
+        "serving.tidal.dev/pool": "primary",
+        "serving.tidal.dev/role": "serving",
+    }
+    store.put_child(
+        {
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": "ns", "labels": labels},
+            "spec": {"nodeName": node},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+        },
+        deleted=False,
+    )
+
+
+def _degraded(kube: FakeKube) -> dict[str, Any]:
+    return dict(next(c for c in kube.statuses[-1]["conditions"] if c["type"] == "Degraded"))
+
+
+async def test_a_pod_on_a_node_whose_gpu_product_has_no_engine_is_degraded_until_it_moves() -> None:
+    body = minimal(models=[{"name": "digits", "build": {"name": "digits-2", "precision": "fp32"}}])
+    store, kube, rec = _setup(body)
+    store.builds = {("ns", "digits-2"): _per_gpu_build(["cpu"])}
+    kube.node_labels = {"gpu-l4": {"nvidia.com/gpu.product": L4}, "cpu-1": {}}
+    await rec.reconcile(("ns", "svc"), False)
+    assert _degraded(kube)["status"] == "False", "no pod scheduled yet"
+    assert kube.node_lists == 0, "nodes are listed only once pods are scheduled"
+
+    _pod_on(store, "p1", "gpu-l4")
+    await rec.reconcile(("ns", "svc"), False)
+    degraded = _degraded(kube)
+    assert degraded["reason"] == "EngineMissingForTarget", degraded
+    assert degraded["message"].startswith(
+        "spec.models[digits].build: model digits has pods on node gpu-l4 (target NVIDIA-L4) "
+        "but ModelBuild digits-2 has no engine for target NVIDIA-L4"
+    ), degraded
+    assert ("Warning", "EngineMissingForTarget") in [(e.type, e.reason) for e in kube.events]
+
+    _pod_on(store, "p1", "cpu-1")  # the pod moved
+    await rec.reconcile(("ns", "svc"), False)
+    assert _degraded(kube)["status"] == "False", _degraded(kube)
+
+    _pod_on(store, "p1", "gpu-l4")
+    await rec.reconcile(("ns", "svc"), False)
+    assert _degraded(kube)["reason"] == "EngineMissingForTarget"
+    store.builds = {("ns", "digits-2"): _per_gpu_build(["cpu", L4])}  # the L4 engine published
+    await rec.reconcile(("ns", "svc"), False)
+    assert _degraded(kube)["status"] == "False", _degraded(kube)
+
+
+async def test_a_cpu_only_build_lists_no_nodes() -> None:
+    body = minimal(models=[{"name": "digits", "build": {"name": "digits-2", "precision": "fp32"}}])
+    store, kube, rec = _setup(body)
+    cpu_only = _per_gpu_build(["cpu"])
+    cpu_only["spec"].update(backend="onnxruntime", targets=["cpu"])
+    store.builds = {("ns", "digits-2"): cpu_only}
+    kube.node_labels = {"gpu-l4": {"nvidia.com/gpu.product": L4}}
+    _pod_on(store, "p1", "gpu-l4")
+    await rec.reconcile(("ns", "svc"), False)
+    assert _degraded(kube)["status"] == "False", _degraded(kube)
+    assert kube.node_lists == 0

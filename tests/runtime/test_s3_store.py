@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 import time
 from pathlib import Path
@@ -15,7 +16,13 @@ import tritonclient.http as triton
 
 from tidal.runtime.config import S3Spec
 from tidal.runtime.errors import EngineLoadError
-from tidal.runtime.storage import EngineStore, in_order, part_ranges, split_s3_uri
+from tidal.runtime.storage import (
+    BackgroundDigest,
+    EngineStore,
+    in_order,
+    part_ranges,
+    split_s3_uri,
+)
 from tidal.sandbox.objectstore import ObjectStore
 
 MIB = 2**20
@@ -35,6 +42,21 @@ def test_part_ranges_cover_the_object_once() -> None:
     assert part_ranges(10, 4) == [(0, 4), (4, 8), (8, 10)]
     assert part_ranges(8, 4) == [(0, 4), (4, 8)]
     assert part_ranges(0, 4) == []
+
+
+def test_the_background_digest_is_the_sha256_of_the_chunks_in_order() -> None:
+    chunks = [os.urandom(n) for n in (1, 4096, 2**20, 3)]
+    with BackgroundDigest(lag=2) as digest:
+        for chunk in chunks:
+            digest.update(memoryview(chunk))
+        assert digest.hexdigest() == hashlib.sha256(b"".join(chunks)).hexdigest()
+
+
+def test_the_background_digest_thread_ends_with_its_block_on_failure() -> None:
+    with pytest.raises(OSError), BackgroundDigest() as digest:
+        digest.update(b"x")
+        raise OSError("disk full")
+    assert not digest._thread.is_alive()
 
 
 def test_in_order_yields_parts_in_order_within_the_window() -> None:
