@@ -32,6 +32,13 @@ The modules follow the resource's sections; import from this package, not from t
     service      the spec and the resource put together; parsing and error wording
 """
 
+from tidal.common.contract import (
+    BYTES_MESSAGE,
+    BYTES_PATTERN,
+    QUANTITY_UNITS,
+    is_whole_bytes,
+    quantity_bytes,
+)
 from tidal.operator.core.api.autoscaling import (
     HOST_TIER_MESSAGE,
     Autoscaling,
@@ -79,11 +86,6 @@ from tidal.operator.core.api.fleet import (
     FleetPlacement,
 )
 from tidal.operator.core.api.formats import (
-    _UNITS as _UNITS,
-)
-from tidal.operator.core.api.formats import (
-    BYTES_MESSAGE,
-    BYTES_PATTERN,
     DNS_LABEL_PATTERN,
     DNS_SUBDOMAIN_PATTERN,
     DURATION_PATTERN,
@@ -107,9 +109,7 @@ from tidal.operator.core.api.formats import (
     Quantity,
     WeightStreamingBudget,
     duration_seconds,
-    is_whole_bytes,
     percent_value,
-    quantity_bytes,
     quantity_cmp,
 )
 from tidal.operator.core.api.pod import (
@@ -166,6 +166,9 @@ from tidal.operator.core.api.status import (
     ServiceMetrics,
     TimeToRoutable,
 )
+
+# The suffixes' values, by the name the module api.py gave them (tests read it).
+_UNITS = QUANTITY_UNITS
 
 __all__ = [
     "ANNOTATION_CONFIG_HASH",

@@ -13,10 +13,9 @@ from pydantic import (
     model_validator,
 )
 
+from tidal.common.contract import BYTES_MESSAGE, BYTES_PATTERN, is_whole_bytes, quantity_bytes
 from tidal.operator.core.api.base import ApiModel, _matches, _rules, cel
 from tidal.operator.core.api.formats import (
-    BYTES_MESSAGE,
-    BYTES_PATTERN,
     DNS_SUBDOMAIN_PATTERN,
     ENGINE_URI_PATTERN,
     GPU_ARCH_PATTERN,
@@ -27,9 +26,7 @@ from tidal.operator.core.api.formats import (
     ByteQuantity,
     WeightStreamingBudget,
     _whole_bytes_cel,
-    is_whole_bytes,
     percent_value,
-    quantity_bytes,
 )
 from tidal.operator.core.api.pod import Backend
 

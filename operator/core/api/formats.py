@@ -2,12 +2,12 @@
 constrained string types built from them (:data:`Quantity`, :data:`ByteQuantity`,
 :data:`Percent`, :data:`Duration`, ...), and the functions that read quantities, percentages
 and durations as numbers. Each constrained type carries its pydantic check and, where a regex
-cannot say it, its CEL rule, so that the API server and the operator agree."""
+cannot say it, its CEL rule, so that the API server and the operator agree. Quantities are read
+as the runtime reads them: by :mod:`tidal.common.contract`."""
 
 from __future__ import annotations
 
 import re
-from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any
 
 from pydantic import (
@@ -16,18 +16,17 @@ from pydantic import (
     StringConstraints,
 )
 
+from tidal.common.contract import (
+    BYTES_MESSAGE,
+    BYTES_PATTERN,
+    is_whole_bytes,
+    quantity_value,
+)
 from tidal.operator.core.api.base import _matches, _rules, cel
 
 # Kubernetes quantities ("20Gi", "512Mi", "1.5G") and percentages ("60%"). Bounds on the
 # percentage are checked by CEL (below) because a regex bound on a number reads badly.
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
-# Byte counts: no milli suffix, and a fraction only before a unit (_whole_bytes_cel then
-# rejects the fractions of a byte that remain, such as 1.0001k).
-BYTES_PATTERN = r"^([0-9]+|[0-9]+(\.[0-9]+)?(k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei))$"
-BYTES_MESSAGE = (
-    "must be a whole number of bytes, such as 20Gi, 1500Mi or 1.5G (no m suffix, no fraction "
-    "of a byte)"
-)
 PERCENT_PATTERN = r"^[0-9]+(\.[0-9]+)?%$"
 WEIGHT_STREAMING_PATTERN = r"^(auto|[0-9]+(\.[0-9]+)?((Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?|%))$"
 # Go durations as CEL's duration() parses them, restricted to the units that make sense here.
@@ -49,53 +48,10 @@ QUALIFIED_NAME_MAX = 317  # a 253-character prefix, '/', a 63-character name
 LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 IMAGE_PATTERN = r"^[^\s]+$"
 
-_UNITS: dict[str, float] = {
-    "": 1,
-    "m": 0.001,
-    "E": 10**18,
-    "Ei": 2**60,
-    "k": 10**3,
-    "M": 10**6,
-    "G": 10**9,
-    "T": 10**12,
-    "P": 10**15,
-    "Ki": 2**10,
-    "Mi": 2**20,
-    "Gi": 2**30,
-    "Ti": 2**40,
-    "Pi": 2**50,
-}
-
-
-def _quantity_value(value: str) -> Decimal:
-    match = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([A-Za-z]*)", value)
-    if match is None or match.group(2) not in _UNITS:
-        raise ValueError(f"not a quantity: {value!r}")
-    try:
-        number = Decimal(match.group(1))
-    except InvalidOperation:
-        raise ValueError(f"not a quantity: {value!r}") from None
-    unit = match.group(2)
-    return number * (Decimal("0.001") if unit == "m" else Decimal(int(_UNITS[unit])))
-
-
-def quantity_bytes(value: str) -> int:
-    """Bytes of a Kubernetes quantity such as ``20Gi`` (no percentages; rounded down)."""
-    return int(_quantity_value(value))
-
-
-def is_whole_bytes(value: str) -> bool:
-    """Whether a quantity is a whole number of bytes below 2^63 (the CRD's CEL rule)."""
-    try:
-        exact = _quantity_value(value)
-    except ValueError:
-        return False
-    return exact == exact.to_integral_value() and exact < 2**63
-
 
 def quantity_cmp(left: str, right: str) -> int:
     """-1, 0 or 1 as quantity ``left`` is below, equal to or above ``right`` (exact)."""
-    a, b = _quantity_value(left), _quantity_value(right)
+    a, b = quantity_value(left), quantity_value(right)
     return (a > b) - (a < b)
 
 

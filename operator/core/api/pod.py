@@ -17,6 +17,7 @@ from pydantic import (
     model_validator,
 )
 
+from tidal.common.contract import RUNTIME_ENV_NAMES, is_whole_bytes
 from tidal.operator.core.api.base import ApiModel, _matches, _rules, cel
 from tidal.operator.core.api.formats import (
     DNS_SUBDOMAIN_PATTERN,
@@ -30,7 +31,6 @@ from tidal.operator.core.api.formats import (
     Quantity,
     _bad_qualified_keys,
     _whole_bytes_cel,
-    is_whole_bytes,
     quantity_cmp,
 )
 
@@ -187,16 +187,7 @@ class GatewayResourceRequirements(ResourceRequirements):
 
 
 # Variables the operator sets in the runtime container (its contract with the runtime).
-RESERVED_ENV_NAMES = (
-    "TIDAL_HOST",
-    "POD_IP",
-    "TIDAL_PORT",
-    "TIDAL_GRPC_PORT",
-    "POD_NAME",
-    "POD_NAMESPACE",
-    "TIDAL_LOG_LEVEL",
-    "TIDAL_RUNTIME_CONFIG_JSON",
-)
+RESERVED_ENV_NAMES = RUNTIME_ENV_NAMES
 RESERVED_ENV_MESSAGE = (
     f"runtime.env[].name must not be one the operator sets ({', '.join(RESERVED_ENV_NAMES)}); "
     "runtime.logLevel sets TIDAL_LOG_LEVEL"
