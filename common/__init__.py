@@ -4,4 +4,7 @@ The runtime, the gateway and the operator are independent (an import-linter cont
 the two HTTP servers must do alike (read a request body within limits, refuse client mistakes
 with a JSON error, keep client faults out of the error log) lives here, imports neither of them,
 and is imported by both.
+
+What the operator and the runtime must agree on (how a byte quantity reads, the default engine
+budget, a runtime pod's environment and ports) is :mod:`tidal.common.contract`.
 """

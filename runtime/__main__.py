@@ -15,9 +15,17 @@ import os
 import signal
 import sys
 
+from tidal.common.contract import (
+    ENV_GRPC_PORT,
+    ENV_HOST,
+    ENV_LOG_LEVEL,
+    ENV_PORT,
+    RUNTIME_GRPC_PORT,
+    RUNTIME_HTTP_PORT,
+)
 from tidal.runtime.config import ConfigError, load_config
 
-DEFAULT_GRPC_PORT = 8081
+DEFAULT_GRPC_PORT = RUNTIME_GRPC_PORT
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -25,7 +33,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="tidal-runtime", description="tidal inference runtime (Open Inference Protocol v2)"
     )
     parser.add_argument("--config", help="YAML or JSON file (else TIDAL_RUNTIME_CONFIG[_JSON])")
-    parser.add_argument("--host", default=os.environ.get("TIDAL_HOST", "0.0.0.0"))
+    parser.add_argument("--host", default=os.environ.get(ENV_HOST, "0.0.0.0"))
     parser.add_argument("--port", type=int, default=None)
     parser.add_argument(
         "--grpc-port",
@@ -33,7 +41,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help=f"OIP v2 gRPC port (else TIDAL_GRPC_PORT, else {DEFAULT_GRPC_PORT}); 0: no gRPC",
     )
-    parser.add_argument("--log-level", default=os.environ.get("TIDAL_LOG_LEVEL", "INFO"))
+    parser.add_argument("--log-level", default=os.environ.get(ENV_LOG_LEVEL, "INFO"))
     parser.add_argument(
         "--check-config", action="store_true", help="validate the configuration and exit"
     )
@@ -49,7 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         config = load_config(args.config)
-        port = args.port if args.port is not None else int(os.environ.get("TIDAL_PORT", "8080"))
+        port = (
+            args.port
+            if args.port is not None
+            else int(os.environ.get(ENV_PORT, str(RUNTIME_HTTP_PORT)))
+        )
     except ConfigError as exc:
         print(f"tidal-runtime: {exc}", file=sys.stderr)
         return 2
@@ -59,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     # The default gRPC port is taken when free; one asked for (flag or variable) must be bound.
-    grpc_text = os.environ.get("TIDAL_GRPC_PORT", "")
+    grpc_text = os.environ.get(ENV_GRPC_PORT, "")
     grpc_asked = args.grpc_port is not None or bool(grpc_text)
     try:
         grpc_port = (

@@ -25,6 +25,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from tidal.common.contract import DEFAULT_ENGINE_CACHE_BUDGET_BYTES, ENV_RUNTIME_CONFIG_JSON
 from tidal.runtime.core.cache import POLICIES
 from tidal.runtime.core.engines import (
     PRECISIONS,
@@ -122,7 +123,8 @@ class ModelSpec(_Model):
 
 class MemorySpec(_Model):
     engine_cache_budget_bytes: ByteSize = Field(
-        default=8 * 2**30, description="device bytes the hot set of engines may use"
+        default=DEFAULT_ENGINE_CACHE_BUDGET_BYTES,
+        description="device bytes the hot set of engines may use",
     )
     weight_streaming_budget: str | int | None = Field(
         default=None, description="TensorRT only: bytes, 'N%' of streamable weights, or 'auto'"
@@ -328,11 +330,11 @@ def load_config(path: str | None = None, env: dict[str, str] | None = None) -> R
         data = _read_file(path)
     elif env.get("TIDAL_RUNTIME_CONFIG"):
         data = _read_file(env["TIDAL_RUNTIME_CONFIG"])
-    elif env.get("TIDAL_RUNTIME_CONFIG_JSON"):
+    elif env.get(ENV_RUNTIME_CONFIG_JSON):
         try:
-            data = json.loads(env["TIDAL_RUNTIME_CONFIG_JSON"])
+            data = json.loads(env[ENV_RUNTIME_CONFIG_JSON])
         except ValueError as exc:
-            raise ConfigError(f"TIDAL_RUNTIME_CONFIG_JSON is not valid JSON: {exc}") from None
+            raise ConfigError(f"{ENV_RUNTIME_CONFIG_JSON} is not valid JSON: {exc}") from None
     else:
         data = {}
     if data is None:

@@ -30,6 +30,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tidal.common import http as common_http
+from tidal.common.contract import ENV_POD_NAME
 from tidal.common.http import BodyError, JsonErrorRunner, declared_too_large, quiet_logger
 from tidal.runtime import __version__
 from tidal.runtime.backends import Backend, TensorSpec, make_backend
@@ -310,7 +311,7 @@ class RuntimeServer:
         self._preload_retry_s = 1.0
         self._startup_task: asyncio.Task[None] | None = None
         self._random = random.Random(config.faults.seed)
-        self.replica_name = os.environ.get("POD_NAME") or None  # else the listening host:port
+        self.replica_name = os.environ.get(ENV_POD_NAME) or None  # else the listening host:port
 
     # -- lifecycle ----------------------------------------------------------------------------
 

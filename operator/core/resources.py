@@ -26,6 +26,19 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from tidal.common.contract import (
+    DEFAULT_ENGINE_CACHE_BUDGET_BYTES,
+    ENV_GRPC_PORT,
+    ENV_HOST,
+    ENV_LOG_LEVEL,
+    ENV_POD_IP,
+    ENV_POD_NAME,
+    ENV_POD_NAMESPACE,
+    ENV_PORT,
+    ENV_RUNTIME_CONFIG_JSON,
+    RUNTIME_GRPC_PORT,
+    RUNTIME_HTTP_PORT,
+)
 from tidal.operator.core.api import (
     ANNOTATION_CONFIG_HASH,
     API_VERSION,
@@ -54,15 +67,14 @@ from tidal.operator.core.images import runtime_image
 
 LABEL_COMPONENT = f"{GROUP}/component"
 
-RUNTIME_PORT = 8080
-RUNTIME_GRPC_PORT = 8081  # OIP v2 gRPC (inference.GRPCInferenceService)
+RUNTIME_PORT = RUNTIME_HTTP_PORT
 GATEWAY_PORT = 8080
 GATEWAY_GRPC_PORT = 8081  # OIP v2 gRPC passed through (tidal.gateway.grpc_proxy)
 GATEWAY_CONTAINER = "gateway"
 COMPONENT_GATEWAY = "gateway"
 GATEWAY_CONFIG_ENV = "TIDAL_GATEWAY_CONFIG_JSON"
 # The runtime's engine budget when spec.memory.engineCacheBudget is unset (tidal.runtime.config).
-RUNTIME_DEFAULT_ENGINE_BUDGET = 8 * 2**30
+RUNTIME_DEFAULT_ENGINE_BUDGET = DEFAULT_ENGINE_CACHE_BUDGET_BYTES
 CONFIG_KEY = "runtime-config.json"
 CONTAINER_NAME = "runtime"
 # Runtime and gateway pods run as this numeric user with a read-only root filesystem (the
@@ -78,7 +90,7 @@ ANNOTATION_APPLIED_HASH = "serving.tidal.dev/applied-hash"
 ENGINE_FORMAT = {Backend.ONNXRUNTIME: "onnx", Backend.TENSORRT: "plan"}
 # What tidal.runtime's storage can read today (the API also admits gs://).
 RUNTIME_FETCH_SCHEMES = frozenset({"file", "http", "https", "s3"})
-RUNTIME_CONFIG_ENV = "TIDAL_RUNTIME_CONFIG_JSON"
+RUNTIME_CONFIG_ENV = ENV_RUNTIME_CONFIG_JSON
 # Linux refuses to exec a process with one environment string (NAME=value and its NUL) longer
 # than MAX_ARG_STRLEN (32 pages): the runtime's config travels in one variable.
 MAX_ENV_STRING_BYTES = 32 * 4096
@@ -519,13 +531,13 @@ def _env(isvc: InferenceService, pool: Pool) -> list[dict[str, Any]]:
         return {"fieldRef": {"fieldPath": path}}
 
     fixed: list[dict[str, Any]] = [
-        {"name": "TIDAL_HOST", "valueFrom": field_ref("status.podIP")},
-        {"name": "POD_IP", "valueFrom": field_ref("status.podIP")},
-        {"name": "TIDAL_PORT", "value": str(RUNTIME_PORT)},
-        {"name": "TIDAL_GRPC_PORT", "value": str(RUNTIME_GRPC_PORT)},
-        {"name": "POD_NAME", "valueFrom": field_ref("metadata.name")},
-        {"name": "POD_NAMESPACE", "valueFrom": field_ref("metadata.namespace")},
-        {"name": "TIDAL_LOG_LEVEL", "value": pool.runtime.log_level.value},
+        {"name": ENV_HOST, "valueFrom": field_ref("status.podIP")},
+        {"name": ENV_POD_IP, "valueFrom": field_ref("status.podIP")},
+        {"name": ENV_PORT, "value": str(RUNTIME_PORT)},
+        {"name": ENV_GRPC_PORT, "value": str(RUNTIME_GRPC_PORT)},
+        {"name": ENV_POD_NAME, "valueFrom": field_ref("metadata.name")},
+        {"name": ENV_POD_NAMESPACE, "valueFrom": field_ref("metadata.namespace")},
+        {"name": ENV_LOG_LEVEL, "value": pool.runtime.log_level.value},
         {
             "name": RUNTIME_CONFIG_ENV,
             "valueFrom": {

@@ -1,26 +1,18 @@
-"""Parsing of byte quantities ("20Gi", "512Mi", 1048576) and fractions ("60%")."""
+"""Parsing of byte quantities ("20Gi", "512Mi", 1048576) and fractions ("60%").
+
+A quantity string is read by :func:`tidal.common.contract.parse_byte_quantity`, the reading the
+operator's CRD documents and the operator itself uses, so that a budget means the same bytes on
+both sides."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
-_UNITS: dict[str, int] = {
-    "": 1,
-    "k": 10**3,
-    "M": 10**6,
-    "G": 10**9,
-    "T": 10**12,
-    "Ki": 2**10,
-    "Mi": 2**20,
-    "Gi": 2**30,
-    "Ti": 2**40,
-}
-_QUANTITY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kMGT]i?|)B?\s*$")
+from tidal.common.contract import parse_byte_quantity
 
 
 def parse_bytes(value: int | float | str) -> int:
-    """Bytes from an int or a Kubernetes-style quantity string ("20Gi", "1.5G", "4096")."""
+    """Bytes from an int or a Kubernetes byte quantity string ("20Gi", "1.5G", "4096")."""
     if isinstance(value, bool):
         raise ValueError("a byte quantity must be a number or a string like '20Gi'")
     if isinstance(value, int):
@@ -31,11 +23,7 @@ def parse_bytes(value: int | float | str) -> int:
         if value < 0 or not value.is_integer():
             raise ValueError("a byte quantity must be a whole, non-negative number of bytes")
         return int(value)
-    match = _QUANTITY.match(value)
-    if match is None:
-        raise ValueError(f"{value!r} is not a byte quantity (expected e.g. 4096, '512Mi', '20Gi')")
-    number, unit = match.groups()
-    return int(float(number) * _UNITS[unit])
+    return parse_byte_quantity(value)
 
 
 @dataclass(frozen=True)

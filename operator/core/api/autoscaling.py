@@ -1,0 +1,148 @@
+"""``spec.autoscaling``: replica bounds, the autoscaler's targets, warm standby and scale to
+zero."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import (
+    ConfigDict,
+    Field,
+    model_validator,
+)
+
+from tidal.operator.core.api.base import ApiModel, _rules, cel
+
+
+class StandbyTier(StrEnum):
+    """Where a warm standby replica keeps its engines."""
+
+    DEVICE = "device"  # loaded and warm on the device: promotion is a label flip
+    HOST = "host"  # fetched, verified and staged in host memory: promotion loads and warms
+
+
+HOST_TIER_MESSAGE = (
+    "spec.autoscaling.standbyTier: host needs spec.autoscaling.standbyReplicas (or "
+    "maxStandbyReplicas) above 0: there is no standby replica to keep host-warm"
+)
+
+
+class Autoscaling(ApiModel):
+    """Replica bounds and targets for the autoscaler (primary pool)."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            cel(
+                "self.maxReplicas < 1 || self.minReplicas <= self.maxReplicas",
+                "spec.autoscaling.minReplicas must be <= spec.autoscaling.maxReplicas",
+                ".minReplicas",
+            ),
+            cel(
+                "self.maxReplicas < 1 || self.standbyReplicas <= self.maxReplicas",
+                "spec.autoscaling.standbyReplicas must be <= spec.autoscaling.maxReplicas",
+                ".standbyReplicas",
+            ),
+            cel(
+                "!has(self.maxStandbyReplicas) || (self.maxStandbyReplicas >= "
+                "self.standbyReplicas && self.maxStandbyReplicas <= self.maxReplicas)",
+                "spec.autoscaling.maxStandbyReplicas must be >= standbyReplicas and <= maxReplicas",
+                ".maxStandbyReplicas",
+            ),
+            cel(
+                "self.standbyTier != 'host' || self.standbyReplicas > 0 || "
+                "(has(self.maxStandbyReplicas) && self.maxStandbyReplicas > 0)",
+                HOST_TIER_MESSAGE,
+                ".standbyTier",
+            ),
+        )
+    )
+
+    min_replicas: int = Field(
+        default=1, ge=0, le=1000, description="Fewest replicas; 0 allows scale to zero."
+    )
+    max_replicas: int = Field(default=10, ge=1, le=1000, description="Most replicas.")
+    target_utilization: float = Field(
+        default=0.7,
+        gt=0,
+        le=1,
+        description="Share of a replica's capacity to load it with. The operator learns the "
+        "capacity (requests per second at saturation) from the runtime's batch timings.",
+    )
+    target_queue_depth: float | None = Field(
+        default=None,
+        gt=0,
+        le=10000,
+        description="In-flight plus queued requests per ready replica to aim for; when set it "
+        "replaces targetUtilization as the target.",
+    )
+    target_p99_ms: float | None = Field(
+        default=None,
+        gt=0,
+        le=600000,
+        description="Hot-path P99 latency to stay under, in milliseconds; unset: queue only.",
+    )
+    standby_replicas: int = Field(
+        default=0,
+        ge=0,
+        le=100,
+        description="Warm replicas kept out of the Service and promoted at once on a surge "
+        "(with maxStandbyReplicas: the fewest).",
+    )
+    max_standby_replicas: int | None = Field(
+        default=None,
+        ge=0,
+        le=100,
+        description="Size the standby from the surges the service has seen: enough learned "
+        "capacity for the largest rise of the request rate within one warm-up (remembered "
+        "with a one-hour half-life), between standbyReplicas and this. Unset: "
+        "standbyReplicas, fixed.",
+    )
+    standby_tier: StandbyTier = Field(
+        default=StandbyTier.DEVICE,
+        description="device: standby engines stay on the device (promotion is a label flip); "
+        "host: they are staged in host memory, off the device (promotion loads them from there "
+        "and warms them up, about a second, before the replica joins the Service).",
+    )
+    scale_down_delay_seconds: int = Field(
+        default=300,
+        ge=0,
+        le=86400,
+        description="How long demand must stay low before replicas are removed.",
+    )
+    scale_to_zero_after_seconds: int = Field(
+        default=300,
+        ge=0,
+        le=86400,
+        description="With minReplicas 0: seconds without any request before the last replica "
+        "(and the standby) is removed. A request held at the gateway or demand the service's "
+        "forecast expects within one time-to-routable (plus 30 s) keeps it, and brings a "
+        "service at zero back. A new service keeps its first replica until one has been Ready "
+        "(at most 600 s), so that a model that cannot load shows before it goes to zero.",
+    )
+    hold_timeout_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        le=600,
+        description="With minReplicas 0 (and no spec.fleet): longest the gateway in front of "
+        "the service holds a request while it wakes from zero; then 503 with Retry-After (a "
+        "request's own timeout parameter shortens it). Unset: 120, twice the time-to-routable "
+        "assumed of a GPU replica until one is measured. A fleet's gateway holds for "
+        "spec.fleet.gateway.holdTimeoutSeconds instead.",
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Autoscaling:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("spec.autoscaling.minReplicas must be <= spec.autoscaling.maxReplicas")
+        if self.standby_replicas > self.max_replicas:
+            raise ValueError(
+                "spec.autoscaling.standbyReplicas must be <= spec.autoscaling.maxReplicas"
+            )
+        top = self.max_standby_replicas
+        if top is not None and not self.standby_replicas <= top <= self.max_replicas:
+            raise ValueError(
+                "spec.autoscaling.maxStandbyReplicas must be >= standbyReplicas and <= maxReplicas"
+            )
+        if self.standby_tier is StandbyTier.HOST and self.standby_replicas == 0 and not top:
+            raise ValueError(HOST_TIER_MESSAGE)
+        return self
