@@ -607,6 +607,14 @@ def test_with_grpc_on_and_a_broken_model_every_error_is_json_and_the_good_models
         while get_status(port, f"/v2/models/{model}/ready") != 200:
             assert time.monotonic() < deadline, f"{model} did not load beside a broken model"
             time.sleep(0.05)
+    # ... and for the broken one to have failed (on a loaded machine its load may still be
+    # under way when the others are ready: a 503 that says "loading", not "failed to load").
+    ready_request = b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n"
+    while "'broken' failed to load" not in str(exchange_for_error(port, ready_request)[1]):
+        assert time.monotonic() < deadline, (
+            f"broken never reported failing: {exchange_for_error(port, ready_request)}"
+        )
+        time.sleep(0.05)
 
     check_protocol_faults(port)
 
@@ -622,7 +630,7 @@ def test_with_grpc_on_and_a_broken_model_every_error_is_json_and_the_good_models
     statuses, elapsed, _ = fuzz(port, routes, broken="broken", between=good_models_serve)
     good_models_serve(CASES)
     # Not ready, saying which model failed and why (the operator's Degraded quotes it).
-    status, error = exchange_for_error(port, b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n")
+    status, error = exchange_for_error(port, ready_request)
     assert status == 503 and "'broken' failed to load" in str(error), (status, error)
     loud = [
         r
