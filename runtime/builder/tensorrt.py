@@ -348,11 +348,14 @@ class TensorRTMaker:
             config.clear_flag(flag)
         calibrator, used = None, None
         if precision == "int8":
+            assert self.spec.calibration is not None  # the spec's rule
+            # Checked first: a fixed batch that differs from the calibration batch is an error.
+            shapes = calibration_shapes(
+                self._inputs, self._shapes, self.spec.calibration.batch_size
+            )
             calibrator, used = self._calibrator(engine, calibration_file)
             config.int8_calibrator = calibrator
             if any(-1 in i.dims for i in self._inputs):
-                batch = self.spec.calibration.batch_size if self.spec.calibration else 1
-                shapes = calibration_shapes(self._inputs, self._shapes, batch)
                 config.set_calibration_profile(self._profile(shapes))
         self._messages.clear()
         try:
