@@ -303,8 +303,8 @@ class TensorRTMaker:
                 f"target: {target} asked, this machine's GPU is {arch}: a TensorRT plan runs on "
                 "the GPU architecture that built it"
             )
-        err, runtime = cm.cudart().cudaRuntimeGetVersion()
-        cuda = f"{int(runtime) // 1000}.{int(runtime) % 1000 // 10}" if not int(err) else "?"
+        runtime = int(cm.check(cm.cudart().cudaRuntimeGetVersion(), "cudaRuntimeGetVersion"))
+        cuda = f"{runtime // 1000}.{runtime % 1000 // 10}"  # 13000 -> 13.0
         return tensorrt_libraries(str(self.trt.__version__), arch, cuda)
 
     def reference(self, source: Path, validation_file: Path) -> Reference:
