@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # The tidal runtime: `tidal-runtime` (Open Inference Protocol v2 server) on NVIDIA's TensorRT
 # image, which brings CUDA, TensorRT and its Python bindings; ONNX Runtime (CPU) comes with
-# the project for the onnxruntime backend.
+# the project for the onnxruntime backend. It also runs TensorRT ModelBuild Jobs.
 #
 # Build from the repository root (the context must be the repository):
 #   docker build -f images/runtime.Dockerfile -t ghcr.io/tidal-serving/tidal-runtime:0.1.0 .
@@ -33,17 +33,22 @@ LABEL org.opencontainers.image.title="tidal-runtime" \
       org.opencontainers.image.version="0.1.0" \
       org.opencontainers.image.source="https://github.com/tidal-serving/tidal" \
       org.opencontainers.image.licenses="Apache-2.0"
+# The `builder` extra makes this the image of TensorRT ModelBuild Jobs too (`python -m
+# tidal.runtime.builder`, runtime/BUILD.md): NVIDIA's image brings TensorRT's builder, which
+# no package index these images are made from serves.
 # The `gpu` extra is deliberately not installed: its TensorRT wheels would shadow the base
 # image's `tensorrt` module with bindings that may not match the image's libnvinfer. Only
 # cuda-python (the other half of the gpu extra) is added. PIP_BREAK_SYSTEM_PACKAGES: the
 # image's Python is the system one (PEP 668); this image exists to run this one program.
 COPY --from=wheel /wheels /tmp/wheels
 RUN PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-cache-dir \
-      "$(echo /tmp/wheels/tidal-*.whl)[runtime,gateway]" "cuda-python>=13,<14" \
+      "$(echo /tmp/wheels/tidal-*.whl)[runtime,gateway,builder]" "cuda-python>=13,<14" \
  && rm -rf /tmp/wheels \
  && python3 -c "import tensorrt; print('TensorRT', tensorrt.__version__)" \
  && tidal-runtime --help > /dev/null \
  && tidal-gateway --help > /dev/null \
+ && python3 -m tidal.runtime.builder --help > /dev/null \
+ && python3 -c "import tidal.runtime.builder.tensorrt as t; t.import_builder()" \
  && useradd --uid 65532 --user-group --create-home --home-dir /home/tidal \
       --shell /usr/sbin/nologin tidal
 ENV PYTHONUNBUFFERED=1 \

@@ -78,12 +78,15 @@ class BuildBackend(StrEnum):
     TORCH = "torch"
 
 
-# Backends the operator runs Jobs for. TensorRT's builder is not on the package index these
-# images are made from (FACTS.md); the torch (AOTInductor) builder exists (runtime/BUILD.md)
-# but needs torch, which no published image carries, and a GPU target given as an
-# architecture (the operator's default targets are GPU products): a ModelBuild naming either
-# is accepted (the API is meant to last) and reported Degraded, with no Job run.
-RUNNABLE_BACKENDS = frozenset({BuildBackend.ONNXRUNTIME})
+# Backends the operator runs Jobs for (``plan_build``'s default). Each Job runs the builder in
+# an image: ``spec.image``, else the runtime image of the backend (onnxruntime: the CPU runtime
+# image; tensorrt: the runtime image on NVIDIA's TensorRT image, whose builder is written to
+# TensorRT's documented API and was never run on this project's machines, runtime/BUILD.md).
+# No published image carries torch: a torch build runs only when ``spec.image`` names one.
+RUNNABLE_BACKENDS = frozenset(BuildBackend)
+# Backends whose builds run with no image named (a runtime image of this release carries them).
+BACKENDS_WITH_IMAGES = frozenset({BuildBackend.ONNXRUNTIME, BuildBackend.TENSORRT})
+GPU_RESOURCE = "nvidia.com/gpu"
 
 
 class BuildPrecision(StrEnum):
@@ -94,7 +97,8 @@ class BuildPrecision(StrEnum):
 
 
 class BuildSource(ApiModel):
-    """The FP32 ONNX model every engine is built from and compared with."""
+    """The FP32 model every engine is built from and compared with: ONNX (onnxruntime,
+    tensorrt) or a ``torch.export`` program (torch)."""
 
     uri: str = Field(
         max_length=2048,
@@ -163,11 +167,14 @@ class ModelBuildSpec(ApiModel):
         description="The version built; a published version is immutable (change inputs: "
         "build a new version).",
     )
-    source: BuildSource = Field(description="The FP32 ONNX model.")
+    source: BuildSource = Field(
+        description="The FP32 model: ONNX, or for torch a torch.export program (.pt2)."
+    )
     backend: BuildBackend = Field(
         default=BuildBackend.ONNXRUNTIME,
-        description="onnxruntime (runs here, target cpu); tensorrt and torch are part of the "
-        "API, but the operator does not run their builders in this release: Degraded.",
+        description="onnxruntime (target cpu, the CPU runtime image); tensorrt (GPU targets, "
+        "the NVIDIA runtime image, one GPU per Job); torch (AOTInductor: targets sm90-like or "
+        "cpu; needs spec.image, an image with torch).",
     )
     targets: list[Target] = Field(
         default_factory=list,
@@ -217,7 +224,8 @@ class ModelBuildSpec(ApiModel):
         default=None,
         max_length=512,
         pattern=IMAGE_PATTERN,
-        description="Builder image; unset: the runtime image of the backend.",
+        description="Builder image; unset: the runtime image of the backend (torch has none: "
+        "name an image with torch).",
     )
     tolerations: list[Toleration] = Field(
         default_factory=list, max_length=16, description="Tolerations of the build pods."

@@ -2,8 +2,9 @@
 
 * :func:`resolve_targets`: the targets of a build (its own, or by default ``cpu`` for ONNX
   Runtime and every GPU product among the nodes' labels for the GPU backends).
-* :func:`builder_spec`, :func:`inputs_digest`, :func:`make_job`: the Job of one target, named
-  from a digest of everything it is handed (same inputs, same name: never built twice).
+* :func:`builder_image`, :func:`builder_spec`, :func:`inputs_digest`, :func:`make_job`: the
+  Job of one target, in the backend's image, with a GPU for a GPU target, named from a digest
+  of everything it is handed (same inputs, same name: never built twice).
 * :func:`read_job`: a Job and its pod, as the shell saw them, to a :class:`JobOutcome` (the
   builder's report from the pod's termination message, or the log's tail of a failure).
 * :func:`plan_build`: build + nodes + Jobs + previous status + now -> Jobs to create, the new
@@ -41,11 +42,13 @@ from tidal.operator.core.api import (
 from tidal.operator.core.buildapi import (
     ANNOTATION_INPUTS,
     ARCH_TARGET_PATTERN,
+    BACKENDS_WITH_IMAGES,
     BUILD_KIND,
     CPU_TARGET,
     GPU_MAJOR_LABEL,
     GPU_MINOR_LABEL,
     GPU_PRODUCT_LABEL,
+    GPU_RESOURCE,
     LABEL_BUILD,
     LABEL_TARGET,
     RUNNABLE_BACKENDS,
@@ -125,6 +128,15 @@ def nodes_of(target: str, nodes: Sequence[NodeInfo]) -> list[str]:
 # -- the Job of one target ---------------------------------------------------------------------
 
 
+def builder_image(build: ModelBuild, images: Mapping[BuildBackend, str]) -> str | None:
+    """The image a build's Jobs run: ``spec.image``, else the runtime image of its backend
+    (``images``: the operator's runtime images); None for torch, which no such image carries."""
+    if build.spec.image:
+        return build.spec.image
+    backend = build.spec.backend
+    return images.get(backend) if backend in BACKENDS_WITH_IMAGES else None
+
+
 def builder_spec(build: ModelBuild, target: str) -> dict[str, Any]:
     """The spec handed to ``python -m tidal.runtime.builder`` for one target (its wire shape:
     ``tidal.runtime.builder.spec.BuildSpec``)."""
@@ -192,6 +204,9 @@ def make_job(build: ModelBuild, target: str, image: str) -> dict[str, Any]:
         "terminationMessagePath": report,
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
+    if target != CPU_TARGET:
+        # The builder compiles for, and measures on, the GPU of the node it runs on.
+        container["resources"] = {"limits": {GPU_RESOURCE: "1"}, "requests": {GPU_RESOURCE: "1"}}
     if build.spec.s3 is not None and build.spec.s3.credentials_secret:
         container["envFrom"] = [{"secretRef": {"name": build.spec.s3.credentials_secret}}]
     pod: dict[str, Any] = {"restartPolicy": "Never", "containers": [container]}
@@ -408,7 +423,7 @@ def plan_build(
     build: ModelBuild,
     nodes: Sequence[NodeInfo] | None,
     jobs: Sequence[JobOutcome],
-    image: str,
+    images: Mapping[BuildBackend, str],
     now: datetime,
     runnable: frozenset[BuildBackend] = RUNNABLE_BACKENDS,
 ) -> BuildPlan:
@@ -417,10 +432,11 @@ def plan_build(
     A target whose inputs (``inputs_digest``) match a finished verdict in the previous status
     (Built or Refused) is not built again, even when its Job is gone; a Job of the same name is
     never created twice; a target whose Job failed is retried only when its inputs change or
-    its Job is deleted. Backends whose builder this release lacks, and targets no node has,
-    run no Job: ``Degraded`` says what to change.
+    its Job is deleted. ``images``: the runtime image of each backend (:func:`builder_image`).
+    Backends with no builder or no image to run it in, targets the builder cannot build for,
+    and targets no node has run no Job: ``Degraded`` says what to change.
     """
-    image = build.spec.image or image
+    image = builder_image(build, images)
     previous = build.status
     generation = build.generation
     before = {t.target: t for t in (previous.targets if previous else [])}
@@ -429,23 +445,28 @@ def plan_build(
     problems: list[tuple[str, str]] = []
     if targets.problem:
         problems.append(("NoTargets", targets.problem))
-    if build.spec.backend not in runnable:
-        problems.append(
-            (
-                "BuilderUnavailable",
-                f"spec.backend: no {build.spec.backend.value} builder in this release "
-                "(runtime/BUILD.md); use onnxruntime",
-            )
-        )
+    unavailable = _builder_unavailable(build, image, runnable)
+    if unavailable:
+        problems.append(("BuilderUnavailable", unavailable))
     create: list[dict[str, Any]] = []
     statuses: list[TargetStatus] = []
     for target in targets.targets:
-        job = make_job(build, target, image)
+        job = make_job(build, target, image or "")
         name = job["metadata"]["name"]
         digest = job["metadata"]["annotations"][ANNOTATION_INPUTS]
         known = before.get(target)
-        if build.spec.backend not in runnable:
+        if unavailable:
             statuses.append(_unavailable(target, digest, "BuilderUnavailable", ""))
+            continue
+        if build.spec.backend is BuildBackend.TORCH and not (
+            target == CPU_TARGET or _is_arch(target)
+        ):
+            message = (
+                f"spec.targets: {target}: the torch builder compiles for a GPU architecture "
+                "(sm90) or cpu; name architectures in spec.targets"
+            )
+            problems.append(("UnsupportedTarget", message))
+            statuses.append(_unavailable(target, digest, "UnsupportedTarget", message))
             continue
         finished = (BuildPhase.BUILT, BuildPhase.REFUSED)
         if known is not None and known.inputs == digest and known.phase in finished:
@@ -492,6 +513,27 @@ def plan_build(
             events.append(EventSpec("Warning", "GateRefused", f"target {s.target}: {s.message}"))
     summary = _summary(build, statuses)
     return _finish(create, statuses, previous, generation, now, tuple(problems), summary, events)
+
+
+def _builder_unavailable(
+    build: ModelBuild, image: str | None, runnable: frozenset[BuildBackend]
+) -> str:
+    """Why no Job can build this backend ('' when one can)."""
+    backend = build.spec.backend
+    if backend not in runnable:
+        return (
+            f"spec.backend: no {backend.value} builder in this release (runtime/BUILD.md); "
+            "use onnxruntime"
+        )
+    if image is None and backend is BuildBackend.TORCH:
+        return (
+            "spec.image: no published image carries torch; set spec.image to an image with "
+            "torch (and CUDA for GPU targets) and this project installed: the builder is "
+            "runtime/builder/aoti.py (python -m tidal.runtime.builder)"
+        )
+    if image is None:
+        return f"spec.image: the operator has no runtime image for {backend.value}; set one"
+    return ""
 
 
 def _unavailable(target: str, digest: str, reason: str, message: str) -> TargetStatus:

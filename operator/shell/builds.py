@@ -24,6 +24,7 @@ from tidal.operator.core.api import format_validation_error
 from tidal.operator.core.buildapi import (
     BUILD_KIND,
     BUILD_PLURAL,
+    BuildBackend,
     parse_model_build,
     previous_status,
 )
@@ -114,7 +115,7 @@ class BuildReconciler:
 
     kube: Kube
     store: BuildStore
-    image: str
+    images: Mapping[BuildBackend, str]  # the runtime image of each backend (none for torch)
     clock: Callable[[], datetime] = _wall
     retry_seconds: float = 5.0
 
@@ -139,7 +140,7 @@ class BuildReconciler:
             log.warning("list nodes for build %s/%s: %s", *key, exc)
             labels, retry = None, self.retry_seconds
         nodes = None if labels is None else [NodeInfo(n, lb) for n, lb in sorted(labels.items())]
-        plan = plan_build(build, nodes, self.store.outcomes(key), self.image, now)
+        plan = plan_build(build, nodes, self.store.outcomes(key), self.images, now)
         created: set[str] = set()
         for job in plan.create:
             try:

@@ -39,7 +39,7 @@ from typing import Any
 import kopf
 
 from tidal.operator.core.api import GROUP, LABEL_ISVC, PLURAL, VERSION, Backend
-from tidal.operator.core.buildapi import BUILD_PLURAL, LABEL_BUILD
+from tidal.operator.core.buildapi import BUILD_PLURAL, LABEL_BUILD, BuildBackend
 from tidal.operator.core.drift import resync_due, resync_offset
 from tidal.operator.core.images import DEFAULT_RUNTIME_IMAGES
 from tidal.operator.shell import metrics
@@ -152,11 +152,10 @@ async def on_startup_configure(settings: kopf.OperatorSettings, **_: Any) -> Non
         on_depth=metrics.QUEUE_DEPTH.set,
     )
     RUNTIME.queue.start()
+    # A build's Jobs run the runtime image of its backend (the same flags choose it).
+    images = {**DEFAULT_RUNTIME_IMAGES, **config.runtime_images}
     builder = BuildReconciler(
-        kube,
-        RUNTIME.builds,
-        image=config.runtime_images.get(Backend.ONNXRUNTIME)
-        or DEFAULT_RUNTIME_IMAGES[Backend.ONNXRUNTIME],
+        kube, RUNTIME.builds, images={BuildBackend(b.value): ref for b, ref in images.items()}
     )
     RUNTIME.store.builds = RUNTIME.builds.builds  # models[].build resolve against these
     RUNTIME.build_queue = WorkQueue(builder.reconcile, workers=1)

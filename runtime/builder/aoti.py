@@ -41,6 +41,7 @@ import numpy as np
 
 from tidal.runtime.builder.datasets import batches, load_set
 from tidal.runtime.builder.gate import Reference, gate_output, validation_labels
+from tidal.runtime.builder.plan import ServedModel
 from tidal.runtime.builder.spec import BuildSpec, ModelError
 
 Array = np.ndarray[Any, Any]
@@ -66,15 +67,6 @@ class SourceInput:
     rows: tuple[int, int]  # the batch range the source was exported for (hi: 2**62 if unbounded)
     shape: tuple[int, ...]  # the non-batch dimensions (static)
     dtype: Any  # numpy
-
-
-@dataclass(frozen=True)
-class ServedModel:
-    """What the runtime's torch backend asks of a model configuration at load."""
-
-    name: str
-    max_batch_size: int
-    precisions: tuple[str, ...]
 
 
 def batch_range(spec: BuildSpec) -> tuple[int, int, int]:

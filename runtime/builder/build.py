@@ -1,6 +1,6 @@
 """One build, end to end: fetch the source and the data sets, make each engine the spec asks
 for, gate it against the FP32 reference, and publish what passed under the naming scheme.
-The backend (ONNX Runtime or torch AOTInductor, :func:`engine_maker`) makes and runs the
+The backend (ONNX Runtime, torch AOTInductor or TensorRT, :func:`engine_maker`) makes and runs the
 engines; everything else here is the same for both.
 
 Destinations are obstore stores (``LocalStore`` for a directory, ``S3Store`` for
@@ -161,7 +161,8 @@ def _fetch(store: EngineStore, uri: str, sha256: str | None, field: str) -> Path
 
 class EngineMaker(Protocol):
     """One backend's part of a build (:class:`.onnxrt.OnnxRuntimeMaker`,
-    :class:`.aoti.TorchAOTIMaker`): the reference, each engine, each engine's outputs."""
+    :class:`.aoti.TorchAOTIMaker`, :class:`.tensorrt.TensorRTMaker`): the reference, each
+    engine, each engine's outputs."""
 
     def libraries(self) -> dict[str, str]: ...
 
@@ -176,7 +177,11 @@ class EngineMaker(Protocol):
 
 def engine_maker(spec: BuildSpec) -> EngineMaker:
     """The spec's backend; each is imported only when asked for (torch is not installed where
-    ONNX Runtime builds, and the other way round)."""
+    ONNX Runtime builds, and the other way round; TensorRT's builder only in NVIDIA's image)."""
+    if spec.backend == "tensorrt":
+        from tidal.runtime.builder.tensorrt import TensorRTMaker
+
+        return TensorRTMaker(spec)
     if spec.backend == "torch":
         from tidal.runtime.builder.aoti import TorchAOTIMaker
 

@@ -237,6 +237,21 @@ class OnnxRuntimeMaker:
     def libraries(self) -> dict[str, str]:
         return library_versions()
 
+    @property
+    def inputs(self) -> list[TensorInfo]:
+        """The source's inputs (after :meth:`reference`)."""
+        return self._inputs
+
+    @property
+    def validation(self) -> dict[str, Array]:
+        """The validation set, cast to the inputs' types (after :meth:`reference`)."""
+        return self._validation
+
+    @property
+    def output(self) -> str:
+        """The output the gate compares (after :meth:`reference`)."""
+        return self._output
+
     def reference(self, source: Path, validation_file: Path) -> Reference:
         spec = self.spec
         reference = session(source, "disabled")

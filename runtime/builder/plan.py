@@ -4,10 +4,12 @@ Naming scheme (relative to the build's output)::
 
     <model>/<version>/<target>/<precision>/<model>-<precision>.onnx        (onnxruntime)
     <model>/<version>/<target>/<precision>/<target>-torch<M.m>-<precision>.pt2  (torch)
+    <model>/<version>/<target>/<precision>/<gpuArch>-trt<M.m>-<precision>.engine  (tensorrt)
     <model>/<version>/<target>/<precision>/manifest.json
 
 The file name follows the runtime's own scheme (``<anything>-<precision>.onnx``;
-``<gpuArch>-torch<major>.<minor>-<precision>.pt2``, the GPU and torch a package is bound to),
+``<gpuArch>-torch<major>.<minor>-<precision>.pt2``, the GPU and torch a package is bound to;
+``<gpuArch>-trt<major>.<minor>-<precision>.engine``, the GPU and TensorRT a plan is bound to),
 so an engine listed by URI is understood without overrides. The manifest is written last: an
 engine without one is an interrupted build, one with ``published: false`` was refused by the
 accuracy gate (and its model file is not written).
@@ -22,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -29,7 +32,14 @@ from pydantic.alias_generators import to_camel
 
 from tidal.runtime.builder.gate import AccuracyMetrics, GateVerdict
 from tidal.runtime.builder.spec import BuildSpec, GateSpec, ShapeProfile
-from tidal.runtime.core.engines import parse_torch_version, pt2_file_name
+from tidal.runtime.core.engines import (
+    engine_file_name as plan_file_name,
+)
+from tidal.runtime.core.engines import (
+    parse_torch_version,
+    parse_trt_version,
+    pt2_file_name,
+)
 
 MANIFEST = "manifest.json"
 MANIFEST_SCHEMA = "tidal.dev/engine-manifest/v1"
@@ -47,6 +57,26 @@ TORCH_SCHEMES: dict[str, str] = {
     "matrix products (torch._scaled_mm: per-tensor weight scale, per-call per-tensor activation "
     "scale), everything else bfloat16; inputs cast in, outputs cast back",
 }
+# The TensorRT builder flags each precision sets and clears (part of the build key). TF32 is on
+# by default in TensorRT: cleared for fp32 so that the engine does the reference's arithmetic.
+TENSORRT_FLAGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "fp32": ((), ("TF32",)),
+    "fp16": (("FP16",), ()),
+    "bf16": (("BF16",), ()),
+    "int8": (("INT8",), ()),
+}
+# Where a TensorRT build records the GPU it ran on (its plans run on that architecture only).
+GPU_LIBRARY = "gpu"
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """What a runtime backend asks of a model configuration at load (the builders evaluate
+    engines through the runtime's own backends)."""
+
+    name: str
+    max_batch_size: int
+    precisions: tuple[str, ...]
 
 
 def artifact_prefix(spec: BuildSpec, precision: str) -> str:
@@ -63,6 +93,11 @@ def engine_file_name(
         if torch_version is None:
             raise ValueError("a torch package's name needs the torch version (libraries)")
         return pt2_file_name(spec.target, parse_torch_version(torch_version), precision)
+    if spec.backend == "tensorrt":
+        found = libraries or {}
+        if "tensorrt" not in found or GPU_LIBRARY not in found:
+            raise ValueError("a TensorRT plan's name needs the TensorRT version and the GPU")
+        return plan_file_name(found[GPU_LIBRARY], parse_trt_version(found["tensorrt"]), precision)
     return f"{spec.model}-{precision}.onnx"
 
 
@@ -94,7 +129,10 @@ def key_inputs(
     if spec.backend == "torch":
         inputs["scheme"] = TORCH_SCHEMES[precision]
         return inputs
-    if precision == "fp32":
+    if spec.backend == "tensorrt":
+        enabled, cleared = TENSORRT_FLAGS[precision]
+        inputs["flags"] = {"set": list(enabled), "cleared": list(cleared)}
+    elif precision == "fp32":
         inputs["optimization"] = spec.optimization
     if precision == "int8":
         assert spec.calibration is not None  # the spec requires it for int8
@@ -103,7 +141,8 @@ def key_inputs(
             "maxSamples": spec.calibration.max_samples,
             "batchSize": spec.calibration.batch_size,
         }
-        inputs["quantization"] = spec.quantization.model_dump(by_alias=True)
+        if spec.backend == "onnxruntime":
+            inputs["quantization"] = spec.quantization.model_dump(by_alias=True)
     return inputs
 
 

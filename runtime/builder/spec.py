@@ -9,6 +9,7 @@ the store is, the standard AWS variables or the ambient identity say who is aski
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -37,7 +38,9 @@ BuildPrecision = Literal["fp32", "int8", "fp16", "bf16", "fp8"]
 BACKEND_PRECISIONS: dict[str, tuple[str, ...]] = {
     "onnxruntime": ("fp32", "int8"),
     "torch": ("fp32", "fp16", "bf16"),
+    "tensorrt": ("fp32", "fp16", "bf16", "int8"),
 }
+ARCH_TARGET = re.compile(r"^sm\d{2,3}$")
 
 
 class _Model(BaseModel):
@@ -80,11 +83,12 @@ class BuildSpec(_Model):
     model: Name
     version: Name
     source: SourceRef
-    backend: Literal["onnxruntime", "torch"] = "onnxruntime"
+    backend: Literal["onnxruntime", "torch", "tensorrt"] = "onnxruntime"
     target: str = Field(
         default="cpu",
-        pattern=r"^(cpu|sm\d{2,3})$",
-        description="where the engines run: cpu, or a GPU architecture (sm90) for torch",
+        pattern=r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$",
+        description="where the engines run: cpu; a GPU architecture (sm90) for torch; for "
+        "tensorrt a GPU architecture or a GPU product as nodes label it (the build runs on it)",
     )
     precisions: list[BuildPrecision] = Field(min_length=1)
     profiles: list[ShapeProfile] = Field(default_factory=list, validate_default=True)
@@ -128,8 +132,15 @@ class BuildSpec(_Model):
     @field_validator("target")
     @classmethod
     def _target_of_backend(cls, target: str, info: ValidationInfo) -> str:
-        if info.data.get("backend") == "onnxruntime" and target != "cpu":
+        backend = info.data.get("backend")
+        if backend == "onnxruntime" and target != "cpu":
             raise ValueError(f"the onnxruntime builder builds for cpu, not {target}")
+        if backend == "torch" and target != "cpu" and not ARCH_TARGET.match(target):
+            raise ValueError(
+                f"the torch builder compiles for a GPU architecture (sm90) or cpu, not {target}"
+            )
+        if backend == "tensorrt" and target == "cpu":
+            raise ValueError("the tensorrt builder builds for a GPU, not cpu")
         return target
 
     @field_validator("precisions")

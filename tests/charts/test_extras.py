@@ -140,6 +140,20 @@ def test_the_builder_runs_on_what_the_cpu_runtime_image_installs() -> None:
     assert "'runtime,gateway,builder'.split(',')" in dockerfile
 
 
+def test_the_tensorrt_builder_runs_on_what_the_gpu_runtime_image_installs() -> None:
+    """TensorRT ModelBuild Jobs run the builder in the runtime image on NVIDIA's TensorRT image
+    (TensorRT and CUDA come from that base): the rest of its imports are within the extras its
+    Dockerfile installs, and the image's build checks that TensorRT's builder imports."""
+    imported = imported_distributions(
+        ["tidal.runtime.builder.__main__", "tidal.runtime.builder.tensorrt"]
+    )
+    missing = imported - extra_closure("runtime", "gateway", "builder")
+    assert not missing, f"the builder imports what the GPU runtime image lacks: {sorted(missing)}"
+    dockerfile = (REPO / "images" / "runtime.Dockerfile").read_text()
+    assert "[runtime,gateway,builder]" in dockerfile
+    assert "t.import_builder()" in dockerfile
+
+
 def test_modelgen_has_an_extra_with_onnx() -> None:
     assert "onnx" in extra_closure("modelgen")
     imported = imported_distributions(["tidal.runtime.modelgen"])

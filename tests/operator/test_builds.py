@@ -52,6 +52,8 @@ from tidal.runtime.builder.spec import parse_build_spec
 REPO = Path(__file__).resolve().parents[2]
 T0 = datetime(2026, 12, 6, 20, 0, 0, tzinfo=UTC)
 IMAGE = "ghcr.io/tidal-serving/tidal-runtime-cpu:0.1.0"
+GPU_IMAGE = "ghcr.io/tidal-serving/tidal-runtime:0.1.0"
+IMAGES = {BuildBackend.ONNXRUNTIME: IMAGE, BuildBackend.TENSORRT: GPU_IMAGE}
 H100 = "NVIDIA-H100-80GB-HBM3"
 L4 = "NVIDIA-L4"
 NODES = [
@@ -164,8 +166,7 @@ def test_default_targets_are_cpu_for_onnxruntime_and_every_gpu_product_for_gpu_b
 
 def test_one_job_per_target_each_on_a_node_of_its_target() -> None:
     build = make_build(backend="tensorrt", precisions=["fp32"], calibration=None)
-    runnable = frozenset(BuildBackend)  # as if the TensorRT builder shipped
-    plan = plan_build(build, NODES, [], IMAGE, T0, runnable=runnable)
+    plan = plan_build(build, NODES, [], IMAGES, T0)
     assert [j["metadata"]["labels"][LABEL_TARGET] for j in plan.create] == [H100, L4]
     affinity = [
         j["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
@@ -177,7 +178,13 @@ def test_one_job_per_target_each_on_a_node_of_its_target() -> None:
         [{"key": GPU_PRODUCT_LABEL, "operator": "In", "values": [H100]}],
         [{"key": GPU_PRODUCT_LABEL, "operator": "In", "values": [L4]}],
     ]
-    arch = make_job(make_build(backend="tensorrt", targets=["sm90"]), "sm90", IMAGE)
+    # TensorRT builds run the NVIDIA runtime image, with the node's GPU
+    containers = [j["spec"]["template"]["spec"]["containers"][0] for j in plan.create]
+    assert {c["image"] for c in containers} == {GPU_IMAGE}
+    assert [c["resources"] for c in containers] == [
+        {"limits": {"nvidia.com/gpu": "1"}, "requests": {"nvidia.com/gpu": "1"}}
+    ] * 2
+    arch = make_job(make_build(backend="tensorrt", targets=["sm90"]), "sm90", GPU_IMAGE)
     terms = arch["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"
     ]["nodeSelectorTerms"][0]["matchExpressions"]
@@ -208,6 +215,7 @@ def test_the_job_runs_the_builder_with_a_spec_the_builder_accepts() -> None:
     assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert container["envFrom"] == [{"secretRef": {"name": "store-writer"}}]
     assert "affinity" not in pod, "a cpu build runs on any node"
+    assert "resources" not in container, "a cpu build takes no GPU"
     assert (pod["restartPolicy"], job["spec"]["backoffLimit"]) == ("Never", 0)
     owner = job["metadata"]["ownerReferences"][0]
     assert (owner["kind"], owner["name"], owner["uid"]) == ("ModelBuild", "digits-2", "u-1")
@@ -217,13 +225,13 @@ def test_the_job_runs_the_builder_with_a_spec_the_builder_accepts() -> None:
 
 def test_same_inputs_are_never_built_twice_and_new_inputs_get_a_new_job() -> None:
     build = make_build()
-    first = plan_build(build, NODES, [], IMAGE, T0)
+    first = plan_build(build, NODES, [], IMAGES, T0)
     (job,) = first.create
     name = job["metadata"]["name"]
     running = JobOutcome(
         name, "cpu", job["metadata"]["annotations"][ANNOTATION_INPUTS], BuildPhase.RUNNING
     )
-    again = plan_build(with_status(build, first.status), NODES, [running], IMAGE, T0)
+    again = plan_build(with_status(build, first.status), NODES, [running], IMAGES, T0)
     assert again.create == (), "a Job of the same inputs was created again"
     built = JobOutcome(
         name,
@@ -234,19 +242,25 @@ def test_same_inputs_are_never_built_twice_and_new_inputs_get_a_new_job() -> Non
             make_build(status=status_with_artifacts()).status.targets[0].artifacts  # type: ignore[union-attr]
         ),
     )
-    done = plan_build(with_status(build, again.status), NODES, [built], IMAGE, T0)
+    done = plan_build(with_status(build, again.status), NODES, [built], IMAGES, T0)
     assert done.status.targets[0].phase is BuildPhase.BUILT
     # the Job is gone (deleted, or cleaned up): the recorded verdict of the same inputs holds
-    gone = plan_build(with_status(build, done.status), NODES, [], IMAGE, T0 + timedelta(hours=1))
+    gone = plan_build(with_status(build, done.status), NODES, [], IMAGES, T0 + timedelta(hours=1))
     assert gone.create == () and gone.status.targets == done.status.targets
     # another gate is another input: a new Job, under another name
     stricter = make_build(gate={"minTop1Agreement": 0.999}).model_copy(
         update={"status": done.status}
     )
-    rebuilt = plan_build(stricter, NODES, [], IMAGE, T0)
+    rebuilt = plan_build(stricter, NODES, [], IMAGES, T0)
     assert len(rebuilt.create) == 1 and rebuilt.create[0]["metadata"]["name"] != name
     # and another image too
-    assert plan_build(with_status(build, done.status), NODES, [], IMAGE + "-2", T0).create
+    assert plan_build(
+        with_status(build, done.status),
+        NODES,
+        [],
+        {**IMAGES, BuildBackend.ONNXRUNTIME: IMAGE + "-2"},
+        T0,
+    ).create
 
 
 def status_with_artifacts(refused: bool = False) -> dict[str, Any]:
@@ -434,7 +448,7 @@ def test_a_report_of_every_engine_published_is_built() -> None:
 
 def test_a_failed_job_is_degraded_with_its_reason_and_logs_tail_and_one_warning() -> None:
     build = make_build()
-    first = plan_build(build, NODES, [], IMAGE, T0)
+    first = plan_build(build, NODES, [], IMAGES, T0)
     ready = {c.type: c for c in first.status.conditions}
     assert (ready["Ready"].status.value, ready["Ready"].reason) == ("False", "Building")
     job = first.create[0]
@@ -443,7 +457,7 @@ def test_a_failed_job_is_degraded_with_its_reason_and_logs_tail_and_one_warning(
         pod_body({"exitCode": 2, "message": TAIL}),
     )
     later = T0 + timedelta(minutes=2)
-    second = plan_build(with_status(build, first.status), NODES, [failed], IMAGE, later)
+    second = plan_build(with_status(build, first.status), NODES, [failed], IMAGES, later)
     conditions = {c.type: c for c in second.status.conditions}
     degraded = conditions["Degraded"]
     assert (degraded.status.value, degraded.reason) == ("True", "BuildFailed"), degraded
@@ -457,20 +471,20 @@ def test_a_failed_job_is_degraded_with_its_reason_and_logs_tail_and_one_warning(
     (target,) = second.status.targets
     assert (target.phase, target.reason) == (BuildPhase.FAILED, "InvalidInput")
     # unchanged: no second Event
-    third = plan_build(with_status(build, second.status), NODES, [failed], IMAGE, later)
+    third = plan_build(with_status(build, second.status), NODES, [failed], IMAGES, later)
     assert third.events == (), third.events
     # the failed Job deleted: retried
-    assert len(plan_build(with_status(build, third.status), NODES, [], IMAGE, later).create) == 1
+    assert len(plan_build(with_status(build, third.status), NODES, [], IMAGES, later).create) == 1
 
 
 def test_a_refused_engine_makes_ready_false_with_the_gates_reason() -> None:
     build = make_build()
-    job = plan_build(build, NODES, [], IMAGE, T0).create[0]
+    job = plan_build(build, NODES, [], IMAGES, T0).create[0]
     outcome = read_job(
         {**job, "status": job_body(("Failed", "BackoffLimitExceeded"))["status"]},
         pod_body({"exitCode": 1, "message": REPORT}),
     )
-    plan = plan_build(build, NODES, [outcome], IMAGE, T0)
+    plan = plan_build(build, NODES, [outcome], IMAGES, T0)
     conditions = {c.type: c for c in plan.status.conditions}
     assert (conditions["Ready"].status.value, conditions["Ready"].reason) == (
         "False",
@@ -484,7 +498,7 @@ def test_a_refused_engine_makes_ready_false_with_the_gates_reason() -> None:
 
 def test_backends_without_a_builder_and_targets_without_nodes_run_no_job() -> None:
     trt = make_build(backend="tensorrt", precisions=["fp32"], calibration=None)
-    plan = plan_build(trt, NODES, [], IMAGE, T0)
+    plan = plan_build(trt, NODES, [], IMAGES, T0, runnable=frozenset({BuildBackend.ONNXRUNTIME}))
     assert plan.create == ()
     assert {t.phase for t in plan.status.targets} == {BuildPhase.UNAVAILABLE}
     degraded = {c.type: c for c in plan.status.conditions}["Degraded"]
@@ -493,11 +507,55 @@ def test_backends_without_a_builder_and_targets_without_nodes_run_no_job() -> No
     assert ("Warning", "BuilderUnavailable") in [(e.type, e.reason) for e in plan.events]
 
     a100 = make_build(backend="tensorrt", targets=["NVIDIA-A100-SXM4-80GB"], precisions=["fp32"])
-    lonely = plan_build(a100, NODES, [], IMAGE, T0, runnable=frozenset(BuildBackend))
+    lonely = plan_build(a100, NODES, [], IMAGES, T0)
     assert lonely.create == ()
     degraded = {c.type: c for c in lonely.status.conditions}["Degraded"]
     assert degraded.reason == "NoNodeForTarget", degraded
     assert f"no node of target NVIDIA-A100-SXM4-80GB ({GPU_PRODUCT_LABEL}=" in degraded.message
+
+
+def test_a_torch_build_runs_only_in_an_image_named_for_it() -> None:
+    torch = dict(backend="torch", targets=["sm90"], precisions=["fp32"], calibration=None)
+    plan = plan_build(make_build(**torch), NODES, [], IMAGES, T0)
+    assert plan.create == ()
+    degraded = {c.type: c for c in plan.status.conditions}["Degraded"]
+    assert degraded.reason == "BuilderUnavailable", degraded
+    assert "spec.image: no published image carries torch; set spec.image" in degraded.message
+    assert "runtime/builder/aoti.py" in degraded.message
+
+    named = plan_build(
+        make_build(**torch, image="example.com/torch-builder:1"), NODES, [], IMAGES, T0
+    )
+    (job,) = named.create
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == "example.com/torch-builder:1"
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+    args = container["args"]
+    spec = parse_build_spec(json.loads(args[args.index("--spec-json") + 1]))
+    assert (spec.backend, spec.target) == ("torch", "sm90")
+
+    # a GPU product is not an architecture: AOTInductor compiles for one
+    product = make_build(**{**torch, "targets": [H100, "sm90"]}, image="example.com/t:1")
+    mixed = plan_build(product, NODES, [], IMAGES, T0)
+    assert [j["metadata"]["labels"][LABEL_TARGET] for j in mixed.create] == ["sm90"]
+    degraded = {c.type: c for c in mixed.status.conditions}["Degraded"]
+    assert degraded.reason == "UnsupportedTarget", degraded
+    assert f"spec.targets: {H100}: the torch builder compiles for a GPU architecture" in (
+        degraded.message
+    )
+
+
+def test_every_backends_job_hands_the_builder_a_spec_it_accepts() -> None:
+    builds = [
+        (make_build(), "cpu"),
+        (make_build(backend="tensorrt", precisions=["fp16", "int8"]), H100),
+        (make_build(backend="tensorrt", targets=["sm90"], precisions=["bf16"]), "sm90"),
+        (make_build(backend="torch", image="t:1", precisions=["fp16"], calibration=None), "sm90"),
+    ]
+    for build, target in builds:
+        args = make_job(build, target, "any:1")["spec"]["template"]["spec"]["containers"][0]["args"]
+        spec = parse_build_spec(json.loads(args[args.index("--spec-json") + 1]))
+        assert (spec.backend, spec.target) == (build.spec.backend.value, target)
 
 
 def test_an_invalid_spec_is_degraded_naming_the_field() -> None:

@@ -202,9 +202,21 @@ def test_failed_jobs_and_missing_builders_are_degraded_with_what_to_fix(
             "gpu",
             digits,
             tmp_path / "store",
+            backend="torch",
+            targets=["sm90"],
+            precisions=["fp32"],
+        ),
+    )
+    create(
+        sandbox,
+        namespace,
+        manifest(
+            "trt",
+            digits,
+            tmp_path / "store",
             backend="tensorrt",
             targets=["NVIDIA-H100-80GB-HBM3"],
-            precisions=["fp32"],
+            precisions=["fp16"],
         ),
     )
 
@@ -233,17 +245,21 @@ def test_failed_jobs_and_missing_builders_are_degraded_with_what_to_fix(
     (target,) = broken["status"]["targets"]
     assert (target["phase"], target["reason"]) == ("Failed", "InvalidInput"), target
 
+    # torch: no published image carries it, so spec.image must name one
     gpu = degraded("gpu", "BuilderUnavailable")
-    assert "spec.backend: no tensorrt builder" in condition(gpu, "Degraded")["message"]
+    assert "spec.image: no published image carries torch" in condition(gpu, "Degraded")["message"]
+    # tensorrt runs, on a node of its target: there is none here
+    trt = degraded("trt", "NoNodeForTarget")
+    assert "no node of target NVIDIA-H100-80GB-HBM3" in condition(trt, "Degraded")["message"]
     owners = [j.metadata.owner_references[0].name for j in jobs_of(sandbox, namespace)]
     assert owners == ["broken"], (
-        f"a Job ran for a backend without a builder or a bad spec: {owners}"
+        f"a Job ran for a backend without an image, a target without a node or a bad spec: {owners}"
     )
 
-    names = ("broken", "gpu", "unordered")
+    names = ("broken", "gpu", "trt", "unordered")
     wait_for(
         lambda: (
-            {"BuildFailed", "BuilderUnavailable", "InvalidSpec"}
+            {"BuildFailed", "BuilderUnavailable", "NoNodeForTarget", "InvalidSpec"}
             <= {r for n in names for _, r, _ in events_of(sandbox, namespace, n)}
         ),
         timeout=60,

@@ -191,8 +191,9 @@ INVALID_SPECS = [
     ({"precisions": ["fp16"]}, "precisions:", "the onnxruntime builder makes ['fp32', 'int8']"),
     ({"precisions": ["fp4"]}, "precisions.0:", "'fp32', 'int8', 'fp16', 'bf16' or 'fp8'"),
     ({"target": "sm90"}, "target:", "the onnxruntime builder builds for cpu, not sm90"),
-    ({"target": "gpu"}, "target:", "pattern"),
-    ({"backend": "tensorrt"}, "backend:", "'onnxruntime' or 'torch'"),
+    ({"target": "gpu"}, "target:", "the onnxruntime builder builds for cpu, not gpu"),
+    ({"target": "sm 90"}, "target:", "pattern"),
+    ({"backend": "tflite"}, "backend:", "'onnxruntime', 'torch' or 'tensorrt'"),
     (
         {"backend": "torch", "precisions": ["fp32", "int8"]},
         "precisions:",

@@ -118,7 +118,7 @@ TORCH_SPEC_ERRORS = [
     ({"precisions": ["int8"]}, "  precisions: ", "the torch builder makes"),
     ({"precisions": ["fp8"]}, "  precisions: ", "makes ['fp32', 'fp16', 'bf16'], not ['fp8']"),
     ({"profiles": []}, "  profiles: ", "required by the torch builder"),
-    ({"target": "hopper"}, "  target: ", "pattern"),
+    ({"target": "hopper"}, "  target: ", "compiles for a GPU architecture (sm90) or cpu"),
 ]
 
 
