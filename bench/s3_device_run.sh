@@ -4,7 +4,8 @@
 #
 #   bash bench/s3_device_run.sh [DIR]
 #
-# DIR (default .whl) holds what travels with the repository:
+# DIR (default .whl) holds what travels with the repository (the device tool sends the session's
+# own checkout: put DIR inside it, git-ignored, and name it in carry; the 2026-12-06 run used .whl/s3dev):
 #   *.whl           wheels for that machine's python3 (pydantic, pydantic_core, annotated-types,
 #                   typing_extensions, typing-inspection, obstore, pyyaml, cryptography, cffi,
 #                   pycparser), made here with
