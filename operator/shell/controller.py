@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -98,6 +99,7 @@ from tidal.operator.core.control import (
     stored_zero_memory,
     to_wall_signals,
     urgent_change,
+    zero_policy_of,
 )
 from tidal.operator.core.forecast import ForecastPolicy
 from tidal.operator.core.idle import (
@@ -105,7 +107,6 @@ from tidal.operator.core.idle import (
     ZeroPolicy,
     ZeroTick,
     dump_zero,
-    hold_until_served,
     is_quiet,
     load_zero,
     quiet_period,
@@ -640,15 +641,13 @@ class Controller:
             have = [seen.current[p] for p in serving if p in seen.current]
             scaler = initial_scaler_state(policy, sum(have) if have else None)
         if policy.min_replicas == 0:
+            # Not to zero before a first replica was Ready (as the status has recorded).
+            first = st.first_tick_at if st.first_tick_at is not None else seen.mono
             decision, scaler = self._decide_zero(
                 st, isvc, policy, route.observation, scaler, serving, seen.mono, seen.wall,
                 self.held(seen.key),
+                served=has_served(_stored_status(seen.body)), waited_seconds=seen.mono - first,
             )  # fmt: skip
-            # Not to zero before a first replica was Ready (as the status has recorded).
-            first = st.first_tick_at if st.first_tick_at is not None else seen.mono
-            decision, scaler = hold_until_served(
-                decision, scaler, has_served(_stored_status(seen.body)), seen.mono - first
-            )
         else:
             decision, scaler = decide_scale(policy, route.observation, scaler)
         st.scalers[serving] = scaler
@@ -1162,15 +1161,13 @@ class Controller:
         mono: float,
         wall: float,
         held: int,
+        *,
+        served: bool = True,
+        waited_seconds: float = math.inf,
     ) -> tuple[ScaleDecision, ScalerState]:
-        """decide_scale for a pool that may reach zero: ``core.idle.step_zero`` (the forecast
-        learns the arrivals the gateway counted, is asked for its peak over the wake lead, and
-        ``core.idle`` decides) on what this tick gathered; ``held``: requests its gateway
-        holds now (they wake a pool at zero at once)."""
-        zero = ZeroPolicy(
-            after_seconds=float(isvc.spec.autoscaling.scale_to_zero_after_seconds),
-            wake_margin_seconds=self.settings.wake_margin_seconds,
-        )
+        """decide_scale for a pool that may reach zero: gathers what ``core.idle.step_zero``
+        decides on (``held``: requests its gateway holds now; the arrivals the gateway
+        counted; the measured time-to-routable; whether it has served) and keeps its memory."""
         routable = st.routable.get(serving[0])
         counted = self.arrivals((isvc.namespace, isvc.name))
         tick = ZeroTick(
@@ -1182,11 +1179,12 @@ class Controller:
             arrivals_at=counted[1] if counted is not None else None,
             routable_seconds=routable.total_seconds if routable is not None else None,
             quiet_tick_seconds=self.settings.quiet_tick_seconds,
+            served=served,
+            waited_seconds=waited_seconds,
         )
+        zero = zero_policy_of(isvc, self.settings.wake_margin_seconds)
         step = step_zero(policy, zero, self.zero_forecast, st.zero, scaler, tick)
-        st.zero = step.memory
-        if step.decision.desired_serving == 0:
-            st.wake_soon = step.wake_soon
+        st.zero, st.wake_soon = step.memory, step.wake_soon
         return step.decision, step.scaler
 
     def _persisted(
