@@ -44,6 +44,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 
+from tidal.common.backoff import Backoff, Retry
 from tidal.common.http import (
     CLIENT_CLOSED,
     ON_CLIENT_GONE,
@@ -89,8 +90,7 @@ REQUEST_HEADERS = ("Content-Type", HEADER_LENGTH, "Content-Encoding", "Accept-En
 # Raw (lower-case) name -> the name forwarded; values go on byte for byte (latin-1 both ways).
 FORWARDED = {name.lower().encode(): name for name in REQUEST_HEADERS}
 RETRIED_STATUSES = frozenset({502, 503})  # from a replica, before any byte of an answer
-WATCH_BACKOFF_FIRST_S = 0.05
-WATCH_BACKOFF_MAX_S = 2.0
+WATCH_BACKOFF = Backoff(first_seconds=0.05, max_seconds=2.0)
 MAX_LONG_POLL_S = 30.0  # longest a GET /v2/tidal/held?seen=… waits for a change
 HOLDS_ANSWERED_S = 5.0  # after the drain: how long the last held answers may take to leave
 # A replica that cannot be reached or answers nonsense: unhealthy until it answers again.
@@ -469,7 +469,7 @@ class Gateway:
     async def _watcher(self, replica: Replica) -> None:
         """Long-poll the replica's hot set for as long as it is in the list."""
         control = self._control_session(replica)
-        backoff = WATCH_BACKOFF_FIRST_S
+        retry = Retry(WATCH_BACKOFF)
         since: int | None = None
         wait = self.config.watch_wait_seconds
         url = f"{replica.url}/v2/tidal/models"
@@ -485,7 +485,7 @@ class Gateway:
                     snapshot = await response.json()
                 self._apply_snapshot(replica, snapshot)
                 since = int(snapshot["generation"])
-                backoff = WATCH_BACKOFF_FIRST_S
+                retry.reset()
             except asyncio.CancelledError:
                 raise
             except (
@@ -505,8 +505,7 @@ class Gateway:
                     replica.healthy = False
                     replica.invalidate()
                     self._replicas_changed()
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, WATCH_BACKOFF_MAX_S)
+                await retry.wait()
 
     def _apply_snapshot(self, replica: Replica, document: dict[str, Any]) -> None:
         snapshot = parse_snapshot(document)

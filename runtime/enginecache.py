@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tidal.common.backoff import Backoff
 from tidal.runtime.backends import Backend, Engine, TensorSpec, warmup_inputs
 from tidal.runtime.clock import Clock
 from tidal.runtime.config import ModelSpec, RuntimeConfig
@@ -111,8 +112,7 @@ class Slot:
 
 
 # Back-off of a pinned model whose background load failed: first retry, ceiling (seconds).
-PIN_RETRY_FIRST_S = 1.0
-PIN_RETRY_MAX_S = 30.0
+PIN_RETRY = Backoff(first_seconds=1.0, max_seconds=30.0)
 
 
 class ChangeFeed:
@@ -593,7 +593,7 @@ class EngineCache:
         """Pinned models that are not resident yet (loading, queued to load, or retrying)."""
         return [n for n, s in self.slots.items() if s.pinned and s.state != READY]
 
-    def _schedule_pin(self, name: str, delay: float = PIN_RETRY_FIRST_S) -> None:
+    def _schedule_pin(self, name: str, delay: float = PIN_RETRY.first_seconds) -> None:
         """Start the background load of a pinned model unless it is resident or under way."""
         slot = self.slots[name]
         if not slot.pinned or slot.state == READY or name in self._pin_tasks:
@@ -618,7 +618,7 @@ class EngineCache:
             self._pin_tasks.pop(name, None)
         if failed and slot.pinned:
             self._pin_retry[name] = asyncio.get_running_loop().call_later(
-                delay, self._schedule_pin, name, min(delay * 2, PIN_RETRY_MAX_S)
+                delay, self._schedule_pin, name, PIN_RETRY.after(delay)
             )
 
     def _publish(self) -> None:

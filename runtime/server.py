@@ -30,6 +30,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tidal.common import http as common_http
+from tidal.common.backoff import Backoff, Retry
 from tidal.common.contract import ENV_POD_NAME
 from tidal.common.http import BodyError, JsonErrorRunner, declared_too_large, quiet_logger
 from tidal.runtime import __version__
@@ -68,6 +69,8 @@ log = logging.getLogger("tidal.runtime.server")
 MAX_LONG_POLL_S = 30.0  # longest a GET /v2/tidal/models?since=… waits for a change
 MAX_ACTIVITY_POLL_S = 120.0  # longest a GET /v2/tidal/activity?since=… waits for a request
 VERSIONS = ("1",)  # every model has one version
+# A failed preload is tried again after 1 s, 2 s, ... 30 s (reported as Retry-After meanwhile).
+PRELOAD_BACKOFF = Backoff(first_seconds=1.0, max_seconds=30.0)
 MAX_REQUEST_BYTES = web.AppKey("max_request_bytes", int)  # for the middleware's early check
 
 
@@ -308,7 +311,7 @@ class RuntimeServer:
         # Preloaded models not loaded yet: refused until they are (then served like any other,
         # even while another one still fails).
         self.preload_pending = {m.name for m in config.models if m.preload}
-        self._preload_retry_s = 1.0
+        self._preload_retry = Retry(PRELOAD_BACKOFF)
         self._startup_task: asyncio.Task[None] | None = None
         self._random = random.Random(config.faults.seed)
         self.replica_name = os.environ.get(ENV_POD_NAME) or None  # else the listening host:port
@@ -385,7 +388,7 @@ class RuntimeServer:
         if failure is not None:
             raise Unavailable(
                 f"model {name!r} failed to load: {failure} (retrying)",
-                retry_after=max(1, round(self._preload_retry_s)),
+                retry_after=max(1, round(self._preload_retry.delay)),
             )
 
     async def _preload(self) -> None:
@@ -416,8 +419,7 @@ class RuntimeServer:
             pending = failed
             if pending:
                 self.cache.changes.bump()
-                await asyncio.sleep(self._preload_retry_s)
-                self._preload_retry_s = min(self._preload_retry_s * 2, 30.0)
+                await self._preload_retry.wait()
         self.preload_failures.clear()
         self.preload_pending.clear()
         self.ready = True

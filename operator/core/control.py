@@ -53,6 +53,7 @@ from tidal.operator.core.autoscaler import (
     estimate_capacity,
     load_state,
 )
+from tidal.operator.core.idle import ZeroPolicy
 from tidal.operator.core.resources import Observed, content_hash, deployment_name
 from tidal.operator.core.rollout import (
     ActivePool as RolloutActivePool,
@@ -114,6 +115,15 @@ def slo_policy_of(isvc: InferenceService) -> SloPolicy:
         for_seconds=duration_seconds(slo.for_),
         on_breach=action,
         min_requests=slo.min_requests,
+    )
+
+
+def zero_policy_of(isvc: InferenceService, wake_margin_seconds: float) -> ZeroPolicy:
+    """The idle timer's policy of a pool that may reach zero (``core.idle``): the spec's
+    ``scaleToZeroAfterSeconds``, and the operator's margin added to the wake lead."""
+    return ZeroPolicy(
+        after_seconds=float(isvc.spec.autoscaling.scale_to_zero_after_seconds),
+        wake_margin_seconds=wake_margin_seconds,
     )
 
 

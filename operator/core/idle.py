@@ -633,7 +633,9 @@ class ZeroTick:
     not learn that interval as empty;
     `routable_seconds`: the
     measured time-to-routable of one replica (None: not measured yet); `quiet_tick_seconds`:
-    how long a quiet loop may sleep (a forecast wake due within it is looked at every tick).
+    how long a quiet loop may sleep (a forecast wake due within it is looked at every tick);
+    `served`: whether a replica of the service has ever been Ready (as its status records),
+    `waited_seconds`: since the operator first saw it (`hold_until_served`).
     """
 
     mono: float
@@ -644,6 +646,8 @@ class ZeroTick:
     arrivals_at: float | None = None
     routable_seconds: float | None = None
     quiet_tick_seconds: float = 5.0
+    served: bool = True
+    waited_seconds: float = math.inf
 
 
 @dataclass(frozen=True, slots=True)
@@ -670,8 +674,10 @@ def step_zero(
     The forecast (`forecast`; None: none, the on-demand idle timer alone) learns the arrivals
     the gateway counted since the last tick (`count_arrivals`, `learn_demand`), is asked for
     its peak over the wake lead and for the coming idle window, and `decide_scale_zero`
-    decides. Metrics count as known when fresh (`max_metrics_age_seconds`); an arrival the
-    gateway counted since the last tick is activity whatever the runtime's metrics say.
+    decides; not to zero before a first replica was Ready (`hold_until_served`: the memory
+    and `wake_soon` stay the idle verdict's). Metrics count as known when fresh
+    (`max_metrics_age_seconds`); an arrival the gateway counted since the last tick is
+    activity whatever the runtime's metrics say.
     """
     obs = tick.observation
     fresh = (
@@ -724,6 +730,7 @@ def step_zero(
     if decision.desired_serving == 0 and forecast is not None:
         ahead = forecast_peak(forecast, memory, tick.wall, lead + tick.quiet_tick_seconds)
         soon = ahead is not None and ahead >= zero.wake_threshold
+    decision, new_scaler = hold_until_served(decision, new_scaler, tick.served, tick.waited_seconds)
     return ZeroStep(decision, new_scaler, memory, soon)
 
 

@@ -47,6 +47,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from tidal.common.backoff import Backoff
 from tidal.operator.core.api import LABEL_ISVC, LABEL_POOL, LABEL_ROLE, TimeToRoutable
 from tidal.operator.core.autoscaler import BatchWork, Observation, WorkSample
 from tidal.operator.core.autoscaler_pods import PodView
@@ -389,6 +390,7 @@ class RateMemory:
 # misses in a row, 1 s between tries, doubling up to SCRAPE_BACKOFF_MAX_SECONDS.
 SCRAPE_MISSES_BEFORE_BACKOFF = 2
 SCRAPE_BACKOFF_MAX_SECONDS = 8.0
+SCRAPE_BACKOFF = Backoff(first_seconds=1.0, max_seconds=SCRAPE_BACKOFF_MAX_SECONDS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -454,8 +456,7 @@ def advance_backoff(
         n = misses.get(pod, 0) + 1
         misses[pod], last_error[pod] = n, result.error
         if n >= SCRAPE_MISSES_BEFORE_BACKOFF:
-            wait = min(2.0 ** (n - SCRAPE_MISSES_BEFORE_BACKOFF), SCRAPE_BACKOFF_MAX_SECONDS)
-            retry_at[pod] = result.at + wait
+            retry_at[pod] = result.at + SCRAPE_BACKOFF.nth(n - SCRAPE_MISSES_BEFORE_BACKOFF + 1)
     return ScrapeBackoff(misses, retry_at, last_error, frozenset(ready) & keep)
 
 

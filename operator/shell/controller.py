@@ -22,6 +22,10 @@ from the store). Each tick (``tick_seconds``, at most 1 s):
    reconcile when the children must change (at once) or the status did (at most once per
    ``status_interval``); post an Event for each scale and each traffic switch.
 
+``Controller.tick`` reads as these steps: ``_read_signals`` (1), ``_route`` and
+``_decide_scale`` (2), ``_decide_rollout`` (3), ``_decide_roles``, ``_plan_children`` and
+``_apply_pods`` (4), ``_publish_view``, ``_settle`` (quiet or not) and ``_post_events`` (5).
+
 Pod patches are JSON merge patches of metadata only (field manager ``tidal-operator-pods``); the
 ReplicaSet selects on isvc and pool, never on the role label, so it never fights them.
 """
@@ -32,6 +36,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -94,6 +99,7 @@ from tidal.operator.core.control import (
     stored_zero_memory,
     to_wall_signals,
     urgent_change,
+    zero_policy_of,
 )
 from tidal.operator.core.forecast import ForecastPolicy
 from tidal.operator.core.idle import (
@@ -101,7 +107,6 @@ from tidal.operator.core.idle import (
     ZeroPolicy,
     ZeroTick,
     dump_zero,
-    hold_until_served,
     is_quiet,
     load_zero,
     quiet_period,
@@ -124,6 +129,7 @@ from tidal.operator.core.rollout import (
     PoolObservation,
     RolloutDecision,
     RolloutObservation,
+    RolloutSpec,
     RolloutState,
     Traffic,
     initial_state,
@@ -474,19 +480,65 @@ class Controller:
     # -- one tick ----------------------------------------------------------------------------
 
     async def tick(self, key: Key) -> None:
+        """One control step, read → decide → apply → publish: each line a step below (the
+        module docstring's 1-5), each decision a ``core`` function."""
+        self._begin_tick(key)
+        parsed = self._parsed_spec(key)
+        if parsed is None:
+            return
+        st, isvc, body = parsed
+        seen = await self._read_signals(key, body, st, isvc)
+        if seen is None:
+            return
+        route = self._route(st, seen)
+        scaling = self._decide_scale(st, seen, route)
+        events: list[EventSpec] = []
+        rollout = self._decide_rollout(st, seen, route, scaling, events)
+        roles = await self._decide_roles(st, seen, route, scaling.decision, rollout, events)
+        observed, demote = self._plan_children(st, seen, scaling, rollout, roles, events)
+        await self._apply_pods(st, seen, route, scaling.decision, observed, roles, demote)
+        await self._publish_view(st, seen, route, scaling, rollout, observed)
+        self._settle(st, seen, route, scaling.decision, events)
+        await self._post_events(seen, events)
+
+    def _begin_tick(self, key: Key) -> None:
+        """Events from here on wake the next wait; those before are seen by this tick."""
         known = self.states.get(key)
         if known is not None:
-            # Events from here on wake the next wait; those before are seen by this tick.
             known.wake.clear()
             known.quiet = known.wake_soon = False
+
+    def _parsed_spec(
+        self, key: Key
+    ) -> tuple[ServiceState, InferenceService, Mapping[str, Any]] | None:
+        """The service's state, parsed spec and object; None while it is being deleted or its
+        spec is invalid (the reconciler reports that as Degraded).
+
+        The parsed spec, its checks and the primary's template hash change only with the
+        object's spec, labels or annotations: computed once per change, not every tick (at
+        1,000 services they were most of the operator's CPU)."""
         body = self.store.services.get(key)
         if body is None or body["metadata"].get("deletionTimestamp"):
-            return
-        # The parsed spec, its checks and the primary's template hash change only with the
-        # object's spec, labels or annotations: computed once per change, not every tick (at
-        # 1,000 services they were most of the operator's CPU).
+            return None
+        spec_key = self._spec_key(key, body)
+        st = self.states.get(key)
+        if st is not None and st.spec_key == spec_key and st.isvc is not None:
+            return st, st.isvc, body
+        try:
+            isvc = self.store.parse(body)
+        except ValidationError:
+            return None
+        if find_spec_problems(isvc):
+            return None
+        if st is None:
+            st = self.states[key] = ServiceState()
+            metrics.start_service(*key)
+        st.spec_key, st.isvc, st.primary_hash = spec_key, isvc, None
+        return st, isvc, body
+
+    def _spec_key(self, key: Key, body: Mapping[str, Any]) -> tuple[Any, ...]:
         meta = body["metadata"]
-        spec_key = (
+        return (
             meta.get("uid"),
             meta.get("generation"),
             json.dumps(meta.get("labels") or {}, sort_keys=True),
@@ -500,20 +552,12 @@ class Controller:
                 for name in raw_build_refs(body.get("spec") or {})
             ),
         )
-        st = self.states.get(key)
-        if st is not None and st.spec_key == spec_key and st.isvc is not None:
-            isvc = st.isvc
-        else:
-            try:
-                isvc = self.store.parse(body)
-            except ValidationError:
-                return  # the reconciler reports it as Degraded
-            if find_spec_problems(isvc):
-                return
-            if st is None:
-                st = self.states[key] = ServiceState()
-                metrics.start_service(*key)
-            st.spec_key, st.isvc, st.primary_hash = spec_key, isvc, None
+
+    async def _read_signals(
+        self, key: Key, body: Mapping[str, Any], st: ServiceState, isvc: InferenceService
+    ) -> TickReading | None:
+        """The pods per pool and their signals (``SignalCollector.observe_pool``), read at one
+        instant; None until the pod cache has synced (`_cache_synced`)."""
         kids = self.store.children.get(key)
         bodies = list(kids.pod_bodies.values()) if kids is not None else []
         pools = tuple(p.name for p in pools_of(isvc))
@@ -521,7 +565,7 @@ class Controller:
             pool: [b for b in bodies if _labels(b).get(LABEL_POOL) == pool.value] for pool in pools
         }
         if not st.synced and not self._cache_synced(st, kids, pods):
-            return
+            return None
         every_pod = [b for pool in pools for b in pods[pool]]
         st.pod_faults.unstartable = unstartable_pods(every_pod, secret_fields(isvc))
         self._start_probes(st, every_pod)
@@ -533,165 +577,268 @@ class Controller:
         )
         readings = dict(zip(pools, readings_list, strict=True))
         mono, wall = self.mono(), self.wall()
-        # Each pod's first scrape after it turned Ready: its startup, not later on-demand loads
-        # (which would rewrite the status on every load).
-        present = {(b.get("metadata") or {}).get("name") for b in bodies}
-        st.first_ready = {k: v for k, v in st.first_ready.items() if k in present}
-        for pool in pools:
-            for name, scrape in readings[pool].pod_scrapes.items():
-                if scrape.startup_seconds is not None:
-                    st.first_ready.setdefault(name, scrape)
-            routable = time_to_routable(pods[pool], st.first_ready, wall)
-            if routable is not None:  # kept while no replica is recent enough to measure
-                st.routable[pool] = routable
-        now = datetime.fromtimestamp(wall, UTC)
+        self._measure_startup(st, bodies, pods, readings, wall)
         deployments = kids.deployments if kids is not None else {}
         current = {
             PoolName(p): d.spec_replicas
             for p, d in deployments.items()
             if p in (PoolName.PRIMARY.value, PoolName.BASELINE.value)
         }
+        return TickReading(key, body, isvc, kids, pools, pods, readings, current, mono, wall)
 
+    @staticmethod
+    def _measure_startup(
+        st: ServiceState,
+        bodies: Sequence[Mapping[str, Any]],
+        pods: Mapping[PoolName, Sequence[Mapping[str, Any]]],
+        readings: Mapping[PoolName, PoolReading],
+        wall: float,
+    ) -> None:
+        """Each pod's first scrape after it turned Ready: its startup, not later on-demand loads
+        (which would rewrite the status on every load); the pools' time-to-routable from it."""
+        present = {(b.get("metadata") or {}).get("name") for b in bodies}
+        st.first_ready = {k: v for k, v in st.first_ready.items() if k in present}
+        for pool in pods:
+            for name, scrape in readings[pool].pod_scrapes.items():
+                if scrape.startup_seconds is not None:
+                    st.first_ready.setdefault(name, scrape)
+            routable = time_to_routable(pods[pool], st.first_ready, wall)
+            if routable is not None:  # kept while no replica is recent enough to measure
+                st.routable[pool] = routable
+
+    def _route(self, st: ServiceState, seen: TickReading) -> Routing:
+        """Which pools the autoscaler sizes this tick (the rollout's traffic, its state
+        restored once from status) and the observation it sizes them on."""
+        isvc = seen.isvc
         if st.primary_hash is None:
             st.primary_hash = primary_template_hash(desired_objects(isvc, Observed()), isvc.name)
-        primary_hash = st.primary_hash
-        spec = rollout_spec_of(isvc, primary_hash)
+        spec = rollout_spec_of(isvc, st.primary_hash)
         if spec is not None and not st.rollout_loaded:
-            previous = (body.get("status") or {}).get("rollout")
-            st.rollout = _restore(previous)
+            st.rollout = _restore((seen.body.get("status") or {}).get("rollout"))
             st.rollout_loaded = True
         traffic_state = st.rollout or (initial_state(spec) if spec else None)
         serving = _serving_pools(traffic_state)
         # An overflow (rollout rule 8): the baseline helps, the autoscaler sizes the primary.
         helping = _helping_pools(traffic_state)
-
-        policy = scaling_policy_of(isvc, self.settings.tick_seconds)
-        observation = combine_observations([readings[p].observed.observation for p in serving])
+        observation = combine_observations([seen.readings[p].observed.observation for p in serving])
         if helping:
             observation = overflow_observation(
-                observation, readings[PoolName.BASELINE].observed.observation
+                observation, seen.readings[PoolName.BASELINE].observed.observation
             )
-        manual = isvc.spec.replicas is not None
-        decision: ScaleDecision | None = None
+        policy = scaling_policy_of(isvc, self.settings.tick_seconds)
+        return Routing(spec, st.primary_hash, serving, helping, policy, observation)
+
+    def _decide_scale(self, st: ServiceState, seen: TickReading, route: Routing) -> Scaling:
+        """The autoscaler's decision for the serving pools (None with manual replicas) and its
+        memory as status carries it; the memory is restored once from status."""
         if not st.scaler_loaded:
-            st.stored_autoscaler = _stored_autoscaler(body)
-            st.scaler_loaded = True
-            st.zero = load_zero(
-                self.zero_forecast, stored_zero_memory(st.stored_autoscaler), wall - mono
-            )
-            restored = restore_scaler_state(st.stored_autoscaler, serving, mono, wall)
-            if restored is not None:
-                st.scalers[serving] = restored
-                log.info(
-                    "%s/%s: autoscaler state restored (%s serving asked)",
-                    key[0],
-                    key[1],
-                    restored.desired_serving,
-                )
-        autoscaler: AutoscalerStatus | None = st.stored_autoscaler
-        if not manual:
-            scaler = st.scalers.get(serving)
-            if scaler is None:
-                have = [current[p] for p in serving if p in current]
-                scaler = initial_scaler_state(policy, sum(have) if have else None)
-            if policy.min_replicas == 0:
-                decision, st.scalers[serving] = self._decide_zero(
-                    st, isvc, policy, observation, scaler, serving, mono, wall, self.held(key)
-                )
-                # Not to zero before a first replica was Ready (as the status has recorded).
-                decision, st.scalers[serving] = hold_until_served(
-                    decision,
-                    st.scalers[serving],
-                    has_served(_stored_status(body)),
-                    mono - (st.first_tick_at if st.first_tick_at is not None else mono),
-                )
-            else:
-                decision, st.scalers[serving] = decide_scale(policy, observation, scaler)
-            autoscaler = self._persisted(st, policy, serving, st.scalers[serving], mono, wall)
-        desired_serving = isvc.spec.replicas if manual else decision.desired_serving  # type: ignore[union-attr]
+            self._restore_scaler(st, seen, route.serving)
+        isvc, serving, policy = seen.isvc, route.serving, route.policy
+        if isvc.spec.replicas is not None:
+            return Scaling(None, st.stored_autoscaler, isvc.spec.replicas)
+        scaler = st.scalers.get(serving)
+        if scaler is None:
+            have = [seen.current[p] for p in serving if p in seen.current]
+            scaler = initial_scaler_state(policy, sum(have) if have else None)
+        if policy.min_replicas == 0:
+            # Not to zero before a first replica was Ready (as the status has recorded).
+            first = st.first_tick_at if st.first_tick_at is not None else seen.mono
+            decision, scaler = self._decide_zero(
+                st, isvc, policy, route.observation, scaler, serving, seen.mono, seen.wall,
+                self.held(seen.key),
+                served=has_served(_stored_status(seen.body)), waited_seconds=seen.mono - first,
+            )  # fmt: skip
+        else:
+            decision, scaler = decide_scale(policy, route.observation, scaler)
+        st.scalers[serving] = scaler
+        autoscaler = self._persisted(st, policy, serving, scaler, seen.mono, seen.wall)
+        return Scaling(decision, autoscaler, decision.desired_serving)
 
-        rollout: RolloutDecision | None = None
-        events: list[EventSpec] = []
-        if spec is not None:
-            applied = st.rollout.applied_hash if st.rollout is not None else primary_hash
-            obs = RolloutObservation(
-                primary=PoolObservation(
-                    ready_replicas=ready_of_template(pods[PoolName.PRIMARY], applied),
-                    signals=to_wall_signals(readings[PoolName.PRIMARY].slo, mono, wall),
-                ),
-                baseline=PoolObservation(
-                    ready_replicas=ready_of_template(pods[PoolName.BASELINE], None),
-                    signals=to_wall_signals(readings[PoolName.BASELINE].slo, mono, wall),
-                ),
-                autoscaler_desired=max(desired_serving or 0, 0),
-            )
-            rollout, st.rollout = plan_rollout(spec, obs, st.rollout, wall)
-            due = rollout.verdict_due_at
-            st.verdict_due = None if due is None else mono + (due - wall)
-            events += [EventSpec(e.type.value, e.reason, e.message) for e in rollout.events]
-            metrics.count_rollout_events(
-                isvc.namespace, isvc.name, (e.reason for e in rollout.events)
-            )
-
-        observed = plan_children(isvc, decision, rollout, current)
-        roles: list[RoleChanges] = []
-        if decision is not None:
-            event = scale_event(serving[0], st.last_total.get(serving), decision)
-            if event is not None:
-                events.append(EventSpec(*event))  # type: ignore[arg-type]
-            st.last_total[serving] = decision.desired_total
-            targets = role_targets(serving, decision, helping, rollout)
-            for pool, (want_serving, want_standby) in targets.items():
-                split = rollout is not None and rollout.traffic is Traffic.SPLIT
-                roles.append(
-                    await self._choose_roles(
-                        key,
-                        st,
-                        pods[pool],
-                        readings[pool],
-                        want_serving,
-                        want_standby,
-                        # The baseline's rollback reserve stays on the device: an abort is
-                        # instant.
-                        StandbyTier.DEVICE if split else isvc.spec.autoscaling.standby_tier,
-                    )
-                )
-        # Every traffic move is make-before-break (core.traffic): what it takes away waits for
-        # the EndpointSlices to list what stays.
-        observed, demote = self._move_traffic(
-            key, st, isvc, kids, pods, observed, current, roles, mono, events
+    def _restore_scaler(
+        self, st: ServiceState, seen: TickReading, serving: tuple[PoolName, ...]
+    ) -> None:
+        """A restarted operator resumes from ``status.autoscaler`` (mid-surge, with its learned
+        capacity and windows) and the zero memory it carries."""
+        st.stored_autoscaler = _stored_autoscaler(seen.body)
+        st.scaler_loaded = True
+        st.zero = load_zero(
+            self.zero_forecast, stored_zero_memory(st.stored_autoscaler), seen.wall - seen.mono
         )
-        for role_changes in roles:
-            await self._write_roles(key, st, role_changes, demote)
-        if decision is not None:
-            for pool in serving:
-                if observed.replicas.get(pool, 0) < sum(1 for p in pods[pool] if _live(p)):
-                    await self._set_deletion_costs(key, st, pods[pool], readings[pool])
+        restored = restore_scaler_state(st.stored_autoscaler, serving, seen.mono, seen.wall)
+        if restored is not None:
+            st.scalers[serving] = restored
+            log.info(
+                "%s/%s: autoscaler state restored (%s serving asked)",
+                seen.key[0],
+                seen.key[1],
+                restored.desired_serving,
+            )
 
+    def _decide_rollout(
+        self,
+        st: ServiceState,
+        seen: TickReading,
+        route: Routing,
+        scaling: Scaling,
+        events: list[EventSpec],
+    ) -> RolloutDecision | None:
+        """``plan_rollout`` when a baseline is configured (None otherwise), on wall-clock
+        seconds; a verdict due before the next tick is kept for the loop (`verdict_due`)."""
+        spec = route.spec
+        if spec is None:
+            return None
+        mono, wall, pods, readings = seen.mono, seen.wall, seen.pods, seen.readings
+        applied = st.rollout.applied_hash if st.rollout is not None else route.primary_hash
+        obs = RolloutObservation(
+            primary=PoolObservation(
+                ready_replicas=ready_of_template(pods[PoolName.PRIMARY], applied),
+                signals=to_wall_signals(readings[PoolName.PRIMARY].slo, mono, wall),
+            ),
+            baseline=PoolObservation(
+                ready_replicas=ready_of_template(pods[PoolName.BASELINE], None),
+                signals=to_wall_signals(readings[PoolName.BASELINE].slo, mono, wall),
+            ),
+            autoscaler_desired=max(scaling.desired_serving or 0, 0),
+        )
+        rollout, st.rollout = plan_rollout(spec, obs, st.rollout, wall)
+        due = rollout.verdict_due_at
+        st.verdict_due = None if due is None else mono + (due - wall)
+        events += [EventSpec(e.type.value, e.reason, e.message) for e in rollout.events]
+        metrics.count_rollout_events(
+            seen.isvc.namespace, seen.isvc.name, (e.reason for e in rollout.events)
+        )
+        return rollout
+
+    async def _decide_roles(
+        self,
+        st: ServiceState,
+        seen: TickReading,
+        route: Routing,
+        decision: ScaleDecision | None,
+        rollout: RolloutDecision | None,
+        events: list[EventSpec],
+    ) -> list[RoleChanges]:
+        """The scale Event and, per pool, the role labels its pods are to get (none with manual
+        replicas)."""
+        if decision is None:
+            return []
+        serving = route.serving
+        event = scale_event(serving[0], st.last_total.get(serving), decision)
+        if event is not None:
+            events.append(EventSpec(*event))  # type: ignore[arg-type]
+        st.last_total[serving] = decision.desired_total
+        split = rollout is not None and rollout.traffic is Traffic.SPLIT
+        # The baseline's rollback reserve stays on the device: an abort is instant.
+        tier = StandbyTier.DEVICE if split else seen.isvc.spec.autoscaling.standby_tier
+        targets = role_targets(serving, decision, route.helping, rollout)
+        return [
+            await self._choose_roles(
+                seen.key, st, seen.pods[pool], seen.readings[pool], want_serving, want_standby, tier
+            )
+            for pool, (want_serving, want_standby) in targets.items()
+        ]
+
+    def _plan_children(
+        self,
+        st: ServiceState,
+        seen: TickReading,
+        scaling: Scaling,
+        rollout: RolloutDecision | None,
+        roles: Sequence[RoleChanges],
+        events: list[EventSpec],
+    ) -> tuple[Observed, frozenset[str]]:
+        """The replicas and routing to publish (``plan_children``), moved make-before-break
+        (`_move_traffic`), and the demotions that may be written now."""
+        observed = plan_children(seen.isvc, scaling.decision, rollout, seen.current)
+        return self._move_traffic(
+            seen.key,
+            st,
+            seen.isvc,
+            seen.kids,
+            seen.pods,
+            observed,
+            seen.current,
+            roles,
+            seen.mono,
+            events,
+        )
+
+    async def _apply_pods(
+        self,
+        st: ServiceState,
+        seen: TickReading,
+        route: Routing,
+        decision: ScaleDecision | None,
+        observed: Observed,
+        roles: Sequence[RoleChanges],
+        demote: frozenset[str],
+    ) -> None:
+        """Write the role labels the traffic move lets go, and before a scale-down each pod's
+        deletion cost (the ReplicaSet removes the cheapest)."""
+        for role_changes in roles:
+            await self._write_roles(seen.key, st, role_changes, demote)
+        if decision is None:
+            return
+        for pool in route.serving:
+            if observed.replicas.get(pool, 0) < sum(1 for p in seen.pods[pool] if _live(p)):
+                await self._set_deletion_costs(seen.key, st, seen.pods[pool], seen.readings[pool])
+
+    async def _publish_view(
+        self,
+        st: ServiceState,
+        seen: TickReading,
+        route: Routing,
+        scaling: Scaling,
+        rollout: RolloutDecision | None,
+        observed: Observed,
+    ) -> None:
+        """Hand the tick's view (replicas, routing, status) to the reconciler."""
+        status = self._status(
+            st,
+            seen.isvc,
+            route.serving,
+            seen.readings,
+            route.observation,
+            scaling.decision,
+            rollout,
+            seen.now,
+            scaling.autoscaler,
+        )
         view = ControlView(
             observed=observed,
-            status=self._status(
-                st, isvc, serving, readings, observation, decision, rollout, now, autoscaler
-            ),
+            status=status,
             hold_primary_template=rollout.hold_primary_template if rollout else False,
         )
-        await self._publish(key, st, view, mono)
+        await self._publish(seen.key, st, view, seen.mono)
+
+    def _settle(
+        self,
+        st: ServiceState,
+        seen: TickReading,
+        route: Routing,
+        decision: ScaleDecision | None,
+        events: Sequence[EventSpec],
+    ) -> None:
+        """Whether the loop may go quiet until an event or the slow timer, and while quiet
+        the long-polls that wake it."""
         st.quiet = (
             decision is not None
-            and spec is None
-            and not helping
+            and route.spec is None
+            and not route.helping
             and not events
             and not st.unsent
             and not st.wake_soon
             and st.traffic_since is None
             and not self._busy_in_background(st)
-            and is_quiet(decision, observation, policy.max_metrics_age_seconds)
+            and is_quiet(decision, route.observation, route.policy.max_metrics_age_seconds)
         )
-        st.timerless = not may_scale_to_zero(isvc)
-        self._watch_activity(key, st, [b for pool in pools for b in pods[pool]])
+        st.timerless = not may_scale_to_zero(seen.isvc)
+        self._watch_activity(seen.key, st, [b for pool in seen.pools for b in seen.pods[pool]])
+
+    async def _post_events(self, seen: TickReading, events: Sequence[EventSpec]) -> None:
         for e in events:
-            log.info("%s/%s %s: %s", key[0], key[1], e.reason, e.message)
-        await asyncio.gather(*(self.kube.post_event(body, e, now) for e in events))
+            log.info("%s/%s %s: %s", seen.key[0], seen.key[1], e.reason, e.message)
+        await asyncio.gather(*(self.kube.post_event(seen.body, e, seen.now) for e in events))
 
     def _watch_activity(
         self, key: Key, st: ServiceState, pods: Sequence[Mapping[str, Any]]
@@ -1014,15 +1161,13 @@ class Controller:
         mono: float,
         wall: float,
         held: int,
+        *,
+        served: bool = True,
+        waited_seconds: float = math.inf,
     ) -> tuple[ScaleDecision, ScalerState]:
-        """decide_scale for a pool that may reach zero: ``core.idle.step_zero`` (the forecast
-        learns the arrivals the gateway counted, is asked for its peak over the wake lead, and
-        ``core.idle`` decides) on what this tick gathered; ``held``: requests its gateway
-        holds now (they wake a pool at zero at once)."""
-        zero = ZeroPolicy(
-            after_seconds=float(isvc.spec.autoscaling.scale_to_zero_after_seconds),
-            wake_margin_seconds=self.settings.wake_margin_seconds,
-        )
+        """decide_scale for a pool that may reach zero: gathers what ``core.idle.step_zero``
+        decides on (``held``: requests its gateway holds now; the arrivals the gateway
+        counted; the measured time-to-routable; whether it has served) and keeps its memory."""
         routable = st.routable.get(serving[0])
         counted = self.arrivals((isvc.namespace, isvc.name))
         tick = ZeroTick(
@@ -1034,11 +1179,12 @@ class Controller:
             arrivals_at=counted[1] if counted is not None else None,
             routable_seconds=routable.total_seconds if routable is not None else None,
             quiet_tick_seconds=self.settings.quiet_tick_seconds,
+            served=served,
+            waited_seconds=waited_seconds,
         )
+        zero = zero_policy_of(isvc, self.settings.wake_margin_seconds)
         step = step_zero(policy, zero, self.zero_forecast, st.zero, scaler, tick)
-        st.zero = step.memory
-        if step.decision.desired_serving == 0:
-            st.wake_soon = step.wake_soon
+        st.zero, st.wake_soon = step.memory, step.wake_soon
         return step.decision, step.scaler
 
     def _persisted(
@@ -1199,6 +1345,51 @@ def _helping_pools(state: RolloutState | None) -> tuple[PoolName, ...]:
     if state is not None and state.traffic is Traffic.OVERFLOW:
         return (PoolName.BASELINE,)
     return ()
+
+
+@dataclass(frozen=True)
+class TickReading:
+    """What one tick read (`Controller._read_signals`): the service's object and parsed spec,
+    its children, its pods per pool and their signals, at one instant (`mono`, `wall`)."""
+
+    key: Key
+    body: Mapping[str, Any]
+    isvc: InferenceService
+    kids: Children | None
+    pools: tuple[PoolName, ...]
+    pods: Mapping[PoolName, Sequence[Mapping[str, Any]]]
+    readings: Mapping[PoolName, PoolReading]
+    current: Mapping[PoolName, int]  # the Deployments' replicas (primary, baseline)
+    mono: float
+    wall: float
+
+    @property
+    def now(self) -> datetime:
+        return datetime.fromtimestamp(self.wall, UTC)
+
+
+@dataclass(frozen=True)
+class Routing:
+    """Who serves this tick (`Controller._route`): the rollout's spec (None: one pool), the
+    pools the autoscaler sizes and those that help them, its policy and the observation it
+    sizes them on."""
+
+    spec: RolloutSpec | None
+    primary_hash: str
+    serving: tuple[PoolName, ...]
+    helping: tuple[PoolName, ...]
+    policy: ScalingPolicy
+    observation: Observation
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """The autoscaler's verdict this tick (`Controller._decide_scale`): its decision (None
+    with manual replicas), the serving replicas asked, and its memory as status carries it."""
+
+    decision: ScaleDecision | None
+    autoscaler: AutoscalerStatus | None
+    desired_serving: int | None
 
 
 @dataclass(frozen=True)

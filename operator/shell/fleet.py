@@ -43,6 +43,7 @@ from typing import Any
 import aiohttp
 from pydantic import ValidationError
 
+from tidal.common.backoff import Backoff, Retry
 from tidal.operator.core.api import (
     LABEL_POOL,
     LABEL_ROLE,
@@ -93,6 +94,8 @@ log = logging.getLogger("tidal.operator.fleet")
 
 Enqueue = Callable[[Key], Awaitable[None]]
 FORECAST_KEY = "forecast.json"
+# A gateway pod whose held count cannot be read is asked again after 0.1 s, 0.2 s, ... 5 s.
+HELD_POLL_BACKOFF = Backoff(first_seconds=0.1, max_seconds=5.0)
 
 
 @dataclass(frozen=True)
@@ -584,7 +587,7 @@ class FleetController:
             self._poll_session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         session = self._poll_session
         wait = self.settings.held_wait_seconds
-        backoff = 0.1
+        retry = Retry(HELD_POLL_BACKOFF)
         seen = -1
         while True:
             params = {"seen": str(seen), "wait": str(wait)}
@@ -607,7 +610,7 @@ class FleetController:
                 held = int(data["held"])
                 if "arrivals" in data:
                     st.arrivals[name] = (int(data["arrivals"]), self.wall())
-                backoff = 0.1
+                retry.reset()
             except asyncio.CancelledError:
                 raise
             except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as exc:
@@ -616,8 +619,7 @@ class FleetController:
                 if st.held.pop(name, 0):
                     self.on_held(key)
                 seen = -1
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                await retry.wait()
                 continue
             if held != seen:
                 seen = held

@@ -33,6 +33,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from tidal.common.backoff import Backoff
 from tidal.operator.core.api import (
     LABEL_ISVC,
     LABEL_POOL,
@@ -317,7 +318,7 @@ class Reconciler:
     def _backoff(self, key: Key) -> float:
         n = self._failures.get(key, 0) + 1
         self._failures[key] = n
-        return float(min(self.max_retry_seconds, self.retry_seconds * 2 ** (n - 1)))
+        return Backoff(self.retry_seconds, self.max_retry_seconds).nth(n)
 
     async def reconcile(self, key: Key, force: bool) -> float | None:
         """Bring one InferenceService's children and status in line; returns a retry delay."""

@@ -410,3 +410,11 @@ def test_a_change_of_the_pods_problems_is_written_at_once() -> None:
     assert urgent_change(quiet, stuck)
     assert urgent_change(stuck, quiet)
     assert not urgent_change(quiet, ControlView(Observed(), ControlStatus()))
+
+
+def test_zero_policy_of_takes_the_specs_timer_and_the_operators_wake_margin() -> None:
+    from tidal.operator.core.control import zero_policy_of
+
+    service = isvc(autoscaling={"minReplicas": 0, "scaleToZeroAfterSeconds": 45})
+    zero = zero_policy_of(service, 12.5)
+    assert (zero.after_seconds, zero.wake_margin_seconds) == (45.0, 12.5)

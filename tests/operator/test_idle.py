@@ -896,3 +896,30 @@ def test_arrivals_reported_late_at_zero_do_not_wake_the_pool() -> None:
     )
     step = step_zero(POLICY, zero, FORECAST, step.memory, step.scaler, tick(t0 + 1.0, 12, 0))
     assert step.decision.desired_serving == 0, step.decision
+
+
+@pytest.mark.parametrize(
+    ("served", "waited", "serving", "reason"),
+    [
+        (False, 2.0, 1, REASON_WAIT_FIRST_READY),
+        (False, FIRST_READY_WAIT_SECONDS, 0, REASON_ZERO_IDLE),
+        (True, 2.0, 0, REASON_ZERO_IDLE),
+    ],
+)
+def test_step_zero_keeps_the_first_replica_until_one_was_ready(
+    served: bool, waited: float, serving: int, reason: str
+) -> None:
+    """The glue holds the idle verdict until the service has served (`hold_until_served`,
+    from the tick's `served` and `waited_seconds`); the memory is the idle verdict's."""
+    zero = ZeroPolicy(after_seconds=0.0, wake_margin_seconds=30.0)
+    memory = ZeroMemory(idle=IdleState(active_at=0.0))
+    scaler = ScalerState(desired_serving=1)
+    tick = ZeroTick(2.0, 2.0, obs(2.0, 1))
+    idle = step_zero(POLICY, zero, None, memory, scaler, tick)
+    assert (idle.decision.desired_serving, idle.decision.reason) == (0, REASON_ZERO_IDLE)
+    step = step_zero(
+        POLICY, zero, None, memory, scaler, replace(tick, served=served, waited_seconds=waited)
+    )
+    assert (step.decision.desired_serving, step.decision.reason) == (serving, reason)
+    assert step.scaler.desired_serving == serving
+    assert (step.memory, step.wake_soon) == (idle.memory, idle.wake_soon)

@@ -469,3 +469,13 @@ async def test_a_cpu_only_build_lists_no_nodes() -> None:
     await rec.reconcile(("ns", "svc"), False)
     assert _degraded(kube)["status"] == "False", _degraded(kube)
     assert kube.node_lists == 0
+
+
+def test_retry_delays_double_to_the_cap_and_stay_there_however_long_a_key_fails() -> None:
+    """2 s, 4 s, ... 60 s; 2 ** failures once overflowed a float after ~1,000 failures in a
+    row (17 hours of a key that keeps failing), crashing the reconcile instead."""
+    reconciler = Reconciler(kube=None, store=Store(), clock=lambda: NOW)  # type: ignore[arg-type]
+    key = ("ns", "svc")
+    delays = [reconciler._backoff(key) for _ in range(1100)]
+    assert delays[:6] == [2.0, 4.0, 8.0, 16.0, 32.0, 60.0]
+    assert set(delays[5:]) == {60.0}

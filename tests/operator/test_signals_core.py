@@ -635,6 +635,16 @@ def test_a_pod_that_keeps_missing_is_asked_less_and_less_often() -> None:
     assert asked_at == [0, 1, 2, 4, 8, 16, 24]
 
 
+def test_a_pod_missing_for_hours_stays_at_the_cap() -> None:
+    """2 ** misses once overflowed a float after ~1,000 misses in a row (hours of a pod
+    that never answers): the back-off stays at its cap however long the misses go on."""
+    target = [PodTarget("p", "10.0.0.1:8080")]
+    backoff = ScrapeBackoff()
+    for n in range(1100):
+        backoff = advance_backoff(backoff, [PodMissing("p", n * 8.0, "refused")], target)
+    assert backoff.retry_at["p"] == 1099 * 8.0 + SCRAPE_BACKOFF_MAX_SECONDS
+
+
 def test_one_answer_resets_the_back_off() -> None:
     asked_at = [t for t, asked in _rounds([False, False, True, False, True, True]) if asked]
     assert asked_at == [0, 1, 2, 3, 4, 5]
