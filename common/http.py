@@ -34,7 +34,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
-from tidal.common.body import CLIENT_CLOSED, BodyError, parse_json
+from .body import CLIENT_CLOSED, BodyError, parse_json
 
 __all__ = [
     "CLIENT_CLOSED",

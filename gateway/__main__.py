@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from pydantic import ValidationError
 
-from tidal.gateway.config import ConfigError, ReplicaRef, load_config, replica_from_url
+from .config import ConfigError, ReplicaRef, load_config, replica_from_url
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check_config:
         print("configuration is valid")
         return 0
-    from tidal.gateway.server import serve
+    from .server import serve
 
     logging.getLogger("tidal.gateway").info(
         "event loop: %s", "uvloop" if factory is not None else "asyncio"

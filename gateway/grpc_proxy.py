@@ -29,10 +29,10 @@ from urllib.parse import urlsplit
 
 import grpc
 
-from tidal.gateway.core.hold import admit
+from .core.hold import admit
 
 if TYPE_CHECKING:
-    from tidal.gateway.server import Gateway, Held
+    from .server import Gateway, Held
 
 log = logging.getLogger("tidal.gateway.grpc")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
-from tidal.gateway.core.routing import REASONS
+from .core.routing import REASONS
 
 disable_created_metrics()  # type: ignore[no-untyped-call]
 

@@ -56,9 +56,10 @@ from tidal.common.http import (
     quiet_logger,
     read_body,
 )
-from tidal.gateway import __version__
-from tidal.gateway.config import GatewayConfig, ReplicaList, ReplicaRef, format_validation_error
-from tidal.gateway.core.hold import (
+
+from . import __version__
+from .config import GatewayConfig, ReplicaList, ReplicaRef, format_validation_error
+from .core.hold import (
     HoldLimits,
     admit,
     check_held_request,
@@ -66,8 +67,8 @@ from tidal.gateway.core.hold import (
     hold_seconds,
     retry_after,
 )
-from tidal.gateway.core.routing import LoadBudget, ReplicaView, Route, choose_route
-from tidal.gateway.core.views import (
+from .core.routing import LoadBudget, ReplicaView, Route, choose_route
+from .core.views import (
     NO_LOADS,
     OwnLoads,
     Snapshot,
@@ -78,8 +79,8 @@ from tidal.gateway.core.views import (
     with_hot,
     without_model,
 )
-from tidal.gateway.metrics import GatewayMetrics
-from tidal.gateway.upstream import UpstreamError, UpstreamPool
+from .metrics import GatewayMetrics
+from .upstream import UpstreamError, UpstreamPool
 
 log = logging.getLogger("tidal.gateway")
 http_log = quiet_logger("tidal.gateway.http")  # aiohttp's protocol-level errors
@@ -1069,7 +1070,7 @@ async def serve(
 ) -> None:
     """Run the gateway until cancelled or until ``stop`` is set, then drain like the runtime.
     ``grpc_port``: also pass OIP v2 gRPC calls through (``tidal.gateway.grpc_proxy``); 0: not."""
-    from tidal.gateway.grpc_proxy import start_grpc
+    from .grpc_proxy import start_grpc
 
     gateway = Gateway(config, replicas)
     runner = JsonErrorRunner(

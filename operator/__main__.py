@@ -65,10 +65,10 @@ from typing import Any, cast
 import kopf
 from prometheus_client import start_http_server
 
-from tidal.operator.core.images import DEFAULT_RUNTIME_IMAGES, parse_runtime_images
-from tidal.operator.shell import handlers
-from tidal.operator.shell.controller import ZERO_FORECAST_MIN_PERIOD
-from tidal.operator.shell.leader import (
+from .core.images import DEFAULT_RUNTIME_IMAGES, parse_runtime_images
+from .shell import handlers
+from .shell.controller import ZERO_FORECAST_MIN_PERIOD
+from .shell.leader import (
     FollowerHealth,
     Leadership,
     LeaseSettings,
@@ -218,7 +218,7 @@ def _lead(args: argparse.Namespace) -> Leadership:
     Lease renewed. Returns the Leadership, to release on a clean exit."""
     from kubernetes import client
 
-    from tidal.operator.shell.kube import load_client_config
+    from .shell.kube import load_client_config
 
     client.Configuration.set_default(load_client_config())
     leadership = Leadership(

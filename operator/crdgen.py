@@ -26,8 +26,8 @@ from typing import Any
 
 import yaml
 
-from tidal.operator.core import api, buildapi
-from tidal.operator.core.rules import SETTING_RULES
+from .core import api, buildapi
+from .core.rules import SETTING_RULES
 
 _DROP = {"title", "examples", "discriminator"}
 

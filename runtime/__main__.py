@@ -23,7 +23,8 @@ from tidal.common.contract import (
     RUNTIME_GRPC_PORT,
     RUNTIME_HTTP_PORT,
 )
-from tidal.runtime.config import ConfigError, load_config
+
+from .config import ConfigError, load_config
 
 DEFAULT_GRPC_PORT = RUNTIME_GRPC_PORT
 
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         print("configuration is valid")
         return 0
     try:
-        from tidal.runtime.backends import make_backend
+        from .backends import make_backend
 
         backend = make_backend(config)  # fail fast (exit 2) when the backend cannot start at all
     except Exception as exc:
@@ -117,13 +118,13 @@ def main(argv: list[str] | None = None) -> int:
             loop.add_signal_handler(sig, on_signal)
         with contextlib.suppress(asyncio.CancelledError):
             if grpc_port:
-                from tidal.runtime import grpc_server
+                from . import grpc_server
 
                 await grpc_server.serve(
                     config, args.host, port, grpc_port, backend, stop, grpc_optional=not grpc_asked
                 )
             else:
-                from tidal.runtime.server import serve
+                from .server import serve
 
                 await serve(config, args.host, port, backend, stop)
 

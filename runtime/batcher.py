@@ -35,18 +35,18 @@ from typing import Any
 
 import numpy as np
 
-from tidal.runtime.clock import Clock
-from tidal.runtime.config import FaultSpec, ModelSpec
-from tidal.runtime.core.batching import (
+from .clock import Clock
+from .config import FaultSpec, ModelSpec
+from .core.batching import (
     BatchPolicy,
     QueuedItem,
     decide_batch,
     retry_after_seconds,
     split_expired,
 )
-from tidal.runtime.enginecache import EngineCache
-from tidal.runtime.errors import BackendError, Overloaded, ServingError
-from tidal.runtime.metrics import RuntimeMetrics
+from .enginecache import EngineCache
+from .errors import BackendError, Overloaded, ServingError
+from .metrics import RuntimeMetrics
 
 log = logging.getLogger("tidal.runtime.batcher")
 

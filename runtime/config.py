@@ -26,14 +26,15 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from tidal.common.contract import DEFAULT_ENGINE_CACHE_BUDGET_BYTES, ENV_RUNTIME_CONFIG_JSON
-from tidal.runtime.core.cache import POLICIES
-from tidal.runtime.core.engines import (
+
+from .core.cache import POLICIES
+from .core.engines import (
     PRECISIONS,
     EngineDescriptor,
     EngineNameError,
     describe_engine,
 )
-from tidal.runtime.core.quantity import Fraction, parse_bytes, parse_bytes_or_fraction
+from .core.quantity import Fraction, parse_bytes, parse_bytes_or_fraction
 
 ByteSize = Annotated[int, BeforeValidator(parse_bytes), Field(ge=0)]
 Precision = Literal["fp32", "tf32", "fp16", "bf16", "fp8", "int8", "fp4", "int4"]

@@ -36,17 +36,18 @@ from pathlib import Path
 from typing import Any
 
 from tidal.common.backoff import Backoff
-from tidal.runtime.backends import Backend, Engine, TensorSpec, warmup_inputs
-from tidal.runtime.clock import Clock
-from tidal.runtime.config import ModelSpec, RuntimeConfig
-from tidal.runtime.core.cache import CacheEntry, make_policy, plan_admission
-from tidal.runtime.core.engines import (
+
+from .backends import Backend, Engine, TensorSpec, warmup_inputs
+from .clock import Clock
+from .config import ModelSpec, RuntimeConfig
+from .core.cache import CacheEntry, make_policy, plan_admission
+from .core.engines import (
     EngineDescriptor,
     EngineSelection,
     plan_cache_budget,
     select_engine,
 )
-from tidal.runtime.errors import (
+from .errors import (
     EngineLoadError,
     ModelNotFound,
     Overloaded,
@@ -54,8 +55,8 @@ from tidal.runtime.errors import (
     TierConflict,
     Unavailable,
 )
-from tidal.runtime.metrics import RuntimeMetrics
-from tidal.runtime.storage import EngineStore
+from .metrics import RuntimeMetrics
+from .storage import EngineStore
 
 # Moving to the host tier waits for this long without a request, and gives up (the replica is
 # still being routed to) after HOST_DRAIN_SECONDS.

@@ -34,20 +34,20 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from google.protobuf.message import Message as ProtoMessage
 
-from tidal.runtime import __version__
-from tidal.runtime.backends import Backend
-from tidal.runtime.config import RuntimeConfig
-from tidal.runtime.enginecache import READY
-from tidal.runtime.errors import (
+from . import __version__
+from .backends import Backend
+from .config import RuntimeConfig
+from .enginecache import READY
+from .errors import (
     InjectedFault,
     InvalidInput,
     InvalidRequest,
     ModelNotFound,
     ServingError,
 )
-from tidal.runtime.grpc import oip_v2_pb2 as pb
-from tidal.runtime.protocol import DATATYPES, datatype_of
-from tidal.runtime.server import (
+from .grpc import oip_v2_pb2 as pb
+from .protocol import DATATYPES, datatype_of
+from .server import (
     VERSIONS,
     RequestAccounting,
     RuntimeServer,

@@ -32,7 +32,8 @@ import numpy as np
 
 from tidal.common import body as common_body
 from tidal.common.body import BodyError
-from tidal.runtime.errors import InvalidInput, InvalidRequest
+
+from .errors import InvalidInput, InvalidRequest
 
 try:  # bfloat16 for numpy; a dependency of onnx, optional here
     import ml_dtypes

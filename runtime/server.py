@@ -33,13 +33,14 @@ from tidal.common import http as common_http
 from tidal.common.backoff import Backoff, Retry
 from tidal.common.contract import ENV_POD_NAME
 from tidal.common.http import BodyError, JsonErrorRunner, declared_too_large, quiet_logger
-from tidal.runtime import __version__
-from tidal.runtime.backends import Backend, TensorSpec, make_backend
-from tidal.runtime.batcher import ModelBatcher
-from tidal.runtime.clock import CLOCK, Clock
-from tidal.runtime.config import RuntimeConfig
-from tidal.runtime.enginecache import READY, ChangeFeed, EngineCache
-from tidal.runtime.errors import (
+
+from . import __version__
+from .backends import Backend, TensorSpec, make_backend
+from .batcher import ModelBatcher
+from .clock import CLOCK, Clock
+from .config import RuntimeConfig
+from .enginecache import READY, ChangeFeed, EngineCache
+from .errors import (
     ClientDisconnected,
     InjectedFault,
     InternalError,
@@ -54,15 +55,15 @@ from tidal.runtime.errors import (
     Unavailable,
     as_serving_error,
 )
-from tidal.runtime.metrics import RuntimeMetrics
-from tidal.runtime.protocol import (
+from .metrics import RuntimeMetrics
+from .protocol import (
     DATATYPES,
     HEADER_LENGTH,
     decode_request,
     encode_response,
     parse_json,
 )
-from tidal.runtime.storage import EngineStore
+from .storage import EngineStore
 
 log = logging.getLogger("tidal.runtime.server")
 

@@ -33,8 +33,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from tidal.runtime.config import S3Spec
-from tidal.runtime.errors import EngineLoadError
+from .config import S3Spec
+from .errors import EngineLoadError
 
 if TYPE_CHECKING:
     from obstore.store import ClientConfig, RetryConfig, S3Config

@@ -10,6 +10,6 @@ The public entry points are :class:`Sandbox` (start/stop a whole sandbox) and
 :func:`tidal.sandbox.wait.wait_for`.
 """
 
-from tidal.sandbox.cluster import Sandbox, SandboxConfig
+from .cluster import Sandbox, SandboxConfig
 
 __all__ = ["Sandbox", "SandboxConfig"]

@@ -10,8 +10,8 @@ import sys
 import threading
 from pathlib import Path
 
-from tidal.sandbox.binaries import ensure_binaries
-from tidal.sandbox.cluster import Sandbox, SandboxConfig
+from .binaries import ensure_binaries
+from .cluster import Sandbox, SandboxConfig
 
 
 def _config(args: argparse.Namespace, state_dir: Path | None) -> SandboxConfig:
@@ -66,8 +66,8 @@ def cmd_build(_args: argparse.Namespace) -> int:
 
 
 def cmd_images(_args: argparse.Namespace) -> int:
-    from tidal.sandbox.images import build_project_images
-    from tidal.sandbox.realnode import ensure_node_binaries
+    from .images import build_project_images
+    from .realnode import ensure_node_binaries
 
     built = build_project_images(ensure_node_binaries().bin)
     for key, image in vars(built).items():
@@ -77,7 +77,7 @@ def cmd_images(_args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from tidal.sandbox.demo import run_demo
+    from .demo import run_demo
 
     return run_demo(keep=args.keep, real_node=args.real_node)
 

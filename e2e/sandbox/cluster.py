@@ -24,11 +24,12 @@ from typing import Any
 import yaml
 
 from tidal.common import release
-from tidal.sandbox.binaries import K8S_VERSION, Binaries, ensure_binaries
-from tidal.sandbox.pki import FrontProxy, Pki, make_front_proxy, make_pki
-from tidal.sandbox.procs import ManagedProcess, free_port
-from tidal.sandbox.prometheus import write_prometheus_config
-from tidal.sandbox.wait import wait_for
+
+from .binaries import K8S_VERSION, Binaries, ensure_binaries
+from .pki import FrontProxy, Pki, make_front_proxy, make_pki
+from .procs import ManagedProcess, free_port
+from .prometheus import write_prometheus_config
+from .wait import wait_for
 
 SERVICE_CIDR = "10.96.0.0/16"
 
@@ -147,7 +148,7 @@ class Sandbox:
             # The node agent stops its pods on SIGTERM, so it gets time to honour grace periods.
             proc.stop(grace=40.0 if proc.name == "node-agent" else 10.0)
         self.processes.clear()
-        from tidal.sandbox.nodeagent import kill_leftovers  # late: `-m nodeagent` imports us
+        from .nodeagent import kill_leftovers  # late: `-m nodeagent` imports us
 
         kill_leftovers(self.state_dir)
         if self._owns_state and not self.config.keep_state:
@@ -528,8 +529,8 @@ class Sandbox:
     def _prepare_real_node(self) -> None:
         """Node binaries and images (built or reused), then the host's network for the node:
         before the API server, which listens on the bridge address."""
-        from tidal.sandbox.images import build_project_images
-        from tidal.sandbox.realnode import NODE_IP, RealNode, ensure_node_binaries
+        from .images import build_project_images
+        from .realnode import NODE_IP, RealNode, ensure_node_binaries
 
         bins = ensure_node_binaries()
         self.images = build_project_images(bins.bin)
@@ -548,9 +549,9 @@ class Sandbox:
         in-cluster name for Prometheus (``http://prometheus.tidal-sandbox:9090``)."""
         from kubernetes import client
 
-        from tidal.sandbox import realnode
-        from tidal.sandbox.files import FileServer
-        from tidal.sandbox.objectstore import ObjectStore
+        from . import realnode
+        from .files import FileServer
+        from .objectstore import ObjectStore
 
         node = self.node
         node.api_url = self.api_url

@@ -34,10 +34,10 @@ from rich.live import Live
 from rich.panel import Panel
 from rich.table import Table
 
-from tidal.sandbox.cluster import Sandbox, SandboxConfig
-from tidal.sandbox.loadgen import LoadGenerator, LoadReport, percentile
-from tidal.sandbox.operatorproc import OperatorProcess, condition, get_isvc
-from tidal.sandbox.wait import wait_for
+from .cluster import Sandbox, SandboxConfig
+from .loadgen import LoadGenerator, LoadReport, percentile
+from .operatorproc import OperatorProcess, condition, get_isvc
+from .wait import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 NAMESPACE = "demo"

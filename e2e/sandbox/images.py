@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tidal.sandbox.binaries import cache_root
+from .binaries import cache_root
 
 REPO = Path(__file__).resolve().parents[2]
 log = logging.getLogger("tidal.sandbox.images")
@@ -351,7 +351,7 @@ class ProjectImages:
 
 
 def build_project_images(node_bin: Path) -> ProjectImages:
-    from tidal.sandbox.realnode import PAUSE_IMAGE
+    from .realnode import PAUSE_IMAGE
 
     base = base_image()
     built = ProjectImages(

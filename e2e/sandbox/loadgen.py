@@ -22,7 +22,7 @@ from typing import Any
 
 import aiohttp
 
-from tidal.sandbox.endpoints import ready_endpoints
+from .endpoints import ready_endpoints
 
 RateFn = Callable[[float], float]
 

@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tidal.sandbox.podnet import PodNetwork, enter
+from .podnet import PodNetwork, enter
 
 log = logging.getLogger("tidal.sandbox.nodeagent")
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tidal.sandbox.procs import ManagedProcess, free_port
+from .procs import ManagedProcess, free_port
 
 REGION = "us-east-1"
 

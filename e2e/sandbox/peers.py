@@ -28,10 +28,10 @@ from typing import Any
 
 import yaml
 
-from tidal.sandbox.binaries import cache_root
-from tidal.sandbox.pki import issue_serving_cert
-from tidal.sandbox.procs import ManagedProcess, free_port
-from tidal.sandbox.wait import wait_for
+from .binaries import cache_root
+from .pki import issue_serving_cert
+from .procs import ManagedProcess, free_port
+from .wait import wait_for
 
 KEDA_VERSION = os.environ.get("TIDAL_KEDA_VERSION", "v2.21.0")
 METRICS_SERVER_VERSION = os.environ.get("TIDAL_METRICS_SERVER_VERSION", "v0.8.0")

@@ -26,8 +26,8 @@ from typing import Any
 
 import pytest
 
-from tidal.sandbox import Sandbox, SandboxConfig
-from tidal.sandbox.wait import wait_for
+from . import Sandbox, SandboxConfig
+from .wait import wait_for
 
 
 def pytest_configure(config: pytest.Config) -> None:

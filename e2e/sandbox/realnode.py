@@ -45,10 +45,10 @@ from typing import IO, Any
 
 import yaml
 
-from tidal.sandbox.binaries import K8S_VERSION, cache_root
-from tidal.sandbox.pki import Pki, issue_client_cert
-from tidal.sandbox.procs import ManagedProcess
-from tidal.sandbox.wait import wait_for
+from .binaries import K8S_VERSION, cache_root
+from .pki import Pki, issue_client_cert
+from .procs import ManagedProcess
+from .wait import wait_for
 
 log = logging.getLogger("tidal.sandbox.realnode")
 

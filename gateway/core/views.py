@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from tidal.gateway.core.routing import ReplicaView
+from .routing import ReplicaView
 
 READY = "READY"
 LOADING = "LOADING"

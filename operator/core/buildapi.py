@@ -28,7 +28,8 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tidal.common.buildspec import GateSpec, QuantizationSpec, ShapeProfile
-from tidal.operator.core.api import (
+
+from .api import (
     DNS_SUBDOMAIN_PATTERN,
     GROUP,
     IMAGE_PATTERN,

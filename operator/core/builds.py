@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tidal.operator.core.api import (
+from .api import (
     API_VERSION,
     Backend,
     Condition,
@@ -39,7 +39,7 @@ from tidal.operator.core.api import (
     Precision,
     ServedBuild,
 )
-from tidal.operator.core.buildapi import (
+from .buildapi import (
     ANNOTATION_INPUTS,
     ARCH_TARGET_PATTERN,
     BACKENDS_WITH_IMAGES,
@@ -59,7 +59,7 @@ from tidal.operator.core.buildapi import (
     ModelBuildStatus,
     TargetStatus,
 )
-from tidal.operator.core.status import EventSpec, timestamp
+from .status import EventSpec, timestamp
 
 READY = "Ready"
 DEGRADED = "Degraded"

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from tidal.operator.core.api import (
+from .api import (
     ActivePool,
     AutoscalerStatus,
     ConditionStatus,
@@ -41,7 +41,7 @@ from tidal.operator.core.api import (
     duration_seconds,
     percent_value,
 )
-from tidal.operator.core.autoscaler import (
+from .autoscaler import (
     REASON_HOLD_MISSING,
     REASON_HOLD_STALE,
     Capacity,
@@ -53,20 +53,20 @@ from tidal.operator.core.autoscaler import (
     estimate_capacity,
     load_state,
 )
-from tidal.operator.core.idle import ZeroPolicy
-from tidal.operator.core.resources import Observed, content_hash, deployment_name
-from tidal.operator.core.rollout import (
+from .idle import ZeroPolicy
+from .resources import Observed, content_hash, deployment_name
+from .rollout import (
     ActivePool as RolloutActivePool,
 )
-from tidal.operator.core.rollout import (
+from .rollout import (
     Pool,
     RolloutDecision,
     RolloutSpec,
     RolloutState,
     Traffic,
 )
-from tidal.operator.core.signals import NOTE_PROMETHEUS_UNAVAILABLE
-from tidal.operator.core.slo import BreachAction, PoolSignals, SloPolicy
+from .signals import NOTE_PROMETHEUS_UNAVAILABLE
+from .slo import BreachAction, PoolSignals, SloPolicy
 
 SCALING = "Scaling"
 PREWARMED = "Prewarmed"

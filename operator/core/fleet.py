@@ -27,15 +27,15 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from tidal.operator.core.api import FleetStatus, InferenceService, Model, quantity_bytes
-from tidal.operator.core.forecast import (
+from .api import FleetStatus, InferenceService, Model, quantity_bytes
+from .forecast import (
     ForecastPolicy,
     ModelForecast,
     observe,
     period_mean,
     predict_peak,
 )
-from tidal.operator.core.placement import (
+from .placement import (
     ModelDemand,
     Placement,
     PlacementPolicy,

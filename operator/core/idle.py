@@ -49,7 +49,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from tidal.operator.core.autoscaler import (
+from .autoscaler import (
     REASON_FLOOR_MIN,
     Observation,
     ScaleDecision,
@@ -57,7 +57,7 @@ from tidal.operator.core.autoscaler import (
     ScalingPolicy,
     decide_scale,
 )
-from tidal.operator.core.forecast import (
+from .forecast import (
     ForecastPolicy,
     ModelForecast,
     forecasts_from_json,

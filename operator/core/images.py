@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from tidal.common.release import default_runtime_images
-from tidal.operator.core.api import Backend, InferenceService, Runtime
+
+from .api import Backend, InferenceService, Runtime
 
 DEFAULT_RUNTIME_IMAGES: Mapping[Backend, str] = {
     Backend(backend): ref for backend, ref in default_runtime_images().items()

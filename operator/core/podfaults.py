@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from enum import Enum, auto
 from typing import Any, Literal
 
-from tidal.operator.core.api import LABEL_POOL
-from tidal.operator.core.signals import pod_address, pod_ready
+from .api import LABEL_POOL
+from .signals import pod_address, pod_ready
 
 # A pod gets this long after its container started before a not-Ready answer counts (the
 # runtime is still loading), and is asked again at most this often.

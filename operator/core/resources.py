@@ -39,7 +39,8 @@ from tidal.common.contract import (
     RUNTIME_GRPC_PORT,
     RUNTIME_HTTP_PORT,
 )
-from tidal.operator.core.api import (
+
+from .api import (
     ANNOTATION_CONFIG_HASH,
     API_VERSION,
     GROUP,
@@ -63,7 +64,7 @@ from tidal.operator.core.api import (
     percent_value,
     quantity_bytes,
 )
-from tidal.operator.core.images import runtime_image
+from .images import runtime_image
 
 LABEL_COMPONENT = f"{GROUP}/component"
 

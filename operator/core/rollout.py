@@ -98,9 +98,9 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 # The API's enums, under the names this module has always used.
-from tidal.operator.core.api import ActivePool
-from tidal.operator.core.api import PoolName as Pool
-from tidal.operator.core.slo import (
+from .api import ActivePool
+from .api import PoolName as Pool
+from .slo import (
     BreachAction,
     Frozen,
     PoolSignals,

@@ -27,15 +27,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from tidal.operator.core.api import (
+from .api import (
     Backend,
     FleetForecast,
     InferenceService,
     percent_value,
     quantity_bytes,
 )
-from tidal.operator.core.idle import DEFAULT_SCALE_TO_ZERO_AFTER_SECONDS
-from tidal.operator.core.resources import (
+from .idle import DEFAULT_SCALE_TO_ZERO_AFTER_SECONDS
+from .resources import (
     activator_hold_seconds,
     engine_budget_bytes,
     may_scale_to_zero,

@@ -48,11 +48,12 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from tidal.common.backoff import Backoff
-from tidal.operator.core.api import LABEL_ISVC, LABEL_POOL, LABEL_ROLE, TimeToRoutable
-from tidal.operator.core.autoscaler import BatchWork, Observation, WorkSample
-from tidal.operator.core.autoscaler_pods import PodView
-from tidal.operator.core.resources import ROLE_STANDBY, RUNTIME_PORT
-from tidal.operator.core.slo import PoolSignals
+
+from .api import LABEL_ISVC, LABEL_POOL, LABEL_ROLE, TimeToRoutable
+from .autoscaler import BatchWork, Observation, WorkSample
+from .autoscaler_pods import PodView
+from .resources import ROLE_STANDBY, RUNTIME_PORT
+from .slo import PoolSignals
 
 __all__ = [
     "DEFAULT_COLD_WINDOW",

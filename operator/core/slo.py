@@ -54,7 +54,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from tidal.operator.core.api import BreachAction
+from .api import BreachAction
 
 __all__ = [
     "BreachAction",

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from tidal.operator.core.api import (
+from .api import (
     LABEL_ISVC,
     LABEL_POOL,
     Condition,
@@ -32,7 +32,7 @@ from tidal.operator.core.api import (
     PoolStatus,
     ServedBuild,
 )
-from tidal.operator.core.control import ControlStatus
+from .control import ControlStatus
 
 READY = "Ready"
 PROGRESSING = "Progressing"

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import aiohttp
 
-from tidal.operator.shell import metrics
+from . import metrics
 
 log = logging.getLogger(__name__)
 

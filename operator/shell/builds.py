@@ -20,15 +20,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tidal.operator.core.api import format_validation_error
-from tidal.operator.core.buildapi import (
+from ..core.api import format_validation_error
+from ..core.buildapi import (
     BUILD_KIND,
     BUILD_PLURAL,
     BuildBackend,
     parse_model_build,
     previous_status,
 )
-from tidal.operator.core.builds import (
+from ..core.builds import (
     BuildPlan,
     JobOutcome,
     NodeInfo,
@@ -37,7 +37,7 @@ from tidal.operator.core.builds import (
     raw_build_refs,
     read_job,
 )
-from tidal.operator.shell.kube import Kube, KubeError
+from .kube import Kube, KubeError
 
 log = logging.getLogger("tidal.operator.builds")
 

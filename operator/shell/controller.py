@@ -46,7 +46,7 @@ from typing import Any
 import aiohttp
 from pydantic import ValidationError
 
-from tidal.operator.core.api import (
+from ..core.api import (
     LABEL_POOL,
     LABEL_ROLE,
     AutoscalerStatus,
@@ -56,7 +56,7 @@ from tidal.operator.core.api import (
     StandbyTier,
     TimeToRoutable,
 )
-from tidal.operator.core.autoscaler import (
+from ..core.autoscaler import (
     Observation,
     ScaleDecision,
     ScalerState,
@@ -64,14 +64,14 @@ from tidal.operator.core.autoscaler import (
     decide_scale,
     estimate_capacity,
 )
-from tidal.operator.core.autoscaler_pods import (
+from ..core.autoscaler_pods import (
     ANNOTATION_POD_DELETION_COST,
     StandbyAssignment,
     choose_standby,
     pod_deletion_cost,
 )
-from tidal.operator.core.builds import raw_build_refs
-from tidal.operator.core.control import (
+from ..core.builds import raw_build_refs
+from ..core.control import (
     ANNOTATION_TEMPLATE_HASH,
     ControlStatus,
     ControlView,
@@ -101,8 +101,8 @@ from tidal.operator.core.control import (
     urgent_change,
     zero_policy_of,
 )
-from tidal.operator.core.forecast import ForecastPolicy
-from tidal.operator.core.idle import (
+from ..core.forecast import ForecastPolicy
+from ..core.idle import (
     ZeroMemory,
     ZeroPolicy,
     ZeroTick,
@@ -113,8 +113,8 @@ from tidal.operator.core.idle import (
     step_zero,
     zero_persist_key,
 )
-from tidal.operator.core.podfaults import PodFaults, due, not_ready_pods, unstartable_pods
-from tidal.operator.core.resources import (
+from ..core.podfaults import PodFaults, due, not_ready_pods, unstartable_pods
+from ..core.resources import (
     LABEL_COMPONENT,
     ROLE_SERVING,
     ROLE_STANDBY,
@@ -125,7 +125,7 @@ from tidal.operator.core.resources import (
     pools_of,
     secret_fields,
 )
-from tidal.operator.core.rollout import (
+from ..core.rollout import (
     PoolObservation,
     RolloutDecision,
     RolloutObservation,
@@ -135,7 +135,7 @@ from tidal.operator.core.rollout import (
     initial_state,
     plan_rollout,
 )
-from tidal.operator.core.signals import (
+from ..core.signals import (
     PodScrape,
     PoolKey,
     pod_address,
@@ -145,20 +145,20 @@ from tidal.operator.core.signals import (
     scrape_targets,
     time_to_routable,
 )
-from tidal.operator.core.status import EventSpec, has_served
-from tidal.operator.core.traffic import (
+from ..core.status import EventSpec, has_served
+from ..core.traffic import (
     RoutePod,
     TrafficPolicy,
     TrafficStep,
     TrafficWant,
     plan_traffic,
 )
-from tidal.operator.shell import metrics
-from tidal.operator.shell.activity import ActivityWatch
-from tidal.operator.shell.kube import Kube, KubeError
-from tidal.operator.shell.podmetrics import new_scrape_session, probe_ready
-from tidal.operator.shell.reconciler import Children, Key, Store
-from tidal.operator.shell.signals import PoolReading, SignalCollector
+from . import metrics
+from .activity import ActivityWatch
+from .kube import Kube, KubeError
+from .podmetrics import new_scrape_session, probe_ready
+from .reconciler import Children, Key, Store
+from .signals import PoolReading, SignalCollector
 
 log = logging.getLogger("tidal.operator.controller")
 
@@ -1319,7 +1319,7 @@ def _stored_autoscaler(body: Mapping[str, Any]) -> AutoscalerStatus | None:
 
 
 def _restore(raw: Any) -> RolloutState | None:
-    from tidal.operator.core.api import RolloutStatus
+    from ..core.api import RolloutStatus
 
     if not isinstance(raw, dict):
         return None

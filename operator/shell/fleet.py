@@ -44,15 +44,16 @@ import aiohttp
 from pydantic import ValidationError
 
 from tidal.common.backoff import Backoff, Retry
-from tidal.operator.core.api import (
+
+from ..core.api import (
     LABEL_POOL,
     LABEL_ROLE,
     InferenceService,
     PoolName,
     duration_seconds,
 )
-from tidal.operator.core.control import ControlView
-from tidal.operator.core.fleet import (
+from ..core.control import ControlView
+from ..core.fleet import (
     DemandState,
     FleetView,
     ReplicaReport,
@@ -63,14 +64,14 @@ from tidal.operator.core.fleet import (
     plan_placement,
     too_large_problems,
 )
-from tidal.operator.core.forecast import (
+from ..core.forecast import (
     ForecastPolicy,
     ModelForecast,
     forecasts_from_json,
     forecasts_to_json,
 )
-from tidal.operator.core.placement import Placement, PlacementPolicy
-from tidal.operator.core.resources import (
+from ..core.placement import Placement, PlacementPolicy
+from ..core.resources import (
     COMPONENT_GATEWAY,
     GATEWAY_PORT,
     LABEL_COMPONENT,
@@ -85,10 +86,10 @@ from tidal.operator.core.resources import (
     placement_landing_share,
     resolve_active_pool,
 )
-from tidal.operator.core.signals import pod_labels, pod_ready
-from tidal.operator.shell import metrics
-from tidal.operator.shell.kube import Kube, KubeError
-from tidal.operator.shell.reconciler import Key, Store
+from ..core.signals import pod_labels, pod_ready
+from . import metrics
+from .kube import Kube, KubeError
+from .reconciler import Key, Store
 
 log = logging.getLogger("tidal.operator.fleet")
 

@@ -38,19 +38,19 @@ from typing import Any
 
 import kopf
 
-from tidal.operator.core.api import GROUP, LABEL_ISVC, PLURAL, VERSION, Backend
-from tidal.operator.core.buildapi import BUILD_PLURAL, LABEL_BUILD, BuildBackend
-from tidal.operator.core.drift import resync_due, resync_offset
-from tidal.operator.core.images import DEFAULT_RUNTIME_IMAGES
-from tidal.operator.shell import metrics
-from tidal.operator.shell.builds import BuildReconciler, BuildStore, services_naming
-from tidal.operator.shell.builds import Key as BuildKey
-from tidal.operator.shell.controller import Controller, ControllerSettings
-from tidal.operator.shell.fleet import FleetController
-from tidal.operator.shell.kube import Kube
-from tidal.operator.shell.reconciler import Key, Reconciler, Store
-from tidal.operator.shell.signals import PrometheusSignals, SignalCollector
-from tidal.operator.shell.workqueue import WorkQueue
+from ..core.api import GROUP, LABEL_ISVC, PLURAL, VERSION, Backend
+from ..core.buildapi import BUILD_PLURAL, LABEL_BUILD, BuildBackend
+from ..core.drift import resync_due, resync_offset
+from ..core.images import DEFAULT_RUNTIME_IMAGES
+from . import metrics
+from .builds import BuildReconciler, BuildStore, services_naming
+from .builds import Key as BuildKey
+from .controller import Controller, ControllerSettings
+from .fleet import FleetController
+from .kube import Kube
+from .reconciler import Key, Reconciler, Store
+from .signals import PrometheusSignals, SignalCollector
+from .workqueue import WorkQueue
 
 log = logging.getLogger("tidal.operator")
 

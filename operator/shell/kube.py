@@ -26,10 +26,10 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from tidal.operator.core.api import API_VERSION, KIND, PLURAL
-from tidal.operator.core.resources import ANNOTATION_APPLIED_HASH
-from tidal.operator.core.status import EventSpec, timestamp
-from tidal.operator.shell import metrics
+from ..core.api import API_VERSION, KIND, PLURAL
+from ..core.resources import ANNOTATION_APPLIED_HASH
+from ..core.status import EventSpec, timestamp
+from . import metrics
 
 FIELD_MANAGER = "tidal-operator"
 log = logging.getLogger("tidal.operator.kube")

@@ -32,7 +32,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.leaderelection import electionconfig, leaderelection
 from kubernetes.leaderelection.resourcelock.leaselock import LeaseLock
 
-from tidal.operator.shell import metrics
+from . import metrics
 
 log = logging.getLogger("tidal.operator.leader")
 # The client's election logs every retry at info ("yet to finish lease_duration, ..."); the

@@ -53,8 +53,8 @@ from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from tidal.operator.core.api import LABEL_POOL, duration_seconds
-from tidal.operator.core.signals import count_pods
+from ..core.api import LABEL_POOL, duration_seconds
+from ..core.signals import count_pods
 
 RECONCILE_DURATION = Histogram(
     "tidal_operator_reconcile_duration_seconds",

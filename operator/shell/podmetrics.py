@@ -23,9 +23,9 @@ from collections.abc import Callable, Sequence
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from tidal.operator.core.autoscaler import BatchWork
-from tidal.operator.core.podfaults import NO_ANSWER, ProbeAnswer
-from tidal.operator.core.signals import PodMissing, PodScrape, PodTarget, ScrapeResult
+from ..core.autoscaler import BatchWork
+from ..core.podfaults import NO_ANSWER, ProbeAnswer
+from ..core.signals import PodMissing, PodScrape, PodTarget, ScrapeResult
 
 DEFAULT_SCRAPE_TIMEOUT = 0.3
 

@@ -34,7 +34,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from tidal.common.backoff import Backoff
-from tidal.operator.core.api import (
+
+from ..core.api import (
     LABEL_ISVC,
     LABEL_POOL,
     LABEL_ROLE,
@@ -45,8 +46,8 @@ from tidal.operator.core.api import (
     format_validation_error,
     parse_inference_service,
 )
-from tidal.operator.core.buildapi import ModelBuild, parse_model_build
-from tidal.operator.core.builds import (
+from ..core.buildapi import ModelBuild, parse_model_build
+from ..core.builds import (
     BuildResolution,
     PodPlacement,
     build_refs,
@@ -54,11 +55,11 @@ from tidal.operator.core.builds import (
     find_missing_engines,
     resolve_build_refs,
 )
-from tidal.operator.core.control import ControlView, follow_planner, stamp_template_hash
-from tidal.operator.core.drift import COMPARED_KINDS, find_drift, trim_child
-from tidal.operator.core.fleet import FleetView
-from tidal.operator.core.images import DEFAULT_RUNTIME_IMAGES, with_default_images
-from tidal.operator.core.resources import (
+from ..core.control import ControlView, follow_planner, stamp_template_hash
+from ..core.drift import COMPARED_KINDS, find_drift, trim_child
+from ..core.fleet import FleetView
+from ..core.images import DEFAULT_RUNTIME_IMAGES, with_default_images
+from ..core.resources import (
     ANNOTATION_APPLIED_HASH,
     COMPONENT_GATEWAY,
     LABEL_COMPONENT,
@@ -74,16 +75,16 @@ from tidal.operator.core.resources import (
     pools_of,
     resolve_active_pool,
 )
-from tidal.operator.core.rules import Outcome, find_setting_findings
-from tidal.operator.core.status import (
+from ..core.rules import Outcome, find_setting_findings
+from ..core.status import (
     DeploymentState,
     EventSpec,
     PodState,
     StatusInput,
     compute_status,
 )
-from tidal.operator.shell import metrics
-from tidal.operator.shell.kube import Kube, KubeError
+from . import metrics
+from .kube import Kube, KubeError
 
 log = logging.getLogger("tidal.operator.reconciler")
 
@@ -613,7 +614,7 @@ def _with_switch(isvc: InferenceService, observed: Observed, kids: Children) -> 
 
 
 def _desired(isvc: InferenceService, pool: PoolName, observed: Observed) -> int:
-    from tidal.operator.core.resources import desired_replicas
+    from ..core.resources import desired_replicas
 
     return desired_replicas(isvc, pool, observed)
 

@@ -35,7 +35,7 @@ from typing import Any
 
 import aiohttp
 
-from tidal.operator.core.signals import (
+from ..core.signals import (
     DEFAULT_COLD_WINDOW,
     DEFAULT_LATENCY_WINDOW,
     DEFAULT_RATE_WINDOW,
@@ -60,9 +60,9 @@ from tidal.operator.core.signals import (
     pool_signals_query,
     scrape_targets,
 )
-from tidal.operator.core.slo import PoolSignals
-from tidal.operator.shell import metrics
-from tidal.operator.shell.podmetrics import (
+from ..core.slo import PoolSignals
+from . import metrics
+from .podmetrics import (
     DEFAULT_SCRAPE_TIMEOUT,
     new_scrape_session,
     scrape_pods,

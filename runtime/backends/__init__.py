@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 if TYPE_CHECKING:
-    from tidal.runtime.config import ModelSpec, RuntimeConfig
-    from tidal.runtime.core.engines import EngineDescriptor, EngineTarget
+    from ..config import ModelSpec, RuntimeConfig
+    from ..core.engines import EngineDescriptor, EngineTarget
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ class Backend(Protocol):
 
 def warmup_inputs(engine: Engine, batch_size: int) -> dict[str, np.ndarray[Any, Any]]:
     """Zero inputs of ``batch_size`` rows; dynamic non-batch dimensions become 1."""
-    from tidal.runtime.protocol import DATATYPES
+    from ..protocol import DATATYPES
 
     arrays = {}
     for spec in engine.inputs:
@@ -80,7 +80,7 @@ def warmup_inputs(engine: Engine, batch_size: int) -> dict[str, np.ndarray[Any, 
 def make_backend(config: RuntimeConfig) -> Backend:
     backend: str = config.backend
     if backend == "torch":
-        from tidal.runtime.backends.torch_aoti import TorchAOTIBackend
+        from .torch_aoti import TorchAOTIBackend
 
         # The caching allocator may hold no more than the configured budget: a byte the cache's
         # accounting misses cannot take this runtime past it (tests/gpu: the peak under churn).
@@ -89,9 +89,9 @@ def make_backend(config: RuntimeConfig) -> Backend:
             memory_limit_bytes=config.memory.engine_cache_budget_bytes,
         )
     if backend == "onnxruntime":
-        from tidal.runtime.backends.onnx import OnnxRuntimeBackend
+        from .onnx import OnnxRuntimeBackend
 
         return OnnxRuntimeBackend(config.onnxruntime)
-    from tidal.runtime.backends.tensorrt import TensorRTBackend
+    from .tensorrt import TensorRTBackend
 
     return TensorRTBackend(config.tensorrt, config.memory)

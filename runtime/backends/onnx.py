@@ -8,10 +8,10 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from tidal.runtime.backends import DeviceMemory, TensorSpec
-from tidal.runtime.config import ModelSpec, OnnxRuntimeSpec
-from tidal.runtime.core.engines import EngineDescriptor, EngineTarget
-from tidal.runtime.errors import EngineLoadError, InvalidRequest
+from ..config import ModelSpec, OnnxRuntimeSpec
+from ..core.engines import EngineDescriptor, EngineTarget
+from ..errors import EngineLoadError, InvalidRequest
+from . import DeviceMemory, TensorSpec
 
 _ORT_TYPES = {
     "tensor(bool)": "BOOL",

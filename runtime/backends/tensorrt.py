@@ -27,23 +27,23 @@ from typing import Any
 
 import numpy as np
 
-from tidal.runtime.backends import DeviceMemory, TensorSpec
-from tidal.runtime.backends import cudamem as cm
-from tidal.runtime.config import MemorySpec, ModelSpec, TensorRTSpec
-from tidal.runtime.core.engines import EngineDescriptor, EngineTarget
-from tidal.runtime.core.planfile import (
+from ..config import MemorySpec, ModelSpec, TensorRTSpec
+from ..core.engines import EngineDescriptor, EngineTarget
+from ..core.planfile import (
     PLAN_HEADER_BYTES,
     PlanHeaderError,
     check_plan_compatibility,
     parse_plan_header,
 )
-from tidal.runtime.core.weightstreaming import (
+from ..core.weightstreaming import (
     DoesNotFitError,
     EngineMemory,
     plan_weight_streaming,
 )
-from tidal.runtime.errors import BackendError, EngineLoadError
-from tidal.runtime.protocol import datatype_of
+from ..errors import BackendError, EngineLoadError
+from ..protocol import datatype_of
+from . import DeviceMemory, TensorSpec
+from . import cudamem as cm
 
 # The full TensorRT, then the lean runtime (PyPI's tensorrt-lean-cu13-bindings installs the
 # module tensorrt_lean_bindings; older packagings name it tensorrt_lean).

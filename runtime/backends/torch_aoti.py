@@ -68,9 +68,9 @@ from typing import Any
 
 import numpy as np
 
-from tidal.runtime.backends import DeviceMemory, TensorSpec
-from tidal.runtime.core.engines import EngineDescriptor, EngineTarget, parse_torch_version
-from tidal.runtime.errors import BackendError, EngineLoadError
+from ..core.engines import EngineDescriptor, EngineTarget, parse_torch_version
+from ..errors import BackendError, EngineLoadError
+from . import DeviceMemory, TensorSpec
 
 MANIFEST_NAME = "tidal/manifest.json"
 WEIGHTS_NAME = "tidal/weights.bin"
@@ -538,7 +538,7 @@ class TorchEngine:
         self._in_host_np: list[np.ndarray[Any, Any]] = []  # numpy views of the pinned buffers
         self._out_host: list[Any] = []
         self._out_host_np: list[np.ndarray[Any, Any]] = []
-        from tidal.runtime.protocol import DATATYPES
+        from ..protocol import DATATYPES
 
         self._np_types = [np.dtype(DATATYPES[s.datatype]) for s in self.inputs]
         # Inputs with no dynamic dimension but the batch: rows go into the buffers as they are.
@@ -561,7 +561,7 @@ class TorchEngine:
         try:
             np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
             if self._pinned is None:
-                from tidal.runtime.backends import cudamem
+                from . import cudamem
 
                 self._pinned = cudamem.DeviceAllocator()
             count = int(np.prod(shape)) if shape else 1
@@ -587,7 +587,7 @@ class TorchEngine:
     def profile(self) -> float:
         """Run once at ``max_batch_size`` (on the capture stream), measuring the activation
         workspace and sizing the pinned output buffers; returns seconds."""
-        from tidal.runtime.backends import warmup_inputs
+        from . import warmup_inputs
 
         torch = self._torch
         started = time.perf_counter()
@@ -1133,8 +1133,8 @@ def prepare_package(
 ) -> PreparedPackage:
     """Export ``module`` (batch dimension dynamic up to ``max_batch_size``) and lay out its
     constants; nothing is compiled yet."""
-    from tidal.runtime.core.engines import pt2_file_name
-    from tidal.runtime.protocol import datatype_of
+    from ..core.engines import pt2_file_name
+    from ..protocol import datatype_of
 
     for name in ("float16", "float32", "float64", "int8", "int32", "int64", "uint8", "bool"):
         _NUMPY_NAMES[getattr(torch, name)] = name

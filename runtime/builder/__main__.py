@@ -21,8 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tidal.runtime.builder.build import ArtifactConflict, BuildReport, build
-from tidal.runtime.builder.spec import BuildError, parse_build_spec, read_build_spec
+from .build import ArtifactConflict, BuildReport, build
+from .spec import BuildError, parse_build_spec, read_build_spec
 
 REPORT_SCHEMA = "tidal.dev/build-report/v1"
 # The kubelet keeps at most 4096 bytes of a termination message.

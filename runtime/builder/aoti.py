@@ -39,10 +39,10 @@ from typing import Any
 
 import numpy as np
 
-from tidal.runtime.builder.datasets import batches, load_set
-from tidal.runtime.builder.gate import Reference, gate_output, validation_labels
-from tidal.runtime.builder.plan import ServedModel
-from tidal.runtime.builder.spec import BuildSpec, ModelError
+from .datasets import batches, load_set
+from .gate import Reference, gate_output, validation_labels
+from .plan import ServedModel
+from .spec import BuildSpec, ModelError
 
 Array = np.ndarray[Any, Any]
 # The float8 (e4m3) format's largest finite value.
@@ -105,8 +105,8 @@ class TorchAOTIMaker:
     """The torch builder as :func:`tidal.runtime.builder.build.build` drives it."""
 
     def __init__(self, spec: BuildSpec) -> None:
-        from tidal.runtime.backends.torch_aoti import import_torch
-        from tidal.runtime.errors import EngineLoadError
+        from ..backends.torch_aoti import import_torch
+        from ..errors import EngineLoadError
 
         self.spec = spec
         try:
@@ -329,7 +329,7 @@ class TorchAOTIMaker:
         module.recompile()
 
     def make(self, precision: str, engine: Path, calibration_file: Path | None) -> int | None:
-        from tidal.runtime.backends.torch_aoti import build_package
+        from ..backends.torch_aoti import build_package
 
         torch = self.torch
         _, opt, hi = self.batch
@@ -370,14 +370,14 @@ class TorchAOTIMaker:
 
     def _runtime_backend(self) -> Any:
         if self._backend is None:
-            from tidal.runtime.backends.torch_aoti import TorchAOTIBackend
+            from ..backends.torch_aoti import TorchAOTIBackend
 
             index = "cpu" if self.device.type == "cpu" else self.device.index
             self._backend = TorchAOTIBackend(index, stream_slots=1)
         return self._backend
 
     def evaluate(self, engine: Path, precision: str) -> Array:
-        from tidal.runtime.core.engines import describe_engine, select_engine
+        from ..core.engines import describe_engine, select_engine
 
         backend = self._runtime_backend()
         model = ServedModel(self.spec.model, self.batch[2], (precision,))

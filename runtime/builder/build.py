@@ -14,8 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from tidal.runtime.builder.gate import Reference, judge, measure
-from tidal.runtime.builder.plan import (
+from ..clock import CLOCK, Clock, utc_timestamp
+from ..config import S3Spec
+from ..errors import EngineLoadError
+from ..storage import EngineStore, local_path, make_s3_store, sha256_file
+from .gate import Reference, judge, measure
+from .plan import (
     MANIFEST,
     DataRecord,
     FileRecord,
@@ -27,11 +31,7 @@ from tidal.runtime.builder.plan import (
     engine_file_name,
     key_inputs,
 )
-from tidal.runtime.builder.spec import BuildError, BuildSpec
-from tidal.runtime.clock import CLOCK, Clock, utc_timestamp
-from tidal.runtime.config import S3Spec
-from tidal.runtime.errors import EngineLoadError
-from tidal.runtime.storage import EngineStore, local_path, make_s3_store, sha256_file
+from .spec import BuildError, BuildSpec
 
 
 class FetchError(BuildError):
@@ -179,14 +179,14 @@ def engine_maker(spec: BuildSpec) -> EngineMaker:
     """The spec's backend; each is imported only when asked for (torch is not installed where
     ONNX Runtime builds, and the other way round; TensorRT's builder only in NVIDIA's image)."""
     if spec.backend == "tensorrt":
-        from tidal.runtime.builder.tensorrt import TensorRTMaker
+        from .tensorrt import TensorRTMaker
 
         return TensorRTMaker(spec)
     if spec.backend == "torch":
-        from tidal.runtime.builder.aoti import TorchAOTIMaker
+        from .aoti import TorchAOTIMaker
 
         return TorchAOTIMaker(spec)
-    from tidal.runtime.builder.onnxrt import OnnxRuntimeMaker
+    from .onnxrt import OnnxRuntimeMaker
 
     return OnnxRuntimeMaker(spec)
 

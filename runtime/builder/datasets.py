@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from tidal.runtime.builder.spec import ModelError
+from .spec import ModelError
 
 Array = np.ndarray[Any, Any]
 

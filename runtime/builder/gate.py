@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from tidal.runtime.builder.spec import GateSpec, ModelError
+from .spec import GateSpec, ModelError
 
 Array = npt.NDArray[Any]
 

@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from tidal.runtime.builder.datasets import batches, load_set, samples_of
-from tidal.runtime.builder.gate import Reference, gate_output, validation_labels
-from tidal.runtime.builder.spec import BuildSpec, ModelError, QuantizationSpec, ShapeProfile
+from .datasets import batches, load_set, samples_of
+from .gate import Reference, gate_output, validation_labels
+from .spec import BuildSpec, ModelError, QuantizationSpec, ShapeProfile
 
 Array = np.ndarray[Any, Any]
 

@@ -30,16 +30,16 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from tidal.runtime.builder.gate import AccuracyMetrics, GateVerdict
-from tidal.runtime.builder.spec import BuildSpec, GateSpec, ShapeProfile
-from tidal.runtime.core.engines import (
+from ..core.engines import (
     engine_file_name as plan_file_name,
 )
-from tidal.runtime.core.engines import (
+from ..core.engines import (
     parse_torch_version,
     parse_trt_version,
     pt2_file_name,
 )
+from .gate import AccuracyMetrics, GateVerdict
+from .spec import BuildSpec, GateSpec, ShapeProfile
 
 MANIFEST = "manifest.json"
 MANIFEST_SCHEMA = "tidal.dev/engine-manifest/v1"

@@ -41,11 +41,11 @@ from typing import Any
 
 import numpy as np
 
-from tidal.runtime.builder.datasets import Array, InputLike, batches, load_set, samples_of
-from tidal.runtime.builder.gate import Reference
-from tidal.runtime.builder.plan import GPU_LIBRARY, TENSORRT_FLAGS, ServedModel
-from tidal.runtime.builder.spec import ARCH_TARGET, BuildSpec, ModelError, ShapeProfile
-from tidal.runtime.storage import sha256_file
+from ..storage import sha256_file
+from .datasets import Array, InputLike, batches, load_set, samples_of
+from .gate import Reference
+from .plan import GPU_LIBRARY, TENSORRT_FLAGS, ServedModel
+from .spec import ARCH_TARGET, BuildSpec, ModelError, ShapeProfile
 
 # Scratch memory TensorRT's tactics may use while building (the WORKSPACE pool).
 WORKSPACE_BYTES = 4 << 30
@@ -233,7 +233,7 @@ def make_calibrator(
 ) -> Any:
     """An ``IInt8EntropyCalibrator2`` that hands TensorRT ``feeds`` one batch at a time, copied
     into device buffers, and keeps the calibration table in ``cache``."""
-    from tidal.runtime.backends import cudamem as cm
+    from ..backends import cudamem as cm
 
     class EntropyCalibrator(trt.IInt8EntropyCalibrator2):  # type: ignore[misc]
         def __init__(self) -> None:
@@ -278,7 +278,7 @@ class TensorRTMaker:
     """The TensorRT builder as :func:`tidal.runtime.builder.build.build` drives it."""
 
     def __init__(self, spec: BuildSpec) -> None:
-        from tidal.runtime.builder.onnxrt import OnnxRuntimeMaker
+        from .onnxrt import OnnxRuntimeMaker
 
         self.spec = spec
         self.trt = import_builder()
@@ -293,7 +293,7 @@ class TensorRTMaker:
         self._backend: Any = None
 
     def libraries(self) -> dict[str, str]:
-        from tidal.runtime.backends import cudamem as cm
+        from ..backends import cudamem as cm
 
         cm.set_device(0)
         arch = cm.device_arch(0)
@@ -313,7 +313,7 @@ class TensorRTMaker:
         return reference
 
     def _parse(self, source: Path) -> None:
-        from tidal.runtime.backends.tensorrt import _make_logger
+        from ..backends.tensorrt import _make_logger
 
         trt = self.trt
         self._logger, self._messages = _make_logger(trt)
@@ -395,8 +395,8 @@ class TensorRTMaker:
 
     def _runtime_backend(self) -> Any:
         if self._backend is None:
-            from tidal.runtime.backends.tensorrt import TensorRTBackend
-            from tidal.runtime.config import MemorySpec, TensorRTSpec
+            from ..backends.tensorrt import TensorRTBackend
+            from ..config import MemorySpec, TensorRTSpec
 
             self._backend = TensorRTBackend(TensorRTSpec(device=0), MemorySpec())
         return self._backend
@@ -405,8 +405,8 @@ class TensorRTMaker:
         return self._shapes[0].max[0] if self._shapes and self._shapes[0].max else 1
 
     def evaluate(self, engine: Path, precision: str) -> Array:
-        from tidal.runtime.backends import cudamem as cm
-        from tidal.runtime.core.engines import describe_engine, select_engine
+        from ..backends import cudamem as cm
+        from ..core.engines import describe_engine, select_engine
 
         backend = self._runtime_backend()
         model = ServedModel(self.spec.model, self._max_rows(), (precision,))

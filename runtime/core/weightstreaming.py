@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tidal.runtime.core.quantity import Fraction
+from .quantity import Fraction
 
 
 @dataclass(frozen=True)

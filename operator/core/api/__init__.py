@@ -39,12 +39,13 @@ from tidal.common.contract import (
     is_whole_bytes,
     quantity_bytes,
 )
-from tidal.operator.core.api.autoscaling import (
+
+from .autoscaling import (
     HOST_TIER_MESSAGE,
     Autoscaling,
     StandbyTier,
 )
-from tidal.operator.core.api.base import (
+from .base import (
     ANNOTATION_CONFIG_HASH,
     API_VERSION,
     CATEGORIES,
@@ -61,10 +62,10 @@ from tidal.operator.core.api.base import (
     Resource,
     cel,
 )
-from tidal.operator.core.api.base import (
+from .base import (
     _rules as _rules,
 )
-from tidal.operator.core.api.engines import (
+from .engines import (
     ENGINES_OR_BUILD_MESSAGE,
     FILE_URI_MESSAGE,
     MAX_MODELS,
@@ -76,7 +77,7 @@ from tidal.operator.core.api.engines import (
     Precision,
     Warmup,
 )
-from tidal.operator.core.api.fleet import (
+from .fleet import (
     LEAD_MESSAGE,
     LOADS_TOTAL_MESSAGE,
     MIN_RATE_MESSAGE,
@@ -85,7 +86,7 @@ from tidal.operator.core.api.fleet import (
     FleetGateway,
     FleetPlacement,
 )
-from tidal.operator.core.api.formats import (
+from .formats import (
     DNS_LABEL_PATTERN,
     DNS_SUBDOMAIN_PATTERN,
     DURATION_PATTERN,
@@ -112,7 +113,7 @@ from tidal.operator.core.api.formats import (
     percent_value,
     quantity_cmp,
 )
-from tidal.operator.core.api.pod import (
+from .pod import (
     EXTENDED_MESSAGE,
     GATEWAY_GPU_RESOURCE_MESSAGE,
     GPU_RESOURCE_MESSAGE,
@@ -136,7 +137,7 @@ from tidal.operator.core.api.pod import (
     Storage,
     Toleration,
 )
-from tidal.operator.core.api.rollout import (
+from .rollout import (
     OVERFLOW_MESSAGE,
     ActivePool,
     Baseline,
@@ -144,7 +145,7 @@ from tidal.operator.core.api.rollout import (
     Rollout,
     Slo,
 )
-from tidal.operator.core.api.service import (
+from .service import (
     METADATA_SCHEMA,
     NAME_MESSAGE,
     InferenceService,
@@ -152,7 +153,7 @@ from tidal.operator.core.api.service import (
     format_validation_error,
     parse_inference_service,
 )
-from tidal.operator.core.api.status import (
+from .status import (
     AutoscalerStatus,
     Condition,
     ConditionStatus,

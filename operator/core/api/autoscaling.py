@@ -11,7 +11,7 @@ from pydantic import (
     model_validator,
 )
 
-from tidal.operator.core.api.base import ApiModel, _rules, cel
+from .base import ApiModel, _rules, cel
 
 
 class StandbyTier(StrEnum):

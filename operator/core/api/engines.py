@@ -14,8 +14,9 @@ from pydantic import (
 )
 
 from tidal.common.contract import BYTES_MESSAGE, BYTES_PATTERN, is_whole_bytes, quantity_bytes
-from tidal.operator.core.api.base import ApiModel, _matches, _rules, cel
-from tidal.operator.core.api.formats import (
+
+from .base import ApiModel, _matches, _rules, cel
+from .formats import (
     DNS_SUBDOMAIN_PATTERN,
     ENGINE_URI_PATTERN,
     GPU_ARCH_PATTERN,
@@ -28,7 +29,7 @@ from tidal.operator.core.api.formats import (
     _whole_bytes_cel,
     percent_value,
 )
-from tidal.operator.core.api.pod import Backend
+from .pod import Backend
 
 # Most models in one service (spec.models and spec.rollout.baseline.models).
 MAX_MODELS = 512

@@ -9,8 +9,8 @@ from pydantic import (
     model_validator,
 )
 
-from tidal.operator.core.api.base import ApiModel, _matches, _rules, cel
-from tidal.operator.core.api.formats import (
+from .base import ApiModel, _matches, _rules, cel
+from .formats import (
     DURATION_PATTERN,
     PERCENT_PATTERN,
     Duration,
@@ -18,7 +18,7 @@ from tidal.operator.core.api.formats import (
     duration_seconds,
     percent_value,
 )
-from tidal.operator.core.api.pod import GatewayResourceRequirements
+from .pod import GatewayResourceRequirements
 
 LOADS_TOTAL_MESSAGE = (
     "spec.fleet.gateway.maxLoadsTotal must be >= spec.fleet.gateway.maxLoadsPerReplica: the "

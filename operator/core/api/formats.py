@@ -22,7 +22,8 @@ from tidal.common.contract import (
     is_whole_bytes,
     quantity_value,
 )
-from tidal.operator.core.api.base import _matches, _rules, cel
+
+from .base import _matches, _rules, cel
 
 # Kubernetes quantities ("20Gi", "512Mi", "1.5G") and percentages ("60%"). Bounds on the
 # percentage are checked by CEL (below) because a regex bound on a number reads badly.

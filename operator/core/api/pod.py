@@ -18,8 +18,9 @@ from pydantic import (
 )
 
 from tidal.common.contract import RUNTIME_ENV_NAMES, is_whole_bytes
-from tidal.operator.core.api.base import ApiModel, _matches, _rules, cel
-from tidal.operator.core.api.formats import (
+
+from .base import ApiModel, _matches, _rules, cel
+from .formats import (
     DNS_SUBDOMAIN_PATTERN,
     ENV_NAME_PATTERN,
     IMAGE_PATTERN,

@@ -12,9 +12,9 @@ from pydantic import (
     model_validator,
 )
 
-from tidal.operator.core.api.base import ApiModel, _matches, _rules, cel
-from tidal.operator.core.api.engines import MAX_MODELS, Memory, Model
-from tidal.operator.core.api.formats import (
+from .base import ApiModel, _matches, _rules, cel
+from .engines import MAX_MODELS, Memory, Model
+from .formats import (
     DURATION_PATTERN,
     PERCENT_PATTERN,
     Duration,
@@ -22,7 +22,7 @@ from tidal.operator.core.api.formats import (
     duration_seconds,
     percent_value,
 )
-from tidal.operator.core.api.pod import RuntimeOverride
+from .pod import RuntimeOverride
 
 
 class ActivePool(StrEnum):

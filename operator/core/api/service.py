@@ -14,13 +14,13 @@ from pydantic import (
     model_validator,
 )
 
-from tidal.operator.core.api.autoscaling import Autoscaling
-from tidal.operator.core.api.base import ApiModel, Resource, _rules, cel
-from tidal.operator.core.api.engines import MAX_MODELS, Memory, Model
-from tidal.operator.core.api.fleet import Fleet
-from tidal.operator.core.api.pod import Runtime
-from tidal.operator.core.api.rollout import Rollout
-from tidal.operator.core.api.status import InferenceServiceStatus
+from .autoscaling import Autoscaling
+from .base import ApiModel, Resource, _rules, cel
+from .engines import MAX_MODELS, Memory, Model
+from .fleet import Fleet
+from .pod import Runtime
+from .rollout import Rollout
+from .status import InferenceServiceStatus
 
 
 class InferenceServiceSpec(ApiModel):

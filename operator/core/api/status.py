@@ -10,7 +10,7 @@ from pydantic import (
     Field,
 )
 
-from tidal.operator.core.api.base import ApiModel
+from .base import ApiModel
 
 
 class PoolName(StrEnum):
