@@ -7,8 +7,8 @@ the real runtime (`python -m tidal.runtime`, one process per start) twice:
 
 * `cold`: the node's engine cache (`cacheDir`) is a new, empty directory: the engine is streamed
   from the store, hashed and written there;
-* `warm`: the same directory, holding the engine the cold start of the round left: the fetch
-  phase is the cached file's sha256 check only.
+* `warm`: a directory holding the engine the first round's cold start left: the fetch phase is
+  the cached file's sha256 check only.
 
 Each start is timed from the spawn by the wall clock (`live`: /v2/health/live answers 200;
 `ready`: /v2/health/ready answers 200; `first answer`: the first inference's response, sent as
@@ -20,8 +20,9 @@ interpreter, imports, config and the listener. Every process runs with OMP_NUM_T
 `onnxruntime.intraOpThreads: 1`.
 
 Prints per size and way the median (range) seconds of each phase, and the median of the
-per-round ratios cold/warm (each round's cold and warm start run one after the other, so the
-ratio compares starts under the same load from whatever else runs on the machine).
+per-round ratios cold/warm (each round's cold and warm start run one after the other, cold first
+in odd rounds and warm first in even ones, so the ratio compares starts under about the same
+load from whatever else runs on the machine).
 Not measured: a cache on a different disk than the store, and a cold page cache (the object and
 the cached file are in the kernel's page cache here: no root to drop it).
 
@@ -33,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -44,6 +46,7 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 BUCKET = "engines"
 MODEL = "mlp"
@@ -215,6 +218,25 @@ def start_runtime(
     return Start(way, seconds)
 
 
+def runtime_config(uri: str, sha: str, cache: Path, store: Any) -> dict[str, object]:
+    """One model preloaded from the store, the node's engine cache at `cache`, one thread."""
+    return {
+        "models": [
+            {
+                "name": MODEL,
+                "engines": [{"uri": uri, "sha256": sha}],
+                "maxBatchSize": 8,
+                "warmup": {"batchSizes": [1], "iterations": 1},
+            }
+        ],
+        "memory": {"engineCacheBudgetBytes": 4 * 2**30},
+        "cacheDir": str(cache),
+        "s3": {"endpoint": store.endpoint},
+        "onnxruntime": {"intraOpThreads": 1},
+        "shutdownDrainSeconds": 0,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mib", type=parse_sizes, default=[16, 384], help="e.g. 16,384")
@@ -240,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(
         f"versitygw on 127.0.0.1; the runtime's engine cache and the store on the same disk "
-        f"({work}); {args.rounds} rounds, each a cold then a warm start; {os.cpu_count()} cores"
+        f"({work}); {args.rounds} rounds of a cold and a warm start, in turns; "
+        f"{os.cpu_count()} cores"
     )
     try:
         store.create_bucket(BUCKET)
@@ -266,24 +289,16 @@ def main(argv: list[str] | None = None) -> int:
                 }
             ).encode()
             starts: list[Start] = []
+            warm_cache = work / f"cache-{mib}-warm"
             for round_ in range(args.rounds):
-                cache = work / f"cache-{mib}-{round_}"
-                config: dict[str, object] = {
-                    "models": [
-                        {
-                            "name": MODEL,
-                            "engines": [{"uri": f"s3://{BUCKET}/{key}", "sha256": sha}],
-                            "maxBatchSize": 8,
-                            "warmup": {"batchSizes": [1], "iterations": 1},
-                        }
-                    ],
-                    "memory": {"engineCacheBudgetBytes": 4 * 2**30},
-                    "cacheDir": str(cache),
-                    "s3": {"endpoint": store.endpoint},
-                    "onnxruntime": {"intraOpThreads": 1},
-                    "shutdownDrainSeconds": 0,
-                }
-                for way in WAYS:
+                # The first round's cold start fills the warm cache; later rounds' cold starts
+                # get a new, empty directory each. The order alternates by round so that neither
+                # way always follows the other's process teardown.
+                caches = {"cold": warm_cache if round_ == 0 else work / f"cache-{mib}-{round_}"}
+                caches["warm"] = warm_cache
+                order = WAYS if round_ % 2 == 0 else WAYS[::-1]
+                for way in order:
+                    config = runtime_config(f"s3://{BUCKET}/{key}", sha, caches[way], store)
                     start = start_runtime(way, config, env, work, body, args.timeout)
                     starts.append(start)
                     took = start.seconds
@@ -292,9 +307,9 @@ def main(argv: list[str] | None = None) -> int:
                         f"first answer {took['first answer']:.3f} s, fetch {took['fetch']:.3f} s",
                         flush=True,
                     )
-                for cached in cache.iterdir():
-                    cached.unlink()
-                cache.rmdir()
+                if round_ > 0:
+                    shutil.rmtree(caches["cold"])
+            shutil.rmtree(warm_cache)
             title = (
                 f"engine {info.size_bytes / 2**20:.0f} MiB (MLP {inputs}x{hidden}x{hidden}x"
                 f"{outputs}, ONNX), {args.rounds} rounds; load average "
