@@ -180,7 +180,8 @@ class RuntimeMetrics:
         )
         self.startup_seconds = Gauge(
             "tidal_startup_seconds",
-            "Seconds from process start until /v2/health/ready turned true.",
+            "Seconds from the server's start (after the interpreter and its imports) until "
+            "/v2/health/ready turned true.",
             registry=r,
         )
         self.stats: dict[str, ModelStats] = {}  # the statistics extension, by model
