@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
-from tidal.operator.core.api import PoolName
+from .api import PoolName
 
 
 @dataclass(frozen=True)
