@@ -476,6 +476,10 @@ def test_a_preloaded_model_that_fails_to_load_leaves_the_others_served(
     x = np.ones((2, 16), np.float32)
     # The broken model is retried in the background forever: the others are served meanwhile.
     wait_for(lambda: get(f"{rt.url}/v2/models/words/ready")[0] == 200, timeout=60)
+    # ... and the broken one's first load has failed (not still under way, as on a loaded machine)
+    wait_for(
+        lambda: "failed to load" in str(get(f"{rt.url}/v2/models/broken/ready")[2]), timeout=60
+    )
     client = triton.InferenceServerClient(rt.url)
     np.testing.assert_allclose(infer(client, "mlp", x), direct(models["mlp"], x), rtol=1e-5)
     np.testing.assert_allclose(infer(client, "words", x), direct(models["mlp_b"], x), rtol=1e-5)
