@@ -56,7 +56,9 @@ def percentile(values: list[float], q: float) -> float:
 class LoadReport:
     samples: list[Sample] = field(default_factory=list)
     endpoint_changes: list[tuple[float, tuple[str, ...]]] = field(default_factory=list)
-    dropped: int = 0  # arrivals not sent because the concurrency cap was reached
+    # Arrivals not sent because the concurrency cap was reached (each is also a failed sample).
+    dropped: int = 0
+    scheduled: float = 0.0  # arrivals the schedule owed over the run (its rate's integral)
 
     def window(self, start: float, end: float) -> list[Sample]:
         return [s for s in self.samples if start <= s.sent < end]
@@ -123,11 +125,30 @@ class EndpointWatcher:
         self._thread.join(timeout=5)
 
 
+class StaticEndpoints:
+    """A fixed target list with the watcher's interface: the generator measured on its own,
+    against a local server, with no Service to watch."""
+
+    def __init__(self, endpoints: tuple[str, ...]) -> None:
+        self.current = endpoints
+        self.changes: list[tuple[float, tuple[str, ...]]] = [(0.0, endpoints)]
+
+    def start(self, t0: float, first_timeout: float = 5.0) -> None:
+        pass
+
+    def rebase(self, t0: float) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
 class LoadGenerator:
     """Sends ``rate(t)`` requests per second for ``duration`` seconds to a model.
 
     ``model`` is a name, or a function of the run's time that names the model of each request
     (a fleet's mix: draw from a popularity distribution that may change over time).
+    ``endpoints``: fixed ``host:port`` targets instead of the Service's ready endpoints.
     """
 
     def __init__(
@@ -144,11 +165,16 @@ class LoadGenerator:
         refresh: float = 0.2,
         on_tick: Callable[[float, LoadReport], None] | None = None,
         retry_connect_errors: bool = False,
+        endpoints: tuple[str, ...] | None = None,
     ) -> None:
         self.namespace, self.service, self.model = namespace, service, model
         self.body, self.rate = body, rate
         self.timeout, self.max_in_flight = timeout, max_in_flight
-        self.watcher = EndpointWatcher(api_client, namespace, service, refresh)
+        self.watcher: EndpointWatcher | StaticEndpoints = (
+            EndpointWatcher(api_client, namespace, service, refresh)
+            if endpoints is None
+            else StaticEndpoints(endpoints)
+        )
         self.report = LoadReport()
         self.on_tick = on_tick
         # Like a client-side balancer's "retry on connect failure" (Envoy's connect-failure,
@@ -217,43 +243,91 @@ class LoadGenerator:
 
     async def run(self, duration: float) -> LoadReport:
         """Send load for ``duration`` seconds, then wait for the answers."""
-        return await self.run_until(lambda t: t >= duration)
+        return await self.run_until(lambda t: t >= duration, horizon=duration)
 
-    async def run_until(self, done: Callable[[float], bool]) -> LoadReport:
-        """Send load until ``done(seconds since start)`` is true, then wait for the answers."""
+    async def run_until(
+        self, done: Callable[[float], bool], horizon: float = math.inf
+    ) -> LoadReport:
+        """Send load until ``done(seconds since start)`` is true, then wait for the answers.
+
+        Arrivals follow the schedule however late each pass of the loop is: every pass adds
+        the integral of ``rate`` over the time that really elapsed (:class:`Schedule`), so a
+        pass that overshoots its sleep sends the arrivals it owes at once (a loop that added
+        ``rate x its nominal step`` sent 75-93 % of the schedule, least on a loaded machine).
+        ``horizon``: the schedule ends there (``run``'s duration), so the last arrivals before
+        it are sent even when the loop's last pass comes after it.
+        """
         self.watcher.start(time.monotonic())
         t0 = time.monotonic()  # the run's clock starts once the endpoints are known
         self.watcher.rebase(t0)
         timeout = aiohttp.ClientTimeout(total=self.timeout)
         connector = aiohttp.TCPConnector(limit=self.max_in_flight, force_close=False)
         tasks: set[asyncio.Task[None]] = set()
+        schedule = Schedule(self.rate)
         next_tick = 1.0
         try:
             async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
-                due = 0.0  # fractional arrivals carried between steps
-                step = 0.005
-                now = 0.0
-                while not done(now):
-                    due += self.rate(now) * step
-                    while due >= 1.0:
-                        due -= 1.0
+                while True:
+                    now = time.monotonic() - t0
+                    for _ in range(schedule.advance(min(now, horizon))):
                         if len(tasks) >= self.max_in_flight:
-                            self.report.dropped += 1
+                            self._drop(now, t0)
                             continue
                         task = asyncio.create_task(self._one(session, t0))
                         tasks.add(task)
                         task.add_done_callback(tasks.discard)
+                    if done(now):
+                        break
                     if self.on_tick is not None and now >= next_tick:
                         next_tick += 1.0
                         self.on_tick(now, self.report)
-                    await asyncio.sleep(max(0.0, (now + step) - (time.monotonic() - t0)))
-                    now = time.monotonic() - t0
+                    await asyncio.sleep(PACE_S)
                 if tasks:
                     await asyncio.wait(tasks, timeout=self.timeout + 1)
         finally:
             self.watcher.stop()
+        self.report.scheduled = schedule.total
         self.report.endpoint_changes = list(self.watcher.changes)
         return self.report
+
+    def _drop(self, sent: float, t0: float) -> None:
+        """An arrival the in-flight cap kept from being sent: a failed request, not a silence."""
+        self.report.dropped += 1
+        model = self.model(sent) if callable(self.model) else self.model
+        error = f"not sent: {self.max_in_flight} requests in flight already (max_in_flight)"
+        self.report.samples.append(Sample(sent, t0 + sent, 0.0, 0, "", error, model=model))
+
+
+# How often the loop wakes to send what is due. Any value works (the schedule is integrated
+# over the time that really elapsed); smaller sends arrivals closer to their due time.
+PACE_S = 0.005
+
+
+class Schedule:
+    """The arrivals of an open-loop schedule: how many are due as time passes.
+
+    ``advance(now)`` integrates ``rate`` from the previous call's time to ``now`` in sub-steps
+    of at most ``max_step`` seconds (the rate at each sub-step's midpoint, so a step function's
+    edge costs at most one sub-step's worth), carries the fraction, and returns the whole
+    arrivals now due. The caller passes the time that really elapsed; nothing here reads the
+    clock, so it is checked against the exact integral with any sequence of times.
+    """
+
+    def __init__(self, rate: RateFn, max_step: float = 0.001) -> None:
+        self.rate, self.max_step = rate, max_step
+        self.at = 0.0
+        self.total = 0.0  # the integral of rate from 0 to ``at``: arrivals owed so far
+        self._sent = 0
+
+    def advance(self, now: float) -> int:
+        if now > self.at:
+            steps = max(1, math.ceil((now - self.at) / self.max_step))
+            width = (now - self.at) / steps
+            self.total += sum(self.rate(self.at + (i + 0.5) * width) for i in range(steps)) * width
+            self.at = now
+        due = math.floor(self.total + 1e-9) - self._sent
+        self._sent += due
+        return due
 
 
 def step_rate(base: float, surge: float, at: float) -> RateFn:
