@@ -47,6 +47,16 @@ class GatewayConfig(_Model):
         ge=0,
         description="when every hot copy has more requests in flight, load one more copy",
     )
+    slots_per_concurrency: float = Field(
+        default=0.0,
+        ge=0,
+        le=64,
+        description=(
+            "the burst buffer: requests in flight to a replica at most, in multiples of what it "
+            "executes at once (its slots x maxBatchSize, reported by the runtime); the rest wait "
+            "here, oldest first, for a slot on any replica; 0: no bound"
+        ),
+    )
     shutdown_drain_seconds: float = Field(
         default=5.0, ge=0, le=300, description="after SIGTERM: not ready, still serving"
     )

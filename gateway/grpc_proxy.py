@@ -204,9 +204,10 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc ships no 
         held: Held | None = None
         holding = False
         outcome = "other"
+        in_line = False  # waited in the burst buffer's line for a slot
         try:
             while True:
-                target = self._pick(model, excluded, hold)
+                target, slot = self._pick(model, excluded, hold)
                 if target is not None:
                     if holding and held is not None:
                         holding = False
@@ -264,10 +265,13 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc ships no 
                         "retry later",
                         self._retry_after(model),
                     )
-                await gw.changes.wait(deadline - now)
+                await gw.wait(slot, deadline - now, in_line)
+                in_line = in_line or slot
         finally:
             if holding and held is not None:
                 gw.hold_end(held)
+                if in_line:  # left the line unserved: a slot it was woken for goes on
+                    gw.changes.notify_one()
             if held is not None:
                 gw.metrics.hold_outcome[outcome].inc()
 
@@ -284,26 +288,27 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc ships no 
             return model in gw.known
         return any(model in r.models for r in gw.replicas.values()) or not gw.replicas
 
-    def _pick(self, model: str, excluded: frozenset[str], hold: bool) -> str | None:
-        """The replica to send to (None: none routable now), as HTTP routes."""
+    def _pick(self, model: str, excluded: frozenset[str], hold: bool) -> tuple[str | None, bool]:
+        """The replica to send to (None: none routable now), as HTTP routes, and whether the
+        call waits for a slot (the burst buffer: every hot replica has its slots in flight)."""
         gw = self.gateway
         if not model:
             healthy = sorted(
                 (r for r in gw.replicas.values() if r.healthy and r.name not in excluded),
                 key=lambda r: r.outstanding,
             )
-            return healthy[0].name if healthy else None
-        route = gw.route(model, excluded)
+            return (healthy[0].name if healthy else None), False
+        route = gw.route(model, excluded, may_wait=hold)
         if route.action == "reject" and excluded:
-            route = gw.route(model)
+            route = gw.route(model, may_wait=hold)
         gw.metrics.decision[route.reason].inc()
         if route.action == "forward" and route.replica is not None:
             if route.extra_load is not None:
                 gw._start_load(route.extra_load, model)
-            return route.replica
+            return route.replica, False
         if route.action == "load" and route.replica is not None and hold:
             gw._start_load(route.replica, model)
-        return None
+        return None, route.reason == "busy:wait-slot"
 
     async def _send(
         self,
@@ -330,3 +335,4 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc ships no 
             return exc
         finally:
             replica.outstanding -= 1
+            gw.changes.notify_one()  # a slot is free: the oldest request in line takes it

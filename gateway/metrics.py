@@ -61,6 +61,12 @@ class GatewayMetrics:
             ["outcome"],
             registry=r,
         )
+        self.slot_waits = Counter(
+            "tidal_gateway_slot_waits",
+            "Requests that found every hot replica at its request slots (the burst buffer) and "
+            "waited here for one, rather than in a replica's queue.",
+            registry=r,
+        )
         self.held_bytes = Gauge(
             "tidal_gateway_held_bytes",
             "Request body bytes held now (bounded by maxHeldBytes).",

@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import logging
 import os
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -162,15 +163,55 @@ async def json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
 
 
 class Changes:
-    """Wakes every waiter at the next change of the fleet's state (no polling loop)."""
+    """Wakes every waiter at the next change of the fleet's state (no polling loop), and the
+    burst buffer's line: requests waiting for a free slot on a hot replica, oldest first.
+
+    A freed slot (an answer) wakes only the oldest in line (``notify_one``): waking every held
+    request at each answer would cost O(held) per answer in a herd. A change of the fleet (a
+    replica added, a snapshot) wakes everyone, the line included: the new room is unknown here.
+    """
 
     def __init__(self) -> None:
         self._event: asyncio.Event | None = None
+        self._line: deque[asyncio.Future[None]] = deque()
 
     def notify(self) -> None:
         if self._event is not None:
             self._event.set()
             self._event = None
+        line, self._line = self._line, deque()
+        for waiter in line:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def notify_one(self) -> None:
+        """A slot freed: the oldest request in line tries again (the others keep waiting)."""
+        while self._line:
+            waiter = self._line.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    @property
+    def in_line(self) -> int:
+        return sum(1 for waiter in self._line if not waiter.done())
+
+    async def wait_in_line(self, seconds: float, front: bool) -> None:
+        """Wait for a slot (or a change, or ``seconds``); ``front``: a request that was woken
+        and found the slot taken keeps its place ahead of later ones."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if front:
+            self._line.appendleft(waiter)
+        else:
+            self._line.append(waiter)
+        try:
+            async with asyncio.timeout(seconds):
+                await waiter
+        except TimeoutError:
+            pass
+        finally:
+            if not waiter.done():
+                waiter.cancel()  # leaves the line (skipped when reached)
 
     async def wait(self, seconds: float) -> None:
         if self._event is None:
@@ -199,6 +240,7 @@ class Replica:
     # connection to a forgotten replica must never serve a new one that reuses its address
     # (a dead peer's connection can hang a request for seconds).
     control: aiohttp.ClientSession | None = None
+    slots_per_concurrency: float = 0.0  # the burst buffer's bound (GatewayConfig)
     _view: ReplicaView | None = None
 
     @property
@@ -235,6 +277,7 @@ class Replica:
             outstanding=self.outstanding,
             own=self.own_loads,
             refused=frozenset(self.refused),
+            slots_per_concurrency=self.slots_per_concurrency,
         )
         return cached
 
@@ -427,7 +470,12 @@ class Gateway:
         limit = self.config.max_connections_per_replica
         for name, ref in wanted.items():
             if name not in kept:
-                kept[name] = Replica(name=name, url=ref.url, pool=UpstreamPool(ref.url, limit))
+                kept[name] = Replica(
+                    name=name,
+                    url=ref.url,
+                    pool=UpstreamPool(ref.url, limit),
+                    slots_per_concurrency=self.config.slots_per_concurrency,
+                )
                 self._watch(kept[name])
         if list(wanted) != list(self.replicas):
             log.info("replicas: %s", ", ".join(f"{n} ({r.url})" for n, r in wanted.items()))
@@ -520,7 +568,9 @@ class Gateway:
 
     # -- routing ------------------------------------------------------------------------------
 
-    def route(self, model: str, excluded: frozenset[str] = frozenset()) -> Route:
+    def route(
+        self, model: str, excluded: frozenset[str] = frozenset(), *, may_wait: bool = True
+    ) -> Route:
         views = [r.view() for r in self.replicas.values()]
         if excluded:
             views = [replace(v, healthy=False) if v.name in excluded else v for v in views]
@@ -532,6 +582,7 @@ class Gateway:
             busy_outstanding=self.config.busy_outstanding,
             known_models=self.known,
             model_bytes=self._model_bytes(model),
+            wait_for_slot=may_wait,
         )
 
     def _model_bytes(self, model: str) -> int:
@@ -567,6 +618,7 @@ class Gateway:
             )
         finally:
             replica.outstanding -= 1
+            self.changes.notify_one()  # a slot is free: the oldest request in line takes it
         response = web.Response(body=answer.body, status=answer.status, headers=answer.headers)
         if answer.status in RETRIED_STATUSES:
             self.metrics.upstream_error["unavailable"].inc()
@@ -603,14 +655,16 @@ class Gateway:
         held: Held | None = None
         holding = False  # counted in held_now: from the first hold until forwarded or answered
         outcome = "other"
+        in_line = False  # waited for a slot (the burst buffer) and was woken or timed out
+        cold = False  # held for a model that was not hot (else only for a slot)
         try:
             while True:
                 if client is not None and client.gone and held is not None:
                     outcome = "gone"
                     return self._gone(), True
-                route = self.route(model, excluded)
+                route = self.route(model, excluded, may_wait=hold)
                 if route.action == "reject" and excluded:
-                    route = self.route(model)  # no other replica: the failed one, once healthy
+                    route = self.route(model, may_wait=hold)  # the failed one, once healthy
                 self.metrics.decision[route.reason].inc()
                 target = route.replica if (route.action == "forward" or not hold) else None
                 if target is not None:
@@ -622,7 +676,8 @@ class Gateway:
                     answer = await self._forward(self.replicas[target], method, path, body, headers)
                     if not isinstance(answer, Failed):
                         outcome = "forwarded"
-                        return answer, held is not None
+                        # held for a slot alone, the model was hot: not a cold request
+                        return answer, held is not None and cold
                     failures.append(answer)
                     refused = hold and answer.response is not None and answer.response.status == 503
                     if refused:  # no room or no capacity there now: load elsewhere for a while
@@ -670,13 +725,19 @@ class Gateway:
                         return self._drained(model, route.reason, now - held.held_at), True
                     outcome = "expired"
                     return self._not_ready(model, route, now - held.held_at), True
+                slot = route.reason == "busy:wait-slot"
+                cold = cold or not slot
+                if slot and not in_line:
+                    self.metrics.slot_waits.inc()
                 if client is None:
-                    await self.changes.wait(deadline - now)
+                    await self.wait(slot, deadline - now, in_line)
+                    in_line = in_line or slot
                     continue
                 task = asyncio.current_task()
                 client.waiting = task
                 try:
-                    await self.changes.wait(deadline - now)
+                    await self.wait(slot, deadline - now, in_line)
+                    in_line = in_line or slot
                 except asyncio.CancelledError:
                     if not client.gone or task is None:
                         raise
@@ -686,8 +747,18 @@ class Gateway:
         finally:
             if holding and held is not None:
                 self._hold_end(held)
+                if in_line:  # left the line unserved: a slot it was woken for goes on
+                    self.changes.notify_one()
             if held is not None:
                 self.metrics.hold_outcome[outcome].inc()
+
+    async def wait(self, slot: bool, seconds: float, in_line: bool) -> None:
+        """Wait for the next change: in the burst buffer's line for a slot (``slot``), else
+        for any change of the fleet."""
+        if slot:
+            await self.changes.wait_in_line(seconds, front=in_line)
+        else:
+            await self.changes.wait(seconds)
 
     def _judge(self, body: bytes, headers: list[tuple[str, str]]) -> int | None:
         """The request's own timeout (µs), or :class:`BodyError` for what no model serves."""

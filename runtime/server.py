@@ -638,6 +638,13 @@ class RuntimeServer:
         await _long_poll(request, self.cache.changes, MAX_LONG_POLL_S)
         return web.json_response(self.fleet_view(request))
 
+    def concurrency(self, model: str) -> int:
+        """Requests of ``model`` executing at once: execution slots x the largest batch."""
+        batcher = self.batchers.get(model)
+        if batcher is None:
+            return 0
+        return batcher.slots * batcher.spec.max_batch_size
+
     async def activity(self, request: web.Request) -> web.Response:
         """``{"arrivals": N}``, the infer requests that arrived so far; with ``since``, a
         long-poll that answers once the count differs from it (or after ``wait`` seconds)."""
@@ -671,6 +678,10 @@ class RuntimeServer:
                     "requests": slot.requests,
                     "pinned": slot.pinned,
                     "lastError": slot.last_error,
+                    # Requests it executes at once with full batches: the burst buffer in
+                    # front (the gateway) sends no more than twice this (one batch forming
+                    # behind each executing one) and holds the rest (issue 40).
+                    "concurrency": self.concurrency(name),
                 }
                 for name, slot in cache.slots.items()
             },

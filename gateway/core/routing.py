@@ -7,6 +7,8 @@ placement hints) to a :class:`Route` with a reason from a closed vocabulary (:da
 reason                     route
 =========================  ===========================================================
 ``hot:least-outstanding``  forward to the hot copy with the fewest requests in flight
+``busy:wait-slot``         every hot copy has its ``request_slots`` in flight (the burst
+                           buffer): hold the request until a slot frees on any of them
 ``busy:extra-copy``        the same, and start a load on another replica: every hot copy
                            has more than ``busy_outstanding`` in flight and none is loading
 ``cold:wait-loading``      no hot copy, one is loading: hold the request until it is ready
@@ -40,6 +42,7 @@ from typing import Literal, get_args
 
 Reason = Literal[
     "hot:least-outstanding",
+    "busy:wait-slot",
     "busy:extra-copy",
     "cold:wait-loading",
     "cold:load-placed",
@@ -75,6 +78,12 @@ class ReplicaView:
     # Loads the replica runs at once (its maxConcurrentLoads): the bound on loads into free
     # bytes there, so that they never wait in its load queue.
     load_slots: int = 1
+    # The burst buffer: requests the gateway keeps in flight here at most (0: no bound).
+    request_slots: int = 0
+
+    @property
+    def slot_free(self) -> bool:
+        return self.request_slots == 0 or self.outstanding < self.request_slots
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,12 +180,15 @@ def choose_route(
     busy_outstanding: int = 8,
     known_models: frozenset[str] = frozenset(),
     model_bytes: int = 0,
+    wait_for_slot: bool = True,
 ) -> Route:
     """Decide where ``model``'s next request goes (see the module docstring for the reasons).
 
     ``known_models``: the configured model names; empty accepts any model a replica reports.
     ``model_bytes``: the model's last measured size (0: unknown), to prefer replicas where a
-    new copy fits without evictions.
+    new copy fits without evictions. ``wait_for_slot``: whether a request that finds every hot
+    copy at its ``request_slots`` waits (``busy:wait-slot``); a call that cannot be held
+    (metadata) goes to the least busy copy instead.
     """
     if known_models and model not in known_models:
         return Route("reject", "unknown:model", status=404)
@@ -191,7 +203,10 @@ def choose_route(
     loading = any(model in r.loading for r in candidates)
     fleet_loads = sum(r.loads_in_flight for r in replicas)
     if hot:
-        best = min(hot, key=lambda r: (r.outstanding, _rank(placed, r.name), r.name))
+        free = [r for r in hot if r.slot_free]
+        if not free and wait_for_slot:
+            return Route("wait", "busy:wait-slot")
+        best = min(free or hot, key=lambda r: (r.outstanding, _rank(placed, r.name), r.name))
         if best.outstanding > busy_outstanding and not loading:
             others = [r for r in candidates if model not in r.hot and model not in r.refused]
             extra, _ = _load_target(others, loads, fleet_loads, placed, model_bytes)

@@ -21,6 +21,7 @@ bytes" (``LoadBudget.beyond_into_free``) piled onto one replica: its load queue 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -49,6 +50,9 @@ class Snapshot:
     pending: Mapping[str, int] = field(default_factory=dict)
     load_slots: int = 1  # maxConcurrentLoads
     load_queue: int = 0  # loads waiting for a load slot
+    # Requests each model executes at once with full batches (slots x maxBatchSize); absent
+    # from older runtimes (0: unknown).
+    concurrency: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def pinned_bytes(self) -> int:
@@ -78,6 +82,7 @@ def parse_snapshot(document: Mapping[str, Any]) -> Snapshot:
         pending={str(n): max(int(b), 0) for n, b in pending.items()},
         load_slots=max(int(document.get("maxConcurrentLoads", 1)), 1),
         load_queue=max(int(document.get("loadQueue", 0)), 0),
+        concurrency={n: max(int(m.get("concurrency", 0)), 0) for n, m in models.items()},
     )
 
 
@@ -131,8 +136,12 @@ def replica_view(
     outstanding: int = 0,
     own: OwnLoads = NO_LOADS,
     refused: frozenset[str] = frozenset(),
+    slots_per_concurrency: float = 0.0,
 ) -> ReplicaView:
-    """The routing core's view of one replica: its last snapshot and the gateway's own state."""
+    """The routing core's view of one replica: its last snapshot and the gateway's own state.
+
+    ``slots_per_concurrency``: the burst buffer's bound on requests in flight to the replica,
+    in multiples of what its hot models execute at once (:func:`request_slots`); 0: none."""
     own_models = own.models
     loading = snapshot.loading | own_models if own_models else snapshot.loading
     # Background loads of pinned models run on a load slot of their own: not counted.
@@ -151,7 +160,25 @@ def replica_view(
         refused=refused,
         room_bytes=max(budget - snapshot.pinned_bytes, 0) if budget else None,
         load_slots=snapshot.load_slots,
+        request_slots=request_slots(snapshot, slots_per_concurrency),
     )
+
+
+def request_slots(snapshot: Snapshot, per_concurrency: float) -> int:
+    """How many requests the gateway keeps in flight to one replica before it holds the next
+    (0: no bound): ``per_concurrency`` x the largest concurrency of its hot models, at least 1.
+
+    With 2 (the operator's setting), each execution slot has one full batch running and one
+    forming behind it: the replica never idles between batches, and nothing more waits in its
+    queue, where only that replica could ever serve it (issue 40's stranded herd).
+    """
+    if per_concurrency <= 0:
+        return 0
+    known = [snapshot.concurrency.get(m, 0) for m in snapshot.hot]
+    largest = max(known, default=0)
+    if largest <= 0:
+        return 0  # an older runtime, or nothing hot: unbounded, as before
+    return max(1, math.ceil(per_concurrency * largest))
 
 
 def model_bytes(snapshots: Iterable[Snapshot], model: str) -> int:

@@ -377,3 +377,44 @@ def test_loads_into_free_bytes_stop_at_the_replicas_load_slots() -> None:
     full_b = dataclasses.replace(b, loading=frozenset({"z", "w"}), loads_in_flight=2)
     route = choose_route("m", [a, full_b], LIMITS, model_bytes=200)
     assert route == Route("reject", "unavailable:load-limit", status=503)
+
+
+# -- the burst buffer: request slots per replica (issue 40) -----------------------------------
+
+
+def _hot(name: str, outstanding: int, slots: int) -> ReplicaView:
+    return ReplicaView(
+        name,
+        True,
+        frozenset({"m"}),
+        frozenset({"m"}),
+        outstanding=outstanding,
+        request_slots=slots,
+    )
+
+
+def test_a_request_waits_when_every_hot_copy_has_its_slots_in_flight() -> None:
+    full = [_hot("a", 4, 4), _hot("b", 5, 4)]
+    assert choose_route("m", full, LoadBudget()) == Route("wait", "busy:wait-slot")
+    # A call that cannot be held (metadata) goes to the least busy copy all the same.
+    assert choose_route("m", full, LoadBudget(), wait_for_slot=False).replica == "a"
+
+
+def test_a_free_slot_anywhere_takes_the_request_even_if_busier() -> None:
+    replicas = [_hot("a", 4, 4), _hot("b", 7, 8)]
+    assert choose_route("m", replicas, LoadBudget()) == Route(
+        "forward", "hot:least-outstanding", "b"
+    )
+
+
+def test_no_slots_means_no_bound() -> None:
+    assert choose_route("m", [_hot("a", 1000, 0)], LoadBudget()).replica == "a"
+
+
+def test_request_slots_follow_the_runtime_concurrency_of_hot_models() -> None:
+    from tidal.gateway.core.views import Snapshot, request_slots
+
+    snapshot = Snapshot(hot=frozenset({"m", "n"}), concurrency={"m": 2, "n": 8, "cold": 64})
+    assert request_slots(snapshot, 2.0) == 16
+    assert request_slots(snapshot, 0.0) == 0  # the buffer off
+    assert request_slots(Snapshot(hot=frozenset({"m"})), 2.0) == 0  # an older runtime: unknown
