@@ -325,18 +325,20 @@ def run_surge(
     timeout: float,
     during: Callable[[StatusRecorder, float], None] | None = None,
     settle: float = 0.0,
+    rate: Callable[[float], float] | None = None,
 ) -> SurgeRun:
     """The end-to-end tests' surge: ``base_rps`` to model ``mlp`` of service ``name`` through
     its EndpointSlices, stepping to ``surge_rps`` at ``surge_at`` s, for ``duration`` s, while a
     :class:`StatusRecorder` keeps every decision. ``during(recorder, surge_wall)`` runs in a
-    thread beside the load (a fault to inject); ``settle`` s more are recorded after it."""
+    thread beside the load (a fault to inject); ``settle`` s more are recorded after it.
+    ``rate``: another schedule than the step (a herd that ends), its onset still ``surge_at``."""
     load = LoadGenerator(
         sandbox.api_client(),
         namespace,
         name,
         "mlp",
         INFER_BODY,
-        step_rate(base_rps, surge_rps, surge_at),
+        rate or step_rate(base_rps, surge_rps, surge_at),
         timeout=timeout,
         refresh=0.1,
     )

@@ -290,6 +290,7 @@ class Replica:
             "hot": sorted(self.hot),
             "loading": sorted(self.loading | self.own_loads.models),
             "outstanding": self.outstanding,
+            "requestSlots": self.view().request_slots,
             "freeBytes": free_bytes(self.snapshot, self.own_loads),
             "budgetBytes": self.snapshot.budget_bytes,
             "loadQueue": self.snapshot.load_queue,

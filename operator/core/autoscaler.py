@@ -432,6 +432,16 @@ class Observation:
         return self.ready_serving + self.warming + self.ready_standby + self.pending_unschedulable
 
 
+def with_gateway_held(observation: Observation, held: int) -> Observation:
+    """The pool's queue with the requests its gateway holds for a free slot (the burst
+    buffer): they wait for these replicas as surely as the replicas' own queues, and would be
+    invisible to the autoscaler if the buffer hid them. At zero they are a wake's demand
+    instead (``core.idle.held_rate``), not queued concurrency: left out there."""
+    if held <= 0 or observation.ready_serving == 0 or observation.queue_depth is None:
+        return observation
+    return replace(observation, queue_depth=observation.queue_depth + held)
+
+
 @dataclass(frozen=True, slots=True)
 class ScalerState:
     """What decide_scale remembers between ticks. Every field is bounded in size.

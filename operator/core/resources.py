@@ -736,11 +736,23 @@ def may_scale_to_zero(isvc: InferenceService) -> bool:
     return isvc.spec.replicas is None and isvc.spec.autoscaling.min_replicas == 0
 
 
+def burst_buffered(isvc: InferenceService) -> bool:
+    """Whether a single-model service asked for the gateway as its burst buffer
+    (``spec.autoscaling.burstBuffer``; a fleet's gateway routes anyway)."""
+    return isvc.spec.fleet is None and isvc.spec.autoscaling.burst_buffer
+
+
+def holds_requests(isvc: InferenceService) -> bool:
+    """Whether the gateway in front of a single-model service holds its requests: while it
+    wakes from zero (the activator), and while every ready replica has its slots in flight
+    (the burst buffer, which the activator always is once awake)."""
+    return may_scale_to_zero(isvc) or burst_buffered(isvc)
+
+
 def fronted_by_gateway(isvc: InferenceService) -> bool:
     """Whether the Service's endpoints are gateway pods: a fleet (the gateway routes each
-    model), or a service that may reach zero (the gateway holds its requests while it wakes:
-    the activator)."""
-    return isvc.spec.fleet is not None or may_scale_to_zero(isvc)
+    model), or a service whose gateway holds its requests (:func:`holds_requests`)."""
+    return isvc.spec.fleet is not None or holds_requests(isvc)
 
 
 def service_selects_gateway(isvc: InferenceService, observed: Observed) -> bool:
@@ -756,7 +768,7 @@ def service_selects_gateway(isvc: InferenceService, observed: Observed) -> bool:
     """
     if isvc.spec.fleet is not None:
         return True
-    if may_scale_to_zero(isvc):
+    if holds_requests(isvc):
         return observed.gateway_ready or not observed.serving_ready
     return observed.gateway_ready and not observed.serving_ready
 
@@ -772,6 +784,11 @@ def gateway_retired(isvc: InferenceService, observed: Observed) -> bool:
 # Every replica of a single-model service preloads its models: its gateway never asks for
 # another copy, however busy the hot ones are.
 NO_EXTRA_COPIES = 1_000_000
+# The burst buffer's bound on requests in flight to one replica, in multiples of what it
+# executes at once (its batch slots x maxBatchSize): one full batch running and one forming
+# behind it per slot, so no replica idles between batches and nothing more queues where only
+# that replica could serve it (gateway/README.md, "The burst buffer").
+BURST_SLOTS_PER_CONCURRENCY = 2.0
 # How long the activator holds a request while the service wakes from zero, unless
 # spec.autoscaling.holdTimeoutSeconds says otherwise: twice the time-to-routable `core.idle`
 # assumes of a GPU replica until it has measured one (60 s); a request's own `timeout`
@@ -829,11 +846,12 @@ def gateway_config(isvc: InferenceService) -> dict[str, Any]:
         "busyOutstanding": gw.busy_outstanding if isvc.spec.fleet else NO_EXTRA_COPIES,
         "replicaGrpcPort": RUNTIME_GRPC_PORT,
     }
-    if may_scale_to_zero(isvc):
+    if holds_requests(isvc):
         config["activator"] = True
         config["maxHeldBytes"] = ACTIVATOR_HELD_BYTES
         if isvc.spec.fleet is None:
             config["holdTimeoutSeconds"] = activator_hold_seconds(isvc)
+            config["slotsPerConcurrency"] = BURST_SLOTS_PER_CONCURRENCY
     return config
 
 
@@ -879,7 +897,7 @@ def _gateway_deployment(isvc: InferenceService) -> dict[str, Any]:
         container["resources"] = {
             k: v for k, v in (("requests", requests), ("limits", limits)) if v
         }
-    elif may_scale_to_zero(isvc):  # the activator: memory sized from what it may hold
+    elif holds_requests(isvc):  # the activator: memory sized from what it may hold
         container["resources"] = activator_resources()
     container["volumeMounts"] = [{"name": "tmp", "mountPath": TMP_MOUNT}]
     container["securityContext"] = CONTAINER_SECURITY

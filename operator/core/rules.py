@@ -38,6 +38,7 @@ from .idle import DEFAULT_SCALE_TO_ZERO_AFTER_SECONDS
 from .resources import (
     activator_hold_seconds,
     engine_budget_bytes,
+    holds_requests,
     may_scale_to_zero,
     paths_of,
     pools_of,
@@ -123,12 +124,22 @@ def _never_zero(isvc: InferenceService) -> str:
 
 def _hold_without_zero(isvc: InferenceService) -> list[str]:
     hold = isvc.spec.autoscaling.hold_timeout_seconds
-    if hold is None or isvc.spec.fleet is not None or may_scale_to_zero(isvc):
+    if hold is None or isvc.spec.fleet is not None or holds_requests(isvc):
         return []
     return [
         f"spec.autoscaling.holdTimeoutSeconds {hold:g} never acts: {_never_zero(isvc)}, so "
         "the service never reaches zero and no gateway holds its requests; set "
-        "spec.autoscaling.minReplicas to 0, or remove holdTimeoutSeconds"
+        "spec.autoscaling.minReplicas to 0 or spec.autoscaling.burstBuffer, or remove "
+        "holdTimeoutSeconds"
+    ]
+
+
+def _burst_buffer_in_fleet(isvc: InferenceService) -> list[str]:
+    if isvc.spec.fleet is None or not isvc.spec.autoscaling.burst_buffer:
+        return []
+    return [
+        "spec.autoscaling.burstBuffer never acts with spec.fleet: the fleet's gateway routes "
+        "every request already (its busyOutstanding loads more copies); remove burstBuffer"
     ]
 
 
@@ -317,9 +328,17 @@ SETTING_RULES: tuple[SettingRule, ...] = (
     SettingRule(
         "hold-timeout-without-zero",
         "spec.autoscaling.holdTimeoutSeconds",
-        "set while the service never reaches zero (minReplicas > 0, or spec.replicas set)",
+        "set while the service never reaches zero (minReplicas > 0, or spec.replicas set) and "
+        "has no burstBuffer",
         Outcome.INEFFECTIVE,
         _hold_without_zero,
+    ),
+    SettingRule(
+        "burst-buffer-with-fleet",
+        "spec.autoscaling.burstBuffer",
+        "set with spec.fleet (the fleet's gateway routes every request already)",
+        Outcome.INEFFECTIVE,
+        _burst_buffer_in_fleet,
     ),
     SettingRule(
         "scale-to-zero-after-without-zero",

@@ -63,6 +63,7 @@ from ..core.autoscaler import (
     ScalingPolicy,
     decide_scale,
     estimate_capacity,
+    with_gateway_held,
 )
 from ..core.autoscaler_pods import (
     ANNOTATION_POD_DELETION_COST,
@@ -648,8 +649,9 @@ class Controller:
                 self.held(seen.key),
                 served=has_served(_stored_status(seen.body)), waited_seconds=seen.mono - first,
             )  # fmt: skip
-        else:
-            decision, scaler = decide_scale(policy, route.observation, scaler)
+        else:  # what the burst buffer holds waits for these replicas: queued demand
+            observation = with_gateway_held(route.observation, self.held(seen.key))
+            decision, scaler = decide_scale(policy, observation, scaler)
         st.scalers[serving] = scaler
         autoscaler = self._persisted(st, policy, serving, scaler, seen.mono, seen.wall)
         return Scaling(decision, autoscaler, decision.desired_serving)

@@ -80,7 +80,7 @@ from ..core.resources import (
     common_labels,
     find_spec_problems,
     fronted_by_gateway,
-    may_scale_to_zero,
+    holds_requests,
     owner_reference,
     placement_headroom,
     placement_landing_share,
@@ -562,7 +562,7 @@ class FleetController:
             st.routed = routed
             log.info("%s/%s: gateway routes to %s", *key, ", ".join(routed) or "no replica")
         await self._send_gateways(st, document, gateways, self.mono())
-        if may_scale_to_zero(isvc):
+        if holds_requests(isvc):
             urls = {
                 str(g["metadata"]["name"]): f"http://{g['status']['podIP']}:{GATEWAY_PORT}"
                 for g in gateways

@@ -40,6 +40,10 @@ GATEWAY = {"serving.tidal.dev/isvc": "svc", LABEL_COMPONENT: COMPONENT_GATEWAY}
         ({"autoscaling": {"minReplicas": 1}}, False, True, False, True),
         ({"autoscaling": {"minReplicas": 1}}, True, True, False, True),
         ({"autoscaling": {"minReplicas": 1}}, True, False, True, False),  # leaving: it holds
+        # The burst buffer (minReplicas 1): the gateway once it is ready, like the activator.
+        ({"autoscaling": {"minReplicas": 1, "burstBuffer": True}}, False, False, True, False),
+        ({"autoscaling": {"minReplicas": 1, "burstBuffer": True}}, False, True, False, False),
+        ({"autoscaling": {"minReplicas": 1, "burstBuffer": True}}, True, True, True, False),
         # A fleet: always its gateway, never retired.
         ({"fleet": {}, "memory": {"engineCacheBudget": "1Gi"}}, False, True, True, False),
     ],

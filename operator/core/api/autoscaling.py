@@ -119,12 +119,23 @@ class Autoscaling(ApiModel):
         "service at zero back. A new service keeps its first replica until one has been Ready "
         "(at most 600 s), so that a model that cannot load shows before it goes to zero.",
     )
+    burst_buffer: bool = Field(
+        default=False,
+        description="Keep the gateway (the same program as the activator: one small CPU pod) in "
+        "front of the service as a burst buffer: it sends each replica at most twice what it "
+        "executes at once (its batch slots x maxBatchSize) and holds the rest, oldest first, "
+        "for the first replica with a free slot, so a surge never queues on the one ready "
+        "replica while new ones stand idle; what it holds counts as queued demand for the "
+        "autoscaler. Always on with minReplicas 0 (the activator) and for spec.fleet. Costs one "
+        "hop (about a millisecond) and the gateway pod.",
+    )
     hold_timeout_seconds: float | None = Field(
         default=None,
         gt=0,
         le=600,
-        description="With minReplicas 0 (and no spec.fleet): longest the gateway in front of "
-        "the service holds a request while it wakes from zero; then 503 with Retry-After (a "
+        description="With minReplicas 0 or burstBuffer (and no spec.fleet): longest the gateway "
+        "in front of the service holds a request while it wakes from zero or waits for a free "
+        "replica; then 503 with Retry-After (a "
         "request's own timeout parameter shortens it). Unset: 120, twice the time-to-routable "
         "assumed of a GPU replica until one is measured. A fleet's gateway holds for "
         "spec.fleet.gateway.holdTimeoutSeconds instead.",
