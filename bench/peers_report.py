@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -136,6 +137,9 @@ class Row:
     failed: int
     replica_seconds: float
     zero_first_answer: float | None
+    # Of replica_seconds, the seconds of the pods in front of the replicas (tidal's gateway:
+    # the activator and burst buffer), counted in its cost as any pod is.
+    gateway_seconds: float = 0.0
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
@@ -199,8 +203,12 @@ def measure(
     *,
     slo: float,
     capacity_rps: float,
+    gateway: Sequence[Replicas] = (),
 ) -> Row:
+    """One autoscaler's figures on one trace; ``gateway``: the series of the pods in front of
+    its replicas (tidal's gateway), whose pod-seconds count in its cost."""
     late = [a for a in answers if not a.ok or a.latency > slo]
+    gateway_seconds = replica_seconds(gateway, trace.duration) if gateway else 0.0
     return Row(
         autoscaler=autoscaler,
         requests=len(answers),
@@ -209,8 +217,9 @@ def measure(
         late_share=len(late) / len(answers) if answers else 0.0,
         late_p99=_percentile([a.latency - slo for a in late if a.ok], 0.99),
         failed=sum(1 for a in answers if not a.ok),
-        replica_seconds=replica_seconds(series, trace.duration),
+        replica_seconds=replica_seconds(series, trace.duration) + gateway_seconds,
         zero_first_answer=zero_first_answer(series, answers, trace.onset),
+        gateway_seconds=gateway_seconds,
     )
 
 
@@ -265,4 +274,52 @@ def table(trace: Trace, rows: Sequence[Row], tuned: Callable[[str], bool]) -> st
             f"{late_ratio:>10} {rep_ratio:>11}"
         )
     lines.append(verdict(rows, tuned))
+    return "\n".join(lines)
+
+
+def median_rows(runs: Sequence[Sequence[Row]]) -> list[Row]:
+    """Per autoscaler, a row of the medians of its runs (failed: the total of every run)."""
+    names = sorted({r.autoscaler for rows in runs for r in rows})
+    out = []
+    for name in names:
+        rows = [r for run in runs for r in run if r.autoscaler == name]
+
+        def med(values: Sequence[float | None]) -> float | None:
+            known = [v for v in values if v is not None]
+            return statistics.median(known) if known else None
+
+        out.append(
+            Row(
+                autoscaler=name,
+                requests=round(statistics.median(r.requests for r in rows)),
+                decision=med([r.decision for r in rows]),
+                warm=med([r.warm for r in rows]),
+                late_share=statistics.median(r.late_share for r in rows),
+                late_p99=statistics.median(r.late_p99 for r in rows),
+                failed=sum(r.failed for r in rows),
+                replica_seconds=statistics.median(r.replica_seconds for r in rows),
+                zero_first_answer=med([r.zero_first_answer for r in rows]),
+                gateway_seconds=statistics.median(r.gateway_seconds for r in rows),
+            )
+        )
+    return out
+
+
+def summary(trace: Trace, runs: Sequence[Sequence[Row]], tuned: Callable[[str], bool]) -> str:
+    """A trace over several runs: the medians' table (failed: every run's total), each
+    autoscaler's range of late share and replica-seconds, and the goal judged on the medians
+    with no run allowed a failed request."""
+    lines = [
+        table(trace, median_rows(runs), tuned).replace(
+            f"trace {trace.name}:", f"trace {trace.name} (median of {len(runs)} runs):", 1
+        )
+    ]
+    for name in sorted({r.autoscaler for rows in runs for r in rows}):
+        rows = [r for run in runs for r in run if r.autoscaler == name]
+        late = [100 * r.late_share for r in rows]
+        rep = [r.replica_seconds for r in rows]
+        lines.append(
+            f"  {name:16} late % {min(late):.1f}-{max(late):.1f}, rep*s {min(rep):.0f}-"
+            f"{max(rep):.0f}, runs with failed requests {sum(1 for r in rows if r.failed)}"
+        )
     return "\n".join(lines)

@@ -133,3 +133,34 @@ def test_warmup_is_the_median_wait_from_a_raise_to_its_readiness(rep: ModuleType
     # 10 -> 16 s for the raise to 3; the raise to 4 never became ready
     assert peers_vs_sim.warmup_seconds(s) == pytest.approx(6.0)
     assert peers_vs_sim.warmup_seconds(s[:1]) is None
+
+
+def test_the_gateway_counts_in_the_cost(rep: ModuleType) -> None:
+    # v0.4 left tidal's gateway pod out of its replica-seconds (issue 40).
+    trace = rep.traces(3.0)["step"]
+    answers = [rep.Answer(1.0, 0.2, True)]
+    replicas = series(rep, (0, 1, 1, 1))
+    gateway = series(rep, (0, 1, 1, 1))
+    alone = rep.measure("tidal", trace, answers, replicas, slo=1.0, capacity_rps=5.0)
+    fronted = rep.measure(
+        "tidal", trace, answers, replicas, slo=1.0, capacity_rps=5.0, gateway=gateway
+    )
+    assert fronted.gateway_seconds == pytest.approx(trace.duration)
+    assert fronted.replica_seconds == pytest.approx(alone.replica_seconds + trace.duration)
+
+
+def test_runs_are_summarised_by_their_medians_and_ranges(rep: ModuleType) -> None:
+    trace = rep.traces(3.0)["herd"]
+    runs = [
+        [row(rep, "tidal", 0.02, 100.0), row(rep, "keda-tuned", 0.20, 100.0)],
+        [row(rep, "tidal", 0.04, 120.0, failed=1), row(rep, "keda-tuned", 0.10, 90.0)],
+        [row(rep, "tidal", 0.03, 110.0), row(rep, "keda-tuned", 0.30, 95.0)],
+    ]
+    medians = {r.autoscaler: r for r in rep.median_rows(runs)}
+    assert medians["tidal"].late_share == pytest.approx(0.03)
+    assert medians["tidal"].replica_seconds == pytest.approx(110.0)
+    assert medians["tidal"].failed == 1  # the total: one run with a failure fails the goal
+    text = rep.summary(trace, runs, tuned)
+    assert text.startswith("trace herd (median of 3 runs)")
+    assert "late % 2.0-4.0" in text and "runs with failed requests 1" in text
+    assert "NOT met" in text
