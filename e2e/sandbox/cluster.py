@@ -95,6 +95,9 @@ class Sandbox:
         # The object store (objectstore.py) on the real node's bridge, and its in-cluster URL.
         self.objects: Any = None
         self.objects_url: str | None = None
+        # The OCI registry (registry.py) on 127.0.0.1, with the real node: the release
+        # registry's host (ghcr.io, tidal.common.release) is pulled from it by containerd.
+        self.registry: Any = None
 
     # -- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> Sandbox:
@@ -144,6 +147,9 @@ class Sandbox:
         if self.node is not None:
             self.node.stop()
             self.node = None
+        if self.registry is not None:
+            self.registry.stop()
+            self.registry = None
         for proc in reversed(self.processes):
             # The node agent stops its pods on SIGTERM, so it gets time to honour grace periods.
             proc.stop(grace=40.0 if proc.name == "node-agent" else 10.0)
@@ -164,6 +170,7 @@ class Sandbox:
             "kubernetesVersion": K8S_VERSION,
             "realNode": self.node is not None,
             "objectStore": self.objects_url,
+            "registry": self.registry.host if self.registry else None,
             "images": {k: v.name for k, v in vars(self.images).items()} if self.images else None,
         }
 
@@ -552,12 +559,15 @@ class Sandbox:
         from . import realnode
         from .files import FileServer
         from .objectstore import ObjectStore
+        from .registry import Registry
 
         node = self.node
         node.api_url = self.api_url
+        assert self.binaries is not None
+        self.registry = Registry.start(self.binaries.registry, self.state_dir / "registry")
+        node.mirrors = {release.REGISTRY.split("/", 1)[0]: self.registry.url}
         node.start(self.images.archives(), self.images.names())
         self.files = FileServer(self.host)
-        assert self.binaries is not None
         self.objects = ObjectStore.start(
             self.binaries.versitygw, self.state_dir / "objectstore", host=self.host
         )
