@@ -81,7 +81,7 @@ class Target:
         return self.host.rsplit(":", 1)[0] in LOOPBACK or self.host.startswith("[::1]")
 
     def image(self, kind: str) -> str:
-        """The pushed reference, e.g. ``ghcr.io/you/tidal-operator:0.1.0``."""
+        """The pushed reference: the release image's name and version under ``registry``."""
         return release.image(kind, self.version, self.registry)
 
     def repository(self, kind: str) -> str:
