@@ -6,19 +6,29 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import subprocess
 import tarfile
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tidal.common import release
 from tidal.sandbox.binaries import Binaries
 from tidal.sandbox.images import oci_archive
 from tidal.sandbox.realnode import hosts_toml, write_hosts
 from tidal.sandbox.registry import Registry
-from tidal.sandbox.release import ReleaseError, Target, archive_parts, push_archive
+from tidal.sandbox.release import (
+    REPO,
+    ReleaseError,
+    Target,
+    archive_parts,
+    helm_binary,
+    push_archive,
+    push_chart,
+)
 
 MANIFEST_MEDIA = "application/vnd.oci.image.manifest.v1+json"
 
@@ -133,3 +143,22 @@ def test_a_push_the_registry_refuses_says_which_reference_and_why(
     ):
         push_archive(_archive(tmp_path, b"x\n", "bad"), target, "operator")
     assert registry.tags(target.repository("operator")) == [], registry.process.tail()
+
+
+def test_the_chart_is_pushed_as_an_oci_artifact_helm_installs_from(registry: Registry) -> None:
+    target = Target(f"{registry.host}/tidal-serving")
+    helm = helm_binary()
+    first, second = push_chart(target, helm), push_chart(target, helm)
+    assert first.startswith("sha256:"), first
+    # helm package of an unchanged chart gives the same bytes: the same artifact again.
+    assert first == second, (first, second)
+    shown = subprocess.run(
+        [helm, "show", "chart", target.chart, "--version", release.VERSION, "--plain-http"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    chart_yaml = yaml.safe_load((REPO / "charts/tidal/Chart.yaml").read_text())
+    assert yaml.safe_load(shown.stdout) == chart_yaml, shown.stdout
+    assert registry.tags("tidal-serving/charts/tidal") == [release.VERSION], registry.tags(
+        "tidal-serving/charts/tidal"
+    )
