@@ -572,6 +572,15 @@ class RealNode:
         path.write_text(yaml.safe_dump(doc))
         return path
 
+    def _registry_config(self) -> str:
+        """The CRI images plugin's hosts directory, when some registry host is mirrored."""
+        if not self.mirrors:
+            return ""
+        return (
+            "    [plugins.'io.containerd.cri.v1.images'.registry]\n"
+            f'      config_path = "{self.etc / "certs.d"}"\n'
+        )
+
     def _write_configs(self) -> None:
         pki_dir = self.etc / "pki"
         node_cert = issue_client_cert(self.pki, pki_dir, f"system:node:{NODE_NAME}", "system:nodes")
@@ -598,9 +607,7 @@ state = "{run}/containerd"
     snapshotter = "overlayfs"
     [plugins.'io.containerd.cri.v1.images'.pinned_images]
       sandbox = "{PAUSE_IMAGE}"
-    [plugins.'io.containerd.cri.v1.images'.registry]
-      config_path = "{self.etc / "certs.d"}"
-  [plugins.'io.containerd.cri.v1.runtime']
+{self._registry_config()}  [plugins.'io.containerd.cri.v1.runtime']
     netns_mounts_under_state_dir = true
     # These machines drop CAP_SYS_RESOURCE: oom_score_adj may only go up.
     restrict_oom_score_adj = true

@@ -11,6 +11,13 @@ One script for the sandbox and for a real release: ``tidal-sandbox release --reg
 3. packages the chart (``helm package``) and pushes it as an OCI artifact
    (``helm push … oci://HOST/PATH/charts``): ``helm install tidal oci://HOST/PATH/charts/tidal``.
 
+Same digests on unchanged sources: the images' are their archives', which are reused while the
+Dockerfile and its context are unchanged (``tidal.sandbox.images.context_digest``); an image
+rebuilt from an empty cache gets other digests (buildah's timestamps, and pip resolving the
+newest versions: no lock file yet). The chart's content (its layer) is the same for unchanged
+files and file times; its manifest is not, as ``helm push`` stamps it with the push's time
+(``org.opencontainers.image.created``).
+
 Plain HTTP for a registry on 127.0.0.1 or localhost (the sandbox's), HTTPS elsewhere. A registry
 that wants credentials gets them from ``TIDAL_REGISTRY_USER`` / ``TIDAL_REGISTRY_PASSWORD``
 (basic, or a bearer token fetched with them, as ghcr.io asks); helm uses its own login

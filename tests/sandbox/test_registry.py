@@ -8,6 +8,7 @@ import io
 import json
 import subprocess
 import tarfile
+import tomllib
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +19,7 @@ import yaml
 from tidal.common import release
 from tidal.sandbox.binaries import Binaries
 from tidal.sandbox.images import oci_archive
-from tidal.sandbox.realnode import hosts_toml, write_hosts
+from tidal.sandbox.realnode import RealNode, hosts_toml, write_hosts
 from tidal.sandbox.registry import Registry
 from tidal.sandbox.release import (
     REPO,
@@ -148,10 +149,18 @@ def test_a_push_the_registry_refuses_says_which_reference_and_why(
 def test_the_chart_is_pushed_as_an_oci_artifact_helm_installs_from(registry: Registry) -> None:
     target = Target(f"{registry.host}/tidal-serving")
     helm = helm_binary()
-    first, second = push_chart(target, helm), push_chart(target, helm)
-    assert first.startswith("sha256:"), first
-    # helm package of an unchanged chart gives the same bytes: the same artifact again.
-    assert first == second, (first, second)
+    manifests = []
+    for _ in range(2):
+        digest = push_chart(target, helm)
+        assert digest.startswith("sha256:"), digest
+        body, _ = _get(f"{registry.url}/v2/tidal-serving/charts/tidal/manifests/{digest}")
+        manifests.append(json.loads(body))
+    # helm package of an unchanged checkout gives the same bytes (the tar's times are the files'):
+    # the same chart content again. The manifest's digest may differ: helm push stamps it with
+    # org.opencontainers.image.created, the time of the push (no flag sets it).
+    layers = [[layer["digest"] for layer in m["layers"]] for m in manifests]
+    assert layers[0] == layers[1] and len(layers[0]) == 1, manifests
+    assert "org.opencontainers.image.created" in manifests[0].get("annotations", {}), manifests[0]
     shown = subprocess.run(
         [helm, "show", "chart", target.chart, "--version", release.VERSION, "--plain-http"],
         capture_output=True, text=True, timeout=120, check=False,
@@ -162,3 +171,13 @@ def test_the_chart_is_pushed_as_an_oci_artifact_helm_installs_from(registry: Reg
     assert registry.tags("tidal-serving/charts/tidal") == [release.VERSION], registry.tags(
         "tidal-serving/charts/tidal"
     )
+
+
+def test_containerd_gets_a_hosts_directory_only_when_a_host_is_mirrored(tmp_path: Path) -> None:
+    node = RealNode(api_url="https://10.245.0.1:6443", pki=None, log_dir=tmp_path)  # type: ignore[arg-type]
+    assert node._registry_config() == "", "no mirror: containerd's configuration as before"
+    node.mirrors = {"ghcr.io": "http://127.0.0.1:5000"}
+    section = node._registry_config()
+    parsed = tomllib.loads("[plugins]\n  [plugins.'io.containerd.cri.v1.images']\n" + section)
+    images = parsed["plugins"]["io.containerd.cri.v1.images"]
+    assert images["registry"] == {"config_path": str(node.etc / "certs.d")}, section
