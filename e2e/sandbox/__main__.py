@@ -82,6 +82,17 @@ def cmd_images(_args: argparse.Namespace) -> int:
     return 0
 
 
+def registry_arg(value: str) -> str:
+    """``--registry``: refused by argparse, naming the argument, unless HOST[:PORT][/PATH]."""
+    from .release import Target
+
+    try:
+        Target(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
+
+
 def cmd_release(args: argparse.Namespace) -> int:
     from .release import Target, run_release
 
@@ -124,7 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     images = sub.add_parser("images", help="build (or reuse) the project's container images")
     images.set_defaults(fn=cmd_images)
     rel = sub.add_parser("release", help="build the images, push them and the chart to a registry")
-    rel.add_argument("--registry", required=True, help="HOST[:PORT][/PATH], e.g. ghcr.io/you")
+    rel.add_argument(
+        "--registry", required=True, type=registry_arg, help="HOST[:PORT][/PATH], e.g. ghcr.io/you"
+    )
     rel.add_argument("--version", default=release_version(), help="tag of images and chart")
     rel.add_argument("--plain-http", action="store_true", help="HTTP (default: loopback only)")
     rel.add_argument("--no-chart", action="store_true", help="push the images only")

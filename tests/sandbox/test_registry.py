@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from tidal.common import release
+from tidal.sandbox.__main__ import main as sandbox_main
 from tidal.sandbox.binaries import Binaries
 from tidal.sandbox.images import oci_archive
 from tidal.sandbox.realnode import RealNode, hosts_toml, write_hosts
@@ -181,3 +182,13 @@ def test_containerd_gets_a_hosts_directory_only_when_a_host_is_mirrored(tmp_path
     parsed = tomllib.loads("[plugins]\n  [plugins.'io.containerd.cri.v1.images']\n" + section)
     images = parsed["plugins"]["io.containerd.cri.v1.images"]
     assert images["registry"] == {"config_path": str(node.etc / "certs.d")}, section
+
+
+def test_the_release_command_refuses_a_bad_registry_naming_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        sandbox_main(["release", "--registry", "https://ghcr.io/you"])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2, err
+    assert "argument --registry" in err and "HOST[:PORT][/PATH]" in err, err
