@@ -14,12 +14,6 @@ from .binaries import ensure_binaries
 from .cluster import Sandbox, SandboxConfig
 
 
-def release_version() -> str:
-    from tidal.common.release import VERSION
-
-    return VERSION
-
-
 def _config(args: argparse.Namespace, state_dir: Path | None) -> SandboxConfig:
     return SandboxConfig(
         nodes=args.nodes,
@@ -97,7 +91,7 @@ def cmd_release(args: argparse.Namespace) -> int:
     from .release import Target, run_release
 
     plain = True if args.plain_http else None
-    target = Target(args.registry, version=args.version, plain_http=plain)
+    target = Target(args.registry, plain_http=plain)  # the version: tidal.common.release
     for ref, digest in run_release(target, chart=not args.no_chart).items():
         print(f"{ref:70} {digest}")
     print(f"\nhelm install tidal {target.chart} --version {target.version}")
@@ -138,7 +132,6 @@ def main(argv: list[str] | None = None) -> int:
     rel.add_argument(
         "--registry", required=True, type=registry_arg, help="HOST[:PORT][/PATH], e.g. ghcr.io/you"
     )
-    rel.add_argument("--version", default=release_version(), help="tag of images and chart")
     rel.add_argument("--plain-http", action="store_true", help="HTTP (default: loopback only)")
     rel.add_argument("--no-chart", action="store_true", help="push the images only")
     rel.set_defaults(fn=cmd_release)
