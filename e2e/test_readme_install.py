@@ -186,6 +186,9 @@ def published(real_sandbox: Sandbox, pushed: dict[str, dict[str, str]]) -> Itera
         path.chmod(0o644)
     sb.kubectl("create", "namespace", STORE_NS, check=False)
     store = model_store(release.image("runtime-cpu"), str(MODELS_DIR), service_port=80)
+    for doc in store:  # pulled from the registry when the node pulls (never, when tagged)
+        for c in doc["spec"].get("template", {}).get("spec", {}).get("containers", []):
+            c["imagePullPolicy"] = "IfNotPresent"
     sb.kubectl("apply", "-n", STORE_NS, "-f", "-", input=yaml.safe_dump_all(store))
     sb.kubectl(
         "-n", STORE_NS, "rollout", "status", "deployment/models", "--timeout=180s", timeout=200
