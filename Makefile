@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test venv sandbox-binaries node-binaries images helm lint unit crds bench bench-peers clean
+.PHONY: demo test venv sandbox-binaries node-binaries images helm lint unit crds bench bench-peers clean release
 
 demo: venv sandbox-binaries
 	$(BIN)/python -m tidal.sandbox demo
@@ -34,6 +34,14 @@ node-binaries: sandbox-binaries
 # in ~/.cache/tidal/images (the real node imports them; `make test` builds them on demand).
 images: venv node-binaries
 	$(BIN)/tidal-sandbox images
+
+# The release: build the images, push them and the chart (an OCI artifact) to REGISTRY
+# (HOST[:PORT][/PATH]; credentials in TIDAL_REGISTRY_USER/TIDAL_REGISTRY_PASSWORD, helm's from
+# `helm registry login`). The same script pushes to the sandbox's registry in `make test`.
+REGISTRY ?=
+release: venv node-binaries helm
+	@test -n "$(REGISTRY)" || { echo "usage: make release REGISTRY=registry.example.com/you" >&2; exit 2; }
+	$(BIN)/tidal-sandbox release --registry $(REGISTRY)
 
 # Helm v4 from the Go module proxy, for the chart's tests.
 helm:

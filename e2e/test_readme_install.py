@@ -1,16 +1,21 @@
 """The README's "Installing on a real cluster" block, run verbatim, and every example as written.
 
 On the session's real node (kubelet, containerd, kube-proxy, CoreDNS), as a user with a cluster,
-the published images and a model store would:
+a registry holding this release and a model store would:
 
-1. the images built here are imported into the node's containerd under the names a release
-   publishes (``tidal.common.release``: the chart's defaults, the operator's default runtime
-   images), and a model store answers at the address the examples name
-   (``http://models.tidal-system.svc/<file>``, a plain HTTP server, as a user's store would);
+1. the release script (``tidal.sandbox.release``, ``make release``) pushes the images and the
+   chart to the sandbox's OCI registry (CNCF distribution on 127.0.0.1) under the release's path
+   (``tidal.common.release``); the node's containerd resolves the release registry's host
+   (``ghcr.io``) to that registry (a hosts.toml mirror), so the chart's default images are
+   *pulled* by the kubelet — nothing is imported or retagged by hand. A model store answers at
+   the address the examples name (``http://models.tidal-system.svc/<file>``, a plain HTTP
+   server, as a user's store would); the Prometheus Operator's PodMonitor CRD is a stand-in (no
+   Prometheus Operator runs here: the PodMonitor is created, nothing scrapes through it);
 2. the README's block runs as written, from the repository root, with ``helm`` and ``kubectl``
-   on the PATH (``helm install`` with the chart's default images, ``kubectl apply -f
-   examples/onnx-cpu.yaml``, ``kubectl wait``, ``kubectl get``); the service answers requests
-   from a client pod through its ClusterIP, on the image the operator chose for its backend;
+   on the PATH (``helm install`` of the chart from the checkout with the runtime PodMonitor on,
+   ``kubectl apply -f examples/onnx-cpu.yaml``, ``kubectl wait``, ``kubectl get``); the service
+   answers requests from a client pod through its ClusterIP, on the image the operator chose for
+   its backend; the chart pushed by the release script is the checkout's;
 3. every other InferenceService under ``examples/`` is applied with ``kubectl apply -f`` as
    written and answers every model's requests, except the GPU example, which names an H200 node
    this cluster lacks: its pods stay Pending and condition ``Scaling`` says ``Unschedulable``,
@@ -26,6 +31,7 @@ import json
 import os
 import re
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,6 +46,8 @@ from tidal.sandbox import Sandbox
 from tidal.sandbox.incluster import client_pod, last_json_line, model_store
 from tidal.sandbox.operatorproc import condition, get_isvc
 from tidal.sandbox.realnode import STATE_DIR
+from tidal.sandbox.registry import Registry
+from tidal.sandbox.release import Target, run_release
 from tidal.sandbox.wait import wait_for
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.realnode, pytest.mark.timeout(1800)]
@@ -83,19 +91,90 @@ def engine_files() -> set[str]:
 
 
 # -- fixtures --------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def published(real_sandbox: Sandbox) -> Iterator[Sandbox]:
-    """The built images under the release's names, and the model store of the examples."""
-    sb = real_sandbox
-    built = {"operator": sb.images.operator.name, "runtime-cpu": sb.images.runtime_cpu.name}
-    for kind, name in built.items():
-        done = sb.node.ctr("images", "tag", "--force", name, release.image(kind))
-        assert done.returncode == 0, f"ctr images tag {name}: {done.stderr}"
-    from kubernetes import client
+# The Prometheus Operator's PodMonitor kind, as a stand-in CRD (no Prometheus Operator here).
+PODMONITOR_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "podmonitors.monitoring.coreos.com"},
+    "spec": {
+        "group": "monitoring.coreos.com",
+        "scope": "Namespaced",
+        "names": {"kind": "PodMonitor", "plural": "podmonitors", "singular": "podmonitor"},
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "x-kubernetes-preserve-unknown-fields": True,
+                    }
+                },
+            }
+        ],
+    },
+}
 
-    sb.node.wait_images_visible(
-        client.CoreV1Api(sb.api_client()), [release.image(k) for k in built], timeout=120
+
+# The node pulls the release's images from the sandbox's registry only with it on
+# (TIDAL_SANDBOX_REGISTRY=1, tidal.sandbox.cluster.SandboxConfig.registry); otherwise the images
+# built here are tagged in its containerd under the release's names, as before.
+NODE_PULLS = os.environ.get("TIDAL_SANDBOX_REGISTRY") == "1"
+
+
+@pytest.fixture(scope="module")
+def registry(real_sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    """The sandbox's registry, or one of this module's when the sandbox runs none."""
+    if real_sandbox.registry is not None:
+        yield real_sandbox.registry
+        return
+    assert real_sandbox.binaries is not None
+    own = Registry.start(real_sandbox.binaries.registry, tmp_path_factory.mktemp("registry"))
+    yield own
+    own.stop()
+
+
+def sandbox_target(registry: Registry) -> Target:
+    """The registry under the release registry's path (ghcr.io/tidal-serving ->
+    127.0.0.1:PORT/tidal-serving), which the node's containerd mirrors when it pulls."""
+    return Target(f"{registry.host}/{release.REGISTRY.split('/', 1)[1]}")
+
+
+@pytest.fixture(scope="module")
+def pushed(real_sandbox: Sandbox, registry: Registry) -> dict[str, dict[str, str]]:
+    """The release script, twice, to the registry: reference -> digest each time."""
+    sb = real_sandbox
+    target = sandbox_target(registry)
+    node_has = set(sb.node.image_names())
+    assert not node_has & {release.image(k) for k in ("operator", "runtime-cpu")}, (
+        f"the node holds release images before any pull: {sorted(node_has)}"
     )
+    runs = {}
+    for run in ("first", "second"):
+        t0 = time.monotonic()
+        runs[run] = run_release(target)
+        print(f"release script ({run} run): {time.monotonic() - t0:.1f} s: {runs[run]}")
+    return runs
+
+
+@pytest.fixture(scope="module")
+def published(real_sandbox: Sandbox, pushed: dict[str, dict[str, str]]) -> Iterator[Sandbox]:
+    """The release in the registry (pulled by the node, or tagged in its containerd when the
+    sandbox runs no registry), the PodMonitor kind, the examples' model store."""
+    sb = real_sandbox
+    if sb.registry is None:
+        built = {"operator": sb.images.operator.name, "runtime-cpu": sb.images.runtime_cpu.name}
+        for kind, name in built.items():
+            done = sb.node.ctr("images", "tag", "--force", name, release.image(kind))
+            assert done.returncode == 0, f"ctr images tag {name}: {done.stderr}"
+        from kubernetes import client
+
+        sb.node.wait_images_visible(
+            client.CoreV1Api(sb.api_client()), [release.image(k) for k in built], timeout=120
+        )
+    sb.kubectl("apply", "-f", "-", input=yaml.safe_dump(PODMONITOR_CRD))
+    sb.wait_established("crd/podmonitors.monitoring.coreos.com")
     MODELS_DIR.mkdir(parents=True, exist_ok=True)
     MODELS_DIR.chmod(0o755)
     files = engine_files()
@@ -107,12 +186,16 @@ def published(real_sandbox: Sandbox) -> Iterator[Sandbox]:
         path.chmod(0o644)
     sb.kubectl("create", "namespace", STORE_NS, check=False)
     store = model_store(release.image("runtime-cpu"), str(MODELS_DIR), service_port=80)
+    for doc in store:  # pulled from the registry when the node pulls (never, when tagged)
+        for c in doc["spec"].get("template", {}).get("spec", {}).get("containers", []):
+            c["imagePullPolicy"] = "IfNotPresent"
     sb.kubectl("apply", "-n", STORE_NS, "-f", "-", input=yaml.safe_dump_all(store))
     sb.kubectl(
         "-n", STORE_NS, "rollout", "status", "deployment/models", "--timeout=180s", timeout=200
     )
     yield sb
     sb.kubectl("delete", "-n", STORE_NS, "deployment/models", "service/models", check=False)
+    sb.kubectl("delete", "crd", "podmonitors.monitoring.coreos.com", check=False)
 
 
 def helm_binary() -> str:
@@ -256,6 +339,68 @@ def test_readme_service_runs_its_backend_s_image_and_answers(
     rss_kib = int(next(x for x in status.splitlines() if x.startswith("VmRSS")).split()[1])
     print(f"operator pod RSS: {rss_kib / 1024:.1f} MiB")
     assert rss_kib < 256 * 1024, status
+
+
+# -- the release: pushed by the script, pulled by the node -----------------------------------------
+def test_release_script_pushes_the_same_image_digests_twice(
+    pushed: dict[str, dict[str, str]],
+) -> None:
+    first, second = pushed["first"], pushed["second"]
+    images = {ref for ref in first if not ref.startswith("oci://")}
+    assert len(images) == 2 and all(first[r].startswith("sha256:") for r in images), first
+    assert {r: first[r] for r in images} == {r: second[r] for r in images}, (
+        f"unchanged sources pushed other image digests: {first} then {second}"
+    )
+    # The chart's manifest is stamped with the time of its push by helm (its content is the
+    # same: tests/sandbox/test_registry.py): only that it was pushed is checked here.
+    charts = sorted(set(first) - images)
+    assert len(charts) == 1 and first[charts[0]].startswith("sha256:"), first
+    print(f"chart digests: {first[charts[0]]} then {second[charts[0]]}")
+
+
+def test_pushed_chart_is_the_checkout_s(
+    registry: Registry, pushed: dict[str, dict[str, str]]
+) -> None:
+    target = sandbox_target(registry)
+    shown = subprocess.run(
+        [helm_binary(), "show", "chart", target.chart, "--version", release.VERSION,
+         "--plain-http"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    checkout = yaml.safe_load((REPO / "charts/tidal/Chart.yaml").read_text())
+    assert yaml.safe_load(shown.stdout) == checkout, shown.stdout
+
+
+def test_readme_block_made_the_runtime_podmonitor(
+    published: Sandbox, installed: subprocess.CompletedProcess[str]
+) -> None:
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    monitors = published.kubectl("get", "podmonitors", "-n", "tidal-system", "-o", "name")
+    assert monitors.stdout.strip(), f"the README's block made no PodMonitor: {installed.stdout}"
+
+
+@pytest.mark.skipif(
+    not NODE_PULLS, reason="TIDAL_SANDBOX_REGISTRY=1 not set: the node's images are tagged"
+)
+def test_node_pulled_the_pushed_images_from_the_registry(
+    published: Sandbox,
+    registry: Registry,
+    pushed: dict[str, dict[str, str]],
+    installed: subprocess.CompletedProcess[str],
+) -> None:
+    sb = published
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    target = sandbox_target(registry)
+    held = sb.node.image_digests()
+    for kind in ("operator", "runtime-cpu"):
+        name = release.image(kind)
+        assert held.get(name) == pushed["first"][target.image(kind)], (
+            f"{name}: the node holds {held.get(name)}, the registry got "
+            f"{pushed['first'][target.image(kind)]}; node images {held}"
+        )
+    log = registry.process.log_path.read_text(errors="replace")
+    assert re.search(r"GET /v2/tidal-serving/tidal-operator/manifests/", log), log[-3000:]
 
 
 # -- every other example, as written ---------------------------------------------------------------

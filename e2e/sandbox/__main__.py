@@ -76,6 +76,28 @@ def cmd_images(_args: argparse.Namespace) -> int:
     return 0
 
 
+def registry_arg(value: str) -> str:
+    """``--registry``: refused by argparse, naming the argument, unless HOST[:PORT][/PATH]."""
+    from .release import Target
+
+    try:
+        Target(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    from .release import Target, run_release
+
+    plain = True if args.plain_http else None
+    target = Target(args.registry, plain_http=plain)  # the version: tidal.common.release
+    for ref, digest in run_release(target, chart=not args.no_chart).items():
+        print(f"{ref:70} {digest}")
+    print(f"\nhelm install tidal {target.chart} --version {target.version}")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
@@ -106,6 +128,13 @@ def main(argv: list[str] | None = None) -> int:
     build.set_defaults(fn=cmd_build)
     images = sub.add_parser("images", help="build (or reuse) the project's container images")
     images.set_defaults(fn=cmd_images)
+    rel = sub.add_parser("release", help="build the images, push them and the chart to a registry")
+    rel.add_argument(
+        "--registry", required=True, type=registry_arg, help="HOST[:PORT][/PATH], e.g. ghcr.io/you"
+    )
+    rel.add_argument("--plain-http", action="store_true", help="HTTP (default: loopback only)")
+    rel.add_argument("--no-chart", action="store_true", help="push the images only")
+    rel.set_defaults(fn=cmd_release)
     demo = sub.add_parser("demo", help="run the demo on a fresh sandbox")
     demo.add_argument("--keep", action="store_true", help="keep the sandbox running afterwards")
     demo.add_argument(

@@ -11,6 +11,7 @@ from pathlib import Path
 K8S_VERSION = os.environ.get("TIDAL_K8S_VERSION", "v1.37.2")
 ETCD_VERSION = os.environ.get("TIDAL_ETCD_VERSION", "v3.6.16")
 VERSITYGW_VERSION = os.environ.get("TIDAL_VERSITYGW_VERSION", "v1.8.0")
+REGISTRY_VERSION = os.environ.get("TIDAL_REGISTRY_VERSION", "v3.1.2")
 BUILD_SCRIPT = Path(__file__).resolve().parent / "build-binaries.sh"
 
 
@@ -27,6 +28,7 @@ class Binaries:
     kubectl: Path
     prometheus: Path
     versitygw: Path  # the object store (e2e/sandbox/objectstore.py)
+    registry: Path  # the OCI registry, CNCF distribution (e2e/sandbox/registry.py)
 
     @classmethod
     def locate(cls) -> Binaries:
@@ -40,6 +42,7 @@ class Binaries:
             kubectl=k8s / "kubectl",
             prometheus=root / "prometheus" / "usr" / "bin" / "prometheus",
             versitygw=root / f"versitygw-{VERSITYGW_VERSION}" / "bin" / "versitygw",
+            registry=root / f"registry-{REGISTRY_VERSION}" / "bin" / "registry",
         )
 
     def missing(self) -> list[Path]:
@@ -56,3 +59,15 @@ def ensure_binaries() -> Binaries:
         if still:
             raise RuntimeError(f"sandbox binaries still missing after the build: {still}")
     return bins
+
+
+def fresh_dir(binary: Path, name: str, directory: Path) -> Path:
+    """``directory`` emptied and made, after checking that ``name``'s ``binary`` is built."""
+    if not binary.is_file():
+        raise RuntimeError(
+            f"{name} is not built at {binary}: run `make sandbox-binaries` "
+            "(bash e2e/sandbox/build-binaries.sh)"
+        )
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    return directory

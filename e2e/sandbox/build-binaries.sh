@@ -6,6 +6,7 @@
 #   TIDAL_K8S_VERSION   Kubernetes release (default v1.37.2)
 #   TIDAL_ETCD_VERSION  etcd release (default v3.6.16)
 #   TIDAL_VERSITYGW_VERSION  the S3-compatible object store (default v1.8.0)
+#   TIDAL_REGISTRY_VERSION   the OCI registry, CNCF distribution (default v3.1.2)
 #   TIDAL_CACHE         cache root (default ~/.cache/tidal)
 set -euo pipefail
 
@@ -17,13 +18,16 @@ etcd_bin=$cache/etcd-$etcd_version/bin
 prometheus_dir=$cache/prometheus
 vgw_version=${TIDAL_VERSITYGW_VERSION:-v1.8.0}
 vgw_bin=$cache/versitygw-$vgw_version/bin
+registry_version=${TIDAL_REGISTRY_VERSION:-v3.1.2}
+registry_bin=$cache/registry-$registry_version/bin
 k8s_tools=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
 
 say() { printf '[sandbox-build] %s\n' "$*" >&2; }
 
 have_all() {
   for t in "${k8s_tools[@]}"; do [ -x "$bin/$t" ] || return 1; done
-  [ -x "$etcd_bin/etcd" ] && [ -x "$prometheus_dir/usr/bin/prometheus" ] && [ -x "$vgw_bin/versitygw" ]
+  [ -x "$etcd_bin/etcd" ] && [ -x "$prometheus_dir/usr/bin/prometheus" ] && [ -x "$vgw_bin/versitygw" ] \
+    && [ -x "$registry_bin/registry" ]
 }
 if have_all; then
   say "binaries present in $bin and $etcd_bin"
@@ -100,21 +104,37 @@ MOD
   say "built etcd in $((SECONDS - start)) s"
 }
 
-# The sandbox's object store (the cold tier users keep engines in): versitygw, an S3 gateway
-# over a POSIX directory, in Go with no replace directives, so a one-line wrapper module builds it
-# (MinIO and SeaweedFS are served only as pseudo-versions of their main branches).
-build_versitygw() {
-  [ -x "$vgw_bin/versitygw" ] && return 0
-  local work=$cache/build/versitygw-$vgw_version
-  mkdir -p "$work" "$vgw_bin"
+# A Go program whose module has no replace directives, built through a one-line wrapper module:
+#   build_wrapped NAME MODULE VERSION GO_DIRECTIVE PACKAGE BIN_DIR [LDFLAGS]
+build_wrapped() {
+  local name=$1 module=$2 version=$3 go_directive=$4 pkg=$5 out=$6 ldflags="-s -w ${7:-}"
+  [ -x "$out/$name" ] && return 0
+  local work=$cache/build/$name-$version
+  mkdir -p "$work" "$out"
   cd "$work"
-  printf 'module tidal.dev/sandbox/versitygw\n\ngo 1.25.0\n\nrequire github.com/versity/versitygw %s\n' \
-    "$vgw_version" > go.mod
-  say "building versitygw $vgw_version"
+  printf 'module tidal.dev/sandbox/%s\n\ngo %s\n\nrequire %s %s\n' \
+    "$name" "$go_directive" "$module" "$version" > go.mod
+  say "building $name $version"
   local start=$SECONDS
-  go build -trimpath -ldflags "-s -w" -o "$vgw_bin/versitygw.tmp" github.com/versity/versitygw/cmd/versitygw
-  mv "$vgw_bin/versitygw.tmp" "$vgw_bin/versitygw"
-  say "built versitygw in $((SECONDS - start)) s"
+  go build -trimpath -ldflags "$ldflags" -o "$out/$name.tmp" "$pkg"
+  mv "$out/$name.tmp" "$out/$name"
+  say "built $name in $((SECONDS - start)) s"
+}
+
+# The sandbox's object store (the cold tier users keep engines in): versitygw, an S3 gateway
+# over a POSIX directory (MinIO and SeaweedFS are served only as pseudo-versions of their main
+# branches).
+build_versitygw() {
+  build_wrapped versitygw github.com/versity/versitygw "$vgw_version" 1.25.0 \
+    github.com/versity/versitygw/cmd/versitygw "$vgw_bin"
+}
+
+# The sandbox's OCI registry (the release script pushes images and the chart to it; the real
+# node's containerd pulls from it): CNCF distribution.
+build_registry() {
+  local module=github.com/distribution/distribution/v3
+  build_wrapped registry "$module" "$registry_version" 1.26.0 "$module/cmd/registry" \
+    "$registry_bin" "-X $module/version.version=$registry_version"
 }
 
 fetch_prometheus() {
@@ -140,4 +160,5 @@ fetch_prometheus
 build_etcd
 build_k8s
 build_versitygw
-say "done: $bin, $etcd_bin, $vgw_bin"
+build_registry
+say "done: $bin, $etcd_bin, $vgw_bin, $registry_bin"

@@ -57,6 +57,10 @@ class SandboxConfig:
     # routing to endpoints): what metrics-server and KEDA's metrics adapter need to serve
     # metrics.k8s.io / external.metrics.k8s.io (bench/peers_bench.py). Off for the test suite.
     aggregation: bool = False
+    # With the real node: the OCI registry (registry.py) on 127.0.0.1, and the node's containerd
+    # pulling the release registry's host (ghcr.io) from it. Off unless TIDAL_SANDBOX_REGISTRY=1
+    # until the node's pull is proven by e2e/test_readme_install.py (e2e/README.md).
+    registry: bool = field(default_factory=lambda: os.environ.get("TIDAL_SANDBOX_REGISTRY") == "1")
 
 
 # Where a release publishes the project's images; the real node has the ones built here instead.
@@ -95,6 +99,9 @@ class Sandbox:
         # The object store (objectstore.py) on the real node's bridge, and its in-cluster URL.
         self.objects: Any = None
         self.objects_url: str | None = None
+        # The OCI registry (registry.py) on 127.0.0.1, with the real node: the release
+        # registry's host (ghcr.io, tidal.common.release) is pulled from it by containerd.
+        self.registry: Any = None
 
     # -- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> Sandbox:
@@ -144,6 +151,9 @@ class Sandbox:
         if self.node is not None:
             self.node.stop()
             self.node = None
+        if self.registry is not None:
+            self.registry.stop()
+            self.registry = None
         for proc in reversed(self.processes):
             # The node agent stops its pods on SIGTERM, so it gets time to honour grace periods.
             proc.stop(grace=40.0 if proc.name == "node-agent" else 10.0)
@@ -164,6 +174,7 @@ class Sandbox:
             "kubernetesVersion": K8S_VERSION,
             "realNode": self.node is not None,
             "objectStore": self.objects_url,
+            "registry": self.registry.host if self.registry else None,
             "images": {k: v.name for k, v in vars(self.images).items()} if self.images else None,
         }
 
@@ -552,12 +563,16 @@ class Sandbox:
         from . import realnode
         from .files import FileServer
         from .objectstore import ObjectStore
+        from .registry import Registry
 
         node = self.node
         node.api_url = self.api_url
+        assert self.binaries is not None
+        if self.config.registry:
+            self.registry = Registry.start(self.binaries.registry, self.state_dir / "registry")
+            node.mirrors = {release.REGISTRY.split("/", 1)[0]: self.registry.url}
         node.start(self.images.archives(), self.images.names())
         self.files = FileServer(self.host)
-        assert self.binaries is not None
         self.objects = ObjectStore.start(
             self.binaries.versitygw, self.state_dir / "objectstore", host=self.host
         )

@@ -17,14 +17,12 @@ from __future__ import annotations
 
 import secrets
 import shutil
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .procs import ManagedProcess, free_port
+from .binaries import fresh_dir
+from .procs import ManagedProcess, free_port, wait_answering
 
 REGION = "us-east-1"
 
@@ -56,14 +54,7 @@ class ObjectStore:
     ) -> ObjectStore:
         """Start versitygw serving ``state_dir / "data"`` on ``host:port`` (a free port by
         default) and wait until it answers S3 requests."""
-        if not binary.is_file():
-            raise RuntimeError(
-                f"versitygw is not built at {binary}: run `make sandbox-binaries` "
-                "(bash e2e/sandbox/build-binaries.sh)"
-            )
-        data = state_dir / "data"
-        shutil.rmtree(data, ignore_errors=True)
-        data.mkdir(parents=True)
+        data = fresh_dir(binary, "versitygw", state_dir / "data")
         port = port or free_port(host)
         access = "tidal" + secrets.token_hex(6)
         secret = secrets.token_hex(20)
@@ -86,29 +77,8 @@ class ObjectStore:
             env={"PATH": "/usr/bin:/bin"},
         )
         store = cls(process, data, host, port, access, secret)
-        store._wait_ready(timeout)
+        wait_answering(process, store.endpoint + "/", timeout)  # unsigned: 403 means it serves
         return store
-
-    def _wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        last = "no answer yet"
-        while time.monotonic() < deadline:
-            if not self.process.alive():
-                raise RuntimeError(f"versitygw exited:\n{self.process.tail()}")
-            try:
-                # Unsigned: any S3 answer (403 AccessDenied) means it serves.
-                urllib.request.urlopen(self.endpoint + "/", timeout=2).close()
-                return
-            except urllib.error.HTTPError:
-                return
-            except (TimeoutError, urllib.error.URLError, OSError) as exc:
-                last = str(exc)
-            time.sleep(0.1)
-        self.process.stop()
-        raise RuntimeError(
-            f"versitygw did not answer on {self.endpoint} within {timeout:g} s ({last}):\n"
-            f"{self.process.tail()}"
-        )
 
     # -- S3 calls (obstore, the client the runtime uses) ----------------------------------------
 

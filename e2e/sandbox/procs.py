@@ -93,3 +93,29 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def wait_answering(process: ManagedProcess, url: str, timeout: float) -> None:
+    """Wait until ``url`` gives any HTTP answer (an error status counts: the server serves) while
+    ``process`` runs; otherwise stop it and raise with its log's tail."""
+    import time
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    last = "no answer yet"
+    while time.monotonic() < deadline:
+        if not process.alive():
+            raise RuntimeError(f"{process.name} exited:\n{process.tail()}")
+        try:
+            urllib.request.urlopen(url, timeout=2).close()
+            return
+        except urllib.error.HTTPError:
+            return
+        except (TimeoutError, urllib.error.URLError, OSError) as exc:
+            last = str(exc)
+        time.sleep(0.1)
+    process.stop()
+    raise RuntimeError(
+        f"{process.name} did not answer on {url} within {timeout:g} s ({last}):\n{process.tail()}"
+    )

@@ -341,6 +341,9 @@ class RealNode:
         self.processes: dict[str, ManagedProcess] = {}
         self._lock: IO[str] | None = None
         self._holds_lock = False  # the host (bridge, cgroups, kubelet paths) is ours to change
+        # Registry host -> the endpoint containerd pulls its images from instead (hosts.toml),
+        # e.g. {"ghcr.io": "http://127.0.0.1:5000"}: set before start().
+        self.mirrors: dict[str, str] = {}
 
     # lifecycle ---------------------------------------------------------------------------
     def prepare_host(self) -> None:
@@ -569,6 +572,15 @@ class RealNode:
         path.write_text(yaml.safe_dump(doc))
         return path
 
+    def _registry_config(self) -> str:
+        """The CRI images plugin's hosts directory, when some registry host is mirrored."""
+        if not self.mirrors:
+            return ""
+        return (
+            "    [plugins.'io.containerd.cri.v1.images'.registry]\n"
+            f'      config_path = "{self.etc / "certs.d"}"\n'
+        )
+
     def _write_configs(self) -> None:
         pki_dir = self.etc / "pki"
         node_cert = issue_client_cert(self.pki, pki_dir, f"system:node:{NODE_NAME}", "system:nodes")
@@ -595,7 +607,7 @@ state = "{run}/containerd"
     snapshotter = "overlayfs"
     [plugins.'io.containerd.cri.v1.images'.pinned_images]
       sandbox = "{PAUSE_IMAGE}"
-  [plugins.'io.containerd.cri.v1.runtime']
+{self._registry_config()}  [plugins.'io.containerd.cri.v1.runtime']
     netns_mounts_under_state_dir = true
     # These machines drop CAP_SYS_RESOURCE: oom_score_adj may only go up.
     restrict_oom_score_adj = true
@@ -618,6 +630,7 @@ state = "{run}/containerd"
     stream_server_port = "0"
 """
         )
+        write_hosts(self.etc / "certs.d", self.mirrors)
         conflist = {
             "cniVersion": "1.0.0",
             "name": "tidal-node",
@@ -712,6 +725,21 @@ state = "{run}/containerd"
             "nodePortAddresses": [f"{NODE_IP}/32"],
         }
         (self.etc / "kube-proxy.yaml").write_text(yaml.safe_dump(proxy))
+
+
+def hosts_toml(endpoint: str) -> str:
+    """containerd's hosts.toml sending every pull of one registry host to ``endpoint`` (plain
+    HTTP for an ``http://`` endpoint), and nowhere else."""
+    return f'server = "{endpoint}"\n\n[host."{endpoint}"]\n  capabilities = ["pull", "resolve"]\n'
+
+
+def write_hosts(certs_d: Path, mirrors: dict[str, str]) -> None:
+    """``certs.d/<host>/hosts.toml`` for each mirrored host; no other host's directory."""
+    shutil.rmtree(certs_d, ignore_errors=True)
+    for host, endpoint in mirrors.items():
+        (certs_d / host).mkdir(parents=True)
+        (certs_d / host / "hosts.toml").write_text(hosts_toml(endpoint))
+    certs_d.mkdir(parents=True, exist_ok=True)
 
 
 def advertise_gpus(core_api: Any, gpus: int) -> None:

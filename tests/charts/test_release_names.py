@@ -22,7 +22,10 @@ from tidal.runtime.config import RuntimeConfig
 
 WORKFLOW = REPO / ".github" / "workflows" / "images.yml"
 CRD = REPO / "crds" / "inferenceservices.serving.tidal.dev.yaml"
-PUBLISHED = re.compile(r"ghcr\.io/[A-Za-z0-9._-]+/[A-Za-z0-9._-]+(?::[A-Za-z0-9._-]+)?")
+# An image under ghcr.io: owner/name[:tag], not a deeper path (the chart's oci://…/charts/tidal).
+PUBLISHED = re.compile(
+    r"ghcr\.io/[A-Za-z0-9._-]+/[A-Za-z0-9._-]+(?![A-Za-z0-9._/-])(?::[A-Za-z0-9._-]+)?"
+)
 
 
 def label(dockerfile: Path, key: str) -> str | None:
