@@ -45,6 +45,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 
 from tidal.common.backoff import Backoff, Retry
+from tidal.common.body import OFFLOAD_BYTES
 from tidal.common.http import (
     CLIENT_CLOSED,
     ON_CLIENT_GONE,
@@ -56,15 +57,15 @@ from tidal.common.http import (
     quiet_logger,
     read_body,
 )
+from tidal.common.offload import Offload
 
 from . import __version__
 from .config import GatewayConfig, ReplicaList, ReplicaRef, format_validation_error
 from .core.hold import (
     HoldLimits,
     admit,
-    check_held_request,
-    decoded_body,
     hold_seconds,
+    judge_held_request,
     retry_after,
 )
 from .core.routing import LoadBudget, ReplicaView, Route, choose_route
@@ -335,6 +336,9 @@ class Gateway:
         self._load_failures: dict[str, LoadFailure] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Large or compressed bodies on the hold path are judged in a worker process, one at
+        # a time: their parse never stalls the loop (health, forwards), its memory is bounded.
+        self.offload = Offload(workers=1)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -371,6 +375,7 @@ class Gateway:
         self.set_replicas(self._initial, {})
 
     async def _on_cleanup(self, app: web.Application) -> None:
+        self.offload.close()
         tasks = [r.watcher for r in self.replicas.values() if r.watcher is not None]
         tasks += list(self._background)
         for task in tasks:
@@ -645,7 +650,7 @@ class Gateway:
                         return self._gone(), False
                     if client is not None:  # judged before it may count as demand
                         try:
-                            timeout_us = self._judge(body, headers)
+                            timeout_us = await self._judge(body, headers)
                         except BodyError as exc:
                             return body_error(exc), False
                     refusal = admit(self.held_now, self.held_bytes, len(body), self.hold_limits)
@@ -689,13 +694,21 @@ class Gateway:
             if held is not None:
                 self.metrics.hold_outcome[outcome].inc()
 
-    def _judge(self, body: bytes, headers: list[tuple[str, str]]) -> int | None:
-        """The request's own timeout (µs), or :class:`BodyError` for what no model serves."""
+    async def _judge(self, body: bytes, headers: list[tuple[str, str]]) -> int | None:
+        """The request's own timeout (µs), or :class:`BodyError` for what no model serves.
+        A compressed body or a large one is judged in the worker process: 64 KB of gzip can
+        inflate to a parse of seconds, which must not stall the event loop."""
         encoding = _header(headers, "Content-Encoding")
-        decoded = decoded_body(body, encoding, self.config.max_request_bytes)
-        if decoded is None:  # an encoding the gateway does not decode: the replica judges
-            return None
-        return check_held_request(decoded, _header(headers, HEADER_LENGTH)).timeout_us
+        args = (
+            body,
+            encoding,
+            _header(headers, HEADER_LENGTH),
+            self.config.max_request_bytes,
+            self.config.max_json_values,
+        )
+        if not encoding and len(body) <= OFFLOAD_BYTES:
+            return judge_held_request(*args)
+        return await self.offload.run(judge_held_request, *args)
 
     # -- the hold's book-keeping (HTTP and gRPC alike) ------------------------------------------
 
