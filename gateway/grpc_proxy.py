@@ -214,8 +214,8 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc ships no 
             if not model and call != "ModelStatistics":
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{call}: no model name")
         hold = call in HELD_CALLS
-        if hold:
-            gw.arrivals += 1
+        if hold:  # the request is not parsed: a well-formed call is demand
+            gw.arrived()
         metadata = tuple(
             (k, v)
             for k, v in (context.invocation_metadata() or ())
