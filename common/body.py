@@ -22,6 +22,9 @@ CLIENT_CLOSED = 499  # nginx's code for a client that went away; nobody receives
 # Every value of a JSON text counts one; 4 Mi values cost at most ~300 MiB of Python objects
 # (empty objects, the dearest) and a float tensor of 4 Mi elements is 16 MiB in binary.
 DEFAULT_MAX_JSON_VALUES = 4 * 2**20
+# The control routes' bodies (repository, placement, tier, the gateway's replica list) are
+# small objects: parsed in place, within this many values (a parse of at most ~0.5 s).
+CONTROL_JSON_VALUES = 2**20
 # A JSON text above this many bytes is parsed away from the event loop (tidal.common.offload).
 OFFLOAD_BYTES = 2**20
 
