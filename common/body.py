@@ -25,6 +25,7 @@ DEFAULT_MAX_JSON_VALUES = 4 * 2**20
 # The control routes' bodies (repository, placement, tier, the gateway's replica list) are
 # small objects: parsed in place, within this many values (a parse of at most ~0.5 s).
 CONTROL_JSON_VALUES = 2**20
+CONTROL_LIMIT = "the control routes' limit"  # what a refusal names
 # A JSON text above this many bytes is parsed away from the event loop (tidal.common.offload).
 OFFLOAD_BYTES = 2**20
 
@@ -54,25 +55,30 @@ def json_values(raw: bytes) -> int:
     return json_values_at_most(_STRING.sub(b'""', raw))
 
 
-def check_json_values(raw: bytes, what: str, limit: int) -> None:
-    """:class:`BodyError` 413 when ``raw`` holds more than ``limit`` JSON values."""
+def check_json_values(raw: bytes, what: str, limit: int, limit_name: str = "maxJsonValues") -> None:
+    """:class:`BodyError` 413 when ``raw`` holds more than ``limit`` JSON values (the
+    message names ``limit_name``)."""
     if json_values_at_most(raw) <= limit:
         return
     count = json_values(raw)
     if count > limit:
+        advice = ""
+        if limit_name == "maxJsonValues":  # an infer request's header
+            advice = "; send large tensors in binary (Inference-Header-Content-Length)"
         raise BodyError(
             413,
             f"{what} holds {count} JSON values (an empty list or object counts two), more than "
-            f"maxJsonValues ({limit}); send large "
-            "tensors in binary (Inference-Header-Content-Length)",
+            f"{limit_name} ({limit}){advice}",
         )
 
 
-def parse_json(raw: bytes, what: str, max_values: int | None = None) -> Any:
+def parse_json(
+    raw: bytes, what: str, max_values: int | None = None, limit_name: str = "maxJsonValues"
+) -> Any:
     """``json.loads`` whose every failure is a :class:`BodyError` 400, nesting depth included;
     with ``max_values``, a text of more values is a 413 before it is parsed."""
     if max_values is not None:
-        check_json_values(raw, what, max_values)
+        check_json_values(raw, what, max_values, limit_name)
     try:
         return json.loads(raw)
     except RecursionError:

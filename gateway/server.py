@@ -45,7 +45,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 
 from tidal.common.backoff import Backoff, Retry
-from tidal.common.body import CONTROL_JSON_VALUES, OFFLOAD_BYTES, check_json_values
+from tidal.common.body import (
+    CONTROL_JSON_VALUES,
+    CONTROL_LIMIT,
+    OFFLOAD_BYTES,
+    check_json_values,
+)
 from tidal.common.http import (
     CLIENT_CLOSED,
     ON_CLIENT_GONE,
@@ -976,7 +981,7 @@ class Gateway:
     async def repository_index(self, request: web.Request) -> web.Response:
         """Every model of the fleet: READY when hot on a healthy replica, LOADING, UNAVAILABLE."""
         raw = await self._read(request)
-        body = parse_json(raw, "the body", CONTROL_JSON_VALUES) if raw else {}
+        body = parse_json(raw, "the body", CONTROL_JSON_VALUES, CONTROL_LIMIT) if raw else {}
         if not isinstance(body, dict):
             raise BodyError(400, "the body must be a JSON object")
         unknown = sorted(set(body) - {"ready"})
@@ -1063,7 +1068,7 @@ class Gateway:
 
     async def put_replicas(self, request: web.Request) -> web.Response:
         raw = await self._read(request)
-        check_json_values(raw, "the replica list", CONTROL_JSON_VALUES)
+        check_json_values(raw, "the replica list", CONTROL_JSON_VALUES, CONTROL_LIMIT)
         try:
             update = ReplicaList.model_validate_json(raw)
         except ValidationError as exc:

@@ -95,11 +95,13 @@ class InferRequest:
     timeout_us: int | None = None  # parameters.timeout (Triton: microseconds; 0 = none)
 
 
-def parse_json(raw: bytes, what: str, max_values: int | None = None) -> Any:
+def parse_json(
+    raw: bytes, what: str, max_values: int | None = None, limit_name: str = "maxJsonValues"
+) -> Any:
     """``json.loads`` whose every failure is a client error (400), nesting depth included;
     more than ``max_values`` values is a 413 before parsing."""
     try:
-        return common_body.parse_json(raw, what, max_values)
+        return common_body.parse_json(raw, what, max_values, limit_name)
     except BodyError as error:
         if error.status == 413:
             raise PayloadTooLarge(error.message) from None

@@ -31,7 +31,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tidal.common import http as common_http
 from tidal.common.backoff import Backoff, Retry
-from tidal.common.body import CONTROL_JSON_VALUES, OFFLOAD_BYTES
+from tidal.common.body import CONTROL_JSON_VALUES, CONTROL_LIMIT, OFFLOAD_BYTES
 from tidal.common.contract import ENV_POD_NAME
 from tidal.common.http import BodyError, JsonErrorRunner, declared_too_large, quiet_logger
 from tidal.common.offload import Offload
@@ -631,7 +631,7 @@ class RuntimeServer:
         raw = await read_body(request, self.config.max_request_bytes, self.body_read_timeout_s)
         if not raw:
             return {}
-        body = parse_json(raw, "the body", CONTROL_JSON_VALUES)
+        body = parse_json(raw, "the body", CONTROL_JSON_VALUES, CONTROL_LIMIT)
         if not isinstance(body, dict):
             raise InvalidRequest("the body must be a JSON object")
         unknown = sorted(set(body) - allowed) if allowed is not None else []
