@@ -8,3 +8,5 @@ runtime's ``GET /v2/tidal/models`` long-poll.  The routing decision is the pure
 """
 
 __version__ = "0.1.0"
+SERVER_NAME = "tidal-gateway"  # what GET /v2 and gRPC ServerMetadata name
+EXTENSIONS = ("binary_tensor_data", "model_repository")

@@ -18,6 +18,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
+from tidal.common.body import DEFAULT_MAX_JSON_VALUES
+
 MODEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 
 
@@ -65,6 +67,12 @@ class GatewayConfig(_Model):
     )
     request_read_timeout_seconds: float = Field(
         default=30.0, gt=0, le=600, description="a body that has not arrived by then: 408"
+    )
+    max_json_values: int = Field(
+        default=DEFAULT_MAX_JSON_VALUES,
+        gt=0,
+        description="values in a held request's JSON header (every number, string, list, "
+        "object counts one); more: 413 before it is parsed",
     )
     header_read_timeout_seconds: float = Field(
         default=30.0,

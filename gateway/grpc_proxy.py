@@ -15,8 +15,9 @@ A replica that answers ``UNAVAILABLE`` (no such answer is a served request) or c
 reached is tried once more on another, as HTTP does.
 
 ``ServerLive``/``ServerReady`` are answered by the gateway itself, as ``/v2/health/*`` are
-(an activator is ready with no replica); the other calls without a model (server metadata,
-repository) go to any healthy replica, unheld.
+(an activator is ready with no replica), and so is ``ServerMetadata``, as ``GET /v2`` is (the
+gateway, not whichever replica's ``tidal-runtime``); the other calls without a model
+(repository) go to any healthy replica, unheld.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from urllib.parse import urlsplit
 
 import grpc
 
+from . import EXTENSIONS, SERVER_NAME, __version__
 from .core.hold import admit
 
 if TYPE_CHECKING:
@@ -42,7 +44,7 @@ MODEL_CALLS = frozenset(
     {"ModelInfer", "ModelReady", "ModelMetadata", "ModelConfig", "ModelStatistics"}
 )
 HELD_CALLS = frozenset({"ModelInfer"})  # held at zero, like POST .../infer
-LOCAL_CALLS = frozenset({"ServerLive", "ServerReady"})
+LOCAL_CALLS = frozenset({"ServerLive", "ServerReady", "ServerMetadata"})
 TRUE = b"\x08\x01"  # a response message whose bool field 1 is true; b"": false
 # Metadata a proxy must not copy onto its own call (gRPC sets these, and grpc-*, itself).
 HOP_BY_HOP = frozenset({"grpc-timeout", "content-type", "user-agent", "te", ":authority"})
@@ -114,6 +116,24 @@ def model_name(data: bytes) -> str:
     return name
 
 
+def _field(number: int, value: str) -> bytes:
+    """A length-delimited protobuf field (string ``value`` under field ``number``)."""
+    data = value.encode()
+    length, size = b"", len(data)
+    while True:
+        byte = size & 0x7F
+        size >>= 7
+        length += bytes([byte | (0x80 if size else 0)])
+        if not size:
+            break
+    return bytes([number << 3 | 2]) + length + data
+
+
+def server_metadata(name: str, version: str, extensions: tuple[str, ...]) -> bytes:
+    """A serialised ``ServerMetadataResponse`` (name 1, version 2, extensions 3)."""
+    return _field(1, name) + _field(2, version) + b"".join(_field(3, e) for e in extensions)
+
+
 def grpc_target(url: str, port: int) -> str:
     """The replica's gRPC address: its HTTP URL's host with the gRPC port."""
     host = urlsplit(url).hostname or ""
@@ -143,6 +163,8 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc ships no 
             gw = self.gateway
             if call == "ServerLive":
                 return TRUE
+            if call == "ServerMetadata":
+                return server_metadata(SERVER_NAME, __version__, EXTENSIONS)
             healthy = sum(1 for r in gw.replicas.values() if r.healthy)
             ready = (healthy > 0 or gw.config.activator) and not gw.draining
             return TRUE if ready else b""
@@ -192,8 +214,8 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc ships no 
             if not model and call != "ModelStatistics":
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{call}: no model name")
         hold = call in HELD_CALLS
-        if hold:
-            gw.arrivals += 1
+        if hold:  # the request is not parsed: a well-formed call is demand
+            gw.arrived()
         metadata = tuple(
             (k, v)
             for k, v in (context.invocation_metadata() or ())

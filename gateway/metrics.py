@@ -22,6 +22,7 @@ WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120
 LOAD_RESULTS = ("ok", "refused", "failed", "error")
 HOLD_OUTCOMES = ("forwarded", "expired", "full", "gone", "drained", "other")
 UPSTREAM_ERRORS = ("connect", "disconnect", "timeout", "unavailable")
+CACHES = ("hot", "cold", "none")
 
 
 class GatewayMetrics:
@@ -30,13 +31,15 @@ class GatewayMetrics:
         r = self.registry
         self.requests = Counter(
             "tidal_gateway_requests",
-            "Requests answered by the gateway, by model, HTTP status and whether it was held.",
+            "Requests answered by the gateway, by model, HTTP status and whether it was held "
+            "(cold), forwarded unheld (hot) or refused before the hold (none).",
             ["model", "code", "cache"],
             registry=r,
         )
         self.duration = Histogram(
             "tidal_gateway_request_duration_seconds",
-            "Arrival to response at the gateway; cache=cold when the request was held.",
+            "Arrival to response at the gateway; cache=cold when the request was held, none "
+            "when it was refused before the hold.",
             ["cache"],
             buckets=LATENCY_BUCKETS,
             registry=r,
@@ -100,17 +103,18 @@ class GatewayMetrics:
         self.load_result = {result: self.loads.labels(result) for result in LOAD_RESULTS}
         self.hold_outcome = {o: self.hold_outcomes.labels(o) for o in HOLD_OUTCOMES}
         self.upstream_error = {kind: self.upstream_errors.labels(kind) for kind in UPSTREAM_ERRORS}
-        self.hot_duration = self.duration.labels("hot")
-        self.cold_duration = self.duration.labels("cold")
-        self._answered: dict[tuple[str, int, bool], Counter] = {}
+        self._durations = {cache: self.duration.labels(cache) for cache in CACHES}
+        self._answered: dict[tuple[str, int, str], Counter] = {}
         for state in ("healthy", "unhealthy"):
             self.replicas.labels(state).set(0)
 
-    def answered(self, model: str, code: int, cold: bool, seconds: float) -> None:
-        key = (model, code, cold)
+    def answered(self, model: str, code: int, cache: str, seconds: float) -> None:
+        """One answer; ``cache``: ``hot`` (never held), ``cold`` (held), ``none`` (refused
+        before the hold: a request no model serves, neither held nor forwarded)."""
+        key = (model, code, cache)
         child = self._answered.get(key)
         if child is None:
-            child = self.requests.labels(model, str(code), "cold" if cold else "hot")
+            child = self.requests.labels(model, str(code), cache)
             self._answered[key] = child
         child.inc()
-        (self.cold_duration if cold else self.hot_duration).observe(seconds)
+        self._durations[cache].observe(seconds)

@@ -46,6 +46,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 
 from tidal.common.backoff import Backoff, Retry
+from tidal.common.body import (
+    CONTROL_JSON_VALUES,
+    CONTROL_LIMIT,
+    OFFLOAD_BYTES,
+    check_json_values,
+)
 from tidal.common.http import (
     CLIENT_CLOSED,
     ON_CLIENT_GONE,
@@ -57,15 +63,15 @@ from tidal.common.http import (
     quiet_logger,
     read_body,
 )
+from tidal.common.offload import Offload
 
-from . import __version__
+from . import EXTENSIONS, SERVER_NAME, __version__
 from .config import GatewayConfig, ReplicaList, ReplicaRef, format_validation_error
 from .core.hold import (
     HoldLimits,
     admit,
-    check_held_request,
-    decoded_body,
     hold_seconds,
+    judge_held_request,
     retry_after,
 )
 from .core.routing import LoadBudget, ReplicaView, Route, choose_route
@@ -156,7 +162,7 @@ async def json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
         gateway.metrics.answered(
             gateway._model_label(model) if model else NO_MODEL_LABEL,
             response.status,
-            False,
+            "hot",
             asyncio.get_running_loop().time() - started,
         )
     return response
@@ -317,6 +323,8 @@ class ClientWatch:
 
     waiting: asyncio.Task[Any] | None = None  # the handler's task while it waits in the hold
     gone: bool = False
+    refused: bool = False  # judged before the hold as a request no model serves (never held)
+    arrived: bool = False  # counted in ``arrivals`` (judged servable before the hold)
 
     def client_gone(self) -> None:
         self.gone = True
@@ -379,6 +387,9 @@ class Gateway:
         self._load_failures: dict[str, LoadFailure] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Large or compressed bodies on the hold path are judged in a worker process, one at
+        # a time: their parse never stalls the loop (health, forwards), its memory is bounded.
+        self.offload = Offload(workers=1)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -407,6 +418,7 @@ class Gateway:
         for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
             r.add_get(prefix, self.proxy_metadata)
             r.add_get(prefix + "/config", self.proxy_metadata)
+            r.add_get(prefix + "/stats", self.proxy_metadata)
             r.add_get(prefix + "/ready", self.model_ready)
         return app
 
@@ -415,6 +427,7 @@ class Gateway:
         self.set_replicas(self._initial, {})
 
     async def _on_cleanup(self, app: web.Application) -> None:
+        self.offload.close()
         tasks = [r.watcher for r in self.replicas.values() if r.watcher is not None]
         tasks += list(self._background)
         for task in tasks:
@@ -647,10 +660,8 @@ class Gateway:
 
         ``client``: an HTTP infer request's client, whose body is checked before it is held
         (a 400 at once for what no model accepts) and who leaves the hold if it hangs up."""
-        if hold:
-            self.arrivals += 1
-            if self.arrival_watchers:
-                self.held_changes.notify()
+        if hold and client is None:  # an HTTP request counts once judged servable (infer)
+            self.arrived()
         failures: list[Failed] = []
         excluded: frozenset[str] = frozenset()
         held: Held | None = None
@@ -701,7 +712,7 @@ class Gateway:
                         return self._gone(), False
                     if client is not None:  # judged before it may count as demand
                         try:
-                            timeout_us = self._judge(body, headers)
+                            timeout_us = await self._judge(body, headers, client)
                         except BodyError as exc:
                             return body_error(exc), False
                     refusal = admit(self.held_now, self.held_bytes, len(body), self.hold_limits)
@@ -761,15 +772,42 @@ class Gateway:
         else:
             await self.changes.wait(seconds)
 
-    def _judge(self, body: bytes, headers: list[tuple[str, str]]) -> int | None:
-        """The request's own timeout (µs), or :class:`BodyError` for what no model serves."""
+    async def _judge(
+        self, body: bytes, headers: list[tuple[str, str]], client: ClientWatch
+    ) -> int | None:
+        """The request's own timeout (µs), or :class:`BodyError` for what no model serves;
+        a servable request is an arrival from here on, a refused one never.
+        A compressed body or a large one is judged in the worker process: 64 KB of gzip can
+        inflate to a parse of seconds, which must not stall the event loop."""
+        try:
+            timeout_us = await self._judged(body, headers)
+        except BodyError:
+            client.refused = True
+            raise
+        client.arrived = True
+        self.arrived()
+        return timeout_us
+
+    async def _judged(self, body: bytes, headers: list[tuple[str, str]]) -> int | None:
         encoding = _header(headers, "Content-Encoding")
-        decoded = decoded_body(body, encoding, self.config.max_request_bytes)
-        if decoded is None:  # an encoding the gateway does not decode: the replica judges
-            return None
-        return check_held_request(decoded, _header(headers, HEADER_LENGTH)).timeout_us
+        args = (
+            body,
+            encoding,
+            _header(headers, HEADER_LENGTH),
+            self.config.max_request_bytes,
+            self.config.max_json_values,
+        )
+        if not encoding and len(body) <= OFFLOAD_BYTES:
+            return judge_held_request(*args)
+        return await self.offload.run(judge_held_request, *args)
 
     # -- the hold's book-keeping (HTTP and gRPC alike) ------------------------------------------
+
+    def arrived(self) -> None:
+        """One more infer request the operator's forecast learns from (``arrivals``)."""
+        self.arrivals += 1
+        if self.arrival_watchers:
+            self.held_changes.notify()
 
     def hold_begin(self, model: str, size: int, now: float, deadline: float) -> Held:
         """Count one more held request (admitted by :func:`admit`): demand the operator sees."""
@@ -937,12 +975,12 @@ class Gateway:
         started = self.loop.time()
         model = request.match_info["model"]
         held = False
+        client = ClientWatch()
         try:
             body = await self._read(request)
         except BodyError as exc:
             response = body_error(exc)
         else:
-            client = ClientWatch()
             request[ON_CLIENT_GONE] = client.client_gone
             transport = request.transport
             if transport is None or transport.is_closing():  # gone before the hook was set
@@ -956,8 +994,11 @@ class Gateway:
                 hold=True,
                 client=client,
             )
+        if not client.arrived and servable(response.status):  # answered by a replica
+            self.arrived()
+        cache = "none" if client.refused else "cold" if held else "hot"
         self.metrics.answered(
-            self._model_label(model), response.status, held, self.loop.time() - started
+            self._model_label(model), response.status, cache, self.loop.time() - started
         )
         request[COUNTED] = True  # (a crash before this point is counted by the middleware)
         return response
@@ -969,7 +1010,8 @@ class Gateway:
         )
 
     async def proxy_metadata(self, request: web.Request) -> web.Response:
-        """Model metadata and config: from a replica that has (or is getting) the model."""
+        """Model metadata, config and statistics: from a replica that has (or is getting) the
+        model (statistics are that replica's own)."""
         model = request.match_info["model"]
         response, _ = await self.dispatch(model, "GET", request.raw_path, b"", [], hold=False)
         return response
@@ -999,11 +1041,7 @@ class Gateway:
 
     async def server_metadata(self, request: web.Request) -> web.Response:
         return web.json_response(
-            {
-                "name": "tidal-gateway",
-                "version": __version__,
-                "extensions": ["binary_tensor_data", "model_repository"],
-            }
+            {"name": SERVER_NAME, "version": __version__, "extensions": list(EXTENSIONS)}
         )
 
     async def metrics_handler(self, request: web.Request) -> web.Response:
@@ -1015,7 +1053,7 @@ class Gateway:
     async def repository_index(self, request: web.Request) -> web.Response:
         """Every model of the fleet: READY when hot on a healthy replica, LOADING, UNAVAILABLE."""
         raw = await self._read(request)
-        body = parse_json(raw, "the body") if raw else {}
+        body = parse_json(raw, "the body", CONTROL_JSON_VALUES, CONTROL_LIMIT) if raw else {}
         if not isinstance(body, dict):
             raise BodyError(400, "the body must be a JSON object")
         unknown = sorted(set(body) - {"ready"})
@@ -1102,6 +1140,7 @@ class Gateway:
 
     async def put_replicas(self, request: web.Request) -> web.Response:
         raw = await self._read(request)
+        check_json_values(raw, "the replica list", CONTROL_JSON_VALUES, CONTROL_LIMIT)
         try:
             update = ReplicaList.model_validate_json(raw)
         except ValidationError as exc:
@@ -1120,6 +1159,12 @@ GATEWAY = web.AppKey("tidal_gateway", Gateway)
 
 def _header(headers: list[tuple[str, str]], name: str) -> str | None:
     return next((value for key, value in headers if key == name), None)
+
+
+def servable(status: int) -> bool:
+    """An answer to a request that was an arrival: served, or failed or refused for the
+    server's sake (5xx, 429), not a client's mistake (400, 404, 413, …)."""
+    return status < 400 or status >= 500 or status == 429
 
 
 def forwarded_headers(request: web.BaseRequest) -> list[tuple[str, str]]:

@@ -25,6 +25,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from tidal.common.body import DEFAULT_MAX_JSON_VALUES
 from tidal.common.contract import DEFAULT_ENGINE_CACHE_BUDGET_BYTES, ENV_RUNTIME_CONFIG_JSON
 
 from .core.cache import POLICIES
@@ -248,6 +249,12 @@ class RuntimeConfig(_Model):
     max_request_bytes: ByteSize = Field(default=64 * 2**20, gt=0)
     request_read_timeout_seconds: float = Field(
         default=30.0, gt=0, le=3600, description="longest wait for a request body (then 408)"
+    )
+    max_json_values: int = Field(
+        default=DEFAULT_MAX_JSON_VALUES,
+        gt=0,
+        description="values in an infer request's JSON header (every number, string, list, "
+        "object counts one); more: 413 before it is parsed",
     )
     header_read_timeout_seconds: float = Field(
         default=30.0,

@@ -33,7 +33,7 @@ import numpy as np
 from tidal.common import body as common_body
 from tidal.common.body import BodyError
 
-from .errors import InvalidInput, InvalidRequest
+from .errors import InvalidInput, InvalidRequest, PayloadTooLarge
 
 try:  # bfloat16 for numpy; a dependency of onnx, optional here
     import ml_dtypes
@@ -95,11 +95,16 @@ class InferRequest:
     timeout_us: int | None = None  # parameters.timeout (Triton: microseconds; 0 = none)
 
 
-def parse_json(raw: bytes, what: str) -> Any:
-    """``json.loads`` whose every failure is a client error (400), nesting depth included."""
+def parse_json(
+    raw: bytes, what: str, max_values: int | None = None, limit_name: str = "maxJsonValues"
+) -> Any:
+    """``json.loads`` whose every failure is a client error (400), nesting depth included;
+    more than ``max_values`` values is a 413 before parsing."""
     try:
-        return common_body.parse_json(raw, what)
+        return common_body.parse_json(raw, what, max_values, limit_name)
     except BodyError as error:
+        if error.status == 413:
+            raise PayloadTooLarge(error.message) from None
         raise InvalidRequest(error.message) from None
 
 
@@ -292,8 +297,11 @@ def _decode_tensor(
     return name, array.astype(dtype, copy=False).reshape(shape), offset + size
 
 
-def decode_request(body: bytes, header_length: int | None) -> InferRequest:
-    """Decode an infer request body (``header_length`` from Inference-Header-Content-Length)."""
+def decode_request(
+    body: bytes, header_length: int | None, max_values: int = common_body.DEFAULT_MAX_JSON_VALUES
+) -> InferRequest:
+    """Decode an infer request body (``header_length`` from Inference-Header-Content-Length);
+    a JSON header of more than ``max_values`` values is a 413 before it is parsed."""
     if header_length is not None:
         if header_length < 0 or header_length > len(body):
             raise InvalidRequest(
@@ -302,7 +310,7 @@ def decode_request(body: bytes, header_length: int | None) -> InferRequest:
         header_bytes, binary = body[:header_length], memoryview(body)[header_length:]
     else:
         header_bytes, binary = body, memoryview(b"")
-    header = _as_dict(parse_json(header_bytes, "the request header"), "the request")
+    header = _as_dict(parse_json(header_bytes, "the request header", max_values), "the request")
     raw_inputs = header.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise InvalidRequest("'inputs' must be a non-empty list of tensors")

@@ -31,8 +31,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tidal.common import http as common_http
 from tidal.common.backoff import Backoff, Retry
+from tidal.common.body import CONTROL_JSON_VALUES, CONTROL_LIMIT, OFFLOAD_BYTES
 from tidal.common.contract import ENV_POD_NAME
 from tidal.common.http import BodyError, JsonErrorRunner, declared_too_large, quiet_logger
+from tidal.common.offload import Offload
 
 from . import __version__
 from .backends import Backend, TensorSpec, make_backend
@@ -59,6 +61,7 @@ from .metrics import RuntimeMetrics
 from .protocol import (
     DATATYPES,
     HEADER_LENGTH,
+    InferRequest,
     decode_request,
     encode_response,
     parse_json,
@@ -139,6 +142,7 @@ _BODY_ERRORS: dict[int, type[ServingError]] = {
     400: InvalidRequest,
     408: RequestTimeout,
     413: PayloadTooLarge,
+    503: Unavailable,  # the parser process died (tidal.common.offload)
     ClientDisconnected.status: ClientDisconnected,
 }
 
@@ -316,6 +320,9 @@ class RuntimeServer:
         self._startup_task: asyncio.Task[None] | None = None
         self._random = random.Random(config.faults.seed)
         self.replica_name = os.environ.get(ENV_POD_NAME) or None  # else the listening host:port
+        # JSON headers above OFFLOAD_BYTES are decoded in a worker process, one at a time:
+        # a parse of seconds never stalls health, readiness or other models' requests.
+        self.offload = Offload(workers=1)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -446,6 +453,7 @@ class RuntimeServer:
         for batcher in self.batchers.values():
             await batcher.stop()
         self.cache.close()
+        self.offload.close()
 
     # -- health and metadata ------------------------------------------------------------------
 
@@ -623,7 +631,7 @@ class RuntimeServer:
         raw = await read_body(request, self.config.max_request_bytes, self.body_read_timeout_s)
         if not raw:
             return {}
-        body = parse_json(raw, "the body")
+        body = parse_json(raw, "the body", CONTROL_JSON_VALUES, CONTROL_LIMIT)
         if not isinstance(body, dict):
             raise InvalidRequest("the body must be a JSON object")
         unknown = sorted(set(body) - allowed) if allowed is not None else []
@@ -732,6 +740,18 @@ class RuntimeServer:
             accounting.code = response.status
             return response
 
+    async def _decode(self, body: bytes, header_length: int | None) -> InferRequest:
+        """The request decoded: in place when its JSON is small, else in the worker process
+        (``json.loads`` of megabytes holds the interpreter for seconds)."""
+        json_bytes = len(body) if header_length is None else header_length
+        max_values = self.config.max_json_values
+        if json_bytes <= OFFLOAD_BYTES:
+            return decode_request(body, header_length, max_values)
+        try:
+            return await self.offload.run(decode_request, body, header_length, max_values)
+        except BodyError as error:  # the worker died
+            raise as_body_error(error) from None
+
     async def _infer(self, name: str, request: web.Request) -> tuple[web.Response, bool]:
         refused = declared_too_large(request, self.config.max_request_bytes)
         if refused is not None:
@@ -745,7 +765,7 @@ class RuntimeServer:
             header_length = int(header) if header is not None else None
         except ValueError:
             raise InvalidRequest(f"{HEADER_LENGTH} must be an integer") from None
-        decoded = decode_request(body, header_length)
+        decoded = await self._decode(body, header_length)
         faults = self.config.faults
         if faults.error_rate and self._random.random() < faults.error_rate:
             raise InjectedFault("injected fault (faults.errorRate)")

@@ -12,6 +12,10 @@ it costs is paid by held requests alone: the forwarded hot path never comes here
 * :func:`decoded_body`: a ``gzip``/``deflate`` body is judged as the replica will read it,
   decompressed within ``maxRequestBytes`` (a bomb is a 413, a broken stream a 400); an encoding
   the gateway cannot decode (``br``, ``zstd``, several) is held unjudged: the replica decides.
+* :func:`judge_held_request`: both, as one call a worker process can make
+  (:class:`tidal.common.offload.Offload`): a large or compressed body is judged there, so that
+  its parse never stalls the gateway's event loop; a JSON header of more than ``maxJsonValues``
+  values is a 413 before it is parsed (64 KB of gzip can inflate to 22 million empty lists).
 * :func:`hold_seconds`: ``holdTimeoutSeconds`` or the request's own ``timeout`` (µs) when
   smaller, for any integer a client may send.
 * :func:`admit`: at most ``maxHeldRequests`` requests and ``maxHeldBytes`` body bytes held.
@@ -28,7 +32,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from tidal.common.body import BodyError, parse_json
+from tidal.common.body import DEFAULT_MAX_JSON_VALUES, BodyError, parse_json
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 MAX_RETRY_AFTER_S = 30  # a client told more would rather give up; a wake rarely takes longer
@@ -41,8 +45,11 @@ class HeldRequest:
     timeout_us: int | None
 
 
-def check_held_request(body: bytes, header_length: str | None) -> HeldRequest:
-    """The request's hold parameters, or :class:`BodyError` 400 saying what no model accepts."""
+def check_held_request(
+    body: bytes, header_length: str | None, max_values: int = DEFAULT_MAX_JSON_VALUES
+) -> HeldRequest:
+    """The request's hold parameters, or :class:`BodyError` 400 saying what no model accepts
+    (413 for a JSON header of more than ``max_values`` values)."""
     if not body:
         raise BodyError(400, "the request body is empty; an infer request is a JSON object")
     header = body
@@ -54,7 +61,7 @@ def check_held_request(body: bytes, header_length: str | None) -> HeldRequest:
         if not 0 < length <= len(body):
             raise BodyError(400, f"{HEADER_LENGTH} is {length} but the body has {len(body)} bytes")
         header = body[:length]
-    request = parse_json(header, "the request header")
+    request = parse_json(header, "the request header", max_values)
     if not isinstance(request, dict):
         raise BodyError(400, "the request must be a JSON object")
     inputs = request.get("inputs")
@@ -102,6 +109,22 @@ def decoded_body(body: bytes, encoding: str | None, max_bytes: int) -> bytes | N
             raise BodyError(400, f"malformed request body: the {name} stream is cut short")
         return data
     return None  # (unreachable: the last mode returns or raises)
+
+
+def judge_held_request(
+    body: bytes,
+    encoding: str | None,
+    header_length: str | None,
+    max_bytes: int,
+    max_values: int = DEFAULT_MAX_JSON_VALUES,
+) -> int | None:
+    """The request's own timeout (µs) or None, or :class:`BodyError` for what no model
+    serves: :func:`decoded_body` then :func:`check_held_request` (nothing to judge when the
+    gateway cannot decode the body: the replica judges)."""
+    decoded = decoded_body(body, encoding, max_bytes)
+    if decoded is None:
+        return None
+    return check_held_request(decoded, header_length, max_values).timeout_us
 
 
 def hold_seconds(hold_timeout_s: float, timeout_us: int | None) -> float:

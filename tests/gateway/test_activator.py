@@ -172,7 +172,7 @@ def test_a_request_no_model_could_serve_is_refused_at_once_and_wakes_nothing(
     gateway, caplog
 ) -> None:
     caplog.set_level("INFO")
-    gw = gateway([], activator=True, models=["m0"], holdTimeoutSeconds=120)
+    gw = gateway([], activator=True, models=["m0"], holdTimeoutSeconds=120, maxJsonValues=2500)
     header = b'{"inputs": [{"name": "input", "datatype": "FP32", "shape": [1], "data": [1]}]}'
     cases = {
         "empty body": (b"", {}),
@@ -186,20 +186,29 @@ def test_a_request_no_model_could_serve_is_refused_at_once_and_wakes_nothing(
         "timeout not an integer": (b'{"inputs": [{}], "parameters": {"timeout": "1"}}', {}),
         "gzip cut short": (gzip.compress(INFER_BODY)[:30], {"Content-Encoding": "gzip"}),
         "gzip of bad JSON": (gzip.compress(b"{"), {"Content-Encoding": "gzip"}),
+        "more values than maxJsonValues": (
+            b'{"inputs": [{"data": [%s]}]}' % b",".join([b"0"] * 2500),
+            {},
+        ),
     }
     for case, (body, headers) in cases.items():
         started = time.monotonic()
         status, _, answer = http("POST", f"{gw.url}/v2/models/m0/infer", body, headers)
         took = time.monotonic() - started
-        assert status == 400, (case, status, answer)
+        assert status == (413 if "maxJsonValues" in case else 400), (case, status, answer)
         assert took < 30, f"{case}: answered after {took:.1f} s (held, not refused)"
     # None of them was held: no hold began, nothing was counted as demand.
     assert _outcomes(gw) == dict.fromkeys(_outcomes(gw), 0.0), _outcomes(gw)
     assert gw.metric("tidal_gateway_load_wait_seconds_count") == 0
     assert _held(gw) == 0
-    assert gw.metric("tidal_gateway_requests_total", model="m0", code="400", cache="hot") == len(
-        cases
-    )
+    # Refused before the hold: counted as neither hot nor cold, and not an arrival (the
+    # operator's forecast learns from arrivals).
+    refused = gw.metric("tidal_gateway_requests_total", model="m0", code="400", cache="none")
+    refused += gw.metric("tidal_gateway_requests_total", model="m0", code="413", cache="none")
+    assert refused == len(cases), http("GET", f"{gw.url}/metrics")[2]
+    assert gw.metric("tidal_gateway_requests_total", model="m0", code="400", cache="hot") == 0
+    _, _, held = http("GET", f"{gw.url}/v2/tidal/held")
+    assert held["arrivals"] == 0, held
     loud = [r for r in caplog.records if r.levelno >= 40 or r.exc_info]
     assert not loud, [(r.levelname, r.getMessage()) for r in loud[:3]]
 
@@ -300,3 +309,35 @@ def test_held_bytes_are_bounded_and_a_refusal_says_when_to_come_back(gateway) ->
     assert status == 503 and "larger than maxHeldBytes" in answer["error"], (status, answer)
     assert int(headers["Retry-After"]) >= 1, headers
     assert all(r is None for r in results), "a held request was answered while still held"
+
+
+def test_only_servable_requests_are_arrivals_and_statistics_come_from_a_replica(
+    gateway, runtimes, runtime_config
+) -> None:
+    """What a replica refuses as the client's mistake (bad JSON, a wrong shape, an unknown
+    model) is no demand for the forecast; what it serves is. The statistics endpoint is
+    routed to a replica that has the model, like its metadata."""
+    (a,) = runtimes(("rt-a", runtime_config(preload=("m0",), models=("m0",))))
+    gw = gateway([a], activator=True, models=["m0"])
+    wait_for(lambda: gw.hot_on("m0") == ["rt-a"], what="m0 hot on rt-a")
+
+    def arrivals() -> int:
+        status, _, body = http("GET", f"{gw.url}/v2/tidal/held")
+        assert status == 200, body
+        return int(body["arrivals"])
+
+    before = arrivals()
+    wrong_shape = json.dumps(
+        {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 3], "data": [1, 2, 3]}]}
+    ).encode()
+    for body, want in ((b'{"inputs": [', 400), (wrong_shape, 400), (None, 200)):
+        status, _, answer = gw.infer("m0", body)
+        assert status == want, (body, status, answer)
+    status, _, answer = gw.infer("nope")
+    assert status == 404, answer
+    assert arrivals() == before + 1, "only the served request is an arrival"
+    for path in ("/v2/models/m0/stats", "/v2/models/m0/versions/1/stats"):
+        status, _, stats = http("GET", gw.url + path)
+        assert status == 200, (path, status, stats)
+        (entry,) = stats["model_stats"]
+        assert entry["name"] == "m0" and entry["inference_count"] >= 1, (path, stats)

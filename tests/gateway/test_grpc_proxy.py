@@ -168,3 +168,20 @@ def test_held_grpc_calls_are_bounded_and_expire_unavailable(gateway) -> None:
     with pytest.raises(grpc.RpcError) as caught:
         _raw_call(gw.grpc_port, "ModelInfer", b"\xff")
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value
+
+
+def test_grpc_server_metadata_names_the_gateway_not_a_replica(
+    runtimes, runtime_config, gateway
+) -> None:
+    (a,) = runtimes(("rt-a", runtime_config(preload=("m0",), models=("m0",))))
+    gw = gateway([a.ref], grpc=True, replicaGrpcPort=a.grpc_port)
+    wait_for(lambda: http("GET", f"{gw.url}/v2/health/ready")[0] == 200, what="gateway ready")
+    answer = pb.ServerMetadataResponse.FromString(_raw_call(gw.grpc_port, "ServerMetadata", b""))
+    _, _, http_metadata = http("GET", f"{gw.url}/v2")
+    assert answer.name == "tidal-gateway", answer
+    assert (answer.version, list(answer.extensions)) == (
+        http_metadata["version"],
+        http_metadata["extensions"],
+    ), (answer, http_metadata)
+    direct = pb.ServerMetadataResponse.FromString(_raw_call(a.grpc_port, "ServerMetadata", b""))
+    assert direct.name == "tidal-runtime", direct  # what leaked through before
