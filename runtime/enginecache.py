@@ -14,7 +14,8 @@ evict comes from the pure :func:`~tidal.runtime.core.cache.plan_admission`; budg
 reservation happen without an ``await`` in between, so concurrent loads cannot overcommit.
 Engines with requests queued or running (``refs > 0``) are never evicted.  A failed load
 (missing file, checksum mismatch, incompatible or corrupt engine) releases its reservation and
-leaves the slot unloaded.
+leaves the slot unloaded.  At shutdown :meth:`EngineCache.cancel_loads` cancels the loads under
+way and their fetches (a stalled store must not hold the exit up); their waiters get 503.
 
 Fleet additions (the gateway and the operator's placement): a :class:`ChangeFeed` whose
 generation bumps on every change of a model's state, of the pins or of a load starting or ending,
