@@ -406,8 +406,7 @@ class RuntimeServer:
         if host:
             self.cache.tier = "host"
         # Partial downloads left by a runtime that died mid-fetch (this cache is the node's).
-        await asyncio.get_running_loop().run_in_executor(None, self.store.remove_stale_partials)
-        self.metrics.cache_bytes.labels("host").set(self.store.host_bytes())
+        await asyncio.get_running_loop().run_in_executor(None, self._sweep_node_cache)
         names = [m.name for m in self.config.models if m.preload]
         await asyncio.gather(*(self._preload_one(name, host) for name in names))
         self.preload_failures.clear()
@@ -417,6 +416,10 @@ class RuntimeServer:
         elapsed = self.clock.now() - self.started_at
         self.metrics.startup_seconds.set(elapsed)
         log.info("ready after %.2f s", elapsed)
+
+    def _sweep_node_cache(self) -> None:
+        self.store.remove_stale_partials()
+        self.metrics.cache_bytes.labels("host").set(self.store.host_bytes())
 
     async def _preload_one(self, name: str, host: bool) -> None:
         """Load (or, host-warm, stage) one preloaded model, retrying until it succeeds."""
@@ -429,7 +432,8 @@ class RuntimeServer:
                     await self.cache.ensure_loaded(name)
             except Exception as exc:
                 self.preload_failures[name] = _load_error(name, exc)
-                log.error("preloading %s failed (will retry): %s", name, exc)
+                if not self.cache.closing:  # else: cancelled by the shutdown, not a failure
+                    log.error("preloading %s failed (will retry): %s", name, exc)
                 self.cache.changes.bump()
                 await retry.wait()
             else:
