@@ -202,8 +202,12 @@ class EngineStore:
             paths = sorted(self.cache_dir.iterdir())
         except OSError:  # no cache yet
             return removed
+        with self._live_lock:
+            ours = set(self._partials)
         for path in paths:
-            if _in_progress(path.name):
+            # Our own fetches are skipped without opening their files: on NFS, where flock is
+            # emulated with POSIX locks, opening and closing one would release its lock.
+            if _in_progress(path.name) and path not in ours:
                 with contextlib.suppress(OSError):  # gone meanwhile, or not ours to remove
                     if _remove_if_unheld(path):
                         removed.append(path.name)
@@ -340,16 +344,19 @@ class EngineStore:
             fd, new = tempfile.mkstemp(dir=self.cache_dir, prefix=".tidal-", suffix=NEW)
             fcntl.flock(fd, fcntl.LOCK_EX)
             partial = Path(new[: -len(NEW)] + PARTIAL)
+            with self._live_lock:
+                self._partials.add(partial)  # ours before it bears the name
             Path(new).rename(partial)
         except OSError as exc:
             if fd >= 0:
                 os.close(fd)
+                with self._live_lock:
+                    self._partials.discard(Path(new[: -len(NEW)] + PARTIAL))
+                Path(new).unlink(missing_ok=True)
             raise EngineLoadError(
                 f"cannot write to the engine cache {self.cache_dir}: {exc} (it must be writable "
                 "by the runtime's user, uid 65532)"
             ) from None
-        with self._live_lock:
-            self._partials.add(partial)
         try:
             with os.fdopen(fd, "wb") as out, BackgroundDigest() as digest:
                 for chunk in chunks(uri):
