@@ -14,6 +14,8 @@ import logging
 import os
 import signal
 import sys
+import threading
+import time
 
 from tidal.common.contract import (
     ENV_GRPC_PORT,
@@ -133,7 +135,37 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:  # a port that cannot be bound
         print(f"tidal-runtime: {exc}", file=sys.stderr)
         return 2
+    exit_past_stuck_workers(0)
     return 0
+
+
+# Worker threads of the engine loads (tidal.runtime.enginecache) and of ranged S3 reads
+# (tidal.runtime.storage), and how long the exit waits for them once the server has stopped.
+WORKER_PREFIXES = ("tidal-load", "tidal-s3")
+WORKER_JOIN_SECONDS = 2.0
+
+
+def exit_past_stuck_workers(code: int) -> None:
+    """Exit now with ``code`` when a load's worker thread is still blocked after the shutdown.
+
+    The shutdown cancels fetches (tidal.runtime.storage), but a read blocked inside the S3
+    client (or a store that never sends its headers) only ends with its own timeouts, minutes
+    on a stalled store, and the interpreter would wait for that thread before exiting: past the
+    pod's grace period, into a SIGKILL. Nothing is left to save by then (the partial files were
+    removed by the cancel), so such threads are left behind."""
+    deadline = time.monotonic() + WORKER_JOIN_SECONDS
+    workers = [t for t in threading.enumerate() if t.name.startswith(WORKER_PREFIXES)]
+    for thread in workers:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    stuck = [t.name for t in workers if t.is_alive()]
+    if stuck:
+        logging.getLogger("tidal.runtime").warning(
+            "exiting past %d load worker(s) still blocked in a store: %s", len(stuck), stuck
+        )
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,8 @@ evict comes from the pure :func:`~tidal.runtime.core.cache.plan_admission`; budg
 reservation happen without an ``await`` in between, so concurrent loads cannot overcommit.
 Engines with requests queued or running (``refs > 0``) are never evicted.  A failed load
 (missing file, checksum mismatch, incompatible or corrupt engine) releases its reservation and
-leaves the slot unloaded.
+leaves the slot unloaded.  At shutdown :meth:`EngineCache.cancel_loads` cancels the loads under
+way and their fetches (a stalled store must not hold the exit up); their waiters get 503.
 
 Fleet additions (the gateway and the operator's placement): a :class:`ChangeFeed` whose
 generation bumps on every change of a model's state, of the pins or of a load starting or ending,
@@ -201,6 +202,7 @@ class EngineCache:
         # progress (None when there is none, or a promotion called it off).
         self.last_acquired = float("-inf")
         self._leaving: object | None = None
+        self.closing = False  # shutting down: loads under way cancelled, no new ones
         self._publish()
 
     def slot(self, name: str) -> Slot:
@@ -261,10 +263,23 @@ class EngineCache:
         slot = self.slot(name)
         if slot.state == READY:
             return
+        if self.closing:
+            raise Unavailable("the runtime is shutting down", retry_after=1)
         if slot.loading is None:
             slot.loading = asyncio.ensure_future(self._load(slot, on_demand))
             self.changes.bump()
-        await asyncio.shield(slot.loading)
+        loading = slot.loading
+        try:
+            await asyncio.shield(loading)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if loading.cancelled() and self.closing and not (task and task.cancelling()):
+                # The load was called off by the shutdown, not this waiter: a 503 to answer.
+                raise Unavailable(
+                    f"model {name!r}: its load was cancelled, the runtime is shutting down",
+                    retry_after=1,
+                ) from None
+            raise
 
     async def _phase(
         self, slot: Slot, phase: str | None, func: Any, *args: Any, observe: bool = True
@@ -650,6 +665,17 @@ class EngineCache:
         return sum(
             1 for n, s in self.slots.items() if s.loading is not None and n not in self._running
         )
+
+    def cancel_loads(self) -> None:
+        """Shutting down: cancel the fetches and loads under way and start none (those waiting
+        for them get 503), so that a stalled store cannot hold the exit up."""
+        self.closing = True
+        self.store.close()
+        for task in self._pin_tasks.values():
+            task.cancel()
+        for slot in self.slots.values():
+            if slot.loading is not None:
+                slot.loading.cancel()
 
     def close(self) -> None:
         self.changes.close()

@@ -316,7 +316,7 @@ class RuntimeServer:
         # Preloaded models not loaded yet: refused until they are (then served like any other,
         # even while another one still fails).
         self.preload_pending = {m.name for m in config.models if m.preload}
-        self._preload_retry = Retry(PRELOAD_BACKOFF)
+        self._preload_retries = {name: Retry(PRELOAD_BACKOFF) for name in self.preload_pending}
         self._startup_task: asyncio.Task[None] | None = None
         self._random = random.Random(config.faults.seed)
         self.replica_name = os.environ.get(ENV_POD_NAME) or None  # else the listening host:port
@@ -396,38 +396,26 @@ class RuntimeServer:
         if failure is not None:
             raise Unavailable(
                 f"model {name!r} failed to load: {failure} (retrying)",
-                retry_after=max(1, round(self._preload_retry.delay)),
+                retry_after=max(1, round(self._preload_retries[name].delay)),
             )
 
     async def _preload(self) -> None:
         """Load and warm every ``preload`` model, retrying failures, then turn ready.
 
-        The models that loaded are served meanwhile (:meth:`check_servable`).
+        The models load side by side, as many at once as the load slots allow
+        (``maxConcurrentLoads``; the load queue is first come, first served, in the order of
+        ``models``), so that one whose store is slow or stalled keeps only its own slot, not the
+        models listed after it; each is served as soon as it has loaded
+        (:meth:`check_servable`) and retried with its own back-off when it fails.
         Started host-warm (``TIDAL_START_TIER=host``): fetch and verify them only, and turn
         ready as a host-warm standby (requests refused until ``PUT /v2/tidal/tier``)."""
-        pending = [m.name for m in self.config.models if m.preload]
         host = os.environ.get("TIDAL_START_TIER", "device") == "host"
         if host:
             self.cache.tier = "host"
-        while pending:
-            failed = []
-            for name in pending:
-                try:
-                    if host:
-                        await self.cache.stage([name])
-                    else:
-                        await self.cache.ensure_loaded(name)
-                except Exception as exc:
-                    self.preload_failures[name] = _load_error(name, exc)
-                    log.error("preloading %s failed (will retry): %s", name, exc)
-                    failed.append(name)
-                else:
-                    self.preload_failures.pop(name, None)
-                    self.preload_pending.discard(name)
-            pending = failed
-            if pending:
-                self.cache.changes.bump()
-                await self._preload_retry.wait()
+        # Partial downloads left by a runtime that died mid-fetch (this cache is the node's).
+        await asyncio.get_running_loop().run_in_executor(None, self._sweep_node_cache)
+        names = [m.name for m in self.config.models if m.preload]
+        await asyncio.gather(*(self._preload_one(name, host) for name in names))
         self.preload_failures.clear()
         self.preload_pending.clear()
         self.ready = True
@@ -436,15 +424,41 @@ class RuntimeServer:
         self.metrics.startup_seconds.set(elapsed)
         log.info("ready after %.2f s", elapsed)
 
+    def _sweep_node_cache(self) -> None:
+        self.store.remove_stale_partials()
+        self.metrics.cache_bytes.labels("host").set(self.store.host_bytes())
+
+    async def _preload_one(self, name: str, host: bool) -> None:
+        """Load (or, host-warm, stage) one preloaded model, retrying until it succeeds."""
+        retry = self._preload_retries[name]
+        while True:
+            try:
+                if host:
+                    await self.cache.stage([name])
+                else:
+                    await self.cache.ensure_loaded(name)
+            except Exception as exc:
+                self.preload_failures[name] = _load_error(name, exc)
+                if not self.cache.closing:  # else: cancelled by the shutdown, not a failure
+                    log.error("preloading %s failed (will retry): %s", name, exc)
+                self.cache.changes.bump()
+                await retry.wait()
+            else:
+                self.preload_failures.pop(name, None)
+                self.preload_pending.discard(name)
+                return
+
     def start_draining(self) -> None:
         """Not ready from now on (SIGTERM); requests are still served."""
         self.draining = True
         self.cache.changes.bump()
 
     async def _on_shutdown(self, app: web.Application) -> None:
-        # Before aiohttp waits for running handlers: answer the long-polls now.
+        # Before aiohttp waits for running handlers: answer the long-polls now, and cancel the
+        # fetches and loads under way (a stalled store would hold the exit up for minutes).
         self.cache.changes.close()
         self.arrivals.close()
+        self.cache.cancel_loads()
 
     async def _on_cleanup(self, app: web.Application) -> None:
         self.ready = False

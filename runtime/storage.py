@@ -7,6 +7,14 @@ backoff are its own, and an object larger than one part is read as ranged GETs, 
 ``S3Spec.concurrency`` at once, written and hashed in order so that memory stays bounded by
 twice the window).  Blocking; called from worker threads.
 
+A download is written to a ``*.partial`` file that its fetch holds an exclusive ``flock`` on
+until it is renamed into place: a partial nobody holds was left by a runtime that died mid-fetch
+(the kernel drops the lock with the process), so :meth:`EngineStore.remove_stale_partials`
+removes it, at start and before each download, while the partials of another runtime sharing
+the node cache stay; partials never count as cached bytes.  :meth:`EngineStore.close` (the
+shutdown) cancels the fetches under way: each stops at its next chunk, an HTTP read blocked on
+a stalled store is woken by shutting its socket down, and their partials are removed at once.
+
 A download's sha256 is computed on a thread of its own (:class:`BackgroundDigest`) while the
 bytes are received and written: hashlib, file writes and obstore's reads all release the GIL, so
 verification overlaps the transfer instead of adding to it (hashing alone runs at about 2 GB/s
@@ -17,11 +25,17 @@ client concatenates the network's small reads into each one.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
+import http.client
+import logging
 import os
 import queue
+import socket
 import tempfile
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -40,10 +54,17 @@ if TYPE_CHECKING:
     from obstore.store import ClientConfig, RetryConfig, S3Config
 
 CHUNK = 1 << 20
+PARTIAL = ".partial"  # a download under way (or left by a runtime that died)
+NEW = ".new"  # a partial not locked yet: a moment's name, then PARTIAL
+# A NEW file nobody holds, older than this, was left by a runtime killed between creating and
+# locking it (it is empty).
+NEW_STALE_SECONDS = 60.0
 # Chunks the hasher may lag behind the writer (memory: about HASH_LAG x CHUNK).
 HASH_LAG = 32
 Chunk = bytes | memoryview  # a part of an object, as the hash and the file take it
 T = TypeVar("T")
+
+log = logging.getLogger("tidal.runtime.storage")
 
 
 def sha256_file(path: Path) -> str:
@@ -125,23 +146,24 @@ def in_order(
     (at most ``2 * workers`` parts are held: the window of requests and what waits behind the
     first)."""
     window = 2 * workers
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tidal-s3") as pool:
-        pending: deque[Future[T]] = deque()
-        queued = iter(ranges)
-        try:
-            for start, end in queued:
-                pending.append(pool.submit(fetch, start, end))
-                if len(pending) >= window:
-                    break
-            while pending:
-                data = pending.popleft().result()
-                nxt = next(queued, None)
-                if nxt is not None:
-                    pending.append(pool.submit(fetch, *nxt))
-                yield data
-        finally:
-            for future in pending:
-                future.cancel()
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tidal-s3")
+    pending: deque[Future[T]] = deque()
+    queued = iter(ranges)
+    try:
+        for start, end in queued:
+            pending.append(pool.submit(fetch, start, end))
+            if len(pending) >= window:
+                break
+        while pending:
+            data = pending.popleft().result()
+            nxt = next(queued, None)
+            if nxt is not None:
+                pending.append(pool.submit(fetch, *nxt))
+            yield data
+    finally:
+        # Not waiting for the parts still being read: after a failure or a cancelled fetch,
+        # one stalled in the store must not hold the fetch (or the shutdown) up.
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 class EngineStore:
@@ -154,9 +176,63 @@ class EngineStore:
         self.s3 = s3 or S3Spec()
         self._s3_stores: dict[str, Any] = {}
         self._s3_lock = threading.Lock()
+        # The fetches under way: their partial files and their HTTP sockets (close() cancels).
+        self._closed = threading.Event()
+        self._live_lock = threading.Lock()
+        self._partials: set[Path] = set()
+        self._sockets: set[socket.socket] = set()
 
     def host_bytes(self) -> int:
-        return sum(p.stat().st_size for p in self.cache_dir.glob("*") if p.is_file())
+        """Bytes of the finished engine files in the cache (downloads under way not counted)."""
+        total = 0
+        for path in self.cache_dir.glob("*"):
+            if _in_progress(path.name):
+                continue
+            with contextlib.suppress(OSError):  # removed meanwhile
+                if path.is_file():
+                    total += path.stat().st_size
+        return total
+
+    def remove_stale_partials(self) -> list[str]:
+        """Remove the partial downloads that no live fetch holds (left in the cache by a runtime
+        that died mid-fetch); returns their names. Those of another runtime sharing this cache
+        are held (locked) by their fetch and stay."""
+        removed: list[str] = []
+        try:
+            paths = sorted(self.cache_dir.iterdir())
+        except OSError:  # no cache yet
+            return removed
+        with self._live_lock:
+            ours = set(self._partials)
+        for path in paths:
+            # Our own fetches are skipped without opening their files: on NFS, where flock is
+            # emulated with POSIX locks, opening and closing one would release its lock.
+            if _in_progress(path.name) and path not in ours:
+                with contextlib.suppress(OSError):  # gone meanwhile, or not ours to remove
+                    if _remove_if_unheld(path):
+                        removed.append(path.name)
+        if removed:
+            log.info("removed %d partial download(s) no runtime owns: %s", len(removed), removed)
+        return removed
+
+    def close(self) -> None:
+        """Cancel the fetches under way (the runtime is shutting down): each stops at its next
+        chunk, an HTTP read blocked on a stalled store is woken now, and their partial files are
+        removed now. A read blocked inside the S3 client ends with its own timeouts, or with the
+        process."""
+        self._closed.set()
+        with self._live_lock:
+            sockets, partials = list(self._sockets), list(self._partials)
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        for partial in partials:
+            with contextlib.suppress(OSError):
+                partial.unlink(missing_ok=True)
+
+    def _check_open(self, uri: str) -> None:
+        if self._closed.is_set():
+            raise EngineLoadError(f"fetch of engine {uri} cancelled: the runtime is shutting down")
 
     def fetch(self, uri: str, sha256: str | None) -> Path:
         path = local_path(uri)
@@ -180,14 +256,42 @@ class EngineStore:
 
     # -- sources: each yields the object's bytes in order, raising EngineLoadError ------------
 
-    @staticmethod
-    def _http_chunks(uri: str) -> Iterator[Chunk]:
+    def _http_chunks(self, uri: str) -> Iterator[Chunk]:
         try:
             with urllib.request.urlopen(uri, timeout=60) as response:
-                while chunk := response.read(CHUNK):
-                    yield chunk
-        except (urllib.error.URLError, OSError) as exc:
+                sock = _socket_of(response)
+                self._watch(sock, True)
+                expected, received = response.length, 0
+                try:
+                    while chunk := response.read(CHUNK):
+                        received += len(chunk)
+                        yield chunk
+                finally:
+                    self._watch(sock, False)
+                self._check_open(uri)
+                if expected is not None and received < expected:
+                    # http.client ends a body cut short without an error: the bytes would be
+                    # taken for the engine (and, without a sha256, loaded).
+                    raise EngineLoadError(
+                        f"cannot download engine {uri}: the connection ended after {received} "
+                        f"of {expected} bytes"
+                    )
+        except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
+            self._check_open(uri)  # a socket shut down by close(): say so, not "reset"
             raise EngineLoadError(f"cannot download engine {uri}: {exc}") from None
+
+    def _watch(self, sock: socket.socket | None, live: bool) -> None:
+        """Track the socket of an HTTP fetch, so that close() can wake a blocked read."""
+        if sock is None:
+            return
+        with self._live_lock:
+            if live:
+                self._sockets.add(sock)
+            else:
+                self._sockets.discard(sock)
+        if live and self._closed.is_set():
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
     def _s3_store(self, bucket: str) -> Any:
         with self._s3_lock:
@@ -230,10 +334,25 @@ class EngineStore:
         target = self.cache_dir / f"{key[:16]}-{name}"
         if target.is_file() and sha256 is not None and sha256_file(target) == sha256:
             return target
+        self._check_open(uri)
+        fd = -1
         try:
             self.cache_dir.mkdir(parents=True, exist_ok=True)
-            fd, partial = tempfile.mkstemp(dir=self.cache_dir, suffix=".partial")
+            self.remove_stale_partials()
+            # Locked before it takes the partial name, so that no other runtime's sweep ever
+            # sees it unheld while it is alive; the lock goes with the process.
+            fd, new = tempfile.mkstemp(dir=self.cache_dir, prefix=".tidal-", suffix=NEW)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            partial = Path(new[: -len(NEW)] + PARTIAL)
+            with self._live_lock:
+                self._partials.add(partial)  # ours before it bears the name
+            Path(new).rename(partial)
         except OSError as exc:
+            if fd >= 0:
+                os.close(fd)
+                with self._live_lock:
+                    self._partials.discard(Path(new[: -len(NEW)] + PARTIAL))
+                Path(new).unlink(missing_ok=True)
             raise EngineLoadError(
                 f"cannot write to the engine cache {self.cache_dir}: {exc} (it must be writable "
                 "by the runtime's user, uid 65532)"
@@ -241,20 +360,60 @@ class EngineStore:
         try:
             with os.fdopen(fd, "wb") as out, BackgroundDigest() as digest:
                 for chunk in chunks(uri):
+                    self._check_open(uri)
                     digest.update(chunk)
                     out.write(chunk)
                 actual = digest.hexdigest()
-            if sha256 is not None and actual != sha256:
-                raise EngineLoadError(
-                    f"engine download {uri} is corrupt or not the configured one: "
-                    f"sha256 {actual}, expected {sha256}"
-                )
-            Path(partial).replace(target)
+                if sha256 is not None and actual != sha256:
+                    raise EngineLoadError(
+                        f"engine download {uri} is corrupt or not the configured one: "
+                        f"sha256 {actual}, expected {sha256}"
+                    )
+                self._check_open(uri)
+                partial.replace(target)  # still locked: a sweep never takes it for stale
         except OSError as exc:
             raise EngineLoadError(f"cannot download engine {uri}: {exc}") from None
         finally:
-            Path(partial).unlink(missing_ok=True)
+            with self._live_lock:
+                self._partials.discard(partial)
+            partial.unlink(missing_ok=True)
         return target
+
+
+def _in_progress(name: str) -> bool:
+    """A download's file (under way, or left by a runtime that died), not a cached engine.
+
+    Cached engines are named ``<16 hex digits>-<name>``; downloads ``.tidal-*.partial`` (and
+    ``tmp*.partial`` before v0.5), so an engine whose own name ends in ``.partial`` is not one."""
+    if name.startswith(".tidal-"):
+        return name.endswith((PARTIAL, NEW))
+    return name.startswith("tmp") and name.endswith(PARTIAL)
+
+
+def _remove_if_unheld(path: Path) -> bool:
+    """Remove ``path``, a download's file, when no fetch holds its lock (its owner is dead)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # a live fetch, of this runtime or another one on the node
+        held = os.fstat(fd)
+        if path.name.endswith(NEW) and time.time() - held.st_mtime < NEW_STALE_SECONDS:
+            return False  # created a moment ago, about to be locked by its fetch
+        if path.stat().st_ino != held.st_ino:
+            return False  # renamed into place (or replaced) since it was opened
+        path.unlink()
+        return True
+    finally:
+        os.close(fd)
+
+
+def _socket_of(response: Any) -> socket.socket | None:
+    """The socket under a urllib response (http.client keeps it behind ``fp.raw._sock``; None
+    where it does not)."""
+    sock = getattr(getattr(getattr(response, "fp", None), "raw", None), "_sock", None)
+    return sock if isinstance(sock, socket.socket) else None
 
 
 def make_s3_store(spec: S3Spec, bucket: str, prefix: str | None = None) -> Any:
