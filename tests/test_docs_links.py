@@ -20,6 +20,9 @@ PAGES = [
     "charts/tidal/RUNBOOKS.md",
     "e2e/README.md",
     "bench/RESULTS.md",
+    "CONTRIBUTING.md",
+    "SECURITY.md",
+    "CHANGELOG.md",
 ]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```.*?^```", re.M | re.S)
