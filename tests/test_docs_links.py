@@ -23,6 +23,7 @@ PAGES = [
     "CONTRIBUTING.md",
     "SECURITY.md",
     "CHANGELOG.md",
+    "examples/README.md",
 ]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```.*?^```", re.M | re.S)
