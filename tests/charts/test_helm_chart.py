@@ -303,6 +303,14 @@ def test_notes_say_what_needs_prometheus_and_the_runtime_monitor(helm: Helm) -> 
     assert full.returncode == 0, full.stderr
     notes = full.stdout.split("NOTES:", 1)[-1]
     assert "prometheus.url is empty" not in notes and "No runtime PodMonitor" not in notes, notes
+    assert "runtimeMetrics.podMonitor.labels.release" in notes, notes  # installed, no labels
+    labelled = helm(
+        "install", "t", str(CHART), "--dry-run=client", "-n", "tidal-system",
+        "--set", "runtimeMetrics.podMonitor.enabled=true",
+        "--set", "runtimeMetrics.podMonitor.labels.release=kps",
+    )  # fmt: skip
+    assert labelled.returncode == 0, labelled.stderr
+    assert "without labels" not in labelled.stdout.split("NOTES:", 1)[-1], labelled.stdout
 
 
 def test_existing_service_account_is_used_when_not_created(helm: Helm) -> None:
