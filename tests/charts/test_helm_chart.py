@@ -288,29 +288,25 @@ def test_runtime_pod_monitor_is_on_by_default_where_the_cluster_serves_it(
     assert names == (["t-tidal-runtime"] if installed else []), f"{args}: PodMonitors {names}"
 
 
+def install_notes(helm: Helm, *sets: str) -> str:
+    """NOTES.txt as `helm install --dry-run=client` prints it, with these --set values."""
+    args = [arg for value in sets for arg in ("--set", value)]
+    result = helm("install", "t", str(CHART), "--dry-run=client", "-n", "tidal-system", *args)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.split("NOTES:", 1)[-1]
+
+
 def test_notes_say_what_needs_prometheus_and_the_runtime_monitor(helm: Helm) -> None:
-    bare = helm("install", "t", str(CHART), "--dry-run=client", "-n", "tidal-system")
-    assert bare.returncode == 0, bare.stderr
-    notes = bare.stdout.split("NOTES:", 1)[-1]
+    notes = install_notes(helm)
     assert "queue depth" in notes and "needs no Prometheus" in notes, notes
     assert "prometheus.url is empty" in notes and "No runtime PodMonitor" in notes, notes
     assert "ModelBuild" in notes, notes
-    full = helm(
-        "install", "t", str(CHART), "--dry-run=client", "-n", "tidal-system",
-        "--set", "runtimeMetrics.podMonitor.enabled=true",
-        "--set", "prometheus.url=http://prometheus:9090",
-    )  # fmt: skip
-    assert full.returncode == 0, full.stderr
-    notes = full.stdout.split("NOTES:", 1)[-1]
+    on = "runtimeMetrics.podMonitor.enabled=true"
+    notes = install_notes(helm, on, "prometheus.url=http://prometheus:9090")
     assert "prometheus.url is empty" not in notes and "No runtime PodMonitor" not in notes, notes
     assert "runtimeMetrics.podMonitor.labels.release" in notes, notes  # installed, no labels
-    labelled = helm(
-        "install", "t", str(CHART), "--dry-run=client", "-n", "tidal-system",
-        "--set", "runtimeMetrics.podMonitor.enabled=true",
-        "--set", "runtimeMetrics.podMonitor.labels.release=kps",
-    )  # fmt: skip
-    assert labelled.returncode == 0, labelled.stderr
-    assert "without labels" not in labelled.stdout.split("NOTES:", 1)[-1], labelled.stdout
+    notes = install_notes(helm, on, "runtimeMetrics.podMonitor.labels.release=kps")
+    assert "without labels" not in notes, notes
 
 
 def test_existing_service_account_is_used_when_not_created(helm: Helm) -> None:
