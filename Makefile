@@ -15,12 +15,26 @@ test: venv sandbox-binaries node-binaries images helm lint
 
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml e2e/sandbox/pyproject.toml
-	@echo "[make] creating $(VENV) and installing tidal with its dev dependencies"
+# The dependencies are the versions uv.lock pins (hash-checked), then tidal and the sandbox
+# without dependencies. After changing pyproject.toml's dependencies: make lock.
+$(VENV)/.installed: pyproject.toml e2e/sandbox/pyproject.toml uv.lock
+	@echo "[make] creating $(VENV) and installing tidal with its dev dependencies (uv.lock)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip uv
-	$(BIN)/uv pip install -q --python $(BIN)/python -e '.[dev]' -e ./e2e/sandbox
+	$(BIN)/uv export -q --frozen --no-emit-project --extra dev -o $(VENV)/requirements.txt
+	$(BIN)/uv pip install -q --python $(BIN)/python -r $(VENV)/requirements.txt
+	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps -e . -e ./e2e/sandbox
 	@touch $@
+
+# Re-resolve uv.lock from pyproject.toml and write the images' pinned requirements from it
+# (images/requirements/; tests/test_lock.py fails when either is stale).
+.PHONY: lock
+lock: venv
+	$(BIN)/uv lock
+	$(BIN)/uv export -q --frozen --no-emit-project --extra operator \
+	  -o images/requirements/operator.txt
+	$(BIN)/uv export -q --frozen --no-emit-project --extra runtime --extra gateway --extra builder \
+	  -o images/requirements/runtime-cpu.txt
 
 sandbox-binaries:
 	bash e2e/sandbox/build-binaries.sh

@@ -16,10 +16,12 @@ WORKDIR /src
 # gateway/ and common/ their import names; see pyproject.toml). The sandbox is not part of it.
 COPY pyproject.toml ./
 # The dependencies first, in a layer of their own: pyproject.toml's shared ones and the `operator`
-# extra only (no inference stack); a change to the code or the README rebuilds only the last step.
+# extra only (no inference stack), at the versions uv.lock pins, hash-checked
+# (images/requirements/operator.txt, exported by `make lock`); a change to the code or the README
+# rebuilds only the last step.
+COPY images/requirements/operator.txt /tmp/requirements.txt
 RUN python -m venv /opt/tidal \
- && python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print(*p['dependencies'], *[r for e in 'operator'.split(',') for r in p['optional-dependencies'][e]], sep='\n')" > /tmp/requirements.txt \
- && /opt/tidal/bin/pip install --no-cache-dir -r /tmp/requirements.txt
+ && /opt/tidal/bin/pip install --no-cache-dir --require-hashes -r /tmp/requirements.txt
 COPY README.md ./
 COPY tidal/ tidal/
 COPY operator/ operator/

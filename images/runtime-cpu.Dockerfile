@@ -19,11 +19,12 @@ WORKDIR /src
 COPY pyproject.toml ./
 # The dependencies first, in a layer of their own: pyproject.toml's shared ones and the `runtime`,
 # `gateway` and `builder` extras (no Kubernetes client; `builder` is onnx, for the ModelBuild Jobs
-# that run `python -m tidal.runtime.builder` in this image); a change to the code or the README
-# rebuilds only the last step.
+# that run `python -m tidal.runtime.builder` in this image), at the versions uv.lock pins,
+# hash-checked (images/requirements/runtime-cpu.txt, exported by `make lock`); a change to the
+# code or the README rebuilds only the last step.
+COPY images/requirements/runtime-cpu.txt /tmp/requirements.txt
 RUN python -m venv /opt/tidal \
- && python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print(*p['dependencies'], *[r for e in 'runtime,gateway,builder'.split(',') for r in p['optional-dependencies'][e]], sep='\n')" > /tmp/requirements.txt \
- && /opt/tidal/bin/pip install --no-cache-dir -r /tmp/requirements.txt
+ && /opt/tidal/bin/pip install --no-cache-dir --require-hashes -r /tmp/requirements.txt
 COPY README.md ./
 COPY tidal/ tidal/
 COPY operator/ operator/

@@ -11,7 +11,15 @@ CLI::
         [--layers N] [--seed N]
     python -m tidal.runtime.modelgen convnet OUT.onnx [--channels N] [--size N] [--classes N]
 
-prints ``<sha256>  <bytes>  <path>``.
+prints ``<sha256>  <bytes>  <path>``. The examples' models, every one they fetch::
+
+    python -m tidal.runtime.modelgen examples OUT_DIR [--examples DIR]
+    python -m tidal.runtime.modelgen upload --bucket B [--endpoint URL] [--prefix P]
+        [--region R] [--examples DIR]
+
+``examples`` writes them under ``OUT_DIR`` (for an HTTP store or a volume); ``upload`` makes
+them and puts them into an S3-compatible bucket with the runtime's S3 client, credentials from
+``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``; each prints ``<sha256>  <bytes>  <key>``.
 """
 
 from __future__ import annotations
@@ -19,12 +27,17 @@ from __future__ import annotations
 import argparse
 import hashlib
 import math
+import os
+import re
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
+import yaml
 from onnx import TensorProto, helper, numpy_helper
 
 OPSET = 17
@@ -244,6 +257,74 @@ def write_convnet(
     )
 
 
+# Where the examples fetch their engines: the in-cluster HTTP model store, or a bucket.
+EXAMPLE_STORE_ROOTS = re.compile(r"^(?:http://models\.tidal-system\.svc/|s3://[^/]+/)")
+
+
+def _uris(node: Any) -> list[str]:
+    if isinstance(node, dict):
+        found = [node["uri"]] if isinstance(node.get("uri"), str) else []
+        return found + [u for value in node.values() for u in _uris(value)]
+    if isinstance(node, list):
+        return [u for value in node for u in _uris(value)]
+    return []
+
+
+def example_model_names(examples: Path) -> list[str]:
+    """Every ONNX model the manifests under ``examples`` fetch from the model store, as a path
+    under the store's root (sorted, each once). TensorRT plans are not among them: they are
+    built for a GPU and a TensorRT version (runtime/BUILD.md), not generated."""
+    names: set[str] = set()
+    for path in sorted(examples.rglob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            for uri in _uris(doc):
+                root = EXAMPLE_STORE_ROOTS.match(uri)
+                if root and uri.endswith(".onnx"):
+                    names.add(uri[root.end() :])
+    return sorted(names)
+
+
+def write_example_models(examples: Path, out_dir: Path) -> list[tuple[str, ModelInfo]]:
+    """Each example's ONNX model under ``out_dir`` at its path in the store: an MLP of the
+    default shape (what the examples' traffic sends), a seed of its own per file."""
+    names = example_model_names(examples)
+    if not names:
+        raise ValueError(f"no manifest under {examples} fetches an .onnx model from a store")
+    return [(name, write_mlp(out_dir / name, seed=seed)) for seed, name in enumerate(names, 1)]
+
+
+def upload_example_models(
+    examples: Path,
+    bucket: str,
+    work_dir: Path,
+    endpoint: str | None = None,
+    prefix: str = "",
+    region: str = "us-east-1",
+) -> list[tuple[str, ModelInfo]]:
+    """Make every example's ONNX model in ``work_dir`` and put each into ``bucket`` at
+    ``prefix`` + its path, through the runtime's S3 client (what the pods read with).
+    Credentials: the standard AWS variables. Raises ``RuntimeError`` naming the object and
+    the store's answer."""
+    import obstore  # the modelgen extra has it; only an upload needs it
+
+    from .config import S3Spec
+    from .storage import make_s3_store, s3_reason
+
+    spec = S3Spec(endpoint=endpoint, region=region)
+    store = make_s3_store(spec, bucket, prefix.strip("/") or None)
+    made = write_example_models(examples, work_dir)
+    for name, info in made:
+        try:
+            obstore.put(store, name, info.path)
+        except Exception as exc:
+            where = endpoint or f"AWS S3 ({region})"
+            key = f"{prefix.strip('/')}/{name}".lstrip("/")
+            raise RuntimeError(
+                f"upload of s3://{bucket}/{key} to {where}: {s3_reason(exc)}"
+            ) from exc
+    return made
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tidal.runtime.modelgen")
     sub = parser.add_subparsers(dest="kind", required=True)
@@ -261,7 +342,20 @@ def main(argv: list[str] | None = None) -> int:
     conv.add_argument("--size", type=int, default=16)
     conv.add_argument("--classes", type=int, default=10)
     conv.add_argument("--seed", type=int, default=0)
+    ex = sub.add_parser("examples", help="every example's ONNX models, into a directory")
+    ex.add_argument("out")
+    ex.add_argument("--examples", default="examples", help="the manifests (default: examples)")
+    up = sub.add_parser(
+        "upload", help="every example's ONNX models, made and put into an S3-compatible bucket"
+    )
+    up.add_argument("--bucket", required=True)
+    up.add_argument("--endpoint", default=None, help="e.g. http://127.0.0.1:7070; none: AWS")
+    up.add_argument("--prefix", default="", help="keys under this prefix (default: the root)")
+    up.add_argument("--region", default=os.environ.get("AWS_REGION", "us-east-1"))
+    up.add_argument("--examples", default="examples", help="the manifests (default: examples)")
     args = parser.parse_args(argv)
+    if args.kind in ("examples", "upload"):
+        return _examples_command(parser, args)
     if args.kind == "mlp":
         hidden = args.hidden
         if args.bytes is not None:
@@ -270,6 +364,26 @@ def main(argv: list[str] | None = None) -> int:
     else:
         info = write_convnet(args.out, args.channels, args.size, args.classes, seed=args.seed)
     print(f"{info.sha256}  {info.size_bytes}  {info.path}")
+    return 0
+
+
+def _examples_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    examples = Path(args.examples)
+    if not examples.is_dir():
+        parser.error(f"--examples {examples}: no such directory (run from a checkout of tidal)")
+    try:
+        if args.kind == "examples":
+            made = write_example_models(examples, Path(args.out))
+        else:
+            with tempfile.TemporaryDirectory(prefix="tidal-models-") as work:
+                made = upload_example_models(
+                    examples, args.bucket, Path(work), args.endpoint, args.prefix, args.region
+                )
+    except (ValueError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    for name, info in made:
+        print(f"{info.sha256}  {info.size_bytes}  {name}")
     return 0
 
 

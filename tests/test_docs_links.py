@@ -20,6 +20,10 @@ PAGES = [
     "charts/tidal/RUNBOOKS.md",
     "e2e/README.md",
     "bench/RESULTS.md",
+    "CONTRIBUTING.md",
+    "SECURITY.md",
+    "CHANGELOG.md",
+    "examples/README.md",
 ]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```.*?^```", re.M | re.S)

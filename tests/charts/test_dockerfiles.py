@@ -125,11 +125,13 @@ def test_runtime_image_stands_on_tensorrt_and_skips_the_pypi_tensorrt() -> None:
 @pytest.mark.parametrize("name", ["operator", "runtime-cpu"])
 def test_cpu_images_install_no_gpu_stack(name: str) -> None:
     installs = pip_installs(DOCKERFILES[name])
-    # The dependencies from pyproject.toml (a cached layer), then the project without them.
+    # The locked dependencies, hash-checked (a cached layer), then the project without them.
     assert installs == [
-        "--no-cache-dir -r /tmp/requirements.txt",
+        "--no-cache-dir --require-hashes -r /tmp/requirements.txt",
         "--no-cache-dir --no-deps .",
     ], installs
+    copies = [a.split() for k, a in instructions(DOCKERFILES[name]) if k == "COPY"]
+    assert [f"images/requirements/{name}.txt", "/tmp/requirements.txt"] in copies, copies
     assert not any("[gpu]" in i or "cuda" in i for i in installs)
 
 

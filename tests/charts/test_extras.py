@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata as md
 import json
+import re
 import subprocess
 import sys
 import tomllib
@@ -136,8 +137,12 @@ def test_the_builder_runs_on_what_the_cpu_runtime_image_installs() -> None:
     )
     missing = imported - extra_closure(*extras)
     assert not missing, f"the builder imports what the CPU runtime image lacks: {sorted(missing)}"
+    # The image installs uv.lock's export of those extras (tests/test_lock.py keeps it so).
     dockerfile = (REPO / "images" / "runtime-cpu.Dockerfile").read_text()
-    assert "'runtime,gateway,builder'.split(',')" in dockerfile
+    assert "COPY images/requirements/runtime-cpu.txt /tmp/requirements.txt" in dockerfile
+    requirements = (REPO / "images" / "requirements" / "runtime-cpu.txt").read_text()
+    pinned = {canonicalize_name(n) for n in re.findall(r"^([A-Za-z0-9._-]+)==", requirements, re.M)}
+    assert not imported - pinned, f"the image's requirements lack {sorted(imported - pinned)}"
 
 
 def test_the_tensorrt_builder_runs_on_what_the_gpu_runtime_image_installs() -> None:

@@ -5,6 +5,7 @@ health check reads statuses the operator really writes."""
 from __future__ import annotations
 
 import json
+import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,20 @@ def test_operator_application_installs_the_chart_with_valid_values(
     }
     assert env["TIDAL_PROMETHEUS_URL"] == source["helm"]["valuesObject"]["prometheus"]["url"]
     assert {d["kind"] for d in docs} >= {"Deployment", "PodMonitor"}
+
+
+def test_applications_track_a_revision_that_exists() -> None:
+    # A tag that does not exist makes Argo CD fail to sync ("unable to resolve"): until a release
+    # is tagged, the examples track main.
+    tags = subprocess.run(
+        ["git", "-C", str(REPO), "tag", "--list"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    for name, app in applications().items():
+        revision = app["spec"]["source"]["targetRevision"]
+        assert revision == "main" or revision in tags, (
+            f"Application {name}: targetRevision {revision!r} is neither main nor a tag of "
+            f"this repository (tags: {tags})"
+        )
 
 
 def test_models_application_syncs_after_the_operator() -> None:

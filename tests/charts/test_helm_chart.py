@@ -50,6 +50,20 @@ def test_chart_crds_are_the_generated_crds() -> None:
     assert not mismatch and not errors, f"charts/tidal/crds/ differs from crds/: {mismatch}"
 
 
+def test_chart_yaml_lists_every_crd_it_ships() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    listed = {
+        c["name"]: c["kind"] for c in yaml.safe_load(chart["annotations"]["artifacthub.io/crds"])
+    }
+    shipped = {}
+    for path in (CHART / "crds").glob("*.yaml"):
+        crd = yaml.safe_load(path.read_text())
+        shipped[crd["metadata"]["name"]] = crd["spec"]["names"]["kind"]
+    assert listed == shipped, f"Chart.yaml's artifacthub.io/crds {listed} != crds/ {shipped}"
+    for kind in shipped.values():
+        assert kind in chart["description"], f"Chart.yaml's description names no {kind}"
+
+
 @pytest.mark.parametrize("values", [None, *CI_VALUES], ids=lambda v: v.name if v else "default")
 def test_helm_lint_strict_passes(helm: Helm, values: Any) -> None:
     args = ["lint", "--strict", str(CHART)] + (["--values", str(values)] if values else [])
@@ -250,6 +264,51 @@ def test_runtime_pod_monitor_follows_watched_namespaces(helm: Helm) -> None:
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["a", "b"]}
 
 
+PODMONITOR_API = "monitoring.coreos.com/v1/PodMonitor"
+
+
+@pytest.mark.parametrize(
+    ("enabled", "cluster_serves_podmonitor", "installed"),
+    [
+        (None, True, True),  # the default, auto, where the Prometheus Operator runs
+        (None, False, False),  # the default on a cluster without its CRDs: the install works
+        ("false", True, False),
+        ("true", False, True),
+    ],
+)
+def test_runtime_pod_monitor_is_on_by_default_where_the_cluster_serves_it(
+    helm: Helm, enabled: str | None, cluster_serves_podmonitor: bool, installed: bool
+) -> None:
+    # Without it Prometheus never sees the runtime's P99, errors or cold starts: no SLO breaches.
+    args = ["--set", f"runtimeMetrics.podMonitor.enabled={enabled}"] if enabled else []
+    if cluster_serves_podmonitor:
+        args += ["--api-versions", PODMONITOR_API]
+    docs = helm.template(*args)
+    names = [d["metadata"]["name"] for d in by_kind(docs, "PodMonitor")]
+    assert names == (["t-tidal-runtime"] if installed else []), f"{args}: PodMonitors {names}"
+
+
+def install_notes(helm: Helm, *sets: str) -> str:
+    """NOTES.txt as `helm install --dry-run=client` prints it, with these --set values."""
+    args = [arg for value in sets for arg in ("--set", value)]
+    result = helm("install", "t", str(CHART), "--dry-run=client", "-n", "tidal-system", *args)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.split("NOTES:", 1)[-1]
+
+
+def test_notes_say_what_needs_prometheus_and_the_runtime_monitor(helm: Helm) -> None:
+    notes = install_notes(helm)
+    assert "queue depth" in notes and "needs no Prometheus" in notes, notes
+    assert "prometheus.url is empty" in notes and "No runtime PodMonitor" in notes, notes
+    assert "ModelBuild" in notes, notes
+    on = "runtimeMetrics.podMonitor.enabled=true"
+    notes = install_notes(helm, on, "prometheus.url=http://prometheus:9090")
+    assert "prometheus.url is empty" not in notes and "No runtime PodMonitor" not in notes, notes
+    assert "runtimeMetrics.podMonitor.labels.release" in notes, notes  # installed, no labels
+    notes = install_notes(helm, on, "runtimeMetrics.podMonitor.labels.release=kps")
+    assert "without labels" not in notes, notes
+
+
 def test_existing_service_account_is_used_when_not_created(helm: Helm) -> None:
     docs = helm.template("--set", "serviceAccount.create=false", "--set", "serviceAccount.name=ops")
     assert not by_kind(docs, "ServiceAccount")
@@ -285,6 +344,7 @@ BAD_VALUES = [
     (["--set-string", "rbac.create=yes"], "/rbac/create"),
     (["--set", "operator.extraEnv[0].value=x"], "/operator/extraEnv/0"),
     (["--set", "livenessProbe.periodSeconds=0"], "/livenessProbe/periodSeconds"),
+    (["--set", "runtimeMetrics.podMonitor.enabled=yes"], "/runtimeMetrics/podMonitor/enabled"),
 ]
 
 

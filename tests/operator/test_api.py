@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,25 @@ def test_defaults_match_between_models_and_schema() -> None:
 def test_examples_parse(path: Path) -> None:
     isvc = api.parse_inference_service(load(path))
     assert isvc.spec.models
+
+
+# The digests of what people type when a hash is required and they have none: an example that
+# carries one fails its own check (sha256 mismatch) for everyone who copies it.
+PLACEHOLDER_DIGESTS = {
+    hashlib.sha256(text.encode()).hexdigest()
+    for text in ("", "test", "test\n", "foo", "hello", "hello world", "x", "engine", "model")
+} | {digit * 64 for digit in "0123456789abcdef"}
+
+
+@pytest.mark.parametrize("path", example_paths(), ids=lambda p: p.name)
+def test_examples_carry_no_placeholder_hashes(path: Path) -> None:
+    isvc = api.parse_inference_service(load(path))
+    for model in isvc.spec.models:
+        for engine in model.engines or []:
+            assert engine.sha256 not in PLACEHOLDER_DIGESTS, (
+                f"{path.name}: model {model.name} engine {engine.uri} carries a placeholder "
+                f"sha256 {engine.sha256}; give the real file's digest or none"
+            )
 
 
 @pytest.mark.parametrize("path", accepted_paths(), ids=lambda p: p.stem)

@@ -144,3 +144,17 @@ logs warnings and uses what it found at start).
   verbs: ["list", "watch"]
 {{- end }}
 {{- end }}
+
+{{/*
+"true" when the runtime PodMonitor is installed: runtimeMetrics.podMonitor.enabled true, or auto
+(the default) on a cluster that serves the Prometheus Operator's PodMonitor.
+*/}}
+{{- define "tidal.runtimePodMonitor" -}}
+{{- $want := toString .Values.runtimeMetrics.podMonitor.enabled -}}
+{{- $api := .Capabilities.APIVersions.Has "monitoring.coreos.com/v1/PodMonitor" -}}
+{{- if or (eq $want "true") (and (eq $want "auto") $api) -}}
+true
+{{- else -}}
+false
+{{- end -}}
+{{- end }}
