@@ -143,7 +143,7 @@ class FleetConfig:
     # tidal's knobs: the API's defaults (spec.fleet.*) and the gateway's.
     busy_outstanding: int = 8  # gateway busyOutstanding; also ModelMesh's in-flight limit
     loads_per_replica: int = 1  # gateway maxLoadsPerReplica
-    loads_total: int = 4  # gateway maxLoadsTotal
+    loads_total: int | None = None  # gateway maxLoadsTotal (None: sized from the fleet)
     hold_timeout: float = 30.0  # gateway holdTimeoutSeconds
     refused_cooldown: float = 2.0  # gateway refusedCooldownSeconds
     placement_interval: float = 2.0  # spec.fleet.placement.intervalSeconds
@@ -1510,6 +1510,13 @@ FAMILIES: dict[str, tuple[float, dict[str, object]]] = {
     "3 viral at once": (0.9, {"family": "viral"}),
     "bursty tail": (0.9, {"family": "bursty"}),
     "cold bursts": (0.9, {"family": "coldburst"}),
+    # Issue 45: heavier than the rest, as a skeptical user would try it: ~40 req/s over 300
+    # models on 12 replicas with full caches (a small cache share), so nearly every cold load
+    # evicts.
+    "heavy full caches": (
+        0.9,
+        {"models": 300, "replicas": 12, "mean_rate": 40.0, "cache_share": 0.08},
+    ),
     "small easy fleet": (
         1.0,
         {"models": 30, "replicas": 4, "cache_share": 0.5, "mean_rate": 6.0, "viral_rank": 25},
