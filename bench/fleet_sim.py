@@ -779,6 +779,8 @@ class Tidal:
     """tidal v0.2: the gateway's routing core and the operator's forecast + placement cores."""
 
     name = "tidal"
+    # The gateway's maxLoadsTotal where a variant fixes it (None: the config's).
+    loads_total: int | None = None
     # The operator's rateWindowSeconds (None: the config's), placement's landing share, and
     # whether the gateway counts background pin loads in its per-replica load limit.
     rate_window: float | None = None
@@ -820,7 +822,7 @@ class Tidal:
         )
         self.budget = LoadBudget(
             per_replica=cfg.loads_per_replica,
-            total=cfg.loads_total,
+            total=cfg.loads_total if self.loads_total is None else self.loads_total,
             beyond_into_free=self.loads_beyond_into_free,
         )
         self.decisions: dict[str, int] = {}
@@ -1184,6 +1186,14 @@ class TidalFixedLimits(Tidal):
     loads_beyond_into_free = False
 
 
+class TidalLoadsTotal4(Tidal):
+    """The gateway before issue 45, same run: at most 4 loads that evict across the fleet,
+    whatever its size (`maxLoadsTotal` 4, the old default)."""
+
+    name = "tidal, maxLoadsTotal 4"
+    loads_total = 4
+
+
 class TidalBeforeIssue30(Tidal):
     """The gateway before issue 30, same run: free bytes are `budgetBytes - residentBytes` of
     the last snapshot (neither the runtime's queued loads nor the gateway's own counted) and a
@@ -1545,6 +1555,7 @@ VARIANT_NAMES: dict[str, type[Tidal]] = {
     "daily-mean-forecast": TidalDailyMeanForecast,
     "no-daily-mean": TidalNoDailyMean,
     "before-issue-30": TidalBeforeIssue30,
+    "loads-total-4": TidalLoadsTotal4,
 }
 
 
