@@ -361,24 +361,28 @@ def run_one(args: argparse.Namespace, shape: str, seed: int) -> list[Outcome]:
     return [simulate(p, arrivals, spans, setup, evenings) for p in args.policies]
 
 
-def _goal(results: Sequence[Outcome]) -> tuple[bool, str]:
+def _goal(results: Sequence[Outcome], price: float) -> tuple[bool, str]:
+    """Issue 45's goal (late <= the timer's at <= its GPU-hours), and the cost each policy is
+    judged on: GPU-seconds + late requests x `price` (lateRequestGpuSeconds)."""
     by = {r.policy: r for r in results}
     ours, timer = by.get("forecast"), by.get("on-demand")
     if ours is None or timer is None:
         return False, "goal: needs both forecast and on-demand"
     met = ours.late <= timer.late and ours.gpu_seconds <= timer.gpu_seconds
+    cost, timer_cost = (r.gpu_seconds / 3600 + r.late * price / 3600 for r in (ours, timer))
     return met, (
         f"goal {'met' if met else 'MISSED'}: late {ours.late} vs timer {timer.late}, "
-        f"GPU-h {ours.gpu_seconds / 3600:.2f} vs timer {timer.gpu_seconds / 3600:.2f}"
+        f"GPU-h {ours.gpu_seconds / 3600:.2f} vs timer {timer.gpu_seconds / 3600:.2f}; cost at "
+        f"{price:g} GPU-s a late request {cost:.1f} vs timer {timer_cost:.1f} GPU-h"
     )
 
 
-def goal_line(results: Sequence[Outcome]) -> str:
-    return _goal(results)[1]
+def goal_line(results: Sequence[Outcome], price: float) -> str:
+    return _goal(results, price)[1]
 
 
-def goal_met(rows: Sequence[tuple[int, Outcome, float]]) -> bool:
-    return _goal([r for _, r, _ in rows])[0]
+def goal_met(rows: Sequence[tuple[int, Outcome, float]], price: float) -> bool:
+    return _goal([r for _, r, _ in rows], price)[0]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -435,9 +439,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 + " ".join(f"{r.phases[p] / 3600 / days:>6.2f}" for p in PHASES)
                 + f" {r.wakes:>5} {r.forecast_wakes:>5} {r.quick_zeros:>5} {r.evening_flips:>5}"
             )
-        print("  " + goal_line(results))
+        print("  " + goal_line(results, args.late_price))
         print(f"  elapsed {time.monotonic() - started:.1f} s")
-    met = [goal_met(rows) for rows in zip(*(every[p] for p in args.policies), strict=True)]
+    per_seed = zip(*(every[p] for p in args.policies), strict=True)
+    met = [goal_met(rows, args.late_price) for rows in per_seed]
     print(
         f"goal (issue 45: forecast late <= on-demand late at <= its GPU-hours), shape "
         f"{args.shape}: met on {sum(met)}/{len(met)} seed(s)"
