@@ -143,7 +143,7 @@ class FleetConfig:
     # tidal's knobs: the API's defaults (spec.fleet.*) and the gateway's.
     busy_outstanding: int = 8  # gateway busyOutstanding; also ModelMesh's in-flight limit
     loads_per_replica: int = 1  # gateway maxLoadsPerReplica
-    loads_total: int = 4  # gateway maxLoadsTotal
+    loads_total: int | None = None  # gateway maxLoadsTotal (None: sized from the fleet)
     hold_timeout: float = 30.0  # gateway holdTimeoutSeconds
     refused_cooldown: float = 2.0  # gateway refusedCooldownSeconds
     placement_interval: float = 2.0  # spec.fleet.placement.intervalSeconds
@@ -480,6 +480,20 @@ class Sim:
                 return chosen
         return None
 
+    def room_at(self, replica: Replica, size: float, t: float) -> float | None:
+        """When a refused load would find room there: the end of the requests in flight on
+        the unpinned engines that hold it (a runtime's refusal names them, `waitingOn`, and
+        its long-poll moves when they end); None where pins or loads hold it."""
+        held = [
+            e
+            for e in replica.engines.values()
+            if not e.pinned and not e.idle(t) and e.state == READY and not e.waiters
+        ]
+        idle = sum(e.size for e in replica.engines.values() if not e.pinned and e.idle(t))
+        if not held or size > replica.free + idle + sum(e.size for e in held):
+            return None
+        return max(e.busy_until for e in held)
+
     def evict(self, engine: Engine) -> None:
         replica = self.replicas[engine.replica]
         del replica.engines[engine.model]
@@ -779,6 +793,11 @@ class Tidal:
     """tidal v0.2: the gateway's routing core and the operator's forecast + placement cores."""
 
     name = "tidal"
+    # The gateway's maxLoadsTotal where a variant fixes it (None: the config's).
+    loads_total: int | None = None
+    # A refusal naming the requests that hold the room is retried when they end (issue 45);
+    # False: after refusedCooldownSeconds, as before.
+    retry_when_room = True
     # The operator's rateWindowSeconds (None: the config's), placement's landing share, and
     # whether the gateway counts background pin loads in its per-replica load limit.
     rate_window: float | None = None
@@ -820,7 +839,7 @@ class Tidal:
         )
         self.budget = LoadBudget(
             per_replica=cfg.loads_per_replica,
-            total=cfg.loads_total,
+            total=cfg.loads_total if self.loads_total is None else self.loads_total,
             beyond_into_free=self.loads_beyond_into_free,
         )
         self.decisions: dict[str, int] = {}
@@ -964,16 +983,21 @@ class Tidal:
         sim.accept_load(model, replica, t, "gateway", pinned=pinned)
         return True
 
-    def refuse(self, r: int, model: int, t: float) -> None:
-        """A load answered 503 (no room there now): not asked there again for a while."""
+    def refuse(self, r: int, model: int, t: float, room_at: float | None = None) -> None:
+        """A load answered 503 (no room there now): not asked there again for a while, or
+        only until the requests it names as holding the room end (`room_at`, issue 45)."""
         gw = self.gw[r]
-        gw.refused[model] = t + self.cfg.refused_cooldown
-        gw.forgive_at = min(gw.forgive_at, t + self.cfg.refused_cooldown)
+        until = t + self.cfg.refused_cooldown
+        if room_at is not None and self.retry_when_room:
+            until = min(until, max(room_at, t))
+        gw.refused[model] = until
+        gw.forgive_at = min(gw.forgive_at, until)
         gw.own = gw.own.release(self.names[model])
         gw.views = {}
 
     def on_refused(self, sim: Sim, engine: Engine, t: float) -> None:
-        self.refuse(engine.replica, engine.model, t)
+        replica = sim.replicas[engine.replica]
+        self.refuse(engine.replica, engine.model, t, sim.room_at(replica, engine.size, t))
         self.retry_held(sim, t)
 
     def route(self, sim: Sim, i: int, model: int, t: float) -> None:
@@ -1182,6 +1206,24 @@ class TidalFixedLimits(Tidal):
 
     name = "tidal, fixed load limits"
     loads_beyond_into_free = False
+
+
+class TidalLoadsTotal4(Tidal):
+    """The gateway before issue 45, same run: at most 4 loads that evict across the fleet,
+    whatever its size (`maxLoadsTotal` 4, the old default), and every refusal skips the
+    replica for `refusedCooldownSeconds`."""
+
+    name = "tidal, before issue 45"
+    loads_total = 4
+    retry_when_room = False
+
+
+class TidalRefusalCooldown(Tidal):
+    """Issue 45's fleet-sized load limit alone: every refusal still skips the replica for
+    `refusedCooldownSeconds`."""
+
+    name = "tidal, refusal cooldown"
+    retry_when_room = False
 
 
 class TidalBeforeIssue30(Tidal):
@@ -1510,6 +1552,13 @@ FAMILIES: dict[str, tuple[float, dict[str, object]]] = {
     "3 viral at once": (0.9, {"family": "viral"}),
     "bursty tail": (0.9, {"family": "bursty"}),
     "cold bursts": (0.9, {"family": "coldburst"}),
+    # Issue 45: heavier than the rest, as a skeptical user would try it: ~40 req/s over 300
+    # models on 12 replicas with full caches (a small cache share), so nearly every cold load
+    # evicts.
+    "heavy full caches": (
+        0.9,
+        {"models": 300, "replicas": 12, "mean_rate": 40.0, "cache_share": 0.08},
+    ),
     "small easy fleet": (
         1.0,
         {"models": 30, "replicas": 4, "cache_share": 0.5, "mean_rate": 6.0, "viral_rank": 25},
@@ -1538,6 +1587,8 @@ VARIANT_NAMES: dict[str, type[Tidal]] = {
     "daily-mean-forecast": TidalDailyMeanForecast,
     "no-daily-mean": TidalNoDailyMean,
     "before-issue-30": TidalBeforeIssue30,
+    "before-issue-45": TidalLoadsTotal4,
+    "refusal-cooldown": TidalRefusalCooldown,
 }
 
 

@@ -45,6 +45,7 @@ Shapes (`--shape`): `daily` (every day alike), `jitter30` (the rise jittered +-3
 that does not come; measure whole weeks, e.g. --days 17 --learn 3), and shapes the forecast was
 not tuned on: `sparse-evening` (the issue's: 60 requests over 17:00-19:00), `odd-evenings`
 (each evening's rate and end drawn anew: none, sparse or busy, ending 18:00-22:00),
+`sparse-night` (issue 45: office hours and two requests an hour through the night),
 `weekend-brunch` (weekdays as `sparse-evening`, weekends with a sparse late morning,
 10:30-14:00 at 40 requests an hour, instead of nothing; day 0 is a Thursday, so --days 4
 --learn 2 measures the weekend after two learned weekdays), and `slow-ramp` (the day's rate
@@ -152,6 +153,9 @@ SHAPES = {
     "slow-ramp": DayTrace(
         rise_hour=8.0, ramp_hours=2.0, evening_rate=SPARSE_EVENING, evening_end_hour=19.0
     ),
+    # Issue 45: office hours and two requests an hour through the night (the quick zero was
+    # later than the 300 s timer on every seed).
+    "sparse-night": DayTrace(night_rate=2 / 3600),
 }
 
 
@@ -346,7 +350,7 @@ def run_one(args: argparse.Namespace, shape: str, seed: int) -> list[Outcome]:
     rates, spans, evenings = trace.rates(args.days, seed)
     arrivals = np.random.default_rng(seed + 1).poisson(rates)
     setup = Setup(
-        zero=ZeroPolicy(after_seconds=args.after),
+        zero=ZeroPolicy(after_seconds=args.after, late_request_gpu_seconds=args.late_price),
         routable_seconds=args.routable,
         activator_seconds=args.activator,
         late_seconds=args.late,
@@ -355,6 +359,30 @@ def run_one(args: argparse.Namespace, shape: str, seed: int) -> list[Outcome]:
         measure_from=args.learn * DAY,
     )
     return [simulate(p, arrivals, spans, setup, evenings) for p in args.policies]
+
+
+def _goal(results: Sequence[Outcome], price: float) -> tuple[bool, str]:
+    """Issue 45's goal (late <= the timer's at <= its GPU-hours), and the cost each policy is
+    judged on: GPU-seconds + late requests x `price` (lateRequestGpuSeconds)."""
+    by = {r.policy: r for r in results}
+    ours, timer = by.get("forecast"), by.get("on-demand")
+    if ours is None or timer is None:
+        return False, "goal: needs both forecast and on-demand"
+    met = ours.late <= timer.late and ours.gpu_seconds <= timer.gpu_seconds
+    cost, timer_cost = (r.gpu_seconds / 3600 + r.late * price / 3600 for r in (ours, timer))
+    return met, (
+        f"goal {'met' if met else 'MISSED'}: late {ours.late} vs timer {timer.late}, "
+        f"GPU-h {ours.gpu_seconds / 3600:.2f} vs timer {timer.gpu_seconds / 3600:.2f}; cost at "
+        f"{price:g} GPU-s a late request {cost:.1f} vs timer {timer_cost:.1f} GPU-h"
+    )
+
+
+def goal_line(results: Sequence[Outcome], price: float) -> str:
+    return _goal(results, price)[1]
+
+
+def goal_met(rows: Sequence[tuple[int, Outcome, float]], price: float) -> bool:
+    return _goal([r for _, r, _ in rows], price)[0]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -369,6 +397,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--hold", type=float, default=120.0, help="hold timeout (then 503), s")
     parser.add_argument("--after", type=float, default=300.0, help="scaleToZeroAfterSeconds")
     parser.add_argument("--quiet-tick-seconds", type=float, default=5.0)
+    parser.add_argument(
+        "--late-price",
+        type=float,
+        default=ZeroPolicy().late_request_gpu_seconds,
+        help="lateRequestGpuSeconds: the price of a late request, GPU-seconds",
+    )
     parser.add_argument("--shape", choices=sorted(SHAPES), default="daily")
     parser.add_argument("--seeds", type=int, nargs="+", default=[11])
     parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
@@ -405,7 +439,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 + " ".join(f"{r.phases[p] / 3600 / days:>6.2f}" for p in PHASES)
                 + f" {r.wakes:>5} {r.forecast_wakes:>5} {r.quick_zeros:>5} {r.evening_flips:>5}"
             )
+        print("  " + goal_line(results, args.late_price))
         print(f"  elapsed {time.monotonic() - started:.1f} s")
+    per_seed = zip(*(every[p] for p in args.policies), strict=True)
+    met = [goal_met(rows, args.late_price) for rows in per_seed]
+    print(
+        f"goal (issue 45: forecast late <= on-demand late at <= its GPU-hours), shape "
+        f"{args.shape}: met on {sum(met)}/{len(met)} seed(s)"
+    )
     print(f"summary over {len(args.seeds)} seed(s), shape {args.shape}:")
     for policy, rows in every.items():
         if policy == "min1":

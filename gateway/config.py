@@ -37,7 +37,12 @@ class GatewayConfig(_Model):
         description="the model names this gateway accepts; empty: any name a replica reports",
     )
     max_loads_per_replica: int = Field(default=1, gt=0, description="loads at once per replica")
-    max_loads_total: int = Field(default=4, gt=0, description="loads at once across the fleet")
+    max_loads_total: int | None = Field(
+        default=None,
+        gt=0,
+        description="loads that evict at once across the fleet; unset: maxLoadsPerReplica "
+        "times the healthy replicas that serve the model (never above their load slots)",
+    )
     hold_timeout_seconds: float = Field(
         default=30.0, gt=0, le=600, description="longest a request is held for a cold model"
     )

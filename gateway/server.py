@@ -83,6 +83,7 @@ from .core.views import (
     model_bytes,
     parse_snapshot,
     replica_view,
+    waiting_on,
     with_hot,
     without_model,
 )
@@ -240,6 +241,10 @@ class Replica:
     outstanding: int = 0
     own_loads: OwnLoads = NO_LOADS  # loads asked for here, not answered yet
     refused: set[str] = field(default_factory=set)
+    # Refused models the replica said room for exists once some requests end ("waitingOn"):
+    # asked again at its next snapshot (its long-poll moves when they end), not after the
+    # refusal cooldown (issue 45).
+    refused_until_change: set[str] = field(default_factory=set)
     last_error: str | None = None
     watcher: asyncio.Task[None] | None = None
     # Long-polls and loads go on a session of the replica's own, closed with it: a pooled
@@ -574,6 +579,9 @@ class Gateway:
         snapshot = parse_snapshot(document)
         if snapshot.ready != replica.healthy:
             log.info("replica %s is %s", replica.name, "healthy" if snapshot.ready else "not ready")
+        if replica.refused_until_change and snapshot.generation != replica.generation:
+            replica.refused -= replica.refused_until_change  # the room may be there now
+            replica.refused_until_change.clear()
         replica.snapshot = snapshot
         replica.healthy = snapshot.ready
         replica.last_error = None
@@ -933,7 +941,7 @@ class Gateway:
                     )  # the long-poll confirms it
                 elif response.status == 503:  # no room there now: try elsewhere for a while
                     result = "refused"
-                    self._refuse(replica, model)
+                    self._refuse(replica, model, until_change=bool(waiting_on(data)))
                 elif response.status == 404:  # its configuration lacks the model after all
                     result = "failed"
                     replica.snapshot = without_model(replica.snapshot, model)
@@ -959,11 +967,16 @@ class Gateway:
             self.metrics.load_result[result].inc()
             self.changes.notify()
 
-    def _refuse(self, replica: Replica, model: str) -> None:
+    def _refuse(self, replica: Replica, model: str, until_change: bool = False) -> None:
+        """Keep loads of ``model`` off ``replica`` for ``refusedCooldownSeconds``, or only
+        until its next snapshot where it said which requests hold the room (``until_change``)."""
         replica.refused.add(model)
+        if until_change:
+            replica.refused_until_change.add(model)
 
         def forgive() -> None:
             replica.refused.discard(model)
+            replica.refused_until_change.discard(model)
             replica.invalidate()
             self.changes.notify()
 

@@ -188,6 +188,8 @@ class EngineCache:
         self._pin_loads = asyncio.Semaphore(max(1, config.max_concurrent_loads - 1))
         # Models whose load holds a load slot now (the rest of the accepted loads wait for one).
         self._running: set[str] = set()
+        # Engines in use whose requests hold the room a refused load needs (`release`).
+        self._room_waiters: set[str] = set()
         self._pin_tasks: dict[str, asyncio.Task[None]] = {}
         self._pin_retry: dict[str, asyncio.TimerHandle] = {}
         metrics.gpu_memory.labels("budget").set(self.budget)
@@ -234,7 +236,7 @@ class EngineCache:
             else:
                 self.metrics.cache_hits.labels(name).inc()
         except BaseException:
-            slot.refs -= 1
+            self.release(name)
             raise
         slot.last_used = self.clock.now()
         slot.uses += 1
@@ -249,7 +251,13 @@ class EngineCache:
         self.metrics.transfer_wait.labels(slot.spec.name).observe(waited)
 
     def release(self, name: str) -> None:
-        self.slots[name].refs -= 1
+        slot = self.slots[name]
+        slot.refs -= 1
+        if slot.refs == 0 and name in self._room_waiters:
+            # A load was refused for the room this engine's requests held: the long-poll
+            # moves now, so that the gateway asks again at once (issue 45).
+            self._room_waiters.discard(name)
+            self.changes.bump()
 
     def take_first_request(self, name: str) -> bool:
         """True once after each on-demand load: that request's latency is the cold start."""
@@ -360,8 +368,12 @@ class EngineCache:
                 # too large from this (``lastSizeBytes``), never from a guess.
                 slot.last_size_bytes = max(slot.last_size_bytes, nbytes)
                 raise EngineLoadError(f"model {slot.spec.name!r}: {plan.reason}")
+            if plan.waiting_on:  # room once their requests end: say so when they do
+                self._room_waiters.update(plan.waiting_on)
             raise Overloaded(
-                f"model {slot.spec.name!r} cannot load now: {plan.reason}", retry_after=1
+                f"model {slot.spec.name!r} cannot load now: {plan.reason}",
+                retry_after=1,
+                waiting_on=plan.waiting_on,
             )
         for victim in plan.evict:
             self._evict(self.slots[victim], reason=plan.reason)

@@ -33,10 +33,19 @@ class ServingError(Exception):
     status = 500
     grpc_code = "INTERNAL"
 
-    def __init__(self, message: str, *, retry_after: int | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after: int | None = None,
+        waiting_on: tuple[str, ...] = (),
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.retry_after = retry_after
+        # A load refused for lack of room that the end of these models' requests makes
+        # (HTTP: the body's "waitingOn"; the replica's long-poll moves when they end).
+        self.waiting_on = waiting_on
 
 
 class InvalidRequest(ServingError):

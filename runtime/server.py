@@ -85,7 +85,10 @@ def _error_response(error: ServingError) -> web.Response:
     headers = {}
     if error.retry_after is not None:
         headers["Retry-After"] = str(error.retry_after)
-    response = web.json_response({"error": error.message}, status=error.status, headers=headers)
+    body: dict[str, Any] = {"error": error.message}
+    if error.waiting_on:
+        body["waitingOn"] = list(error.waiting_on)
+    response = web.json_response(body, status=error.status, headers=headers)
     if isinstance(error, ClientDisconnected | RequestTimeout | PayloadTooLarge):
         response.force_close()  # what is left of the body is not worth reading
     return response

@@ -24,7 +24,9 @@ Ties are broken by the placement's order and then by replica name, so the same i
 the same route whatever the order of ``replicas``.
 
 The load limits (:class:`LoadBudget`: per replica and fleet-wide) bound loads that evict: each
-pushes some engine out, and many at once are churn. A load of a known size that fits in a
+pushes some engine out, and many at once are churn. The fleet-wide limit grows with the fleet
+unless set (``LoadBudget.fleet_limit``: the per-replica limit summed over the replicas that
+serve the model; issue 45). A load of a known size that fits in a
 replica's free bytes evicts nothing, so it goes beyond both limits
 (``LoadBudget.beyond_into_free``): the limits then scale with the fleet's free room instead of
 holding a rare model's request behind a fixed 1 / 4 (fleet simulator, issue 23 third pass) —
@@ -91,10 +93,20 @@ class LoadBudget:
     """Bounds on concurrent loads: per replica and across the whole fleet."""
 
     per_replica: int = 1
-    total: int = 4
+    # None (the default): sized from the fleet, the per-replica limit summed over the healthy
+    # replicas that serve the model (`fleet_limit`): a constant (it was 4) held ~53 requests
+    # in the gateway on 12 replicas whose load slots stood idle (issue 45).
+    total: int | None = None
     # Whether a load that fits in a replica's free bytes (it evicts nothing) may go beyond
     # both limits: the limits bound the churn of loads that evict; free room bounds the rest.
     beyond_into_free: bool = True
+
+    def fleet_limit(self, replicas: Sequence[ReplicaView]) -> int:
+        """Loads that evict, at once across `replicas`: `total` when set, else each replica's
+        share (the per-replica limit, never above its own load slots) summed, at least 1."""
+        if self.total is not None:
+            return self.total
+        return max(1, sum(min(self.per_replica, max(r.load_slots, 1)) for r in replicas))
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +143,7 @@ def _load_target(
     model for the refusal cooldown while the request waited. A model of unknown size goes first
     where the room is largest, so that its first load lands wherever even the largest fits.
     """
+    limit = loads.fleet_limit(candidates)
     if model_bytes > 0:
         candidates = [r for r in candidates if r.room_bytes is None or r.room_bytes >= model_bytes]
     if not candidates:
@@ -143,7 +156,7 @@ def _load_target(
             and r.loads_in_flight < max(r.load_slots, loads.per_replica)
         )
 
-    under_total = fleet_loads < loads.total
+    under_total = fleet_loads < limit
     eligible = [
         r
         for r in candidates

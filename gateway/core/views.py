@@ -21,6 +21,7 @@ bytes" (``LoadBudget.beyond_into_free``) piled onto one replica: its load queue 
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -57,6 +58,20 @@ class Snapshot:
     @property
     def pinned_bytes(self) -> int:
         return sum(self.sizes.get(n, 0) for n in self.pinned)
+
+
+def waiting_on(body: bytes) -> tuple[str, ...]:
+    """The models a replica's load refusal (503) says hold the room it needs (its JSON body's
+    ``waitingOn``): room exists once their requests end. Empty: not said (an older runtime,
+    or pinned engines hold the bytes), or not a JSON object."""
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return ()
+    names = document.get("waitingOn") if isinstance(document, dict) else None
+    if not isinstance(names, list):
+        return ()
+    return tuple(n for n in names if isinstance(n, str))
 
 
 def parse_snapshot(document: Mapping[str, Any]) -> Snapshot:

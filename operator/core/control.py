@@ -120,10 +120,12 @@ def slo_policy_of(isvc: InferenceService) -> SloPolicy:
 
 def zero_policy_of(isvc: InferenceService, wake_margin_seconds: float) -> ZeroPolicy:
     """The idle timer's policy of a pool that may reach zero (``core.idle``): the spec's
-    ``scaleToZeroAfterSeconds``, and the operator's margin added to the wake lead."""
+    ``scaleToZeroAfterSeconds`` and ``lateRequestGpuSeconds``, and the operator's margin added
+    to the wake lead."""
     return ZeroPolicy(
         after_seconds=float(isvc.spec.autoscaling.scale_to_zero_after_seconds),
         wake_margin_seconds=wake_margin_seconds,
+        late_request_gpu_seconds=isvc.spec.autoscaling.late_request_gpu_seconds,
     )
 
 

@@ -15,16 +15,21 @@ The rules, each one a guard against a way of getting zero wrong:
 * At zero, a held request (or arrivals seen anyway) wakes the pool at once; a forecast peak of
   at least `wake_rate` within the lead wakes it ahead of the rise. lead = the measured
   time-to-routable of one replica (until measured, `default_routable_seconds`) + the margin.
-* A quick zero when the forecast vouches that the coming hours are empty: the idle timer is
-  the wake lead instead of `after_seconds` when every 15-minute bucket of the next
-  `after_seconds` (and one bucket more, the profile's resolution) is trusted (learned over
-  `profile_min_periods` days) and the forecast's peak over them is below `wake_rate` (fewer
-  than one request expected in the window). Why the wake lead: keeping an idle replica for as
-  long as a wake costs (time-to-routable, plus the margin) and then releasing it is the
-  ski-rental rule: never more than about twice the GPU-time of the best choice made knowing
-  the future, whatever the next request does; `after_seconds` only buys a replica for a
-  request that the learned hours say is unlikely. A service whose forecast has not learned
-  those hours (new, or never seen at this hour) keeps `after_seconds`.
+* A quick zero only where it pays on expected cost: the idle timer is the wake lead instead
+  of `after_seconds` when every 15-minute bucket of the next `after_seconds` (and one bucket
+  more, the profile's resolution) is trusted (learned over `profile_min_periods` days) and
+  zero now costs less than keeping the replica to the end of the timer (`quick_zero_pays`):
+  the GPU-seconds saved against the requests expected in that time, each of which the timer
+  would have served warm and zero makes late, priced at `late_request_gpu_seconds` (the
+  user's `lateRequestGpuSeconds`, default one GPU-hour). With arrivals at the forecast's peak
+  rate r over the rest of the timer's window W, zero saves (1 - e^(-rW)) / r GPU-seconds and
+  makes (1 - e^(-rW)) requests late on average, so it pays exactly when r < 1 / price,
+  whatever W: at the default price a night of two requests an hour keeps the timer (the issue
+  45 trace, where zeroing at the wake lead was later than the timer on every seed), a night
+  of under one request an hour goes at the wake lead. The old rule (r below `wake_rate`, one
+  request per `after_seconds`) was this rule at a price of 300 GPU-seconds. A service whose
+  forecast has not learned those hours (new, or never seen at this hour) keeps
+  `after_seconds`.
 * No flapping: zero -> one needs a request or a forecast, one -> zero needs an idle spell
   (`after_seconds`, or the wake lead when the forecast vouches for quiet) with neither, and a
   wake restarts the idle timer, so a pool woken stays up at least that spell and a quiet pool
@@ -82,6 +87,9 @@ REASON_WAIT_FIRST_READY = "wait:first-ready"
 FIRST_READY_WAIT_SECONDS = 600.0
 
 DEFAULT_SCALE_TO_ZERO_AFTER_SECONDS = 300
+# One GPU-hour per late request: a quick zero goes only where fewer than one request an hour
+# is expected (see `quick_zero_pays`).
+DEFAULT_LATE_REQUEST_GPU_SECONDS = 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +103,9 @@ class ZeroPolicy:
     default_routable_seconds: float = 60.0
     # A forecast peak at or above this (requests/s) is demand due; None: 1 / after_seconds.
     wake_rate: float | None = None
+    # The user's price of one late request, in GPU-seconds: a quick zero must save more GPU
+    # time than this per request it makes late (`quick_zero_pays`).
+    late_request_gpu_seconds: float = DEFAULT_LATE_REQUEST_GPU_SECONDS
 
     def __post_init__(self) -> None:
         problems = []
@@ -104,6 +115,8 @@ class ZeroPolicy:
             problems.append("wake_margin_seconds and default_routable_seconds must be >= 0")
         if self.wake_rate is not None and not self.wake_rate > 0:
             problems.append("wake_rate must be > 0")
+        if not self.late_request_gpu_seconds > 0:
+            problems.append("late_request_gpu_seconds must be > 0")
         if problems:
             raise ValueError("invalid ZeroPolicy: " + "; ".join(problems))
 
@@ -206,16 +219,50 @@ def decide_zero(
 
 
 def idle_window(policy: ZeroPolicy, signals: IdleSignals) -> float:
-    """How long an awake pool waits without demand before zero: the wake lead when the
-    forecast vouches that the next `after_seconds` are empty (`quiet_rate` below the wake
-    rate), else `after_seconds`; never longer than `after_seconds`."""
-    quiet = signals.quiet_rate is not None and signals.quiet_rate < policy.wake_threshold
-    if not quiet:
-        return policy.after_seconds
+    """How long an awake pool waits without demand before zero: the wake lead where the
+    forecast vouches for the next `after_seconds` and a zero then pays (`quick_zero_pays`),
+    else `after_seconds`; never longer than `after_seconds`."""
     lead = signals.lead_seconds
     if lead is None:
         lead = policy.default_routable_seconds + policy.wake_margin_seconds
-    return min(policy.after_seconds, lead)
+    if signals.quiet_rate is None or lead >= policy.after_seconds:
+        return policy.after_seconds
+    if not quick_zero_pays(signals.quiet_rate, policy.after_seconds - lead, policy):
+        return policy.after_seconds
+    return lead
+
+
+@dataclass(frozen=True, slots=True)
+class ZeroCost:
+    """What zero now instead of at the end of the idle timer is expected to bring:
+    `gpu_seconds_saved` of replica time against `late_requests` that the timer would have
+    served warm (arrivals Poisson at `rate` over the `window_seconds` left of the timer)."""
+
+    rate: float
+    window_seconds: float
+    gpu_seconds_saved: float
+    late_requests: float
+
+    def pays(self, late_request_gpu_seconds: float) -> bool:
+        return self.gpu_seconds_saved > self.late_requests * late_request_gpu_seconds
+
+
+def zero_cost(rate: float, window_seconds: float) -> ZeroCost:
+    """The expected cost of zero now (`ZeroCost`). The replica would stay until the first
+    arrival or the end of the window, E[min(T, W)] = (1 - e^(-rW)) / r; a request arrives in
+    the window (and finds zero, late) with probability 1 - e^(-rW)."""
+    window = max(window_seconds, 0.0)
+    rate = max(rate, 0.0)
+    if rate * window < 1e-12:
+        return ZeroCost(rate, window, window, rate * window)
+    late = -math.expm1(-rate * window)
+    return ZeroCost(rate, window, late / rate, late)
+
+
+def quick_zero_pays(rate: float, window_seconds: float, policy: ZeroPolicy) -> bool:
+    """Whether going to zero `window_seconds` before the idle timer would saves more GPU time
+    than the late requests it is expected to cause cost at the user's price."""
+    return zero_cost(rate, window_seconds).pays(policy.late_request_gpu_seconds)
 
 
 def decide_scale_zero(

@@ -841,11 +841,12 @@ def gateway_config(isvc: InferenceService) -> dict[str, Any]:
     config: dict[str, Any] = {
         "models": names,
         "maxLoadsPerReplica": gw.max_loads_per_replica,
-        "maxLoadsTotal": gw.max_loads_total,
         "holdTimeoutSeconds": gw.hold_timeout_seconds,
         "busyOutstanding": gw.busy_outstanding if isvc.spec.fleet else NO_EXTRA_COPIES,
         "replicaGrpcPort": RUNTIME_GRPC_PORT,
     }
+    if gw.max_loads_total is not None:  # unset: the gateway sizes it from the pool
+        config["maxLoadsTotal"] = gw.max_loads_total
     if holds_requests(isvc):
         config["activator"] = True
         config["maxHeldBytes"] = ACTIVATOR_HELD_BYTES

@@ -94,6 +94,9 @@ class AdmissionPlan:
     admit: bool
     evict: tuple[str, ...]
     reason: str
+    # Refused: the engines in use (requests in flight, or loading) whose end alone makes room
+    # (empty: pinned engines hold the bytes, no end of a request frees them).
+    waiting_on: tuple[str, ...] = ()
 
 
 def plan_admission(
@@ -122,9 +125,13 @@ def plan_admission(
             return AdmissionPlan(True, tuple(victims), f"evict:{policy.name}")
     busy = sorted(e.name for e in resident if e.in_use)
     pinned = sorted(e.name for e in resident if e.pinned and not e.in_use)
+    held = [e for e in resident if e.in_use and not e.pinned]
+    once_idle = free + sum(e.size_bytes for e in held)
+    waiting_on = tuple(sorted(e.name for e in held)) if incoming_bytes <= once_idle else ()
     return AdmissionPlan(
         False,
         (),
         f"blocked:needs {incoming_bytes}B, only {free}B can be freed; in use: {busy}, "
         f"pinned: {pinned}",
+        waiting_on,
     )

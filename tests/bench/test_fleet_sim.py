@@ -167,6 +167,9 @@ def test_eviction_takes_idle_unpinned_engines_least_recently_used_first(fs: Modu
     assert len(sim.victims(replica, 60.0, 5.0, fs.lru_key)) == 3
     assert sim.victims(replica, 80.0, 5.0, fs.lru_key) is None  # pinned and busy stay
     assert sim.victims(replica, 101.0, 5.0, fs.lru_key) is None  # larger than the budget
+    # Issue 45: the refusal of 80 bytes names the busy engine; room exists when it ends.
+    assert sim.room_at(replica, 80.0, 5.0) == 99.0, sim.victims(replica, 80.0, 5.0, fs.lru_key)
+    assert sim.room_at(replica, 100.0, 5.0) is None  # the pin holds the rest
 
 
 def test_no_policy_ever_exceeds_a_replica_budget(results: dict[str, Any]) -> None:

@@ -318,6 +318,39 @@ def test_a_replica_without_room_refuses_and_the_load_goes_elsewhere(
     assert "m1" in gw.replicas()["rt-a"]["refused"]
 
 
+def test_a_refusal_for_room_held_by_requests_is_retried_as_soon_as_they_end(
+    runtimes, runtime_config, gateway, model_files
+) -> None:
+    """Issue 45: a replica refuses a load because another model's request still holds the
+    room; it says so ("waitingOn"), and the gateway asks it again as soon as that request
+    ends (the replica's long-poll moves), not after refusedCooldownSeconds (set here longer
+    than the hold timeout: before, the held request got a 503)."""
+    size = max(model_files[m].size_bytes for m in ("m0", "m1"))
+    slow = runtime_config(
+        memory={"engineCacheBudgetBytes": int(size * 1.5)}, faults={"serviceTimeMs": 6000}
+    )
+    (a,) = runtimes(("rt-a", slow))
+    assert http("POST", f"{a.url}/v2/repository/models/m0/load", {})[0] == 200
+    gw = gateway([a], refusedCooldownSeconds=300, holdTimeoutSeconds=60)
+    wait_for(lambda: gw.replicas()["rt-a"]["healthy"], 20, "rt-a healthy at the gateway")
+    in_flight = threading.Thread(
+        target=lambda: http("POST", f"{a.url}/v2/models/m0/infer", INFER_BODY, {})
+    )
+    in_flight.start()
+    wait_for(lambda: a.fleet()["models"]["m0"]["outstanding"] == 1, 20, "m0's request in flight")
+    direct = http("POST", f"{a.url}/v2/repository/models/m1/load", {})
+    assert direct[0] == 503 and direct[2].get("waitingOn") == ["m0"], direct
+    started = time.monotonic()
+    code, _, body = gw.infer("m1")
+    waited = time.monotonic() - started
+    in_flight.join(30)
+    assert code == 200, (code, body, gw.replicas())
+    refused = gw.metric("tidal_gateway_loads_total", result="refused")
+    assert refused >= 1, (refused, waited, gw.replicas())
+    assert waited < 60, (waited, gw.replicas())  # well before the 300 s cooldown
+    assert a.state("m1") == "READY", a.fleet()
+
+
 def test_two_replicas_answering_503_send_the_held_request_to_a_third_that_loads_it(
     runtimes, runtime_config, gateway
 ) -> None:

@@ -418,3 +418,40 @@ def test_request_slots_follow_the_runtime_concurrency_of_hot_models() -> None:
     assert request_slots(snapshot, 2.0) == 16
     assert request_slots(snapshot, 0.0) == 0  # the buffer off
     assert request_slots(Snapshot(hot=frozenset({"m"})), 2.0) == 0  # an older runtime: unknown
+
+
+def _busy_fleet(n: int, loading: int, slots: int = 2) -> list[ReplicaView]:
+    """`n` replicas with full caches (a load evicts), the first `loading` each with one
+    evicting load under way."""
+    return [
+        dataclasses.replace(
+            replica(f"r{i:02d}", free=0, loads=1 if i < loading else 0), load_slots=slots
+        )
+        for i in range(n)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("budget", "replicas", "loading", "limit", "reason"),
+    [
+        # Issue 45: 12 replicas, 4 evicting loads under way. A fixed 4 holds the request; the
+        # default sizes the limit from the fleet (one per replica) and loads on a free one.
+        (LoadBudget(per_replica=1, total=4), 12, 4, 4, "unavailable:load-limit"),
+        (LoadBudget(per_replica=1), 12, 4, 12, "cold:load-most-free"),
+        (LoadBudget(per_replica=1), 12, 11, 12, "cold:load-most-free"),
+        (LoadBudget(per_replica=1), 12, 12, 12, "unavailable:load-limit"),
+        # ... never above the replicas' own load slots.
+        (LoadBudget(per_replica=4), 3, 0, 6, "cold:load-most-free"),
+        # ... and a small fleet gets a small limit.
+        (LoadBudget(per_replica=1), 1, 1, 1, "unavailable:load-limit"),
+    ],
+)
+def test_fleet_wide_load_limit_grows_with_the_fleet(
+    budget: LoadBudget, replicas: int, loading: int, limit: int, reason: str
+) -> None:
+    fleet = _busy_fleet(replicas, loading)
+    assert budget.fleet_limit(fleet) == limit, (budget, [r.load_slots for r in fleet])
+    route = choose_route("m", fleet, budget, model_bytes=50)
+    assert route.reason == reason, (route, budget, limit)
+    if route.action == "load":
+        assert route.replica is not None and int(route.replica[1:]) >= loading, route

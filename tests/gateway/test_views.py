@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from tidal.gateway.core import views
 from tidal.gateway.core.routing import LoadBudget, choose_route
 from tidal.gateway.core.views import OwnLoads, Snapshot, free_bytes, parse_snapshot
@@ -82,3 +84,20 @@ def test_a_burst_of_cold_requests_spreads_within_the_load_slots() -> None:
             sent[route.replica].append(model)
     assert all(len(models) <= 2 for models in sent.values()), sent
     assert sum(len(m) for m in sent.values()) == 8, sent  # every replica's two slots in use
+
+
+@pytest.mark.parametrize(
+    ("body", "names"),
+    [
+        (b'{"error": "no room", "waitingOn": ["m0", "m1"]}', ("m0", "m1")),
+        (b'{"error": "no room"}', ()),  # an older runtime, or pinned bytes
+        (b'{"waitingOn": "m0"}', ()),
+        (b'{"waitingOn": ["m0", 3]}', ("m0",)),
+        (b"not json", ()),
+        (b"[]", ()),
+    ],
+)
+def test_a_load_refusal_says_which_requests_hold_the_room(
+    body: bytes, names: tuple[str, ...]
+) -> None:
+    assert views.waiting_on(body) == names, body

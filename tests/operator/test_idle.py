@@ -45,8 +45,10 @@ from tidal.operator.core.idle import (
     learn_demand,
     load_zero,
     poisson_at_most,
+    quick_zero_pays,
     step_zero,
     wake_lead,
+    zero_cost,
     zero_persist_key,
 )
 
@@ -135,7 +137,11 @@ def test_wake_lead_is_measured_time_to_routable_plus_margin() -> None:
 
 def test_idle_window_is_the_wake_lead_only_where_the_forecast_vouches_for_quiet() -> None:
     assert idle_window(ZERO, _quiet(0.0)) == 90.0
-    assert idle_window(ZERO, _quiet(0.0, quiet=WAKE / 2)) == 90.0
+    # Below one request per GPU-hour (the default price of a late request): zero pays.
+    assert idle_window(ZERO, _quiet(0.0, quiet=0.9 / 3600)) == 90.0
+    # Issue 45: two requests an hour (and the old threshold's half) keep the timer.
+    assert idle_window(ZERO, _quiet(0.0, quiet=2 / 3600)) == 300.0
+    assert idle_window(ZERO, _quiet(0.0, quiet=WAKE / 2)) == 300.0
     assert idle_window(ZERO, _quiet(0.0, quiet=WAKE)) == 300.0
     assert idle_window(ZERO, _quiet(0.0, quiet=None)) == 300.0
     # No lead measured: the default time-to-routable + margin.
@@ -144,6 +150,44 @@ def test_idle_window_is_the_wake_lead_only_where_the_forecast_vouches_for_quiet(
         IdleSignals(0.0, active=False, quiet_rate=-1.0)
     with pytest.raises(ValueError, match="lead_seconds"):
         IdleSignals(0.0, active=False, lead_seconds=float("inf"))
+
+
+@pytest.mark.parametrize(
+    ("rate", "window", "price", "pays"),
+    [
+        (0.0, 210.0, 3600.0, True),  # nothing expected: every second saved is free
+        (0.5 / 3600, 210.0, 3600.0, True),  # a request every two hours
+        (0.99 / 3600, 210.0, 3600.0, True),
+        (1.01 / 3600, 210.0, 3600.0, False),
+        (2 / 3600, 210.0, 3600.0, False),  # issue 45's sparse night
+        (2 / 3600, 5.0, 3600.0, False),  # ... whatever the window left
+        (2 / 3600, 210.0, 1000.0, True),  # a user who prices GPU time over lateness
+        (1 / 300, 210.0, 300.0, False),  # the old rule: one request per after_seconds
+        (1 / 400, 210.0, 300.0, True),
+        (0.5 / 3600, 0.0, 3600.0, False),  # no window left: nothing to save
+    ],
+)
+def test_quick_zero_pays_on_expected_cost(
+    rate: float, window: float, price: float, pays: bool
+) -> None:
+    cost = zero_cost(rate, window)
+    policy = ZeroPolicy(after_seconds=300.0, late_request_gpu_seconds=price)
+    assert quick_zero_pays(rate, window, policy) is pays, (cost, price)
+
+
+@given(
+    st.floats(min_value=0.0, max_value=1.0),
+    st.floats(min_value=0.0, max_value=86_400.0),
+)
+def test_zero_cost_is_bounded_by_the_window(rate: float, window: float) -> None:
+    cost = zero_cost(rate, window)
+    assert 0.0 <= cost.gpu_seconds_saved <= window + 1e-9, cost
+    assert 0.0 <= cost.late_requests <= min(1.0, rate * window) + 1e-9, cost
+
+
+def test_late_request_price_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="late_request_gpu_seconds"):
+        ZeroPolicy(late_request_gpu_seconds=0.0)
 
 
 def test_wake_rate_defaults_to_one_request_per_idle_window() -> None:
@@ -281,7 +325,8 @@ def test_never_flaps_between_zero_and_one(trace: list[Tick]) -> None:
             up_since = now
         if prev > 0 and desired == 0:
             if reason == REASON_ZERO_QUIET:
-                assert sig.quiet_rate is not None and sig.quiet_rate < WAKE, (now, sig)
+                assert sig.quiet_rate is not None, (now, sig)
+                assert sig.quiet_rate < 1 / ZERO.late_request_gpu_seconds, (now, sig)
                 dwell = min(ZERO.after_seconds, idle_window(ZERO, sig))
             else:
                 assert reason == REASON_ZERO_IDLE, (now, reason)

@@ -109,3 +109,32 @@ def test_lru_evicts_in_order_of_last_use(resident: list[CacheEntry], incoming: i
     )
     idle = sorted((e for e in resident if e.evictable), key=lambda e: (e.last_used, e.name))
     assert list(plan.evict) == [e.name for e in idle[: len(plan.evict)]]
+
+
+@pytest.mark.parametrize(
+    ("resident", "incoming", "waiting_on"),
+    [
+        # Issue 45: room exists once the in-use engine's requests end: say which.
+        ([entry("busy", 60, 1.0, in_use=True)], 80, ("busy",)),
+        (
+            [entry("a", 30, 1.0, in_use=True), entry("b", 30, 1.0, in_use=True)],
+            90,
+            ("a", "b"),
+        ),
+        # Pinned bytes hold the room: no end of a request frees it.
+        ([CacheEntry("pin", 60, 1.0, loaded_at=0.0, pinned=True)], 80, ()),
+        (
+            [
+                CacheEntry("pin", 50, 1.0, loaded_at=0.0, pinned=True),
+                entry("busy", 30, 1.0, in_use=True),
+            ],
+            80,
+            (),
+        ),
+    ],
+)
+def test_a_refused_admission_names_the_requests_that_hold_the_room(
+    resident: list[CacheEntry], incoming: int, waiting_on: tuple[str, ...]
+) -> None:
+    plan = plan_admission(resident, incoming, 100, LRUPolicy(), now=5.0)
+    assert not plan.admit and plan.waiting_on == waiting_on, plan

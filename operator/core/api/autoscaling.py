@@ -129,6 +129,17 @@ class Autoscaling(ApiModel):
         "autoscaler. Always on with minReplicas 0 (the activator) and for spec.fleet. Costs one "
         "hop (about a millisecond) and the gateway pod.",
     )
+    late_request_gpu_seconds: float = Field(
+        default=3600.0,
+        gt=0,
+        le=31536000,
+        description="With minReplicas 0: what one late request (one that finds the service at "
+        "zero where the idle timer would still have kept a replica) is worth to you, in "
+        "GPU-seconds. The service goes to zero before scaleToZeroAfterSeconds only where its "
+        "learned demand says that saves more GPU time than this per late request it is expected "
+        "to cause: at the default (one GPU-hour) only hours with fewer than one request an hour "
+        "go to zero early; a lower price trades late requests for GPU time.",
+    )
     hold_timeout_seconds: float | None = Field(
         default=None,
         gt=0,

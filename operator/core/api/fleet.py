@@ -32,7 +32,7 @@ class FleetGateway(ApiModel):
     model_config = ConfigDict(
         json_schema_extra=_rules(
             cel(
-                "self.maxLoadsTotal >= self.maxLoadsPerReplica",
+                "!has(self.maxLoadsTotal) || self.maxLoadsTotal >= self.maxLoadsPerReplica",
                 LOADS_TOTAL_MESSAGE,
                 ".maxLoadsTotal",
             )
@@ -50,11 +50,14 @@ class FleetGateway(ApiModel):
         le=16,
         description="Cold loads the gateway asks one runtime pod for at a time.",
     )
-    max_loads_total: int = Field(
-        default=4,
+    max_loads_total: int | None = Field(
+        default=None,
         ge=1,
         le=1000,
-        description="Cold loads the gateway asks the whole pool for at a time.",
+        description="Cold loads that evict which the gateway asks the whole pool for at a "
+        "time. Unset: sized from the pool, maxLoadsPerReplica times the ready runtime pods "
+        "that serve the model (a load that fits in free bytes is bounded by the pod's load "
+        "slots alone).",
     )
     hold_timeout_seconds: float = Field(
         default=30.0,
@@ -73,7 +76,8 @@ class FleetGateway(ApiModel):
 
     @model_validator(mode="after")
     def _loads_total_covers_one_replica(self) -> FleetGateway:
-        if self.max_loads_total < self.max_loads_per_replica:
+        total = self.max_loads_total
+        if total is not None and total < self.max_loads_per_replica:
             raise ValueError(LOADS_TOTAL_MESSAGE)
         return self
 
