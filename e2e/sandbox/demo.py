@@ -173,6 +173,22 @@ def _view(frame: Frame | None, events: list[str]) -> Group:
     return Group(table, pools, decision, log)
 
 
+def replica_lines(frames: list[Frame], pool: str) -> dict[str, list[int]]:
+    """The replica panel's lines for ``pool``, one value per frame, all counting alike.
+
+    ``status.pools.<pool>.desired`` is the pool's size, its standby included, while ``ready``
+    counts only the serving pods: the ready line is ready + standby (every Ready pod), so it
+    meets the desired line once the pool is warm, and ``serving`` shows the part that takes
+    traffic. Plotting ``ready`` against ``desired`` showed a settled 3 serving + 1 standby as
+    "3 of 4" (issue 40 item 5)."""
+    counts = [f.pools.get(pool, {}) for f in frames]
+    return {
+        "warm": [c.get("ready", 0) + c.get("standby", 0) for c in counts],
+        "serving": [c.get("ready", 0) for c in counts],
+        "desired": [c.get("desired", 0) for c in counts],
+    }
+
+
 def _plot(timeline: Timeline, report: LoadReport, path: Path) -> None:
     import matplotlib
 
@@ -192,20 +208,19 @@ def _plot(timeline: Timeline, report: LoadReport, path: Path) -> None:
     ax_lat.axhline(SLO_P99_MS, color="gray", linestyle="--", label="SLO P99")
     ax_lat.set_ylabel("ms")
     for pool, color in (("primary", "tab:blue"), ("baseline", "tab:green")):
+        lines = replica_lines(timeline.frames, pool)
+        ax_rep.step(ts, lines["warm"], where="post", color=color, label=f"{pool} ready")
         ax_rep.step(
             ts,
-            [f.pools.get(pool, {}).get("ready", 0) for f in timeline.frames],
+            lines["serving"],
             where="post",
             color=color,
-            label=f"{pool} ready",
+            linestyle="-.",
+            alpha=0.6,
+            label=f"{pool} ready, serving",
         )
         ax_rep.step(
-            ts,
-            [f.pools.get(pool, {}).get("desired", 0) for f in timeline.frames],
-            where="post",
-            color=color,
-            linestyle=":",
-            label=f"{pool} desired",
+            ts, lines["desired"], where="post", color=color, linestyle=":", label=f"{pool} desired"
         )
     ax_rep.set_ylabel("replicas")
     ax_rep.set_xlabel("seconds since the load started")

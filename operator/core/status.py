@@ -169,10 +169,13 @@ def _ready(inp: StatusInput, active: PoolStatus) -> tuple[ConditionStatus, str, 
             f"{active.ready} replicas of pool {pool} ready; no gateway pod is ready yet",
         )
     if active.ready > 0:
+        # `desired` counts the standby too: say so, or "3 of 4 ... serving" reads as one down.
+        standby = f", {active.standby} ready as standby" if active.standby else ""
         return (
             ConditionStatus.TRUE,
             "Serving",
-            f"{active.ready} of {active.desired} replicas of pool {pool} ready and serving",
+            f"{active.ready} of {active.desired} replicas of pool {pool} ready and serving"
+            f"{standby}",
         )
     if active.desired == 0 and not inp.problems and has_served(inp.previous):
         return ConditionStatus.TRUE, "ScaledToZero", f"pool {pool} is scaled to zero"

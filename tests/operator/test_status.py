@@ -193,6 +193,16 @@ def test_counts_separate_ready_warming_and_standby() -> None:
     assert status.selector == "serving.tidal.dev/isvc=svc,serving.tidal.dev/pool=primary"
 
 
+def test_ready_message_counts_the_standby_that_desired_includes() -> None:
+    # Issue 40 item 5: 3 serving + 1 standby of 4 asked for is the decided split, not a
+    # replica down; the message must not read as one.
+    status = compute_status(_input(pods=_pods(3, 0, 1), desired={PRIMARY: 4})).status
+    (ready,) = [c for c in status.conditions if c.type == READY]
+    assert ready.message == (
+        "3 of 4 replicas of pool primary ready and serving, 1 ready as standby"
+    ), ready.message
+
+
 def test_terminating_pods_do_not_count() -> None:
     pods = [*_pods(2), PodState("primary", "serving", True, terminating=True)]
     assert compute_status(_input(pods=pods)).status.replicas == 2
