@@ -807,7 +807,9 @@ def resolve_build_refs(
                 backend=Backend.ONNXRUNTIME,
                 precision=Precision(now.precision),
             )
-            out.append(model.model_copy(update={"engines": [engine]}))
+            made = builds.get(now.build)
+            version = model.version or (made.spec.version if made else None)
+            out.append(model.model_copy(update={"engines": [engine], "version": version}))
         return out
 
     models = resolve(spec.models, spec.runtime.backend, PoolName.PRIMARY.value, "spec.models")
