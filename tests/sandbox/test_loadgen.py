@@ -1,10 +1,11 @@
-"""The load generator's balancing (pure: no endpoints are polled)."""
+"""The load generator's balancing and what it records of an answer (pure: no endpoints are
+polled)."""
 
 from __future__ import annotations
 
 from collections import Counter
 
-from tidal.sandbox.loadgen import LoadGenerator
+from tidal.sandbox.loadgen import LoadGenerator, answer_version
 
 
 def _generator(endpoints: tuple[str, ...]) -> LoadGenerator:
@@ -28,3 +29,10 @@ def test_least_outstanding_wins_and_exclude_is_honoured() -> None:
     assert {generator._pick() for _ in range(50)} == {"b:1"}
     assert {generator._pick(exclude="b:1") for _ in range(50)} == {"c:1"}
     assert _generator(())._pick() is None
+
+
+def test_each_answer_records_the_model_version_that_served_it() -> None:
+    answer = b'{"model_name":"digits","model_version":"3","outputs":[]}'
+    assert answer_version(answer) == "3"
+    for body in (b"", b"not json", b"[1, 2]", b'{"outputs": []}', b'{"error": "x"}'):
+        assert answer_version(body) == "", body
