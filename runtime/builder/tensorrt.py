@@ -25,7 +25,8 @@ One build, in order:
    ``int8`` the Q/DQ model made by ONNX Runtime's ``quantize_static`` (QDQ format, symmetric
    INT8 activations and weights, bias left in FP32: :func:`tensorrt_quantization`) calibrated
    on the calibration set, and **gated under ONNX Runtime first**: a Q/DQ model that fails the
-   gate is refused before TensorRT runs; it is kept beside the plan (``*.qdq.onnx``);
+   gate is refused before TensorRT runs; it is written beside the plan in the work directory
+   (``*.qdq.onnx``), not published;
 3. ``trt.Builder`` -> ``create_network(1 << STRONGLY_TYPED)`` (:func:`network_flags`) ->
    ``trt.OnnxParser`` ``parse_from_file``; a parser error names the ONNX node;
    ``create_builder_config``, the workspace pool (``set_memory_pool_limit``), one optimization
