@@ -25,8 +25,9 @@ One build, in order:
    ``int8`` the Q/DQ model made by ONNX Runtime's ``quantize_static`` (QDQ format, symmetric
    INT8 activations and weights, bias left in FP32: :func:`tensorrt_quantization`) calibrated
    on the calibration set, and **gated under ONNX Runtime first**: a Q/DQ model that fails the
-   gate is refused before TensorRT runs; it is written beside the plan in the work directory
-   (``*.qdq.onnx``), not published;
+   gate is refused before TensorRT runs (recorded in the manifest like any refusal, naming the
+   Q/DQ file judged); it is written beside the plan in the work directory (``*.qdq.onnx``),
+   not published;
 3. ``trt.Builder`` -> ``create_network(1 << STRONGLY_TYPED)`` (:func:`network_flags`) ->
    ``trt.OnnxParser`` ``parse_from_file``; a parser error names the ONNX node;
    ``create_builder_config``, the workspace pool (``set_memory_pool_limit``), one optimization
@@ -53,7 +54,7 @@ from typing import Any
 import numpy as np
 
 from .datasets import Array, batches, load_set
-from .gate import Reference, judge, measure
+from .gate import Reference, RefusedBeforeBuild, judge, measure
 from .onnxrt import OnnxRuntimeMaker, quantize_int8
 from .plan import GPU_LIBRARY, TENSORRT_NETWORKS, ServedModel
 from .spec import ARCH_TARGET, BuildSpec, ModelError, QuantizationSpec, ShapeProfile
@@ -259,7 +260,8 @@ def qdq_model(
     calibration_file: Path | None,
 ) -> tuple[Path, int]:
     """The Q/DQ INT8 model calibrated on the calibration set and gated under ONNX Runtime
-    (the runtime's CPU backend) against the reference: refused here, no plan is built."""
+    (the runtime's CPU backend) against the reference: refused here
+    (:class:`.gate.RefusedBeforeBuild`), no plan is built and the build records the refusal."""
     calibration = spec.calibration
     assert calibration is not None and calibration_file is not None  # the spec's rule
     settings, options = tensorrt_quantization(spec.quantization)
@@ -275,13 +277,10 @@ def qdq_model(
         calibration.max_samples,
         options,
     )
-    candidate = source.evaluate(path, "int8")
-    verdict = judge(measure(reference.expected, candidate, reference.labels), spec.gate)
+    metrics = measure(reference.expected, source.evaluate(path, "int8"), reference.labels)
+    verdict = judge(metrics, spec.gate)
     if not verdict.passed:
-        raise ModelError(
-            f"precisions: int8: the Q/DQ model, run by ONNX Runtime, is {verdict.reason}: "
-            "no plan is built from it"
-        )
+        raise RefusedBeforeBuild(path, metrics, verdict, used)
     return path, used
 
 

@@ -21,6 +21,7 @@ import pytest
 from tidal.runtime import modelgen
 from tidal.runtime.builder.__main__ import main as builder_main
 from tidal.runtime.builder.build import build, engine_maker
+from tidal.runtime.builder.gate import RefusedBeforeBuild
 from tidal.runtime.builder.plan import engine_file_name, key_inputs
 from tidal.runtime.builder.spec import BuildSpecError, ModelError, ShapeProfile, parse_build_spec
 from tidal.runtime.builder.tensorrt import (
@@ -172,10 +173,74 @@ def test_int8_is_a_qdq_model_gated_under_onnx_runtime_before_tensorrt(tmp_path: 
     assert used and used > 1000, used  # the training digits
 
     # the same step refuses a model calibrated on blank images, before TensorRT would run
-    with pytest.raises(ModelError, match=r"int8: the Q/DQ model, run by ONNX Runtime, is refused"):
+    with pytest.raises(RefusedBeforeBuild) as caught:
         network_model(
             spec, maker, reference, inputs / "digits.onnx", "int8", engine, inputs / "blank.npz"
         )
+    early = caught.value
+    assert early.judged.name.endswith(".qdq.onnx") and not early.verdict.passed, early
+    assert early.metrics.top1_agreement < 0.99, early.metrics
+    assert str(early).startswith("refused: top1Agreement"), str(early)
+
+
+class QdqMaker:
+    """The TensorRT maker's INT8 path with ONNX Runtime in TensorRT's place: the Q/DQ model is
+    made and gated by the real code (network_model); the 'plan' is that model, run by ONNX
+    Runtime. What is under test is how a build records a refusal before building."""
+
+    def __init__(self, spec: Any) -> None:
+        from tidal.runtime.builder.onnxrt import OnnxRuntimeMaker, library_versions
+
+        self.spec, self.source, self.versions = spec, OnnxRuntimeMaker(spec), library_versions()
+
+    def libraries(self) -> dict[str, str]:
+        return {**self.versions, "tensorrt": "10.13.0", "gpu": "sm90"}
+
+    def reference(self, source: Path, validation_file: Path) -> Any:
+        self.onnx, self.ref = source, self.source.reference(source, validation_file)
+        return self.ref
+
+    def make(self, precision: str, engine: Path, calibration_file: Path | None) -> int | None:
+        model, used = network_model(
+            self.spec, self.source, self.ref, self.onnx, precision, engine, calibration_file
+        )
+        engine.write_bytes(model.read_bytes())
+        return used
+
+    def evaluate(self, engine: Path, precision: str) -> Any:
+        return self.source.evaluate(engine, precision)
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_qdq_model_refused_before_building_is_recorded_like_any_refusal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    import tidal.runtime.builder.build as build_module
+
+    monkeypatch.setattr(build_module, "engine_maker", QdqMaker)
+    inputs = modelgen.write_digits_build_inputs(tmp_path / "inputs")
+    spec = trt_spec(
+        inputs,
+        precisions=["fp32", "int8"],
+        calibration={"uri": str(inputs / "blank.npz"), "batchSize": 16},
+        output=str(tmp_path / "store"),
+    )
+    lines: list[str] = []
+    report = build(spec, tmp_path / "work", progress=lines.append)
+    verdicts = {a.precision: a for a in report.artifacts}
+    assert verdicts["fp32"].engine_uri and not verdicts["int8"].engine_uri, report
+    assert "refused before building: int8 (sm90-trt10.13-int8.qdq.onnx)" in lines, lines
+    folder = tmp_path / "store" / "digits" / "1" / "sm90" / "int8"
+    assert sorted(p.name for p in folder.iterdir()) == ["manifest.json"], list(folder.iterdir())
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert not manifest["published"], manifest
+    assert manifest["file"]["name"] == "sm90-trt10.13-int8.qdq.onnx", manifest["file"]
+    assert manifest["calibration"]["samples"] == 64, manifest["calibration"]
+    assert manifest["accuracy"]["top1Agreement"] < 0.99, manifest["accuracy"]
 
 
 def test_fp16_and_bf16_networks_parse_a_cast_model_with_fp32_at_the_boundary(
