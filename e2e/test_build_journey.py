@@ -356,6 +356,14 @@ def test_a_new_version_from_the_store_is_built_gated_and_rolled_out_under_traffi
             raise errors[0]
         final = journey.isvc()
         configs = journey.configs()
+        pods = [
+            (
+                p.metadata.name,
+                (p.metadata.labels or {}).get("serving.tidal.dev/pool"),
+                p.status.pod_ip,
+            )
+            for p in journey.core.list_namespaced_pod(namespace).items
+        ]
         log3, scheduled3 = journey.job_log("digits-3")
 
     failures = report.failures()
@@ -400,7 +408,14 @@ def test_a_new_version_from_the_store_is_built_gated_and_rolled_out_under_traffi
         "after": served(marks["all traffic"]),
     }
     every = served(0.0)
-    story = f"answers by version {dict(every)}, by phase {split}\n{story}"
+    late = Counter((x.endpoint, x.version) for x in answers if x.wall >= marks["all traffic"])
+    t_mono = report.samples[0].sent - (report.samples[0].wall - marks["applied"])
+    changes = [(round(t - t_mono, 1), eps) for t, eps in report.endpoint_changes]
+    story = (
+        f"answers by version {dict(every)}, by phase {split}\nafter all traffic, by (endpoint, "
+        f"version): {dict(late)}\nendpoint changes (s after applied): {changes}\npods: {pods}"
+        f"\n{story}"
+    )
     assert "2" not in every, f"an answer came from the refused version: {story}"
     assert set(split["before"]) == {"1"}, story
     assert set(split["50 % step"]) == {"1", "3"}, f"both versions serve the 50 % step: {story}"
