@@ -10,7 +10,9 @@ the call the batcher makes for a batch. Not measured: HTTP, queueing, dynamic ba
 same for both precisions; bench/runtime_bench.py measures them).
 
 * throughput: rows per second per batch size, FP32 and INT8 timed in alternating rounds (the
-  median round counts), and the INT8/FP32 ratio;
+  median round counts), and the INT8/FP32 ratio; beside them ``int8-trt``, the Q/DQ model the
+  TensorRT builder hands TensorRT (symmetric INT8, FP32 bias: ``tensorrt.TENSORRT_QDQ_OPTIONS``)
+  run by ONNX Runtime, where the TensorRT build gates it;
 * accuracy: labelled accuracy of both on the held-out digits and the delta, top-1 agreement
   with FP32, through the same ``infer`` call.
 
@@ -32,7 +34,9 @@ import onnxruntime as ort
 from tidal.runtime import modelgen
 from tidal.runtime.backends.onnx import OnnxEngine, OnnxRuntimeBackend
 from tidal.runtime.builder.build import build
-from tidal.runtime.builder.spec import parse_build_spec
+from tidal.runtime.builder.onnxrt import inputs_of, quantize_int8, session
+from tidal.runtime.builder.spec import QuantizationSpec, parse_build_spec
+from tidal.runtime.builder.tensorrt import TENSORRT_QDQ_OPTIONS
 from tidal.runtime.config import ModelSpec, OnnxRuntimeSpec
 from tidal.runtime.core.engines import describe_engine
 
@@ -96,6 +100,18 @@ def main() -> None:
             for a in report.artifacts
             if a.engine_uri
         }
+        source = work / f"{name}.onnx"
+        paths["int8-trt"] = work / f"{name}-int8-trt.qdq.onnx"
+        quantize_int8(
+            source,
+            paths["int8-trt"],
+            {"input": data.train_x},
+            inputs_of(session(source)),
+            QuantizationSpec(),
+            64,
+            None,
+            TENSORRT_QDQ_OPTIONS,
+        )
         engines = {p: load(path) for p, path in paths.items()}
         sizes = {p: path.stat().st_size for p, path in paths.items()}
         print(
@@ -104,23 +120,29 @@ def main() -> None:
         )
         top = {p: predictions(e, data.test_x) for p, e in engines.items()}
         accuracy = {p: float((t == data.test_y).mean()) for p, t in top.items()}
-        agreement = float((top["int8"] == top["fp32"]).mean())
+        for kind in ("int8", "int8-trt"):
+            agreement = float((top[kind] == top["fp32"]).mean())
+            print(
+                f"  accuracy on {len(data.test_y)} held-out digits: fp32 {accuracy['fp32']:.4f}, "
+                f"{kind} {accuracy[kind]:.4f}, delta {accuracy[kind] - accuracy['fp32']:+.4f}; "
+                f"top-1 agreement {agreement:.4f}"
+            )
         print(
-            f"  accuracy on {len(data.test_y)} held-out digits: fp32 {accuracy['fp32']:.4f}, "
-            f"int8 {accuracy['int8']:.4f}, delta {accuracy['int8'] - accuracy['fp32']:+.4f}; "
-            f"top-1 agreement {agreement:.4f}"
+            f"  {'batch':>5}  {'fp32 rows/s':>12}  {'int8 rows/s':>12}  {'int8/fp32':>9}"
+            f"  {'int8-trt rows/s':>15}  {'int8-trt/fp32':>13}"
         )
-        print(f"  {'batch':>5}  {'fp32 rows/s':>12}  {'int8 rows/s':>12}  {'int8/fp32':>9}")
+        kinds = ("fp32", "int8", "int8-trt")
         for size in BATCHES:
             batch = np.ascontiguousarray(data.test_x[:size])
-            rounds: dict[str, list[float]] = {"fp32": [], "int8": []}
+            rounds: dict[str, list[float]] = {k: [] for k in kinds}
             for _ in range(args.rounds):
-                for precision in ("fp32", "int8"):
-                    rounds[precision].append(
-                        rows_per_second(engines[precision], batch, args.seconds)
-                    )
-            fp32, int8 = (statistics.median(rounds[p]) for p in ("fp32", "int8"))
-            print(f"  {size:>5}  {fp32:>12.0f}  {int8:>12.0f}  {int8 / fp32:>8.2f}x")
+                for kind in kinds:
+                    rounds[kind].append(rows_per_second(engines[kind], batch, args.seconds))
+            fp32, int8, trt = (statistics.median(rounds[k]) for k in kinds)
+            print(
+                f"  {size:>5}  {fp32:>12.0f}  {int8:>12.0f}  {int8 / fp32:>8.2f}x"
+                f"  {trt:>15.0f}  {trt / fp32:>12.2f}x"
+            )
 
 
 if __name__ == "__main__":

@@ -18,9 +18,13 @@ each against the FP32 source on the held-out digits, and publishes what passed t
    pod: no runtime configuration of any pool ever names it (watched throughout), and the store
    holds only its refusal record.
 
-Asserted: no request failed during the whole journey; each step above. Printed: the journey's
-table (seconds per phase, from the build pod's own progress lines and the API's timestamps),
-the gate's numbers for the pass and the refusal.
+Asserted: no request failed during the whole journey; each step above; and, from the answers
+themselves (every OIP answer carries the ``model_version`` that served it): only version 1
+before, both 1 and 3 during the 50 % step, only 3 once all traffic moved, never the refused 2;
+the gate's threshold on every engine of both builds (FP32 and INT8 of digits-1 pass, FP32 of
+digits-2 passes, its INT8 is refused below the limit). Printed: the journey's table (seconds
+per phase, from the build pod's own progress lines and the API's timestamps), the gate's
+numbers, the answers by version per phase and the 50 % step's measured split.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import asyncio
 import json
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +42,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from scenario import apply, install_crd, parse_time, running_operator
 
+from tidal.runtime.builder.spec import GateSpec
 from tidal.runtime.modelgen import write_digits_build_inputs
 from tidal.sandbox.loadgen import LoadGenerator
 from tidal.sandbox.operatorproc import condition, get_isvc
@@ -310,6 +316,14 @@ def test_a_new_version_from_the_store_is_built_gated_and_rolled_out_under_traffi
                 marks["rollout step"] = time.time()
                 journey.wait_isvc(
                     lambda b: (
+                        (b["status"].get("rollout") or {}).get("primaryTrafficPercent", 0) >= 100
+                        or (b["status"].get("rollout") or {}).get("phase") == "Stable"
+                    ),
+                    "the rollout's 100 % step",
+                )
+                marks["rollout 100 %"] = time.time()
+                journey.wait_isvc(
+                    lambda b: (
                         (b["status"].get("rollout") or {}).get("phase") == "Stable"
                         and {(x["pool"], x["build"]) for x in b["status"].get("builds") or []}
                         == {("primary", "digits-3"), ("baseline", "digits-1")}
@@ -342,6 +356,14 @@ def test_a_new_version_from_the_store_is_built_gated_and_rolled_out_under_traffi
             raise errors[0]
         final = journey.isvc()
         configs = journey.configs()
+        pods = [
+            (
+                p.metadata.name,
+                (p.metadata.labels or {}).get("serving.tidal.dev/pool"),
+                p.status.pod_ip,
+            )
+            for p in journey.core.list_namespaced_pod(namespace).items
+        ]
         log3, scheduled3 = journey.job_log("digits-3")
 
     failures = report.failures()
@@ -372,6 +394,54 @@ def test_a_new_version_from_the_store_is_built_gated_and_rolled_out_under_traffi
     assert not refused_int8["published"] and refused_int8.get("uri") is None, refused_int8
     assert passed_int8["published"], passed_int8
 
+    # the rollout proven by the answers: the version that served each one (OIP model_version)
+    answers = [x for x in report.samples if x.ok]
+    unversioned = [x for x in answers if not x.version]
+    assert not unversioned, f"{len(unversioned)} answers without model_version: {unversioned[:3]}"
+
+    def served(start: float, end: float = float("inf")) -> Counter[str]:
+        return Counter(x.version for x in answers if start <= x.wall < end)
+
+    split = {
+        "before": served(0.0, marks["applied"]),
+        "50 % step": served(marks["rollout step"], marks["rollout 100 %"]),
+        "after": served(marks["all traffic"]),
+    }
+    every = served(0.0)
+    late = Counter((x.endpoint, x.version) for x in answers if x.wall >= marks["all traffic"])
+    t_mono = report.samples[0].sent - (report.samples[0].wall - marks["applied"])
+    changes = [(round(t - t_mono, 1), eps) for t, eps in report.endpoint_changes]
+    story = (
+        f"answers by version {dict(every)}, by phase {split}\nafter all traffic, by (endpoint, "
+        f"version): {dict(late)}\nendpoint changes (s after applied): {changes}\npods: {pods}"
+        f"\n{story}"
+    )
+    assert "2" not in every, f"an answer came from the refused version: {story}"
+    assert set(split["before"]) == {"1"}, story
+    assert set(split["50 % step"]) == {"1", "3"}, f"both versions serve the 50 % step: {story}"
+    assert set(split["after"]) == {"3"}, f"only the new version once all traffic moved: {story}"
+    step = split["50 % step"]
+    share = step["3"] / sum(step.values())
+
+    # the gate's thresholds, on both builds: FP32 passes both; INT8 passes on representative
+    # calibration and is refused on blank images, each against the gate's limit
+    limit = GateSpec().min_top1_agreement
+    gates: dict[str, dict[str, Any]] = {}
+    for build in (passed, refused):
+        for artifact in build["status"]["targets"][0]["artifacts"]:
+            gates[f"{build['metadata']['name']} {artifact['precision']}"] = artifact
+    assert sorted(gates) == ["digits-1 fp32", "digits-1 int8", "digits-2 fp32", "digits-2 int8"]
+    for name, artifact in gates.items():
+        admitted = name != "digits-2 int8"
+        agreement = artifact.get("top1Agreement")
+        assert agreement is not None, (name, artifact)
+        assert artifact["published"] is admitted and (agreement >= limit) is admitted, (
+            name,
+            limit,
+            artifact,
+        )
+        assert f"minTop1Agreement {limit:g}" in artifact["reason"], (name, artifact)
+
     # the journey's table
     phases = progress_times(log3)
     t0 = marks["applied"]
@@ -400,6 +470,10 @@ def test_a_new_version_from_the_store_is_built_gated_and_rolled_out_under_traffi
         + "\n".join(lines)
         + f"\ngate, digits-1 int8: {passed_int8['reason']}"
         + f"\ngate, digits-2 int8 (blank calibration): {refused_int8['reason']}"
+        + "\nanswers by model_version: "
+        + "; ".join(f"{phase} {dict(sorted(c.items()))}" for phase, c in split.items())
+        + f"\n50 % step: {share:.0%} of answers from digits-3 (configured 50 %, "
+        f"{'within' if abs(share - 0.5) <= 0.05 else 'outside'} ±5 points)"
         + f"\ntraffic: {len(report.samples)} requests, {len(failures)} failed, "
         f"P99 {report.p99() * 1000:.0f} ms; config polls {watch.polls}"
     )

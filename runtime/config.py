@@ -98,6 +98,12 @@ class WarmupSpec(_Model):
 
 class ModelSpec(_Model):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+    version: str = Field(
+        default="1",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$",
+        description="the version every answer reports (model_version; the operator sets a "
+        "ModelBuild's version); the one version the OIP paths accept",
+    )
     engines: list[EngineSpec] = Field(min_length=1)
     max_batch_size: int = Field(default=8, gt=0, le=65536)
     batching: BatchingSpec = Field(default_factory=BatchingSpec)

@@ -42,16 +42,15 @@ from .errors import (
     InjectedFault,
     InvalidInput,
     InvalidRequest,
-    ModelNotFound,
     ServingError,
 )
 from .grpc import oip_v2_pb2 as pb
 from .protocol import DATATYPES, datatype_of
 from .server import (
-    VERSIONS,
     RequestAccounting,
     RuntimeServer,
     _validate,
+    check_version,
     make_runner,
 )
 
@@ -147,14 +146,9 @@ def grpc_status(error: ServingError) -> grpc.StatusCode:
 
 
 def _check_version(runtime: RuntimeServer, name: str, version: str) -> None:
-    """Like the HTTP paths: unknown model first (NOT_FOUND), then the version (every model has
-    version 1; empty means the latest)."""
-    runtime.cache.slot(name)
-    if version == "" or version in VERSIONS:
-        return
-    if not version.isdigit() or not version.isascii():
-        raise InvalidRequest(f"model version {version!r:.40} is not a number")
-    raise ModelNotFound(f"model {name!r} has no version {version!r}; versions: {list(VERSIONS)}")
+    """Like the HTTP paths: unknown model first (NOT_FOUND), then the version (a model has the one
+    version its configuration names, default 1; empty means that one)."""
+    check_version(name, version, runtime.cache.slot(name).spec.version)
 
 
 def _timeout_ms(request: Any, deadline_ms: float | None) -> float | None:
@@ -309,7 +303,7 @@ class GrpcInference:
         meta = pb.ModelMetadataResponse
         return meta(
             name=request.name,
-            versions=["1"],
+            versions=[slot.spec.version],
             platform=slot.platform or "",
             inputs=[
                 meta.TensorMetadata(name=s.name, datatype=s.datatype, shape=s.shape)
@@ -356,7 +350,8 @@ class GrpcInference:
             names = list(self.runtime.cache.slots)
         response = pb.ModelStatisticsResponse()
         for name in names:
-            stats = self.runtime.metrics.stats_for(name).as_json(name, VERSIONS[-1])
+            served = self.runtime.cache.slot(name).spec.version
+            stats = self.runtime.metrics.stats_for(name).as_json(name, served)
             json_format.ParseDict(stats, response.model_stats.add(), ignore_unknown_fields=True)
         return response
 
@@ -365,7 +360,9 @@ class GrpcInference:
     async def repository_index(self, request: Any) -> Any:
         index = pb.RepositoryIndexResponse
         models = [
-            index.ModelIndex(name=name, version="1", state=slot.state, reason=slot.last_error or "")
+            index.ModelIndex(
+                name=name, version=slot.spec.version, state=slot.state, reason=slot.last_error or ""
+            )
             for name, slot in self.runtime.cache.slots.items()
             if not request.ready or slot.state == READY
         ]
@@ -416,7 +413,7 @@ class GrpcInference:
             outputs = await future
         finally:
             runtime.cache.release(name)
-        response = pb.ModelInferResponse(model_name=name, model_version=VERSIONS[-1], id=request.id)
+        response = pb.ModelInferResponse(model_name=name, model_version=spec.version, id=request.id)
         encode_outputs(response, outputs, wanted)
         if faults.added_latency_ms:
             await asyncio.sleep(faults.added_latency_ms / 1000.0)

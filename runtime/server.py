@@ -72,7 +72,6 @@ log = logging.getLogger("tidal.runtime.server")
 
 MAX_LONG_POLL_S = 30.0  # longest a GET /v2/tidal/models?since=… waits for a change
 MAX_ACTIVITY_POLL_S = 120.0  # longest a GET /v2/tidal/activity?since=… waits for a request
-VERSIONS = ("1",)  # every model has one version
 # A failed preload is tried again after 1 s, 2 s, ... 30 s (reported as Retry-After meanwhile).
 PRELOAD_BACKOFF = Backoff(first_seconds=1.0, max_seconds=30.0)
 MAX_REQUEST_BYTES = web.AppKey("max_request_bytes", int)  # for the middleware's early check
@@ -285,6 +284,16 @@ class RequestAccounting:
             series.stats.last_inference_ms = int(runtime.wall() * 1000)
         elif code != ClientDisconnected.status:
             series.stats.fail.add(elapsed)
+
+
+def check_version(name: str, asked: str, served: str) -> str:
+    """The version a request names, checked like Triton: empty means the served one; another
+    is 404 (400 when it is not even a number)."""
+    if asked in ("", served):
+        return served
+    if not asked.isdigit() or not asked.isascii():
+        raise InvalidRequest(f"model version {asked!r:.40} is not a number")
+    raise ModelNotFound(f"model {name!r} has no version {asked!r}; versions: {[served]}")
 
 
 class RuntimeServer:
@@ -505,17 +514,8 @@ class RuntimeServer:
     def _version(self, request: web.Request) -> str:
         """The model's version the path names: checked like Triton (404 for unknown ones)."""
         name = request.match_info["model"]
-        self.cache.slot(name)  # unknown model: 404 first
-        version = request.match_info.get("version")
-        if version is None or version == "":
-            return VERSIONS[-1]
-        if not version.isdigit() or not version.isascii():
-            raise InvalidRequest(f"model version {version!r:.40} is not a number")
-        if version not in VERSIONS:
-            raise ModelNotFound(
-                f"model {name!r} has no version {version!r}; versions: {list(VERSIONS)}"
-            )
-        return version
+        served = self.cache.slot(name).spec.version  # unknown model: 404 first
+        return check_version(name, request.match_info.get("version") or "", served)
 
     async def _known_metadata(self, name: str) -> Any:
         slot = self.cache.slot(name)
@@ -537,7 +537,7 @@ class RuntimeServer:
         return web.json_response(
             {
                 "name": name,
-                "versions": list(VERSIONS),
+                "versions": [slot.spec.version],
                 "platform": slot.platform,
                 "inputs": tensors(slot.inputs),
                 "outputs": tensors(slot.outputs),
@@ -594,10 +594,14 @@ class RuntimeServer:
             names = [request.match_info["model"]]
             version = self._version(request)
         else:
-            names, version = list(self.cache.slots), VERSIONS[-1]
-        stats = self.metrics.stats_for
+            names, version = list(self.cache.slots), ""
+        stats, slots = self.metrics.stats_for, self.cache.slots
         return web.json_response(
-            {"model_stats": [stats(name).as_json(name, version) for name in names]}
+            {
+                "model_stats": [
+                    stats(name).as_json(name, version or slots[name].spec.version) for name in names
+                ]
+            }
         )
 
     # -- repository extension -----------------------------------------------------------------
@@ -611,7 +615,7 @@ class RuntimeServer:
         for name, slot in self.cache.slots.items():
             if only_ready and slot.state != READY:
                 continue
-            entry = {"name": name, "version": "1", "state": slot.state}
+            entry = {"name": name, "version": slot.spec.version, "state": slot.state}
             if slot.last_error:
                 entry["reason"] = slot.last_error
             index.append(entry)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 import random
 import threading
@@ -39,10 +40,22 @@ class Sample:
     # The first endpoint refused the connection (the request never reached it) and the request
     # was sent once more to another (``retry_connect_errors``).
     retried_from: str = ""
+    # The model_version of the answer (OIP v2): which version served it ("" when not an answer).
+    version: str = ""
 
     @property
     def ok(self) -> bool:
         return 200 <= self.status < 300
+
+
+def answer_version(body: bytes) -> str:
+    """An OIP v2 answer's ``model_version`` ("" when the body is not a JSON answer: the binary
+    extension puts a JSON header first, which this does not split off)."""
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        return ""
+    return str(answer.get("model_version", "")) if isinstance(answer, dict) else ""
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -211,33 +224,34 @@ class LoadGenerator:
             )
             return
         start = time.perf_counter()
-        status, error, refused = await self._send(session, endpoint, model)
+        status, error, refused, version = await self._send(session, endpoint, model)
         retried_from = ""
         if refused and self.retry_connect_errors:
             other = self._pick(exclude=endpoint)
             if other is not None:
                 retried_from, endpoint = endpoint, other
-                status, error, _ = await self._send(session, endpoint, model)
+                status, error, _, version = await self._send(session, endpoint, model)
         latency = time.perf_counter() - start
         self.report.samples.append(
-            Sample(sent, wall, latency, status, endpoint, error, model, retried_from)
+            Sample(sent, wall, latency, status, endpoint, error, model, retried_from, version)
         )
 
     async def _send(
         self, session: aiohttp.ClientSession, endpoint: str, model: str
-    ) -> tuple[int, str, bool]:
-        """(status, error, connection refused) of one attempt."""
+    ) -> tuple[int, str, bool, str]:
+        """(status, error, connection refused, the answer's model_version) of one attempt."""
         self._in_flight[endpoint] = self._in_flight.get(endpoint, 0) + 1
         try:
             url = f"http://{endpoint}/v2/models/{model}/infer"
             async with session.post(url, json=self.body) as resp:
-                await resp.read()
-                error = (await resp.text())[:200] if resp.status >= 300 else ""
-                return resp.status, error, False
+                body = await resp.read()
+                if resp.status >= 300:
+                    return resp.status, (await resp.text())[:200], False, ""
+                return resp.status, "", False, answer_version(body)
         except aiohttp.ClientConnectorError as exc:
-            return 0, f"{type(exc).__name__}: {exc}"[:200], True
+            return 0, f"{type(exc).__name__}: {exc}"[:200], True, ""
         except (aiohttp.ClientError, TimeoutError) as exc:
-            return 0, f"{type(exc).__name__}: {exc}"[:200], False
+            return 0, f"{type(exc).__name__}: {exc}"[:200], False, ""
         finally:
             self._in_flight[endpoint] -= 1
 

@@ -783,6 +783,7 @@ def resolve_build_refs(
                     reason="engines from a ModelBuild are served by onnxruntime pools only in "
                     f"this release (the pool's backend is {backend.value})",
                 )
+            named = builds.get(ref.name)
             now = ServedBuild(
                 pool=pool,
                 model=model.name,
@@ -790,6 +791,7 @@ def resolve_build_refs(
                 precision=ref.precision.value,
                 uri=choice.uri or "",
                 sha256=choice.sha256,
+                version=model.version or (named.spec.version if named else None),
             )
             if choice.uri is None:
                 old = before.get((pool, model.name))
@@ -807,7 +809,8 @@ def resolve_build_refs(
                 backend=Backend.ONNXRUNTIME,
                 precision=Precision(now.precision),
             )
-            out.append(model.model_copy(update={"engines": [engine]}))
+            # the version kept with its engine (status.builds): the kept build may not be fetched
+            out.append(model.model_copy(update={"engines": [engine], "version": now.version}))
         return out
 
     models = resolve(spec.models, spec.runtime.backend, PoolName.PRIMARY.value, "spec.models")

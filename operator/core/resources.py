@@ -421,9 +421,11 @@ def render_runtime_config(pool: Pool, fleet: bool = False) -> dict[str, Any]:
             if engine.tensorrt_version is not None:
                 entry["trtVersion"] = engine.tensorrt_version
             engines.append(entry)
+        version = {} if model.version is None else {"version": model.version}
         models.append(
             {
                 "name": model.name,
+                **version,
                 "engines": engines,
                 "maxBatchSize": model.max_batch_size,
                 "batching": _batching(model),

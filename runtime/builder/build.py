@@ -18,7 +18,7 @@ from ..clock import CLOCK, Clock, utc_timestamp
 from ..config import S3Spec
 from ..errors import EngineLoadError
 from ..storage import EngineStore, local_path, make_s3_store, sha256_file
-from .gate import Reference, judge, measure
+from .gate import Reference, RefusedBeforeBuild, judge, measure
 from .plan import (
     MANIFEST,
     DataRecord,
@@ -293,16 +293,22 @@ def _build_one(
     started = clock.now()
     engine = work_dir / precision / file_name
     engine.parent.mkdir(parents=True, exist_ok=True)
-    used = maker.make(precision, engine, calibration_file)
+    judged = engine
+    try:
+        used = maker.make(precision, engine, calibration_file)
+    except RefusedBeforeBuild as early:  # the model it would be built from was refused
+        used, judged, metrics = early.used, early.judged, early.metrics
+        progress(f"refused before building: {precision} ({judged.name})")
+    else:
+        progress(f"built: {precision}")
+        actual = maker.evaluate(engine, precision)
+        metrics = measure(reference.expected, actual, reference.labels)
     calibration_record = None
     if used is not None:
         assert spec.calibration is not None
         calibration_record = DataRecord(
             uri=spec.calibration.uri, sha256=digests["calibration"] or "", samples=used
         )
-    progress(f"built: {precision}")
-    actual = maker.evaluate(engine, precision)
-    metrics = measure(reference.expected, actual, reference.labels)
     verdict = judge(metrics, spec.gate)
     progress(f"gated: {precision} {'passed' if verdict.passed else 'refused'}")
     manifest = Manifest(
@@ -312,7 +318,7 @@ def _build_one(
         target=spec.target,
         precision=precision,
         file=FileRecord(
-            name=engine.name, sha256=sha256_file(engine), size_bytes=engine.stat().st_size
+            name=judged.name, sha256=sha256_file(judged), size_bytes=judged.stat().st_size
         ),
         source=DataRecord(uri=spec.source.uri, sha256=digests["source"] or ""),
         calibration=calibration_record,
@@ -329,7 +335,7 @@ def _build_one(
         built_at=timestamp(),
         build_seconds=round(clock.now() - started, 3),
     )
-    if verdict.passed:
+    if verdict.passed and judged == engine:
         destination.put(engine_key, engine)
     # Last: a manifest is the commit mark of an engine (and the record of a refusal).
     destination.put(manifest_key, manifest.to_json().encode())

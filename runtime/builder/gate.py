@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -179,3 +180,15 @@ def judge(metrics: AccuracyMetrics, gate: GateSpec) -> GateVerdict:
     return GateVerdict(
         passed=all(c.passed for c in checks), checks=tuple(checks), skipped=tuple(skipped)
     )
+
+
+class RefusedBeforeBuild(Exception):
+    """The gate refused the model an engine would be built from (the Q/DQ model of a TensorRT
+    INT8 plan, judged where ONNX Runtime executes it): no engine is made, and the build records
+    the refusal like any other, naming the file judged (``judged``)."""
+
+    def __init__(
+        self, judged: Path, metrics: AccuracyMetrics, verdict: GateVerdict, used: int | None
+    ) -> None:
+        super().__init__(verdict.reason)
+        self.judged, self.metrics, self.verdict, self.used = judged, metrics, verdict, used

@@ -164,8 +164,11 @@ def quantize_int8(
     settings: QuantizationSpec,
     batch_size: int,
     max_samples: int | None,
+    extra_options: Mapping[str, Any] | None = None,
 ) -> int:
     """Static INT8 quantization calibrated on ``calibration``; returns the samples used.
+    ``extra_options``: quantize_static's (the TensorRT builder asks for symmetric activations
+    and FP32 bias, what TensorRT's Q/DQ networks take).
 
     The source is first pre-processed (ONNX shape inference and ORT's basic optimizations:
     what ONNX Runtime asks for before quantization), then quantized."""
@@ -210,6 +213,7 @@ def quantize_int8(
             weight_type=types[settings.weight_type],
             per_channel=settings.per_channel,
             calibrate_method=methods[settings.method],
+            extra_options=dict(extra_options or {}),
         )
     except ModelError:
         raise

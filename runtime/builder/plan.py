@@ -57,13 +57,20 @@ TORCH_SCHEMES: dict[str, str] = {
     "matrix products (torch._scaled_mm: per-tensor weight scale, per-call per-tensor activation "
     "scale), everything else bfloat16; inputs cast in, outputs cast back",
 }
-# The TensorRT builder flags each precision sets and clears (part of the build key). TF32 is on
-# by default in TensorRT: cleared for fp32 so that the engine does the reference's arithmetic.
-TENSORRT_FLAGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "fp32": ((), ("TF32",)),
-    "fp16": (("FP16",), ()),
-    "bf16": (("BF16",), ()),
-    "int8": (("INT8",), ()),
+# How the TensorRT builder makes each precision's network (part of the build key): always a
+# strongly typed network (``NetworkDefinitionCreationFlag.STRONGLY_TYPED``), whose types come
+# from the ONNX model it parses, and no precision flag (deprecated in TensorRT 10, removed in
+# 11). ``onnx``: which ONNX model is parsed; ``cleared``: builder flags cleared (TF32 is on by
+# default: cleared for fp32 so that the plan does the reference's arithmetic).
+TENSORRT_NETWORKS: dict[str, dict[str, Any]] = {
+    "fp32": {"onnx": "the source", "cleared": ["TF32"]},
+    "fp16": {"onnx": "the source cast to float16 (lowprec.cast_model)", "cleared": []},
+    "bf16": {"onnx": "the source cast to bfloat16 (lowprec.cast_model)", "cleared": []},
+    "int8": {
+        "onnx": "the Q/DQ model of ONNX Runtime's quantize_static, symmetric INT8, bias in FP32, "
+        "gated under ONNX Runtime first (tensorrt.tensorrt_quantization)",
+        "cleared": [],
+    },
 }
 # Where a TensorRT build records the GPU it ran on (its plans run on that architecture only).
 GPU_LIBRARY = "gpu"
@@ -130,8 +137,7 @@ def key_inputs(
         inputs["scheme"] = TORCH_SCHEMES[precision]
         return inputs
     if spec.backend == "tensorrt":
-        enabled, cleared = TENSORRT_FLAGS[precision]
-        inputs["flags"] = {"set": list(enabled), "cleared": list(cleared)}
+        inputs["network"] = {"typing": "strong", **TENSORRT_NETWORKS[precision]}
     elif precision == "fp32":
         inputs["optimization"] = spec.optimization
     if precision == "int8":
@@ -141,8 +147,7 @@ def key_inputs(
             "maxSamples": spec.calibration.max_samples,
             "batchSize": spec.calibration.batch_size,
         }
-        if spec.backend == "onnxruntime":
-            inputs["quantization"] = spec.quantization.model_dump(by_alias=True)
+        inputs["quantization"] = spec.quantization.model_dump(by_alias=True)
     return inputs
 
 

@@ -8,32 +8,44 @@ machines, only the lean runtime (FACTS.md). It runs in NVIDIA's image (``nvcr.io
 tensorrt``, the base of ``tidal-runtime``), which is the image the operator gives TensorRT
 build Jobs. What was tested without TensorRT is listed in runtime/BUILD.md.
 
+Written on TensorRT's current API, the one that TensorRT 10.x and 11.x share: **strongly typed
+networks** (``NetworkDefinitionCreationFlag.STRONGLY_TYPED``; TensorRT 11 has no other kind),
+whose precision is the ONNX model's own, and **explicit quantization** (Q/DQ nodes in the ONNX
+model). No precision builder flag (``BuilderFlag.FP16/BF16/INT8``: deprecated since 10.12,
+removed in 11) and no implicit calibration (``IInt8EntropyCalibrator2``, ``int8_calibrator``,
+``set_calibration_profile``: deprecated since 10.1, removed in 11) is used.
+
 One build, in order:
 
 1. the reference: the source run by ONNX Runtime on CPU with every graph optimization off
-   (:class:`.onnxrt.OnnxRuntimeMaker`, which also checks the profiles against the model);
-2. the network: ``trt.Builder`` -> ``create_network`` (explicit batch) -> ``trt.OnnxParser``
-   ``parse_from_file``; a parser error names the ONNX node (name, operator, index);
-3. per precision: ``create_builder_config``, the workspace pool (``set_memory_pool_limit``),
-   one optimization profile from the spec's min/opt/max (:func:`input_shapes`), the precision's
-   flags (``BuilderFlag.FP16``/``BF16``/``INT8``; TF32 cleared for fp32,
-   :data:`.plan.TENSORRT_FLAGS`), for ``int8`` an ``IInt8EntropyCalibrator2`` fed whole batches
-   of the calibration set (:func:`calibration_feeds`) through a calibration profile, with a
-   calibration cache keyed by the set's digest; ``build_serialized_network`` writes the plan;
+   (:class:`.onnxrt.OnnxRuntimeMaker`, which also checks the profiles against the model), and
+   the source parsed once to check the profiles against TensorRT's view of its inputs;
+2. per precision, the ONNX model the network is parsed from (:data:`.plan.TENSORRT_NETWORKS`):
+   ``fp32`` the source; ``fp16``/``bf16`` the source cast (:func:`.lowprec.cast_model`);
+   ``int8`` the Q/DQ model made by ONNX Runtime's ``quantize_static`` (QDQ format, symmetric
+   INT8 activations and weights, bias left in FP32: :func:`tensorrt_quantization`) calibrated
+   on the calibration set, and **gated under ONNX Runtime first**: a Q/DQ model that fails the
+   gate is refused before TensorRT runs (recorded in the manifest like any refusal, naming the
+   Q/DQ file judged); it is written beside the plan in the work directory (``*.qdq.onnx``),
+   not published;
+3. ``trt.Builder`` -> ``create_network(1 << STRONGLY_TYPED)`` (:func:`network_flags`) ->
+   ``trt.OnnxParser`` ``parse_from_file``; a parser error names the ONNX node;
+   ``create_builder_config``, the workspace pool (``set_memory_pool_limit``), one optimization
+   profile from the spec's min/opt/max (:func:`input_shapes`), ``clear_flag(TF32)`` for fp32,
+   ``build_serialized_network`` writes the plan;
 4. evaluation as served: the plan is selected for this GPU and TensorRT as the runtime selects
    (``select_engine``), loaded by the runtime's own TensorRT backend
    (:class:`tidal.runtime.backends.tensorrt.TensorRTBackend`: header check, deserialization,
    user-managed device memory, pinned staging) and run through ``infer`` (the batcher's call)
-   at the profile's min, opt and max and over the validation set.
+   at the profile's min, opt and max and over the validation set: the plan's own gate.
 
-TensorRT 11 removed the precision flags (strongly typed networks only): there the builder makes
-fp32 and names the missing flag for the others.  Plans are not built ``VERSION_COMPATIBLE``:
-they load on the TensorRT that built them (the runtime image's), not on the lean runtime.
+Plans are not built ``VERSION_COMPATIBLE``: they load on the TensorRT that built them (the
+runtime image's), not on the lean runtime.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -41,11 +53,11 @@ from typing import Any
 
 import numpy as np
 
-from ..storage import sha256_file
-from .datasets import Array, InputLike, batches, load_set, samples_of
-from .gate import Reference
-from .plan import GPU_LIBRARY, TENSORRT_FLAGS, ServedModel
-from .spec import ARCH_TARGET, BuildSpec, ModelError, ShapeProfile
+from .datasets import Array, batches, load_set
+from .gate import Reference, RefusedBeforeBuild, judge, measure
+from .onnxrt import OnnxRuntimeMaker, quantize_int8
+from .plan import GPU_LIBRARY, TENSORRT_NETWORKS, ServedModel
+from .spec import ARCH_TARGET, BuildSpec, ModelError, QuantizationSpec, ShapeProfile
 
 # Scratch memory TensorRT's tactics may use while building (the WORKSPACE pool).
 WORKSPACE_BYTES = 4 << 30
@@ -140,66 +152,44 @@ def input_shapes(
     return tuple(out)
 
 
-def calibration_shapes(
-    inputs: Sequence[NetworkInput], shapes: Sequence[InputShapes], batch_size: int
-) -> tuple[InputShapes, ...]:
-    """The calibration profile: each input at ``batch_size`` rows and its opt shape beyond
-    (TensorRT calibrates a dynamic network at the calibration profile's shapes)."""
-    dims = {i.name: i.dims for i in inputs}
-    out = []
-    for s in shapes:
-        fixed = dims[s.name][0] if dims[s.name] else -1
-        if fixed >= 0 and fixed != batch_size:
+def network_flags(trt: Any) -> int:
+    """``create_network``'s flags: strongly typed. TensorRT 10 has the flag (weakly typed is
+    its default); a TensorRT whose enum lacks it builds strongly typed networks only."""
+    strongly = getattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED", None)
+    return 0 if strongly is None else 1 << int(strongly)
+
+
+def cleared_flags(trt: Any, precision: str) -> list[Any]:
+    """The ``BuilderFlag`` members a precision clears (TF32 for fp32), those this TensorRT has;
+    no precision sets any."""
+    names = TENSORRT_NETWORKS[precision]["cleared"]
+    return [getattr(trt.BuilderFlag, f) for f in names if hasattr(trt.BuilderFlag, f)]
+
+
+# quantize_static's options for a Q/DQ model TensorRT takes: INT8 Q/DQ with a zero point of 0
+# (symmetric activations and weights), the bias left to TensorRT in FP32.
+TENSORRT_QDQ_OPTIONS: dict[str, Any] = {
+    "ActivationSymmetric": True,
+    "WeightSymmetric": True,
+    "QuantizeBias": False,
+}
+
+
+def tensorrt_quantization(settings: QuantizationSpec) -> tuple[QuantizationSpec, dict[str, Any]]:
+    """The spec's ``quantization`` as TensorRT takes it (QDQ format, signed INT8), with
+    quantize_static's extra options; a setting TensorRT cannot take is an error naming it."""
+    wrong = {
+        "quantization.format": (settings.format, "qdq"),
+        "quantization.activationType": (settings.activation_type, "int8"),
+        "quantization.weightType": (settings.weight_type, "int8"),
+    }
+    for field, (given, needed) in wrong.items():
+        if given != needed:
             raise ModelError(
-                f"calibration.batchSize: input {s.name!r} has a fixed batch of {fixed}, "
-                f"the calibration batch is {batch_size}: set batchSize to {fixed}"
+                f"{field}: TensorRT takes explicitly quantized (Q/DQ) models with signed, "
+                f"symmetric INT8: set it to {needed!r}, not {given!r}"
             )
-        shape = (batch_size, *s.opt[1:])
-        out.append(InputShapes(s.name, shape, shape, shape))
-    return tuple(out)
-
-
-def calibration_feeds(
-    data: Mapping[str, Array],
-    inputs: Sequence[InputLike],
-    batch_size: int,
-    max_samples: int | None,
-) -> list[dict[str, Array]]:
-    """Whole batches of the calibration set, in order, at most ``max_samples`` samples (a last
-    partial batch is left out: every batch has the calibration profile's shape)."""
-    feeds = [
-        feed
-        for feed in batches(data, inputs, batch_size, max_samples)
-        if samples_of(feed, inputs) == batch_size
-    ]
-    if not feeds:
-        held = samples_of(data, inputs)
-        raise ModelError(
-            f"calibration: {min(held, max_samples or held)} samples, fewer than one batch of "
-            f"batchSize {batch_size}"
-        )
-    return feeds
-
-
-def calibration_cache_name(sha256: str, batch_size: int, max_samples: int | None) -> str:
-    """A calibration cache is valid for one calibration set, batch and sample count only."""
-    return f"calibration-{sha256[:16]}-b{batch_size}-n{max_samples or 'all'}.cache"
-
-
-def builder_flags(trt: Any, precision: str) -> tuple[list[Any], list[Any]]:
-    """The ``BuilderFlag`` members a precision sets and clears; a :class:`ModelError` naming
-    the flag when this TensorRT has none (TensorRT 11 builds strongly typed networks only)."""
-    enabled, cleared = TENSORRT_FLAGS[precision]
-    missing = [f for f in enabled if not hasattr(trt.BuilderFlag, f)]
-    if missing:
-        raise ModelError(
-            f"precisions: {precision}: TensorRT {trt.__version__} has no BuilderFlag."
-            f"{missing[0]} (TensorRT 11 removed the precision flags: only fp32 is built there)"
-        )
-    return (
-        [getattr(trt.BuilderFlag, f) for f in enabled],
-        [getattr(trt.BuilderFlag, f) for f in cleared if hasattr(trt.BuilderFlag, f)],
-    )
+    return settings, dict(TENSORRT_QDQ_OPTIONS)
 
 
 def tensorrt_libraries(tensorrt: str, gpu_arch: str, cuda: str) -> dict[str, str]:
@@ -214,6 +204,14 @@ def tensorrt_libraries(tensorrt: str, gpu_arch: str, cuda: str) -> dict[str, str
     return versions
 
 
+def network_inputs(network: Any) -> list[NetworkInput]:
+    """The parsed network's inputs (-1: a dynamic dimension)."""
+    return [
+        NetworkInput(t.name, tuple(int(d) for d in t.shape))
+        for t in (network.get_input(i) for i in range(network.num_inputs))
+    ]
+
+
 def parser_errors(parser: Any) -> str:
     """The ONNX parser's errors, each naming its node."""
     lines = []
@@ -225,50 +223,65 @@ def parser_errors(parser: Any) -> str:
     return "; ".join(lines) or "the parser gave no error"
 
 
-# -- the calibrator -----------------------------------------------------------------------------
+# -- the ONNX model of each precision (runs without TensorRT) -----------------------------------
 
 
-def make_calibrator(
-    trt: Any, feeds: Sequence[Mapping[str, Array]], cache: Path, device: Any
-) -> Any:
-    """An ``IInt8EntropyCalibrator2`` that hands TensorRT ``feeds`` one batch at a time, copied
-    into device buffers, and keeps the calibration table in ``cache``."""
-    from ..backends import cudamem as cm
+def network_model(
+    spec: BuildSpec,
+    source: OnnxRuntimeMaker,
+    reference: Reference,
+    onnx_path: Path,
+    precision: str,
+    engine: Path,
+    calibration_file: Path | None,
+) -> tuple[Path, int | None]:
+    """The ONNX model the precision's strongly typed network is parsed from (written beside
+    ``engine``), and the calibration samples used (None: not calibrated). ``source``: the
+    reference maker, after its ``reference()``."""
+    if precision == "fp32":
+        return onnx_path, None
+    if precision in ("fp16", "bf16"):
+        import onnx
 
-    class EntropyCalibrator(trt.IInt8EntropyCalibrator2):  # type: ignore[misc]
-        def __init__(self) -> None:
-            trt.IInt8EntropyCalibrator2.__init__(self)
-            self._feeds = iter(feeds)
-            self._stream = cm.Stream()
-            first = feeds[0]
-            self._buffers = {n: device.alloc_device(a.nbytes) for n, a in first.items()}
+        from .lowprec import cast_model
 
-        def get_batch_size(self) -> int:
-            return 1  # explicit-batch networks take the batch from the shapes
+        path = engine.with_name(f"{engine.stem}.{precision}.onnx")
+        onnx.save(cast_model(onnx.load(str(onnx_path)), precision), str(path))
+        return path, None
+    return qdq_model(spec, source, reference, onnx_path, engine, calibration_file)
 
-        def get_batch(self, names: list[str]) -> list[int] | None:
-            feed = next(self._feeds, None)
-            if feed is None:
-                return None
-            for name in names:
-                array = np.ascontiguousarray(feed[name])
-                buffer = self._buffers[name]
-                cm.copy_host_to_device(buffer.ptr, array.ctypes.data, array.nbytes, self._stream)
-            self._stream.synchronize()
-            return [self._buffers[n].ptr for n in names]
 
-        def read_calibration_cache(self) -> bytes | None:
-            return cache.read_bytes() if cache.exists() else None
-
-        def write_calibration_cache(self, table: Any) -> None:
-            cache.write_bytes(bytes(table))
-
-        def release(self) -> None:
-            for buffer in self._buffers.values():
-                device.free_device(buffer)
-            self._stream.destroy()
-
-    return EntropyCalibrator()
+def qdq_model(
+    spec: BuildSpec,
+    source: OnnxRuntimeMaker,
+    reference: Reference,
+    onnx_path: Path,
+    engine: Path,
+    calibration_file: Path | None,
+) -> tuple[Path, int]:
+    """The Q/DQ INT8 model calibrated on the calibration set and gated under ONNX Runtime
+    (the runtime's CPU backend) against the reference: refused here
+    (:class:`.gate.RefusedBeforeBuild`), no plan is built and the build records the refusal."""
+    calibration = spec.calibration
+    assert calibration is not None and calibration_file is not None  # the spec's rule
+    settings, options = tensorrt_quantization(spec.quantization)
+    data = load_set(calibration_file, source.inputs, "calibration")
+    path = engine.with_name(f"{engine.stem}.qdq.onnx")
+    used = quantize_int8(
+        onnx_path,
+        path,
+        data,
+        source.inputs,
+        settings,
+        calibration.batch_size,
+        calibration.max_samples,
+        options,
+    )
+    metrics = measure(reference.expected, source.evaluate(path, "int8"), reference.labels)
+    verdict = judge(metrics, spec.gate)
+    if not verdict.passed:
+        raise RefusedBeforeBuild(path, metrics, verdict, used)
+    return path, used
 
 
 # -- the maker -----------------------------------------------------------------------------------
@@ -278,16 +291,15 @@ class TensorRTMaker:
     """The TensorRT builder as :func:`tidal.runtime.builder.build.build` drives it."""
 
     def __init__(self, spec: BuildSpec) -> None:
-        from .onnxrt import OnnxRuntimeMaker
-
         self.spec = spec
         self.trt = import_builder()
         self._source = OnnxRuntimeMaker(spec)  # the reference, and the profiles' check
         self._logger: Any = None
         self._messages: list[str] = []
         self._builder: Any = None
-        self._network: Any = None
         self._parser: Any = None
+        self._onnx: Path | None = None
+        self._reference: Reference | None = None
         self._inputs: list[NetworkInput] = []
         self._shapes: tuple[InputShapes, ...] = ()
         self._backend: Any = None
@@ -308,61 +320,51 @@ class TensorRTMaker:
         return tensorrt_libraries(str(self.trt.__version__), arch, cuda)
 
     def reference(self, source: Path, validation_file: Path) -> Reference:
-        reference = self._source.reference(source, validation_file)
-        self._parse(source)
-        return reference
-
-    def _parse(self, source: Path) -> None:
         from ..backends.tensorrt import _make_logger
 
-        trt = self.trt
-        self._logger, self._messages = _make_logger(trt)
-        self._builder = trt.Builder(self._logger)
-        explicit = getattr(trt.NetworkDefinitionCreationFlag, "EXPLICIT_BATCH", None)
-        # Explicit batch is the only mode from TensorRT 10 on (the flag is kept, ignored).
-        flags = 0 if explicit is None else 1 << int(explicit)
-        self._network = self._builder.create_network(flags)
-        self._parser = trt.OnnxParser(self._network, self._logger)
-        if not self._parser.parse_from_file(str(source)):
-            raise ModelError(
-                f"source: TensorRT's ONNX parser refused the model: {parser_errors(self._parser)}"
-            )
-        network = self._network
-        self._inputs = [
-            NetworkInput(t.name, tuple(int(d) for d in t.shape))
-            for t in (network.get_input(i) for i in range(network.num_inputs))
-        ]
+        reference = self._source.reference(source, validation_file)
+        self._reference = reference
+        self._logger, self._messages = _make_logger(self.trt)
+        self._builder = self.trt.Builder(self._logger)
+        self._onnx = source
+        network = self._parse(source)  # the profiles checked against TensorRT's view, once
+        self._inputs = network_inputs(network)
         self._shapes = input_shapes(self._inputs, self.spec.profiles)
+        return reference
+
+    def _parse(self, path: Path) -> Any:
+        """A strongly typed network parsed from ``path``."""
+        network = self._builder.create_network(network_flags(self.trt))
+        parser = self.trt.OnnxParser(network, self._logger)
+        if not parser.parse_from_file(str(path)):
+            raise ModelError(
+                f"source: TensorRT's ONNX parser refused {path.name}: {parser_errors(parser)}"
+            )
+        self._parser = parser  # the network refers to the parser's weights: keep it alive
+        return network
 
     def make(self, precision: str, engine: Path, calibration_file: Path | None) -> int | None:
         """Write the plan; returns the calibration samples used (None: not calibrated)."""
         trt, builder = self.trt, self._builder
         assert builder is not None, "reference() first"
+        assert self._onnx is not None and self._reference is not None
+        model, used = network_model(
+            self.spec,
+            self._source,
+            self._reference,
+            self._onnx,
+            precision,
+            engine,
+            calibration_file,
+        )
+        network = self._parse(model)
         config = builder.create_builder_config()
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, WORKSPACE_BYTES)
         config.add_optimization_profile(self._profile(self._shapes))
-        enabled, cleared = builder_flags(trt, precision)
-        for flag in enabled:
-            config.set_flag(flag)
-        for flag in cleared:
+        for flag in cleared_flags(trt, precision):
             config.clear_flag(flag)
-        calibrator, used = None, None
-        if precision == "int8":
-            assert self.spec.calibration is not None  # the spec's rule
-            # Checked first: a fixed batch that differs from the calibration batch is an error.
-            shapes = calibration_shapes(
-                self._inputs, self._shapes, self.spec.calibration.batch_size
-            )
-            calibrator, used = self._calibrator(engine, calibration_file)
-            config.int8_calibrator = calibrator
-            if any(-1 in i.dims for i in self._inputs):
-                config.set_calibration_profile(self._profile(shapes))
         self._messages.clear()
-        try:
-            plan = builder.build_serialized_network(self._network, config)
-        finally:
-            if calibrator is not None:
-                calibrator.release()
+        plan = builder.build_serialized_network(network, config)
         if plan is None:
             detail = "; ".join(self._messages[-5:]) or "no message from TensorRT"
             raise ModelError(f"precisions: {precision}: TensorRT could not build a plan: {detail}")
@@ -375,21 +377,6 @@ class TensorRTMaker:
         for s in shapes:
             profile.set_shape(s.name, s.min, s.opt, s.max)
         return profile
-
-    def _calibrator(self, engine: Path, calibration_file: Path | None) -> tuple[Any, int]:
-        calibration = self.spec.calibration
-        assert calibration is not None and calibration_file is not None  # the spec's rule
-        data = load_set(calibration_file, self._source.inputs, "calibration")
-        feeds = calibration_feeds(
-            data, self._source.inputs, calibration.batch_size, calibration.max_samples
-        )
-        name = calibration_cache_name(
-            sha256_file(calibration_file), calibration.batch_size, calibration.max_samples
-        )
-        calibrator = make_calibrator(
-            self.trt, feeds, engine.parent / name, self._runtime_backend().allocator
-        )
-        return calibrator, len(feeds) * calibration.batch_size
 
     # -- measuring a plan as the runtime serves it -----------------------------------------------
 

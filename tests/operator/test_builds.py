@@ -792,3 +792,49 @@ def test_a_build_event_finds_the_services_that_name_it() -> None:
         ),
     }
     assert services_naming(services, ("ns", "b1")) == [("ns", "a"), ("ns", "b")]
+
+
+def test_the_pods_of_a_build_answer_with_its_version_and_keep_it_while_a_refused_one_is_named() -> (
+    None
+):
+    from tidal.operator.core.resources import pools_of, render_runtime_config
+
+    builds = {
+        "digits-1": make_build(status=status_with_artifacts(), version="1"),
+        "digits-2": make_build(status=status_with_artifacts(refused=True), version="2"),
+        "digits-3": make_build(status=status_with_artifacts(), version="3"),
+    }
+
+    def versions(resolution: Any) -> dict[str, list[str | None]]:
+        return {
+            pool.name.value: [m.get("version") for m in render_runtime_config(pool)["models"]]
+            for pool in pools_of(resolution.isvc)
+        }
+
+    now = resolve_build_refs(
+        serving(
+            {"name": "digits-3", "precision": "int8"}, {"name": "digits-1", "precision": "fp32"}
+        ),
+        builds,
+    )
+    assert versions(now) == {"primary": ["3"], "baseline": ["1"]}, versions(now)
+    # the shell fetches only the builds the spec names: digits-3's version comes from status
+    named_now = {k: v for k, v in builds.items() if k != "digits-3"}
+    held = resolve_build_refs(
+        serving(
+            {"name": "digits-2", "precision": "int8"}, {"name": "digits-1", "precision": "fp32"}
+        ),
+        named_now,
+        now.served,
+    )
+    assert held.problems and versions(held) == {"primary": ["3"], "baseline": ["1"]}, (
+        held.problems,
+        versions(held),
+    )
+    named = serving({"name": "digits-3", "precision": "int8"})
+    named.spec.models[0] = named.spec.models[0].model_copy(update={"version": "7"})
+    assert versions(resolve_build_refs(named, builds)) == {"primary": ["7"]}, "the user's wins"
+    plain = parse_inference_service(minimal())
+    assert [m.get("version") for m in render_runtime_config(pools_of(plain)[0])["models"]] == [
+        None
+    ], "engines without a version: the runtime's default (1)"

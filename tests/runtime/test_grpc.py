@@ -476,3 +476,16 @@ def test_cli_serves_grpc_beside_http_and_refuses_a_taken_grpc_port(models) -> No
     finally:
         process.send_signal(signal.SIGTERM)
         assert process.wait(30) == 0
+
+
+def test_a_grpc_answer_carries_the_version_the_configuration_names(
+    serve_grpc, models, model_entry
+) -> None:
+    _, url = serve_grpc({"models": [model_entry(models["mlp"], "mlp", version="3")]})
+    client = tgrpc.InferenceServerClient(url)
+    x = np.ones((1, 16), np.float32)
+    result = infer(client, "mlp", x)
+    assert result.get_response().model_version == "3", result.get_response()
+    assert client.get_model_metadata("mlp", as_json=True)["versions"] == ["3"]
+    index = client.get_model_repository_index(as_json=True)["models"]
+    assert [m["version"] for m in index] == ["3"], index

@@ -616,6 +616,26 @@ def test_model_versions_in_paths_are_checked(serve, models, model_entry) -> None
     assert got == 404 and "unknown model" in body["error"]
 
 
+def test_every_answer_carries_the_version_the_configuration_names(
+    serve, models, model_entry
+) -> None:
+    # the operator names a ModelBuild's version; the answers say which version served them
+    rt = serve({"models": [model_entry(models["mlp"], "mlp", version="3")]})
+    client = triton.InferenceServerClient(rt.url)
+    x = triton.InferInput("input", [1, 16], "FP32")
+    x.set_data_from_numpy(np.ones((1, 16), np.float32))
+    for version in ("", "3"):
+        response = client.infer("mlp", [x], model_version=version).get_response()
+        assert response["model_version"] == "3", (version, response)
+    assert client.get_model_metadata("mlp")["versions"] == ["3"]
+    stats = client.get_inference_statistics()["model_stats"]
+    assert [s["version"] for s in stats] == ["3"], stats
+    index = client.get_model_repository_index()
+    assert [(m["name"], m["version"]) for m in index] == [("mlp", "3")], index
+    got, _, body = post(f"{rt.url}/v2/models/mlp/versions/1/infer", b"{}")
+    assert got == 404 and "no version '1'; versions: ['3']" in body["error"], (got, body)
+
+
 def test_a_request_timeout_parameter_gives_503_when_it_waits_too_long(
     serve, models, model_entry
 ) -> None:

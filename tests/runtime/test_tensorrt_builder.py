@@ -1,7 +1,9 @@
 """The TensorRT builder's parts that run without TensorRT: profiles to optimization-profile
-shapes, the calibrator's batches over the calibration set, precision to builder flags, the
-plan's name and the build key's library versions, and that a build where TensorRT's builder is
-not installed (here: everywhere, FACTS.md) stops with an error saying where it is.
+shapes, the strongly typed network's flags (no precision flag on TensorRT 10 or 11), the ONNX
+model each precision's network is parsed from (the Q/DQ INT8 model calibrated and gated under
+ONNX Runtime, the FP16/BF16 casts), the plan's name and the build key, and that a build where
+TensorRT's builder is not installed (here: everywhere, FACTS.md) stops with an error saying
+where it is.
 
 No test here builds a plan: TensorRT's builder cannot be installed on these machines, and a
 stand-in module would only test the stand-in (runtime/BUILD.md, "TensorRT")."""
@@ -19,17 +21,19 @@ import pytest
 from tidal.runtime import modelgen
 from tidal.runtime.builder.__main__ import main as builder_main
 from tidal.runtime.builder.build import build, engine_maker
+from tidal.runtime.builder.gate import RefusedBeforeBuild
 from tidal.runtime.builder.plan import engine_file_name, key_inputs
 from tidal.runtime.builder.spec import BuildSpecError, ModelError, ShapeProfile, parse_build_spec
 from tidal.runtime.builder.tensorrt import (
+    TENSORRT_QDQ_OPTIONS,
     InputShapes,
     NetworkInput,
-    builder_flags,
-    calibration_cache_name,
-    calibration_feeds,
-    calibration_shapes,
+    cleared_flags,
     input_shapes,
+    network_flags,
+    network_model,
     tensorrt_libraries,
+    tensorrt_quantization,
 )
 from tidal.runtime.core.engines import EngineTarget, describe_engine, select_engine
 
@@ -94,58 +98,180 @@ def test_profiles_that_do_not_fit_the_network_name_the_field(
     assert message in str(caught.value)
 
 
-def test_the_calibration_profile_is_the_calibration_batch_at_the_opt_shape() -> None:
-    inputs = [NetworkInput("input", (-1, 64))]
-    shapes = input_shapes(inputs, [PROFILE])
-    assert calibration_shapes(inputs, shapes, 16) == (
-        InputShapes("input", (16, 64), (16, 64), (16, 64)),
+# -- the strongly typed network ----------------------------------------------------------------
+
+# TensorRT's enums as names: the mapping, not TensorRT, is under test.
+TRT10 = SimpleNamespace(
+    __version__="10.13.0.35",
+    NetworkDefinitionCreationFlag=SimpleNamespace(EXPLICIT_BATCH=0, STRONGLY_TYPED=1),
+    BuilderFlag=SimpleNamespace(FP16="FP16", BF16="BF16", INT8="INT8", TF32="TF32"),
+)
+TRT11 = SimpleNamespace(
+    __version__="11.4.0",
+    NetworkDefinitionCreationFlag=SimpleNamespace(),
+    BuilderFlag=SimpleNamespace(TF32="TF32"),
+)
+
+
+def test_the_network_is_strongly_typed_and_no_precision_sets_a_builder_flag() -> None:
+    assert network_flags(TRT10) == 1 << 1, "TensorRT 10: the STRONGLY_TYPED bit"
+    assert network_flags(TRT11) == 0, "a TensorRT without the flag is strongly typed only"
+    for trt in (TRT10, TRT11):
+        assert cleared_flags(trt, "fp32") == ["TF32"], trt.__version__
+        for precision in ("fp16", "bf16", "int8"):
+            assert cleared_flags(trt, precision) == [], (trt.__version__, precision)
+
+
+def test_tensorrt_takes_signed_symmetric_qdq_int8_and_says_which_setting_is_wrong(
+    tmp_path: Path,
+) -> None:
+    settings, options = tensorrt_quantization(trt_spec(tmp_path).quantization)
+    assert settings.format == "qdq" and options == TENSORRT_QDQ_OPTIONS, (settings, options)
+    assert options["ActivationSymmetric"] and not options["QuantizeBias"], options
+    for field, value in (("format", "qoperator"), ("activationType", "uint8")):
+        spec = trt_spec(tmp_path, quantization={field: value})
+        with pytest.raises(ModelError, match=rf"quantization.{field}: TensorRT takes .* not "):
+            tensorrt_quantization(spec.quantization)
+
+
+def _reference(inputs: Path, **overrides: Any) -> tuple[Any, Any, Any]:
+    from tidal.runtime.builder.onnxrt import OnnxRuntimeMaker
+
+    spec = trt_spec(inputs, **overrides)
+    maker = OnnxRuntimeMaker(spec)
+    reference = maker.reference(inputs / "digits.onnx", inputs / "validation.npz")
+    return spec, maker, reference
+
+
+def test_int8_is_a_qdq_model_gated_under_onnx_runtime_before_tensorrt(tmp_path: Path) -> None:
+    import onnx
+    from onnx import numpy_helper
+
+    inputs = modelgen.write_digits_build_inputs(tmp_path / "inputs")
+    spec, maker, reference = _reference(inputs)
+    engine = tmp_path / "sm90-trt10.13-int8.engine"
+    path, used = network_model(
+        spec, maker, reference, inputs / "digits.onnx", "int8", engine, inputs / "calibration.npz"
     )
-    fixed = [NetworkInput("input", (8, 64))]
-    with pytest.raises(ModelError, match=r"calibration.batchSize: .* fixed batch of 8"):
-        calibration_shapes(fixed, input_shapes(fixed, []), 16)
+    model = onnx.load(str(path))
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("QuantizeLinear") >= 2 and "DequantizeLinear" in ops, ops
+    assert not {"QLinearMatMul", "MatMulInteger", "QLinearConv"} & set(ops), ops
+    points = {
+        t.name: numpy_helper.to_array(t)
+        for t in model.graph.initializer
+        if t.name.endswith("zero_point")
+    }
+    assert points and all(p.dtype == np.int8 and not p.any() for p in points.values()), points
+    dequantized = {n.input[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
+    int32 = [
+        t.name
+        for t in model.graph.initializer
+        if t.name in dequantized and t.data_type == onnx.TensorProto.INT32
+    ]
+    assert not int32, f"bias must stay FP32 for TensorRT: {int32}"
+    assert used and used > 1000, used  # the training digits
+
+    # the same step refuses a model calibrated on blank images, before TensorRT would run
+    with pytest.raises(RefusedBeforeBuild) as caught:
+        network_model(
+            spec, maker, reference, inputs / "digits.onnx", "int8", engine, inputs / "blank.npz"
+        )
+    early = caught.value
+    assert early.judged.name.endswith(".qdq.onnx") and not early.verdict.passed, early
+    assert early.metrics.top1_agreement < 0.99, early.metrics
+    assert str(early).startswith("refused: top1Agreement"), str(early)
 
 
-# -- the calibrator's batches ---------------------------------------------------------------------
+class QdqMaker:
+    """The TensorRT maker's INT8 path with ONNX Runtime in TensorRT's place: the Q/DQ model is
+    made and gated by the real code (network_model); the 'plan' is that model, run by ONNX
+    Runtime. What is under test is how a build records a refusal before building."""
+
+    def __init__(self, spec: Any) -> None:
+        from tidal.runtime.builder.onnxrt import OnnxRuntimeMaker, library_versions
+
+        self.spec, self.source, self.versions = spec, OnnxRuntimeMaker(spec), library_versions()
+
+    def libraries(self) -> dict[str, str]:
+        return {**self.versions, "tensorrt": "10.13.0", "gpu": "sm90"}
+
+    def reference(self, source: Path, validation_file: Path) -> Any:
+        self.onnx, self.ref = source, self.source.reference(source, validation_file)
+        return self.ref
+
+    def make(self, precision: str, engine: Path, calibration_file: Path | None) -> int | None:
+        model, used = network_model(
+            self.spec, self.source, self.ref, self.onnx, precision, engine, calibration_file
+        )
+        engine.write_bytes(model.read_bytes())
+        return used
+
+    def evaluate(self, engine: Path, precision: str) -> Any:
+        return self.source.evaluate(engine, precision)
+
+    def close(self) -> None:
+        pass
 
 
-def test_the_calibrator_gets_whole_batches_of_the_calibration_set_in_order() -> None:
-    inputs = [SimpleNamespace(name="input", dtype=np.float32)]
-    data = {"input": np.arange(100 * 2, dtype=np.float32).reshape(100, 2)}
-    feeds = calibration_feeds(data, inputs, 32, None)
-    assert [f["input"].shape for f in feeds] == [(32, 2)] * 3  # the last 4 samples left out
-    assert np.array_equal(np.concatenate([f["input"] for f in feeds]), data["input"][:96])
-    assert len(calibration_feeds(data, inputs, 32, 64)) == 2
-    with pytest.raises(
-        ModelError, match="calibration: 20 samples, fewer than one batch of batchSize 32"
+def test_a_qdq_model_refused_before_building_is_recorded_like_any_refusal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    import tidal.runtime.builder.build as build_module
+
+    monkeypatch.setattr(build_module, "engine_maker", QdqMaker)
+    inputs = modelgen.write_digits_build_inputs(tmp_path / "inputs")
+    spec = trt_spec(
+        inputs,
+        precisions=["fp32", "int8"],
+        calibration={"uri": str(inputs / "blank.npz"), "batchSize": 16},
+        output=str(tmp_path / "store"),
+    )
+    lines: list[str] = []
+    report = build(spec, tmp_path / "work", progress=lines.append)
+    verdicts = {a.precision: a for a in report.artifacts}
+    assert verdicts["fp32"].engine_uri and not verdicts["int8"].engine_uri, report
+    assert "refused before building: int8 (sm90-trt10.13-int8.qdq.onnx)" in lines, lines
+    folder = tmp_path / "store" / "digits" / "1" / "sm90" / "int8"
+    assert sorted(p.name for p in folder.iterdir()) == ["manifest.json"], list(folder.iterdir())
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert not manifest["published"], manifest
+    assert manifest["file"]["name"] == "sm90-trt10.13-int8.qdq.onnx", manifest["file"]
+    assert manifest["calibration"]["samples"] == 64, manifest["calibration"]
+    assert manifest["accuracy"]["top1Agreement"] < 0.99, manifest["accuracy"]
+
+
+def test_fp16_and_bf16_networks_parse_a_cast_model_with_fp32_at_the_boundary(
+    tmp_path: Path,
+) -> None:
+    import onnx
+    from onnx.reference import ReferenceEvaluator
+
+    inputs = modelgen.write_digits_build_inputs(tmp_path / "inputs")
+    spec, maker, reference = _reference(inputs)
+    x = np.load(inputs / "validation.npz")["input"][:200].astype(np.float32)
+    for precision, elem in (
+        ("fp16", onnx.TensorProto.FLOAT16),
+        ("bf16", onnx.TensorProto.BFLOAT16),
     ):
-        calibration_feeds(data, inputs, 32, 20)
-
-
-def test_a_calibration_cache_is_named_by_its_set_batch_and_samples() -> None:
-    a = calibration_cache_name("ab" * 32, 32, None)
-    assert a == "calibration-abababababababab-b32-nall.cache"
-    assert len({a, calibration_cache_name("cd" * 32, 32, None)}) == 2
-    assert len({a, calibration_cache_name("ab" * 32, 16, None)}) == 2
-    assert len({a, calibration_cache_name("ab" * 32, 32, 64)}) == 2
-
-
-# -- precision -> flags ----------------------------------------------------------------------
-
-
-def test_each_precision_sets_its_builder_flag_and_fp32_clears_tf32() -> None:
-    # TensorRT 10's BuilderFlag members as names: the mapping, not TensorRT, is under test.
-    trt10 = SimpleNamespace(
-        __version__="10.13.0.35",
-        BuilderFlag=SimpleNamespace(FP16="FP16", BF16="BF16", INT8="INT8", TF32="TF32"),
-    )
-    assert builder_flags(trt10, "fp32") == ([], ["TF32"])
-    assert builder_flags(trt10, "fp16") == (["FP16"], [])
-    assert builder_flags(trt10, "bf16") == (["BF16"], [])
-    assert builder_flags(trt10, "int8") == (["INT8"], [])
-    trt11 = SimpleNamespace(__version__="11.4.0", BuilderFlag=SimpleNamespace(TF32="TF32"))
-    assert builder_flags(trt11, "fp32") == ([], ["TF32"])
-    with pytest.raises(ModelError, match=r"fp16: TensorRT 11.4.0 has no BuilderFlag.FP16"):
-        builder_flags(trt11, "fp16")
+        engine = tmp_path / f"sm90-trt10.13-{precision}.engine"
+        path, used = network_model(
+            spec, maker, reference, inputs / "digits.onnx", precision, engine, None
+        )
+        assert used is None, precision
+        model = onnx.load(str(path))
+        onnx.checker.check_model(model)
+        floats = [t.name for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT]
+        assert not floats, (precision, floats)
+        assert elem in {t.data_type for t in model.graph.initializer}, precision
+        io = [v.type.tensor_type.elem_type for v in (*model.graph.input, *model.graph.output)]
+        assert set(io) == {onnx.TensorProto.FLOAT}, (precision, io)
+        if precision == "fp16":  # numpy computes float16; bfloat16 it has not
+            (got,) = ReferenceEvaluator(model).run(None, {"input": x})
+            agreement = float((got.argmax(1) == reference.expected[:200].argmax(1)).mean())
+            assert agreement >= 0.99, (precision, agreement)
 
 
 # -- names and keys -----------------------------------------------------------------------------
@@ -167,7 +293,7 @@ def test_the_plan_is_named_as_the_runtime_selects_plans(tmp_path: Path) -> None:
         engine_file_name(trt_spec(tmp_path), "fp16", {"tensorrt": "10.13.0"})
 
 
-def test_the_build_key_covers_the_flags_the_gpu_and_tensorrts_version(tmp_path: Path) -> None:
+def test_the_build_key_covers_the_network_the_gpu_and_tensorrts_version(tmp_path: Path) -> None:
     spec = trt_spec(tmp_path)
 
     def key(precision: str, **libraries: str) -> dict[str, Any]:
@@ -180,11 +306,12 @@ def test_the_build_key_covers_the_flags_the_gpu_and_tensorrts_version(tmp_path: 
             libraries={"tensorrt": "10.13.0", "gpu": "sm90", **libraries},
         )
 
-    assert key("fp16")["flags"] == {"set": ["FP16"], "cleared": []}
-    assert key("fp32")["flags"] == {"set": [], "cleared": ["TF32"]}
+    assert key("fp16")["network"]["typing"] == "strong", key("fp16")
+    assert key("fp32")["network"]["cleared"] == ["TF32"], key("fp32")
+    assert "flags" not in key("fp16"), "no precision flag: the network is strongly typed"
     int8 = key("int8")
     assert int8["calibration"] == {"sha256": "b" * 64, "maxSamples": None, "batchSize": 16}
-    assert "quantization" not in int8, "ONNX Runtime's quantization settings do not apply"
+    assert int8["quantization"]["format"] == "qdq", "the Q/DQ model's settings are in the key"
     assert key("fp16") != key("fp16", tensorrt="10.14.0") != key("fp16", gpu="sm89")
 
 

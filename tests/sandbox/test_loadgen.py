@@ -1,5 +1,6 @@
-"""The load generator: its balancing (pure: no endpoints are polled), its schedule (pure,
-time passed in) and what it really sends against a local server beside a CPU hog."""
+"""The load generator: its balancing and what it records of an answer (pure: no endpoints
+are polled), its schedule (pure, time passed in) and what it really sends against a local
+server beside a CPU hog."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tidal.sandbox.loadgen import LoadGenerator, LoadReport, Schedule, step_rate
+from tidal.sandbox.loadgen import LoadGenerator, LoadReport, Schedule, answer_version, step_rate
 
 
 def _generator(endpoints: tuple[str, ...]) -> LoadGenerator:
@@ -186,3 +187,10 @@ async def _serve(handler: Any) -> tuple[web.AppRunner, int]:
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     return runner, port
+
+
+def test_each_answer_records_the_model_version_that_served_it() -> None:
+    answer = b'{"model_name":"digits","model_version":"3","outputs":[]}'
+    assert answer_version(answer) == "3"
+    for body in (b"", b"not json", b"[1, 2]", b'{"outputs": []}', b'{"error": "x"}'):
+        assert answer_version(body) == "", body

@@ -264,6 +264,14 @@ class Model(ApiModel):
         description="Serve the engines a ModelBuild published (instead of engines): only an "
         "engine that passed its accuracy gate is ever served.",
     )
+    version: str | None = Field(
+        default=None,
+        max_length=63,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+        description="The version every answer reports (model_version in the inference "
+        "response) and the one /v2/models/<name>/versions/<v> accepts. Default: the ModelBuild's "
+        "version with build, else 1.",
+    )
     max_batch_size: int = Field(
         default=8, ge=1, le=4096, description="Largest batch the runtime forms for this model."
     )

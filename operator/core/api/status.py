@@ -221,6 +221,9 @@ class ServedBuild(ApiModel):
     precision: str = Field(max_length=16, description="Its precision.")
     uri: str = Field(max_length=2048, description="The engine served.")
     sha256: str | None = Field(default=None, max_length=64, description="Its digest.")
+    version: str | None = Field(
+        default=None, max_length=63, description="The version its answers report."
+    )
 
 
 class InferenceServiceStatus(ApiModel):
