@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from isvc_fixtures import minimal
+from isvc_fixtures import invalid_build_cases, minimal
 from pydantic import ValidationError
 
 from tidal.operator import crdgen
@@ -132,19 +132,58 @@ def test_invalid_build_specs_name_the_field(override: dict[str, Any], message: s
     assert message in format_validation_error(info.value), format_validation_error(info.value)
 
 
-def test_every_crd_rule_is_one_of_the_models_rules() -> None:
+def _build_rules(node: object) -> list[str]:
+    """Every CEL message in a schema, nested ones too."""
+    if isinstance(node, dict):
+        here = [r["message"] for r in node.get("x-kubernetes-validations", [])]
+        return here + [m for value in node.values() for m in _build_rules(value)]
+    if isinstance(node, list):
+        return [m for value in node for m in _build_rules(value)]
+    return []
+
+
+@pytest.mark.parametrize(
+    ("path", "header", "manifest"), invalid_build_cases(), ids=lambda v: getattr(v, "stem", "")
+)
+def test_invalid_build_manifest_is_refused_by_the_models_naming_the_field(
+    path: Path, header: dict[str, str], manifest: dict[str, Any]
+) -> None:
+    with pytest.raises(ValidationError) as caught:
+        parse_model_build(manifest)
+    text = format_validation_error(caught.value)
+    leaf = header["field"].rsplit(".", 1)[-1].split("[")[0]
+    assert leaf in text, f"{path.name}: the error does not name {leaf}: {text}"
+    if header["rule"] == "CEL":
+        assert header["expect"] in text, f"{path.name}: {text}"
+
+
+def test_every_crd_rule_is_one_of_the_models_rules_and_in_the_corpus() -> None:
     """The API server refuses with the same message the operator's models give (the sandbox
-    test sends the manifests; here: each CEL message is a validator's)."""
+    test sends the manifests; here: each CEL message is a validator's, and a manifest of
+    ``invalid/build/`` breaks it)."""
     root = crdgen.build_model_build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-    spec = root["properties"]["spec"]
-    messages = [r["message"] for r in spec["x-kubernetes-validations"]]
-    assert len(messages) == 3, messages
-    seen = []
-    for override, _message in INVALID[:3]:
-        with pytest.raises(ValidationError) as info:
-            make_build(**override)
-        seen += [m for m in messages if m in format_validation_error(info.value)]
-    assert sorted(seen) == sorted(messages), (seen, messages)
+    messages = _build_rules(root["properties"]["spec"])
+    assert len(messages) >= 10, messages
+    cases = invalid_build_cases()
+    expected = [h["expect"] for _p, h, _m in cases if h["rule"] == "CEL"]
+    uncovered = [m for m in messages if not any(e in m for e in expected)]
+    assert uncovered == [], uncovered
+    assert {h["rule"] for _p, h, _m in cases} > {"CEL"}, "patterns and required fields too"
+
+
+def test_a_valid_build_near_the_new_rules_is_accepted() -> None:
+    """Edges of the rules that must stay accepted: maxSamples equal to the batch size, the
+    mean bound equal to the max bound, the default accuracy bound without labels, an s3 block
+    used by the output alone, architectures and GPU products as targets."""
+    make_build(calibration={"uri": "s3://c.npz", "batchSize": 8, "maxSamples": 8})
+    make_build(gate={"maxAbsError": 0.2, "maxMeanAbsError": 0.2})
+    make_build(validation={"uri": "s3://v.npz"}, gate={"maxAccuracyDrop": 0.01})
+    make_build(
+        source={"uri": "file:///m/digits.onnx"},
+        calibration={"uri": "file:///m/c.npz"},
+        validation={"uri": "file:///m/v.npz"},
+    )
+    make_build(backend="tensorrt", targets=["sm90", "sm100", "NVIDIA-H100-80GB-HBM3", "Tesla-T4"])
 
 
 # -- targets and Jobs ----------------------------------------------------------------------------
@@ -506,7 +545,9 @@ def test_backends_without_a_builder_and_targets_without_nodes_run_no_job() -> No
     assert "spec.backend: no tensorrt builder in this release" in degraded.message
     assert ("Warning", "BuilderUnavailable") in [(e.type, e.reason) for e in plan.events]
 
-    a100 = make_build(backend="tensorrt", targets=["NVIDIA-A100-SXM4-80GB"], precisions=["fp32"])
+    a100 = make_build(
+        backend="tensorrt", targets=["NVIDIA-A100-SXM4-80GB"], precisions=["fp32"], calibration=None
+    )
     lonely = plan_build(a100, NODES, [], IMAGES, T0)
     assert lonely.create == ()
     degraded = {c.type: c for c in lonely.status.conditions}["Degraded"]
@@ -549,7 +590,10 @@ def test_every_backends_job_hands_the_builder_a_spec_it_accepts() -> None:
     builds = [
         (make_build(), "cpu"),
         (make_build(backend="tensorrt", precisions=["fp16", "int8"]), H100),
-        (make_build(backend="tensorrt", targets=["sm90"], precisions=["bf16"]), "sm90"),
+        (
+            make_build(backend="tensorrt", targets=["sm90"], precisions=["bf16"], calibration=None),
+            "sm90",
+        ),
         (make_build(backend="torch", image="t:1", precisions=["fp16"], calibration=None), "sm90"),
     ]
     for build, target in builds:
