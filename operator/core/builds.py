@@ -611,6 +611,14 @@ class EngineChoice:
     uri: str | None
     sha256: str | None = None
     reason: str = ""
+    # No engine yet, but none is wrong either: the build has not planned or finished this
+    # target (a real build takes minutes). The service waits (Progressing), not Degraded.
+    pending: bool = False
+
+
+def _build_degraded(build: ModelBuild) -> bool:
+    conditions = build.status.conditions if build.status else []
+    return any(c.type == DEGRADED and c.status is ConditionStatus.TRUE for c in conditions)
 
 
 def resolve_engine(
@@ -625,11 +633,16 @@ def resolve_engine(
         return EngineChoice(None, reason=f"{label}: the build does not make this precision")
     status = build.status
     found = next((t for t in (status.targets if status else []) if t.target == target), None)
+    if found is None and (status is None or not status.targets) and not _build_degraded(build):
+        return EngineChoice(None, reason=f"{label}: waiting for the build to start", pending=True)
     if found is None:
         return EngineChoice(None, reason=f"{label}: no build for target {target}")
     artifact = next((a for a in found.artifacts if a.precision == precision), None)
     if artifact is None:
-        return EngineChoice(None, reason=f"{label}: not built yet ({found.phase.value})")
+        waiting = found.phase in (BuildPhase.PENDING, BuildPhase.RUNNING)
+        return EngineChoice(
+            None, reason=f"{label}: not built yet ({found.phase.value})", pending=waiting
+        )
     if not artifact.published or not artifact.uri:
         return EngineChoice(
             None, reason=f"{label}: refused by the accuracy gate: {artifact.reason}"
@@ -734,6 +747,7 @@ class BuildResolution:
     """An InferenceService with its ``models[].build`` resolved to engines.
 
     ``problems``: each named version that cannot be served, naming the field and why.
+    ``pending``: those of them that only wait for their build to finish (not a fault).
     ``served``: the engine each such model's pods are given (the new one when it passed its
     gate; else the one served before, from ``status.builds``). ``blocked``: a model with
     neither (a first deploy of a version not servable yet): nothing of its pool can be made.
@@ -743,6 +757,7 @@ class BuildResolution:
     problems: tuple[str, ...] = ()
     served: tuple[ServedBuild, ...] = ()
     blocked: bool = False
+    pending: tuple[str, ...] = ()
     # The builds found, by name (what :func:`find_missing_engines` reads).
     builds: Mapping[str, ModelBuild] = field(default_factory=dict)
 
@@ -764,6 +779,7 @@ def resolve_build_refs(
         return BuildResolution(isvc)
     before = {(s.pool, s.model): s for s in served}
     problems: list[str] = []
+    pending: list[str] = []
     kept: list[ServedBuild] = []
     blocked = False
 
@@ -776,13 +792,17 @@ def resolve_build_refs(
                 out.append(model)
                 continue
             field_path = f"{at}[{model.name}].build"
-            choice = resolve_engine(builds.get(ref.name), ref.precision.value, CPU_TARGET)
+            build = builds.get(ref.name)
+            choice = resolve_engine(build, ref.precision.value, CPU_TARGET)
+            wrong = _wrong_build(model.name, build, backend) if build is not None else ""
             if backend is not Backend.ONNXRUNTIME:
                 choice = EngineChoice(
                     None,
                     reason="engines from a ModelBuild are served by onnxruntime pools only in "
                     f"this release (the pool's backend is {backend.value})",
                 )
+            elif wrong:
+                choice = EngineChoice(None, reason=wrong)
             now = ServedBuild(
                 pool=pool,
                 model=model.name,
@@ -794,7 +814,8 @@ def resolve_build_refs(
             if choice.uri is None:
                 old = before.get((pool, model.name))
                 keeping = f"; serving {old.uri} ({old.build}) meanwhile" if old else ""
-                problems.append(f"{field_path}: ModelBuild {ref.name}: {choice.reason}{keeping}")
+                text = f"{field_path}: ModelBuild {ref.name}: {choice.reason}{keeping}"
+                (pending if choice.pending else problems).append(text)
                 if old is None:
                     blocked = True
                     out.append(model)
@@ -828,5 +849,24 @@ def resolve_build_refs(
         tuple(problems),
         tuple(kept),
         blocked,
+        tuple(pending),
         dict(builds),
     )
+
+
+def _wrong_build(model: str, build: ModelBuild, backend: Backend) -> str:
+    """Why a pool's model may not serve this build at all, whatever it publishes ('' if it
+    may): a build of another model (its engine would answer under this model's name), or of
+    a backend the pool does not run (a torch package in an onnxruntime pool)."""
+    if build.spec.model != model:
+        return (
+            f"builds model {build.spec.model}, not {model}: its engine would answer as "
+            f"{model}; name a ModelBuild whose spec.model is {model}, or rename the model"
+        )
+    if build.spec.backend.value != backend.value:
+        return (
+            f"is a {build.spec.backend.value} build and the pool's backend is "
+            f"{backend.value}: its engines cannot load there; name a "
+            f"{backend.value} build"
+        )
+    return ""

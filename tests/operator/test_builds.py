@@ -777,23 +777,97 @@ def test_a_service_naming_a_build_serves_only_what_passed_its_gate() -> None:
     assert resolve_build_refs(plain, builds).isvc is plain
 
 
-def test_a_version_that_is_not_servable_is_degraded_while_serving_goes_on() -> None:
-    from tidal.operator.core.api import PoolName, ServedBuild
-    from tidal.operator.core.status import StatusInput, compute_status
-
-    kept = ServedBuild(
-        pool="primary", model="digits", build="digits-1", precision="int8", uri="s3://e/x.onnx"
+def test_a_build_of_another_model_or_backend_is_never_served() -> None:
+    """Issue 41: a service model named a build of another model (which then answered under
+    the service model's name), or a torch build (which onnxruntime pods cannot load)."""
+    built = make_build(status=status_with_artifacts())
+    other = parse_inference_service(
+        minimal(models=[{"name": "m", "build": {"name": "digits-2", "precision": "fp32"}}])
     )
-    result = compute_status(
+    wrong = resolve_build_refs(other, {"digits-2": built})
+    assert wrong.blocked and wrong.pending == (), wrong
+    (problem,) = wrong.problems
+    assert problem.startswith(
+        "spec.models[m].build: ModelBuild digits-2: builds model digits, not m"
+    ), problem
+    torch = make_build(
+        backend="torch", image="t:1", targets=["cpu"], precisions=["fp32"], calibration=None
+    )
+    torch = with_status(torch, make_build(status=status_with_artifacts()).status)
+    named = serving({"name": "digits-2", "precision": "fp32"})
+    (problem,) = resolve_build_refs(named, {"digits-2": torch}).problems
+    assert "is a torch build and the pool's backend is onnxruntime" in problem, problem
+
+
+def _service_status(generation: int = 1, **inputs: Any) -> Any:
+    """An InferenceService's status from one pool of one desired replica and ``inputs``."""
+    return compute_status(
         StatusInput(
-            generation=2,
+            generation=generation,
             now=T0,
             isvc_name="svc",
             active_pool=PoolName.PRIMARY,
             desired={PoolName.PRIMARY: 1},
-            build_problems=["spec.models[digits].build: ModelBuild digits-2: refused"],
-            builds=[kept],
+            **inputs,
         )
+    )
+
+
+def test_a_build_still_running_is_waited_for_not_degraded() -> None:
+    """Issue 41: a valid service whose build had not finished read Degraded=InvalidSpec 'no
+    build for target' for the minutes a real build takes. Now it waits: Progressing and
+    Ready False with BuildPending, Degraded False, no child made until the engine passed."""
+    named = serving({"name": "digits-2", "precision": "int8"})
+    fresh = make_build()  # created, no status yet
+    running = make_build(
+        status={"targets": [{"target": "cpu", "phase": "Running", "job": "digits-2-cpu-1"}]}
+    )
+    for build in (fresh, running):
+        waiting = resolve_build_refs(named, {"digits-2": build})
+        assert waiting.blocked and waiting.problems == (), waiting
+        (line,) = waiting.pending
+        assert line.startswith("spec.models[digits].build: ModelBuild digits-2: digits/2"), line
+    failed = make_build(
+        status={
+            "conditions": [
+                {
+                    "type": "Degraded",
+                    "status": "True",
+                    "reason": "NoNodeForTarget",
+                    "lastTransitionTime": "2026-12-06T20:00:00Z",
+                }
+            ],
+            "targets": [],
+        }
+    )
+    assert resolve_build_refs(named, {"digits-2": failed}).problems, "a fault is no wait"
+    result = _service_status(
+        build_pending=list(resolve_build_refs(named, {"digits-2": running}).pending)
+    )
+    conditions = {c.type: c for c in result.status.conditions}
+    assert (conditions["Degraded"].status.value, conditions["Degraded"].reason) != (
+        "True",
+        "InvalidSpec",
+    ), conditions
+    assert conditions["Degraded"].status.value == "False", conditions
+    assert conditions["Progressing"].reason == "BuildPending", conditions
+    assert (conditions["Ready"].status.value, conditions["Ready"].reason) == (
+        "False",
+        "BuildPending",
+    ), conditions
+    assert "not built yet (Running)" in conditions["Ready"].message, conditions
+
+
+def test_a_version_that_is_not_servable_is_degraded_while_serving_goes_on() -> None:
+    from tidal.operator.core.api import ServedBuild
+
+    kept = ServedBuild(
+        pool="primary", model="digits", build="digits-1", precision="int8", uri="s3://e/x.onnx"
+    )
+    result = _service_status(
+        generation=2,
+        build_problems=["spec.models[digits].build: ModelBuild digits-2: refused"],
+        builds=[kept],
     )
     degraded = {c.type: c for c in result.status.conditions}["Degraded"]
     assert (degraded.status.value, degraded.reason) == ("True", "BuildNotServable"), degraded
