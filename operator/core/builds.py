@@ -29,6 +29,7 @@ from pydantic import ValidationError
 
 from .api import (
     API_VERSION,
+    S3_CREDENTIAL_KEYS,
     Backend,
     Condition,
     ConditionStatus,
@@ -63,6 +64,11 @@ from .status import EventSpec, timestamp
 
 READY = "Ready"
 DEGRADED = "Degraded"
+# A build pod whose container cannot be created from its configuration: the kubelet's reason,
+# and the Degraded reason the build reports (its credentials Secret, or a key of it, missing).
+CONFIG_ERROR = "CreateContainerConfigError"
+MISSING_CREDENTIALS = "MissingCredentials"
+OPTIONAL_CREDENTIAL_KEY = "AWS_SESSION_TOKEN"
 REPORT_SCHEMA = "tidal.dev/build-report/v1"
 REPORT_DIR = "/tmp/tidal-build"
 # The builder's exit status (runtime/BUILD.md) -> the reason a failed target reports.
@@ -208,7 +214,21 @@ def make_job(build: ModelBuild, target: str, image: str) -> dict[str, Any]:
         # The builder compiles for, and measures on, the GPU of the node it runs on.
         container["resources"] = {"limits": {GPU_RESOURCE: "1"}, "requests": {GPU_RESOURCE: "1"}}
     if build.spec.s3 is not None and build.spec.s3.credentials_secret:
-        container["envFrom"] = [{"secretRef": {"name": build.spec.s3.credentials_secret}}]
+        # Each key named (not envFrom): a Secret that is missing, or lacks a key, keeps the
+        # container from starting with a reason read_job reports (MissingCredentials), where
+        # envFrom would start the builder without credentials and the S3 client would fail
+        # on instance metadata, naming neither the Secret nor spec.s3.
+        secret = build.spec.s3.credentials_secret
+        container["env"] = [
+            {
+                "name": key,
+                "valueFrom": {
+                    "secretKeyRef": {"name": secret, "key": key}
+                    | ({"optional": True} if key == OPTIONAL_CREDENTIAL_KEY else {})
+                },
+            }
+            for key in S3_CREDENTIAL_KEYS
+        ]
     pod: dict[str, Any] = {"restartPolicy": "Never", "containers": [container]}
     want = node_labels_for(target)
     if want:
@@ -324,6 +344,16 @@ def _job_condition(job: Mapping[str, Any], kind: str) -> Mapping[str, Any] | Non
     return None
 
 
+def _config_error(pod: Mapping[str, Any] | None) -> str:
+    """The kubelet's message when the container cannot be created from its configuration
+    (a Secret or a key of it missing); '' otherwise."""
+    for c in ((pod or {}).get("status") or {}).get("containerStatuses") or []:
+        waiting = (c.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") == CONFIG_ERROR:
+            return str(waiting.get("message") or CONFIG_ERROR)
+    return ""
+
+
 def read_job(job: Mapping[str, Any], pod: Mapping[str, Any] | None) -> JobOutcome:
     """A build Job and its (latest) pod to an outcome. The builder's report in the pod's
     termination message gives each engine's verdict (exit 0 or 1); a failure without one gives
@@ -338,6 +368,9 @@ def read_job(job: Mapping[str, Any], pod: Mapping[str, Any] | None) -> JobOutcom
     if done is None and failed is None and terminated is None:
         running = ((pod or {}).get("status") or {}).get("phase") == "Running"
         phase = BuildPhase.RUNNING if running else BuildPhase.PENDING
+        config = _config_error(pod)
+        if config:
+            return JobOutcome(name, target, inputs, phase, MISSING_CREDENTIALS, config)
         return JobOutcome(name, target, inputs, phase, message=_waiting(pod))
     # Below, the pod may have ended before the Job controller said so: the pod is read first.
     message = str((terminated or {}).get("message", ""))
@@ -496,6 +529,8 @@ def plan_build(
                 artifacts=list(outcome.artifacts),
             )
         )
+        if outcome.reason == MISSING_CREDENTIALS:
+            problems.append((MISSING_CREDENTIALS, _missing_credentials(build, name, outcome)))
         if outcome.phase is BuildPhase.FAILED:
             problems.append(
                 (
@@ -513,6 +548,16 @@ def plan_build(
             events.append(EventSpec("Warning", "GateRefused", f"target {s.target}: {s.message}"))
     summary = _summary(build, statuses)
     return _finish(create, statuses, previous, generation, now, tuple(problems), summary, events)
+
+
+def _missing_credentials(build: ModelBuild, job: str, outcome: JobOutcome) -> str:
+    secret = build.spec.s3.credentials_secret if build.spec.s3 is not None else None
+    return (
+        f"spec.s3.credentialsSecret: the build pod of Job {job} cannot start: Secret {secret} "
+        f"in namespace {build.namespace} is missing, or lacks AWS_ACCESS_KEY_ID or "
+        f"AWS_SECRET_ACCESS_KEY ({outcome.message}); create it with those keys (the Job "
+        "starts once it exists), or name another in spec.s3.credentialsSecret"
+    )
 
 
 def _builder_unavailable(

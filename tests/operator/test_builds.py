@@ -252,7 +252,26 @@ def test_the_job_runs_the_builder_with_a_spec_the_builder_accepts() -> None:
     assert spec.s3.endpoint == "http://versitygw.storage:7070"
     assert args[args.index("--report") + 1] == container["terminationMessagePath"]
     assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
-    assert container["envFrom"] == [{"secretRef": {"name": "store-writer"}}]
+    assert container["env"] == [
+        {
+            "name": "AWS_ACCESS_KEY_ID",
+            "valueFrom": {"secretKeyRef": {"name": "store-writer", "key": "AWS_ACCESS_KEY_ID"}},
+        },
+        {
+            "name": "AWS_SECRET_ACCESS_KEY",
+            "valueFrom": {"secretKeyRef": {"name": "store-writer", "key": "AWS_SECRET_ACCESS_KEY"}},
+        },
+        {
+            "name": "AWS_SESSION_TOKEN",
+            "valueFrom": {
+                "secretKeyRef": {
+                    "name": "store-writer",
+                    "key": "AWS_SESSION_TOKEN",
+                    "optional": True,
+                }
+            },
+        },
+    ], "each credential key named, so a missing one stops the container with a reason"
     assert "affinity" not in pod, "a cpu build runs on any node"
     assert "resources" not in container, "a cpu build takes no GPU"
     assert (pod["restartPolicy"], job["spec"]["backoffLimit"]) == ("Never", 0)
@@ -300,6 +319,48 @@ def test_same_inputs_are_never_built_twice_and_new_inputs_get_a_new_job() -> Non
         {**IMAGES, BuildBackend.ONNXRUNTIME: IMAGE + "-2"},
         T0,
     ).create
+
+
+def test_a_missing_credentials_secret_is_degraded_naming_it_not_building_for_an_hour() -> None:
+    """Issue 41: a build whose credentials Secret did not exist stayed Building, Degraded
+    False, no Event, until the Job's deadline (3,600 s)."""
+    build = make_build()
+    first = plan_build(build, NODES, [], IMAGES, T0)
+    (job,) = first.create
+    waiting = {
+        "status": {
+            "phase": "Pending",
+            "containerStatuses": [
+                {
+                    "name": "builder",
+                    "state": {
+                        "waiting": {
+                            "reason": "CreateContainerConfigError",
+                            "message": 'secret "store-writer" not found',
+                        }
+                    },
+                }
+            ],
+        }
+    }
+    outcome = read_job(job, waiting)
+    assert (outcome.phase, outcome.reason) == (BuildPhase.PENDING, "MissingCredentials"), outcome
+    plan = plan_build(with_status(build, first.status), NODES, [outcome], IMAGES, T0)
+    conditions = {c.type: c for c in plan.status.conditions}
+    degraded = conditions["Degraded"]
+    assert (degraded.status.value, degraded.reason) == ("True", "MissingCredentials"), degraded
+    assert degraded.message.startswith("spec.s3.credentialsSecret: the build pod of Job "), (
+        degraded.message
+    )
+    assert "Secret store-writer in namespace team is missing" in degraded.message
+    assert 'secret "store-writer" not found' in degraded.message, degraded.message
+    assert conditions["Ready"].reason == "MissingCredentials", conditions["Ready"]
+    assert ("Warning", "MissingCredentials") in [(e.type, e.reason) for e in plan.events]
+    assert plan.create == (), "the Job is not created twice"
+    # the Secret was created: the container starts and the condition clears
+    running = read_job(job, {"status": {"phase": "Running"}})
+    later = plan_build(with_status(build, plan.status), NODES, [running], IMAGES, T0)
+    assert {c.type: c for c in later.status.conditions}["Degraded"].status.value == "False"
 
 
 def status_with_artifacts(refused: bool = False) -> dict[str, Any]:

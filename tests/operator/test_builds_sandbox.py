@@ -163,6 +163,39 @@ def test_the_api_server_refuses_each_invalid_build_manifest_naming_the_field(
     assert names.strip() == "", names
 
 
+def test_a_build_whose_credentials_secret_is_missing_is_degraded_naming_it(
+    sandbox: Any, namespace: str, operator: OperatorProcess, digits: Path, tmp_path: Path
+) -> None:
+    """Issue 41: it stayed Building, Degraded False, with no Event, for the Job's hour."""
+    s3 = {"endpoint": "http://127.0.0.1:9", "credentialsSecret": "no-such-secret"}
+    create(
+        sandbox,
+        namespace,
+        manifest("secretless", digits, tmp_path / "store", output="s3://engines/team", s3=s3),
+    )
+    body = wait_for(
+        lambda: (
+            condition(b := get_build(sandbox, namespace, "secretless"), "Degraded").get("reason")
+            == "MissingCredentials"
+            and b
+        ),
+        timeout=BUILD_TIMEOUT,
+        what="ModelBuild secretless Degraded=MissingCredentials",
+        describe=lambda: get_build(sandbox, namespace, "secretless").get("status"),
+    )
+    message = condition(body, "Degraded")["message"]
+    assert message.startswith("spec.s3.credentialsSecret: "), message
+    assert "Secret no-such-secret" in message, message
+    wait_for(
+        lambda: [
+            e for e in events_of(sandbox, namespace, "secretless") if e[1] == "MissingCredentials"
+        ],
+        timeout=60,
+        what="a MissingCredentials Event",
+        describe=lambda: events_of(sandbox, namespace, "secretless"),
+    )
+
+
 def test_a_build_runs_one_job_that_publishes_gated_engines_and_a_refusal_never_resolves(
     sandbox: Any, namespace: str, operator: OperatorProcess, digits: Path, tmp_path: Path
 ) -> None:
