@@ -242,12 +242,13 @@ def _forecast_slots_below_interval(isvc: InferenceService) -> list[str]:
     if slot >= interval:
         return []
     most = int(duration_seconds(forecast.period) // interval)
-    return [
+    message = (
         f"spec.fleet.forecast.slots {forecast.slots} over a period of {forecast.period} makes "
         f"slots of {slot:g} s, shorter than spec.fleet.placement.intervalSeconds {interval:g}: "
         "the forecast learns one rate per placement interval, so most slots never get a "
         f"sample; use at most {most} slots, or a shorter intervalSeconds"
-    ]
+    )
+    return [message]
 
 
 def _engine_cache_without_downloads(isvc: InferenceService) -> list[str]:
