@@ -81,8 +81,9 @@ MAX_SAMPLES_MESSAGE = (
     "batch is not a representative calibration set"
 )
 SAME_SET_MESSAGE = (
-    "calibration.uri must differ from validation.uri: an engine calibrated on its validation "
-    "set is gated on the data it was fitted to; gate on a held-out set"
+    "calibration must not be the validation set (the same uri, or the same sha256): an engine "
+    "calibrated on its validation set is gated on the data it was fitted to; gate on a "
+    "held-out set"
 )
 ACCURACY_WITHOUT_LABELS_MESSAGE = (
     "gate.maxAccuracyDrop needs validation.labels: without labels the accuracy bound is "
@@ -220,9 +221,11 @@ class ModelBuildSpec(ApiModel):
                 ".calibration",
             ),
             cel(
-                "!has(self.calibration) || self.calibration.uri != self.validation.uri",
+                "!has(self.calibration) || (self.calibration.uri != self.validation.uri && "
+                "!(has(self.calibration.sha256) && has(self.validation.sha256) && "
+                "self.calibration.sha256 == self.validation.sha256))",
                 SAME_SET_MESSAGE,
-                ".calibration.uri",
+                ".calibration",
             ),
             cel(
                 "!has(self.gate) || !has(self.gate.maxAccuracyDrop) || "
@@ -348,7 +351,10 @@ class ModelBuildSpec(ApiModel):
         calibration, gate = self.calibration, self.gate
         if calibration is not None and BuildPrecision.INT8 not in self.precisions:
             raise ValueError(CALIBRATION_WITHOUT_INT8_MESSAGE)
-        if calibration is not None and calibration.uri == self.validation.uri:
+        if calibration is not None and (
+            calibration.uri == self.validation.uri
+            or (calibration.sha256 is not None and calibration.sha256 == self.validation.sha256)
+        ):
             raise ValueError(SAME_SET_MESSAGE)
         if gate.max_accuracy_drop != DEFAULT_MAX_ACCURACY_DROP and not self.validation.labels:
             raise ValueError(ACCURACY_WITHOUT_LABELS_MESSAGE)
