@@ -684,7 +684,9 @@ def resolve_engine(
         return EngineChoice(None, reason=f"{label}: no build for target {target}")
     artifact = next((a for a in found.artifacts if a.precision == precision), None)
     if artifact is None:
-        waiting = found.phase in (BuildPhase.PENDING, BuildPhase.RUNNING)
+        waiting = found.phase in (BuildPhase.PENDING, BuildPhase.RUNNING) and not (
+            _build_degraded(build)
+        )
         return EngineChoice(
             None, reason=f"{label}: not built yet ({found.phase.value})", pending=waiting
         )
@@ -792,7 +794,8 @@ class BuildResolution:
     """An InferenceService with its ``models[].build`` resolved to engines.
 
     ``problems``: each named version that cannot be served, naming the field and why.
-    ``pending``: those of them that only wait for their build to finish (not a fault).
+    ``pending``: each named version that only waits for its build to finish (not in
+    ``problems``: not a fault).
     ``served``: the engine each such model's pods are given (the new one when it passed its
     gate; else the one served before, from ``status.builds``). ``blocked``: a model with
     neither (a first deploy of a version not servable yet): nothing of its pool can be made.

@@ -451,6 +451,27 @@ async def test_a_torch_build_named_by_an_onnxruntime_pool_is_degraded_and_makes_
     assert kube.applied == [], "no child of a pool whose engine cannot load"
 
 
+async def test_a_service_whose_build_still_runs_waits_without_a_child_and_is_not_degraded() -> None:
+    """Issue 41: it read Degraded=InvalidSpec '... no build for target' while the build ran."""
+    body = minimal(models=[{"name": "digits", "build": {"name": "digits-2", "precision": "fp32"}}])
+    store, kube, rec = _setup(body)
+    running = _per_gpu_build([])
+    running["spec"].update(backend="onnxruntime", targets=["cpu"])
+    running["status"] = {"targets": [{"target": "cpu", "phase": "Running", "job": "digits-2-1"}]}
+    store.builds = {("ns", "digits-2"): running}
+    await rec.reconcile(("ns", "svc"), False)
+    conditions = {c["type"]: c for c in kube.statuses[-1]["conditions"]}
+    assert conditions["Degraded"]["status"] == "False", conditions
+    assert (conditions["Progressing"]["status"], conditions["Progressing"]["reason"]) == (
+        "True",
+        "BuildPending",
+    ), conditions
+    assert "not built yet (Running)" in conditions["Progressing"]["message"], conditions
+    assert conditions["Ready"]["reason"] == "BuildPending", conditions
+    assert kube.applied == [], "no child before the build passed its gate"
+    assert not [e for e in kube.events if e.type == "Warning"], kube.events
+
+
 async def test_a_cpu_only_build_lists_no_nodes() -> None:
     body = minimal(models=[{"name": "digits", "build": {"name": "digits-2", "precision": "fp32"}}])
     store, kube, rec = _setup(body)
