@@ -338,11 +338,13 @@ RULES_END = "<!-- end of rules table -->"
 REFUSED = "refused by the API server (422), the message naming the field"
 
 
-def admission_rules() -> list[tuple[str, str]]:
-    """(field, message) of every CEL rule the CRD sets on an object of ``spec`` (structured
-    objects only: a rule there reads more than one value), each message once, in schema order
-    (a rule the baseline's override repeats is listed at the primary's field)."""
-    root = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+def admission_rules(crd: dict[str, Any] | None = None) -> list[tuple[str, str]]:
+    """(field, message) of every CEL rule the CRD (the InferenceService's unless given) sets
+    on an object of ``spec`` (structured objects only: a rule there reads more than one
+    value), each message once, in schema order (a rule the baseline's override repeats is
+    listed at the primary's field)."""
+    crd = crd if crd is not None else build_crd()
+    root = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     found: dict[str, str] = {}
 
     def walk(node: dict[str, Any], path: str) -> None:
@@ -378,6 +380,8 @@ def rules_table() -> str:
         lines.append(f"| `{_cell(rule.field)}` | {_cell(rule.condition)} | {seen} |")
     for field, message in admission_rules():
         lines.append(f"| `{_cell(field)}` | {_cell(message)} | {REFUSED} |")
+    for field, message in admission_rules(build_model_build_crd()):
+        lines.append(f"| `{_cell(field)}` of a ModelBuild | {_cell(message)} | {REFUSED} |")
     lines.append(RULES_END)
     return "\n".join(lines)
 

@@ -22,6 +22,7 @@ every per-target spec the operator renders parses with the builder's own model.
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -43,6 +44,7 @@ from .api import (
     _rules,
     cel,
 )
+from .api.base import _matches
 
 BUILD_KIND = "ModelBuild"
 BUILD_PLURAL = "modelbuilds"
@@ -69,6 +71,39 @@ Target = Annotated[str, Field(min_length=1, max_length=63, pattern=TARGET_PATTER
 INT8_CALIBRATION_MESSAGE = "calibration is required when precisions include int8"
 ORT_TARGETS_MESSAGE = "targets: the onnxruntime builder builds for cpu only"
 GPU_TARGETS_MESSAGE = "targets: tensorrt builds for GPUs, not cpu"
+# What a careless spec said before without a word (issue 41): each refused, naming the field.
+CALIBRATION_WITHOUT_INT8_MESSAGE = (
+    "calibration is only used for int8, and precisions has no int8: add int8 to precisions, "
+    "or remove calibration"
+)
+MAX_SAMPLES_MESSAGE = (
+    "calibration.maxSamples must be at least calibration.batchSize: fewer samples than one "
+    "batch is not a representative calibration set"
+)
+SAME_SET_MESSAGE = (
+    "calibration must not be the validation set (the same uri, or the same sha256): an engine "
+    "calibrated on its validation set is gated on the data it was fitted to; gate on a "
+    "held-out set"
+)
+ACCURACY_WITHOUT_LABELS_MESSAGE = (
+    "gate.maxAccuracyDrop needs validation.labels: without labels the accuracy bound is "
+    "skipped; name the labels array in validation.labels, or remove maxAccuracyDrop"
+)
+MEAN_ABOVE_MAX_MESSAGE = (
+    "gate.maxMeanAbsError must be <= gate.maxAbsError: a mean above the largest error "
+    "allowed can never bind"
+)
+UNUSED_S3_MESSAGE = (
+    "s3: no URI of this build is s3:// (source, calibration, validation, output), so the s3 "
+    "block is never used; use s3:// URIs, or remove s3"
+)
+ARCH_TYPO_MESSAGE = (
+    "targets: an entry that starts with sm must be a GPU architecture, sm and 2 or 3 digits "
+    "such as sm90 (a GPU product is named as nodes label it: NVIDIA-H100-80GB-HBM3)"
+)
+# A target that looks like an architecture but is not one would be read as a GPU product.
+ARCH_LIKE_PATTERN = r"^[sS][mM][_-]?[0-9]*[a-z]?$"
+DEFAULT_MAX_ACCURACY_DROP = GateSpec().max_accuracy_drop
 
 
 class BuildBackend(StrEnum):
@@ -115,10 +150,28 @@ class CalibrationSet(ApiModel):
     """An ``.npz`` with one array per model input (samples along the first axis): the
     representative data INT8 ranges are calibrated on."""
 
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            cel(
+                "!has(self.maxSamples) || self.maxSamples >= self.batchSize",
+                MAX_SAMPLES_MESSAGE,
+                ".maxSamples",
+            ),
+        )
+    )
+
     uri: str = Field(max_length=2048, pattern=STORE_URI_PATTERN, description="Where it is.")
     sha256: str | None = Field(default=None, pattern=SHA256_PATTERN, description="Verified.")
     batch_size: int = Field(default=32, ge=1, le=4096, description="Samples per calibration run.")
-    max_samples: int | None = Field(default=None, ge=1, description="Unset: every sample.")
+    max_samples: int | None = Field(
+        default=None, ge=1, description="Unset: every sample; at least batchSize."
+    )
+
+    @model_validator(mode="after")
+    def _a_batch_at_least(self) -> CalibrationSet:
+        if self.max_samples is not None and self.max_samples < self.batch_size:
+            raise ValueError(MAX_SAMPLES_MESSAGE)
+        return self
 
 
 class ValidationSet(ApiModel):
@@ -155,6 +208,45 @@ class ModelBuildSpec(ApiModel):
                 "self.backend != 'tensorrt' || !has(self.targets) || !('cpu' in self.targets)",
                 GPU_TARGETS_MESSAGE,
                 ".targets",
+            ),
+            cel(
+                "!has(self.targets) || self.targets.all(t, "
+                f"!{_matches('t', ARCH_LIKE_PATTERN)} || {_matches('t', ARCH_TARGET_PATTERN)})",
+                ARCH_TYPO_MESSAGE,
+                ".targets",
+            ),
+            cel(
+                "!has(self.calibration) || 'int8' in self.precisions",
+                CALIBRATION_WITHOUT_INT8_MESSAGE,
+                ".calibration",
+            ),
+            cel(
+                "!has(self.calibration) || (self.calibration.uri != self.validation.uri && "
+                "!(has(self.calibration.sha256) && has(self.validation.sha256) && "
+                "self.calibration.sha256 == self.validation.sha256))",
+                SAME_SET_MESSAGE,
+                ".calibration",
+            ),
+            cel(
+                "!has(self.gate) || !has(self.gate.maxAccuracyDrop) || "
+                f"self.gate.maxAccuracyDrop == {DEFAULT_MAX_ACCURACY_DROP!r} || "
+                "has(self.validation.labels)",
+                ACCURACY_WITHOUT_LABELS_MESSAGE,
+                ".gate.maxAccuracyDrop",
+            ),
+            cel(
+                "!has(self.gate) || !has(self.gate.maxAbsError) || "
+                "!has(self.gate.maxMeanAbsError) || "
+                "self.gate.maxMeanAbsError <= self.gate.maxAbsError",
+                MEAN_ABOVE_MAX_MESSAGE,
+                ".gate.maxMeanAbsError",
+            ),
+            cel(
+                "!has(self.s3) || self.source.uri.startsWith('s3://') || "
+                "self.output.startsWith('s3://') || self.validation.uri.startsWith('s3://') || "
+                "(has(self.calibration) && self.calibration.uri.startsWith('s3://'))",
+                UNUSED_S3_MESSAGE,
+                ".s3",
             ),
         )
     )
@@ -251,7 +343,35 @@ class ModelBuildSpec(ApiModel):
             raise ValueError(ORT_TARGETS_MESSAGE)
         if self.backend is BuildBackend.TENSORRT and CPU_TARGET in self.targets:
             raise ValueError(GPU_TARGETS_MESSAGE)
+        if any(
+            re.match(ARCH_LIKE_PATTERN, t) and not re.match(ARCH_TARGET_PATTERN, t)
+            for t in self.targets
+        ):
+            raise ValueError(ARCH_TYPO_MESSAGE)
+        calibration, gate = self.calibration, self.gate
+        if calibration is not None and BuildPrecision.INT8 not in self.precisions:
+            raise ValueError(CALIBRATION_WITHOUT_INT8_MESSAGE)
+        if calibration is not None and (
+            calibration.uri == self.validation.uri
+            or (calibration.sha256 is not None and calibration.sha256 == self.validation.sha256)
+        ):
+            raise ValueError(SAME_SET_MESSAGE)
+        if gate.max_accuracy_drop != DEFAULT_MAX_ACCURACY_DROP and not self.validation.labels:
+            raise ValueError(ACCURACY_WITHOUT_LABELS_MESSAGE)
+        if (
+            gate.max_abs_error is not None
+            and gate.max_mean_abs_error is not None
+            and gate.max_mean_abs_error > gate.max_abs_error
+        ):
+            raise ValueError(MEAN_ABOVE_MAX_MESSAGE)
+        if self.s3 is not None and not any(uri.startswith("s3://") for uri in self.store_uris()):
+            raise ValueError(UNUSED_S3_MESSAGE)
         return self
+
+    def store_uris(self) -> list[str]:
+        """Every URI of the build: source, data sets and output."""
+        calibration = [self.calibration.uri] if self.calibration is not None else []
+        return [self.source.uri, *calibration, self.validation.uri, self.output]
 
 
 class BuildPhase(StrEnum):

@@ -29,6 +29,7 @@ from pydantic import ValidationError
 
 from .api import (
     API_VERSION,
+    S3_CREDENTIAL_KEYS,
     Backend,
     Condition,
     ConditionStatus,
@@ -63,6 +64,11 @@ from .status import EventSpec, timestamp
 
 READY = "Ready"
 DEGRADED = "Degraded"
+# A build pod whose container cannot be created from its configuration: the kubelet's reason,
+# and the Degraded reason the build reports (its credentials Secret, or a key of it, missing).
+CONFIG_ERROR = "CreateContainerConfigError"
+MISSING_CREDENTIALS = "MissingCredentials"
+OPTIONAL_CREDENTIAL_KEY = "AWS_SESSION_TOKEN"
 REPORT_SCHEMA = "tidal.dev/build-report/v1"
 REPORT_DIR = "/tmp/tidal-build"
 # The builder's exit status (runtime/BUILD.md) -> the reason a failed target reports.
@@ -208,7 +214,21 @@ def make_job(build: ModelBuild, target: str, image: str) -> dict[str, Any]:
         # The builder compiles for, and measures on, the GPU of the node it runs on.
         container["resources"] = {"limits": {GPU_RESOURCE: "1"}, "requests": {GPU_RESOURCE: "1"}}
     if build.spec.s3 is not None and build.spec.s3.credentials_secret:
-        container["envFrom"] = [{"secretRef": {"name": build.spec.s3.credentials_secret}}]
+        # Each key named (not envFrom): a Secret that is missing, or lacks a key, keeps the
+        # container from starting with a reason read_job reports (MissingCredentials), where
+        # envFrom would start the builder without credentials and the S3 client would fail
+        # on instance metadata, naming neither the Secret nor spec.s3.
+        secret = build.spec.s3.credentials_secret
+        container["env"] = [
+            {
+                "name": key,
+                "valueFrom": {
+                    "secretKeyRef": {"name": secret, "key": key}
+                    | ({"optional": True} if key == OPTIONAL_CREDENTIAL_KEY else {})
+                },
+            }
+            for key in S3_CREDENTIAL_KEYS
+        ]
     pod: dict[str, Any] = {"restartPolicy": "Never", "containers": [container]}
     want = node_labels_for(target)
     if want:
@@ -324,6 +344,16 @@ def _job_condition(job: Mapping[str, Any], kind: str) -> Mapping[str, Any] | Non
     return None
 
 
+def _config_error(pod: Mapping[str, Any] | None) -> str:
+    """The kubelet's message when the container cannot be created from its configuration
+    (a Secret or a key of it missing); '' otherwise."""
+    for c in ((pod or {}).get("status") or {}).get("containerStatuses") or []:
+        waiting = (c.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") == CONFIG_ERROR:
+            return str(waiting.get("message") or CONFIG_ERROR)
+    return ""
+
+
 def read_job(job: Mapping[str, Any], pod: Mapping[str, Any] | None) -> JobOutcome:
     """A build Job and its (latest) pod to an outcome. The builder's report in the pod's
     termination message gives each engine's verdict (exit 0 or 1); a failure without one gives
@@ -338,6 +368,9 @@ def read_job(job: Mapping[str, Any], pod: Mapping[str, Any] | None) -> JobOutcom
     if done is None and failed is None and terminated is None:
         running = ((pod or {}).get("status") or {}).get("phase") == "Running"
         phase = BuildPhase.RUNNING if running else BuildPhase.PENDING
+        config = _config_error(pod)
+        if config:
+            return JobOutcome(name, target, inputs, phase, MISSING_CREDENTIALS, config)
         return JobOutcome(name, target, inputs, phase, message=_waiting(pod))
     # Below, the pod may have ended before the Job controller said so: the pod is read first.
     message = str((terminated or {}).get("message", ""))
@@ -496,6 +529,8 @@ def plan_build(
                 artifacts=list(outcome.artifacts),
             )
         )
+        if outcome.reason == MISSING_CREDENTIALS:
+            problems.append((MISSING_CREDENTIALS, _missing_credentials(build, name, outcome)))
         if outcome.phase is BuildPhase.FAILED:
             problems.append(
                 (
@@ -513,6 +548,16 @@ def plan_build(
             events.append(EventSpec("Warning", "GateRefused", f"target {s.target}: {s.message}"))
     summary = _summary(build, statuses)
     return _finish(create, statuses, previous, generation, now, tuple(problems), summary, events)
+
+
+def _missing_credentials(build: ModelBuild, job: str, outcome: JobOutcome) -> str:
+    secret = build.spec.s3.credentials_secret if build.spec.s3 is not None else None
+    return (
+        f"spec.s3.credentialsSecret: the build pod of Job {job} cannot start: Secret {secret} "
+        f"in namespace {build.namespace} is missing, or lacks AWS_ACCESS_KEY_ID or "
+        f"AWS_SECRET_ACCESS_KEY ({outcome.message}); create it with those keys (the Job "
+        "starts once it exists), or name another in spec.s3.credentialsSecret"
+    )
 
 
 def _builder_unavailable(
@@ -611,6 +656,14 @@ class EngineChoice:
     uri: str | None
     sha256: str | None = None
     reason: str = ""
+    # No engine yet, but none is wrong either: the build has not planned or finished this
+    # target (a real build takes minutes). The service waits (Progressing), not Degraded.
+    pending: bool = False
+
+
+def _build_degraded(build: ModelBuild) -> bool:
+    conditions = build.status.conditions if build.status else []
+    return any(c.type == DEGRADED and c.status is ConditionStatus.TRUE for c in conditions)
 
 
 def resolve_engine(
@@ -625,11 +678,18 @@ def resolve_engine(
         return EngineChoice(None, reason=f"{label}: the build does not make this precision")
     status = build.status
     found = next((t for t in (status.targets if status else []) if t.target == target), None)
+    if found is None and (status is None or not status.targets) and not _build_degraded(build):
+        return EngineChoice(None, reason=f"{label}: waiting for the build to start", pending=True)
     if found is None:
         return EngineChoice(None, reason=f"{label}: no build for target {target}")
     artifact = next((a for a in found.artifacts if a.precision == precision), None)
     if artifact is None:
-        return EngineChoice(None, reason=f"{label}: not built yet ({found.phase.value})")
+        waiting = found.phase in (BuildPhase.PENDING, BuildPhase.RUNNING) and not (
+            _build_degraded(build)
+        )
+        return EngineChoice(
+            None, reason=f"{label}: not built yet ({found.phase.value})", pending=waiting
+        )
     if not artifact.published or not artifact.uri:
         return EngineChoice(
             None, reason=f"{label}: refused by the accuracy gate: {artifact.reason}"
@@ -734,6 +794,8 @@ class BuildResolution:
     """An InferenceService with its ``models[].build`` resolved to engines.
 
     ``problems``: each named version that cannot be served, naming the field and why.
+    ``pending``: each named version that only waits for its build to finish (not in
+    ``problems``: not a fault).
     ``served``: the engine each such model's pods are given (the new one when it passed its
     gate; else the one served before, from ``status.builds``). ``blocked``: a model with
     neither (a first deploy of a version not servable yet): nothing of its pool can be made.
@@ -743,6 +805,7 @@ class BuildResolution:
     problems: tuple[str, ...] = ()
     served: tuple[ServedBuild, ...] = ()
     blocked: bool = False
+    pending: tuple[str, ...] = ()
     # The builds found, by name (what :func:`find_missing_engines` reads).
     builds: Mapping[str, ModelBuild] = field(default_factory=dict)
 
@@ -764,6 +827,7 @@ def resolve_build_refs(
         return BuildResolution(isvc)
     before = {(s.pool, s.model): s for s in served}
     problems: list[str] = []
+    pending: list[str] = []
     kept: list[ServedBuild] = []
     blocked = False
 
@@ -776,14 +840,17 @@ def resolve_build_refs(
                 out.append(model)
                 continue
             field_path = f"{at}[{model.name}].build"
-            choice = resolve_engine(builds.get(ref.name), ref.precision.value, CPU_TARGET)
+            build = builds.get(ref.name)
+            choice = resolve_engine(build, ref.precision.value, CPU_TARGET)
+            wrong = _wrong_build(model.name, build, backend) if build is not None else ""
             if backend is not Backend.ONNXRUNTIME:
                 choice = EngineChoice(
                     None,
                     reason="engines from a ModelBuild are served by onnxruntime pools only in "
                     f"this release (the pool's backend is {backend.value})",
                 )
-            named = builds.get(ref.name)
+            elif wrong:
+                choice = EngineChoice(None, reason=wrong)
             now = ServedBuild(
                 pool=pool,
                 model=model.name,
@@ -791,12 +858,13 @@ def resolve_build_refs(
                 precision=ref.precision.value,
                 uri=choice.uri or "",
                 sha256=choice.sha256,
-                version=model.version or (named.spec.version if named else None),
+                version=model.version or (build.spec.version if build else None),
             )
             if choice.uri is None:
                 old = before.get((pool, model.name))
                 keeping = f"; serving {old.uri} ({old.build}) meanwhile" if old else ""
-                problems.append(f"{field_path}: ModelBuild {ref.name}: {choice.reason}{keeping}")
+                text = f"{field_path}: ModelBuild {ref.name}: {choice.reason}{keeping}"
+                (pending if choice.pending else problems).append(text)
                 if old is None:
                     blocked = True
                     out.append(model)
@@ -831,5 +899,24 @@ def resolve_build_refs(
         tuple(problems),
         tuple(kept),
         blocked,
+        tuple(pending),
         dict(builds),
     )
+
+
+def _wrong_build(model: str, build: ModelBuild, backend: Backend) -> str:
+    """Why a pool's model may not serve this build at all, whatever it publishes ('' if it
+    may): a build of another model (its engine would answer under this model's name), or of
+    a backend the pool does not run (a torch package in an onnxruntime pool)."""
+    if build.spec.model != model:
+        return (
+            f"builds model {build.spec.model}, not {model}: its engine would answer as "
+            f"{model}; name a ModelBuild whose spec.model is {model}, or rename the model"
+        )
+    if build.spec.backend.value != backend.value:
+        return (
+            f"is a {build.spec.backend.value} build and the pool's backend is "
+            f"{backend.value}: its engines cannot load there; name a "
+            f"{backend.value} build"
+        )
+    return ""

@@ -31,6 +31,7 @@ from .api import (
     Backend,
     FleetForecast,
     InferenceService,
+    duration_seconds,
     percent_value,
     quantity_bytes,
 )
@@ -49,6 +50,10 @@ from .resources import (
 # a CPU runtime's loads have a host->device transfer phase (the end-to-end tests use it).
 FAULT_TRANSFER_ENV = "TIDAL_FAULT_EXTRA_TRANSFER_SECONDS"
 _FORECAST_DEFAULTS = FleetForecast()
+# The fastest wake from zero measured on this project: a CPU replica's time to routable on a
+# warm node, 1.95 s median (README, "Three figures"); a GPU replica takes longer. A hold
+# shorter than this answers every request held at zero with 503 before any replica can serve.
+FASTEST_WAKE_SECONDS = 2.0
 
 
 class Outcome(StrEnum):
@@ -210,16 +215,75 @@ def _slo_on_cpu(isvc: InferenceService, name: str, value: str, unmeasured: str) 
 
 
 def _transfer_wait_without_transfers(isvc: InferenceService) -> list[str]:
+    # Only the torch backend times its loads' host->device phases (stage, h2d), and an
+    # InferenceService cannot run it yet: onnxruntime loads into host memory, and the TensorRT
+    # backend reports no transfer phase (runtime/enginecache.py).
     slo = isvc.spec.rollout.slo
     if slo is None or slo.transfer_wait_ms is None or _has_fault_transfer(isvc):
         return []
-    return _slo_on_cpu(
-        isvc,
-        "transferWaitMs",
-        f"{slo.transfer_wait_ms:g}",
-        "whose engines load into host memory with no host->device weight transfer: no "
-        "transfer wait is ever measured",
+    backend = isvc.spec.runtime.backend.value
+    return [
+        f"spec.rollout.slo.transferWaitMs {slo.transfer_wait_ms:g} never acts: the {backend} "
+        "backend records no host->device transfer wait (neither onnxruntime nor tensorrt "
+        "does in this release; only the torch backend, which an InferenceService cannot run "
+        "yet), so it cannot breach; remove transferWaitMs"
+    ]
+
+
+def _hold_shorter_than_any_wake(isvc: InferenceService) -> list[str]:
+    hold = isvc.spec.autoscaling.hold_timeout_seconds
+    if hold is None or isvc.spec.fleet is not None or not may_scale_to_zero(isvc):
+        return []  # without zero it never acts at all (hold-timeout-without-zero)
+    if hold >= FASTEST_WAKE_SECONDS:
+        return []
+    return [
+        f"spec.autoscaling.holdTimeoutSeconds {hold:g} is shorter than any wake from zero "
+        f"(the fastest measured, a CPU replica on a warm node, takes {FASTEST_WAKE_SECONDS:g} "
+        "s): every request held at zero gets 503 before a replica can serve it; raise it to "
+        "a replica's time to routable or more (unset: 120)"
+    ]
+
+
+def _forecast_slots_below_interval(isvc: InferenceService) -> list[str]:
+    fleet = isvc.spec.fleet
+    if fleet is None or not fleet.forecast.enabled:
+        return []
+    forecast, interval = fleet.forecast, fleet.placement.interval_seconds
+    slot = duration_seconds(forecast.period) / forecast.slots
+    if slot >= interval:
+        return []
+    most = int(duration_seconds(forecast.period) // interval)
+    message = (
+        f"spec.fleet.forecast.slots {forecast.slots} over a period of {forecast.period} makes "
+        f"slots of {slot:g} s, shorter than spec.fleet.placement.intervalSeconds {interval:g}: "
+        "the forecast learns one rate per placement interval, so most slots never get a "
+        f"sample; use at most {most} slots, or a shorter intervalSeconds"
     )
+    return [message]
+
+
+def _engine_cache_without_downloads(isvc: InferenceService) -> list[str]:
+    found = []
+    for pool in pools_of(isvc):
+        cache = pool.runtime.engine_cache
+        named = [
+            n
+            for n, value in (("hostPath", cache.host_path), ("sizeLimit", cache.size_limit))
+            if value is not None
+        ]
+        if not named or any(m.build is not None for m in pool.models):
+            continue  # a build's engines are read from its output, often s3://
+        uris = [e.uri for m in pool.models for e in m.engines]
+        if not all(u.startswith(("file://", "/")) for u in uris):
+            continue
+        at = paths_of(isvc, pool.name).runtime("engineCache")
+        settings = ", ".join(f"{at}.{n}" for n in named)
+        found.append(
+            f"{pool.name.value} pool: {settings} never acts: every engine of the pool is a "
+            "file:// URI, read in place, so nothing is downloaded into the engine cache; "
+            "remove it, or serve engines from http(s):// or s3://"
+        )
+    return found
 
 
 def _gpu_headroom_without_gpu(isvc: InferenceService) -> list[str]:
@@ -373,10 +437,34 @@ SETTING_RULES: tuple[SettingRule, ...] = (
     SettingRule(
         "transfer-wait-without-transfers",
         "spec.rollout.slo.transferWaitMs",
-        "with backend onnxruntime (no host->device transfer is measured), unless "
-        f"{FAULT_TRANSFER_ENV} in spec.runtime.env emulates one",
+        "with backend onnxruntime or tensorrt (neither records a host->device transfer wait; "
+        f"only torch does), unless {FAULT_TRANSFER_ENV} in spec.runtime.env emulates one",
         Outcome.INEFFECTIVE,
         _transfer_wait_without_transfers,
+    ),
+    SettingRule(
+        "hold-timeout-shorter-than-any-wake",
+        "spec.autoscaling.holdTimeoutSeconds",
+        f"below {FASTEST_WAKE_SECONDS:g} s while the service may reach zero (shorter than "
+        "the fastest wake measured: every request held at zero gets 503)",
+        Outcome.INEFFECTIVE,
+        _hold_shorter_than_any_wake,
+    ),
+    SettingRule(
+        "forecast-slots-shorter-than-interval",
+        "spec.fleet.forecast.slots",
+        "period / slots shorter than spec.fleet.placement.intervalSeconds (the forecast "
+        "learns one rate per interval: most slots never get a sample)",
+        Outcome.INEFFECTIVE,
+        _forecast_slots_below_interval,
+    ),
+    SettingRule(
+        "engine-cache-without-downloads",
+        "spec.runtime.engineCache.hostPath, sizeLimit",
+        "set while every engine of the pool is file:// (read in place: nothing is downloaded "
+        "into the cache)",
+        Outcome.INEFFECTIVE,
+        _engine_cache_without_downloads,
     ),
     SettingRule(
         "gpu-memory-headroom-without-gpu",

@@ -47,6 +47,9 @@ BUILD_NOT_SERVABLE = "BuildNotServable"
 # Degraded's reason when a pod runs on a node whose target (GPU product) the build has no
 # published engine for (tidal.operator.core.builds.find_missing_engines).
 ENGINE_MISSING_FOR_TARGET = "EngineMissingForTarget"
+# Ready's and Progressing's reason while a models[].build only waits for its build to finish
+# (a real build takes minutes: not a fault, so Degraded stays as it is).
+BUILD_PENDING = "BuildPending"
 # Ready's reason for a pool at zero that has never had a Ready replica (see has_served).
 NOT_YET_SERVED = "NotYetServed"
 
@@ -103,6 +106,9 @@ class StatusInput:
     # kept in ``builds``), and the engines served from builds (None: keep the previous).
     build_problems: Sequence[str] = ()
     builds: Sequence[ServedBuild] | None = None
+    # models[].build whose build is still pending or running: Progressing (BuildPending); with
+    # nothing served yet, Ready=False (BuildPending) and no child is made until it is built.
+    build_pending: Sequence[str] = ()
     # Pods on nodes whose target has no engine from the build they serve (Degraded, serving
     # goes on elsewhere): each names the model, the node and the missing target.
     target_problems: Sequence[str] = ()
@@ -189,6 +195,8 @@ def _ready(inp: StatusInput, active: PoolStatus) -> tuple[ConditionStatus, str, 
         )
     if inp.problems:
         return ConditionStatus.FALSE, "InvalidSpec", "no ready replicas; see the Degraded condition"
+    if inp.build_pending:
+        return ConditionStatus.FALSE, BUILD_PENDING, "; ".join(inp.build_pending)
     if active.warming > 0:
         return (
             ConditionStatus.FALSE,
@@ -203,6 +211,8 @@ def _progressing(
 ) -> tuple[ConditionStatus, str, str]:
     if inp.problems:
         return ConditionStatus.FALSE, "InvalidSpec", "waiting for a spec that can work"
+    if inp.build_pending:
+        return ConditionStatus.TRUE, BUILD_PENDING, "; ".join(inp.build_pending)
     for pool, counts in pools.items():
         dep = inp.deployments.get(pool)
         if dep is None:

@@ -369,15 +369,20 @@ class Reconciler:
         # A models[].build not servable (not built yet, or refused by its gate) is Degraded
         # while its pods keep the engine they had (status.builds); one with none to keep (a
         # first deploy) holds every child back. Nothing that failed its gate reaches a pod.
+        # One whose build is only pending or running waits (Progressing=BuildPending): a
+        # real build takes minutes, and that is no spec problem.
         blocked = list(resolution.problems) if resolution.blocked else []
-        problems = blocked or find_spec_problems(isvc)
-        target_problems = [] if blocked else await self._missing_engines(resolution, kids)
+        waiting = resolution.blocked and not blocked
+        problems = blocked or ([] if waiting else find_spec_problems(isvc))
+        target_problems = (
+            [] if blocked or waiting else await self._missing_engines(resolution, kids)
+        )
         findings = find_setting_findings(isvc)
         fleet_view = self.fleet(key) if isvc.spec.fleet is not None else None
         events: list[EventSpec] = []
         error: str | None = None
         retry: float | None = None
-        if not problems:
+        if not problems and not waiting:
             hold = view is not None and view.hold_primary_template
             try:
                 events += await self._apply_children(routed, observed, kids, force, hold)
@@ -409,7 +414,8 @@ class Reconciler:
                 warnings=[f.message for f in findings if f.outcome is Outcome.INEFFECTIVE],
                 conflicts=[f.message for f in findings if f.outcome is Outcome.CONFLICTING],
                 build_problems=() if blocked else resolution.problems,
-                builds=resolution.served if not blocked else None,
+                builds=resolution.served if not (blocked or waiting) else None,
+                build_pending=resolution.pending,
                 target_problems=target_problems,
             )
         )

@@ -13,6 +13,8 @@ INVALID = Path(__file__).resolve().parent / "invalid"
 DEGRADED = INVALID / "degraded"
 INEFFECTIVE = INVALID / "ineffective"
 ACCEPTED = INVALID / "accepted"
+# ModelBuilds the API server (and the models) must refuse, naming the field; same headers.
+INVALID_BUILDS = INVALID / "build"
 # Where the examples fetch their engines: the model store `make test` runs in the cluster.
 EXAMPLE_MODEL_PREFIX = "http://models.tidal-system.svc/"
 
@@ -59,6 +61,11 @@ def ineffective_cases() -> list[tuple[Path, dict[str, str], dict[str, Any]]]:
     """Manifests that work but hold a setting that can never act as written: the service is
     built and serves, and is reported Degraded (``IneffectiveSetting``) naming the field."""
     return invalid_cases(INEFFECTIVE)
+
+
+def invalid_build_cases() -> list[tuple[Path, dict[str, str], dict[str, Any]]]:
+    """``invalid/build/*.yaml``: ModelBuilds refused at admission, as ``invalid_cases``."""
+    return invalid_cases(INVALID_BUILDS)
 
 
 def accepted_paths() -> list[Path]:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from isvc_fixtures import minimal
+from isvc_fixtures import invalid_build_cases, minimal
 from pydantic import ValidationError
 
 from tidal.operator import crdgen
@@ -132,19 +132,58 @@ def test_invalid_build_specs_name_the_field(override: dict[str, Any], message: s
     assert message in format_validation_error(info.value), format_validation_error(info.value)
 
 
-def test_every_crd_rule_is_one_of_the_models_rules() -> None:
+def _build_rules(node: object) -> list[str]:
+    """Every CEL message in a schema, nested ones too."""
+    if isinstance(node, dict):
+        here = [r["message"] for r in node.get("x-kubernetes-validations", [])]
+        return here + [m for value in node.values() for m in _build_rules(value)]
+    if isinstance(node, list):
+        return [m for value in node for m in _build_rules(value)]
+    return []
+
+
+@pytest.mark.parametrize(
+    ("path", "header", "manifest"), invalid_build_cases(), ids=lambda v: getattr(v, "stem", "")
+)
+def test_invalid_build_manifest_is_refused_by_the_models_naming_the_field(
+    path: Path, header: dict[str, str], manifest: dict[str, Any]
+) -> None:
+    with pytest.raises(ValidationError) as caught:
+        parse_model_build(manifest)
+    text = format_validation_error(caught.value)
+    leaf = header["field"].rsplit(".", 1)[-1].split("[")[0]
+    assert leaf in text, f"{path.name}: the error does not name {leaf}: {text}"
+    if header["rule"] == "CEL":
+        assert header["expect"] in text, f"{path.name}: {text}"
+
+
+def test_every_crd_rule_is_one_of_the_models_rules_and_in_the_corpus() -> None:
     """The API server refuses with the same message the operator's models give (the sandbox
-    test sends the manifests; here: each CEL message is a validator's)."""
+    test sends the manifests; here: each CEL message is a validator's, and a manifest of
+    ``invalid/build/`` breaks it)."""
     root = crdgen.build_model_build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-    spec = root["properties"]["spec"]
-    messages = [r["message"] for r in spec["x-kubernetes-validations"]]
-    assert len(messages) == 3, messages
-    seen = []
-    for override, _message in INVALID[:3]:
-        with pytest.raises(ValidationError) as info:
-            make_build(**override)
-        seen += [m for m in messages if m in format_validation_error(info.value)]
-    assert sorted(seen) == sorted(messages), (seen, messages)
+    messages = _build_rules(root["properties"]["spec"])
+    assert len(messages) >= 10, messages
+    cases = invalid_build_cases()
+    expected = [h["expect"] for _p, h, _m in cases if h["rule"] == "CEL"]
+    uncovered = [m for m in messages if not any(e in m for e in expected)]
+    assert uncovered == [], uncovered
+    assert {h["rule"] for _p, h, _m in cases} > {"CEL"}, "patterns and required fields too"
+
+
+def test_a_valid_build_near_the_new_rules_is_accepted() -> None:
+    """Edges of the rules that must stay accepted: maxSamples equal to the batch size, the
+    mean bound equal to the max bound, the default accuracy bound without labels, an s3 block
+    used by the output alone, architectures and GPU products as targets."""
+    make_build(calibration={"uri": "s3://c.npz", "batchSize": 8, "maxSamples": 8})
+    make_build(gate={"maxAbsError": 0.2, "maxMeanAbsError": 0.2})
+    make_build(validation={"uri": "s3://v.npz"}, gate={"maxAccuracyDrop": 0.01})
+    make_build(
+        source={"uri": "file:///m/digits.onnx"},
+        calibration={"uri": "file:///m/c.npz"},
+        validation={"uri": "file:///m/v.npz"},
+    )
+    make_build(backend="tensorrt", targets=["sm90", "sm100", "NVIDIA-H100-80GB-HBM3", "Tesla-T4"])
 
 
 # -- targets and Jobs ----------------------------------------------------------------------------
@@ -213,7 +252,26 @@ def test_the_job_runs_the_builder_with_a_spec_the_builder_accepts() -> None:
     assert spec.s3.endpoint == "http://versitygw.storage:7070"
     assert args[args.index("--report") + 1] == container["terminationMessagePath"]
     assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
-    assert container["envFrom"] == [{"secretRef": {"name": "store-writer"}}]
+    assert container["env"] == [
+        {
+            "name": "AWS_ACCESS_KEY_ID",
+            "valueFrom": {"secretKeyRef": {"name": "store-writer", "key": "AWS_ACCESS_KEY_ID"}},
+        },
+        {
+            "name": "AWS_SECRET_ACCESS_KEY",
+            "valueFrom": {"secretKeyRef": {"name": "store-writer", "key": "AWS_SECRET_ACCESS_KEY"}},
+        },
+        {
+            "name": "AWS_SESSION_TOKEN",
+            "valueFrom": {
+                "secretKeyRef": {
+                    "name": "store-writer",
+                    "key": "AWS_SESSION_TOKEN",
+                    "optional": True,
+                }
+            },
+        },
+    ], "each credential key named, so a missing one stops the container with a reason"
     assert "affinity" not in pod, "a cpu build runs on any node"
     assert "resources" not in container, "a cpu build takes no GPU"
     assert (pod["restartPolicy"], job["spec"]["backoffLimit"]) == ("Never", 0)
@@ -261,6 +319,48 @@ def test_same_inputs_are_never_built_twice_and_new_inputs_get_a_new_job() -> Non
         {**IMAGES, BuildBackend.ONNXRUNTIME: IMAGE + "-2"},
         T0,
     ).create
+
+
+def test_a_missing_credentials_secret_is_degraded_naming_it_not_building_for_an_hour() -> None:
+    """Issue 41: a build whose credentials Secret did not exist stayed Building, Degraded
+    False, no Event, until the Job's deadline (3,600 s)."""
+    build = make_build()
+    first = plan_build(build, NODES, [], IMAGES, T0)
+    (job,) = first.create
+    waiting = {
+        "status": {
+            "phase": "Pending",
+            "containerStatuses": [
+                {
+                    "name": "builder",
+                    "state": {
+                        "waiting": {
+                            "reason": "CreateContainerConfigError",
+                            "message": 'secret "store-writer" not found',
+                        }
+                    },
+                }
+            ],
+        }
+    }
+    outcome = read_job(job, waiting)
+    assert (outcome.phase, outcome.reason) == (BuildPhase.PENDING, "MissingCredentials"), outcome
+    plan = plan_build(with_status(build, first.status), NODES, [outcome], IMAGES, T0)
+    conditions = {c.type: c for c in plan.status.conditions}
+    degraded = conditions["Degraded"]
+    assert (degraded.status.value, degraded.reason) == ("True", "MissingCredentials"), degraded
+    assert degraded.message.startswith("spec.s3.credentialsSecret: the build pod of Job "), (
+        degraded.message
+    )
+    assert "Secret store-writer in namespace team is missing" in degraded.message
+    assert 'secret "store-writer" not found' in degraded.message, degraded.message
+    assert conditions["Ready"].reason == "MissingCredentials", conditions["Ready"]
+    assert ("Warning", "MissingCredentials") in [(e.type, e.reason) for e in plan.events]
+    assert plan.create == (), "the Job is not created twice"
+    # the Secret was created: the container starts and the condition clears
+    running = read_job(job, {"status": {"phase": "Running"}})
+    later = plan_build(with_status(build, plan.status), NODES, [running], IMAGES, T0)
+    assert {c.type: c for c in later.status.conditions}["Degraded"].status.value == "False"
 
 
 def status_with_artifacts(refused: bool = False) -> dict[str, Any]:
@@ -506,7 +606,9 @@ def test_backends_without_a_builder_and_targets_without_nodes_run_no_job() -> No
     assert "spec.backend: no tensorrt builder in this release" in degraded.message
     assert ("Warning", "BuilderUnavailable") in [(e.type, e.reason) for e in plan.events]
 
-    a100 = make_build(backend="tensorrt", targets=["NVIDIA-A100-SXM4-80GB"], precisions=["fp32"])
+    a100 = make_build(
+        backend="tensorrt", targets=["NVIDIA-A100-SXM4-80GB"], precisions=["fp32"], calibration=None
+    )
     lonely = plan_build(a100, NODES, [], IMAGES, T0)
     assert lonely.create == ()
     degraded = {c.type: c for c in lonely.status.conditions}["Degraded"]
@@ -549,7 +651,10 @@ def test_every_backends_job_hands_the_builder_a_spec_it_accepts() -> None:
     builds = [
         (make_build(), "cpu"),
         (make_build(backend="tensorrt", precisions=["fp16", "int8"]), H100),
-        (make_build(backend="tensorrt", targets=["sm90"], precisions=["bf16"]), "sm90"),
+        (
+            make_build(backend="tensorrt", targets=["sm90"], precisions=["bf16"], calibration=None),
+            "sm90",
+        ),
         (make_build(backend="torch", image="t:1", precisions=["fp16"], calibration=None), "sm90"),
     ]
     for build, target in builds:
@@ -733,23 +838,97 @@ def test_a_service_naming_a_build_serves_only_what_passed_its_gate() -> None:
     assert resolve_build_refs(plain, builds).isvc is plain
 
 
-def test_a_version_that_is_not_servable_is_degraded_while_serving_goes_on() -> None:
-    from tidal.operator.core.api import PoolName, ServedBuild
-    from tidal.operator.core.status import StatusInput, compute_status
-
-    kept = ServedBuild(
-        pool="primary", model="digits", build="digits-1", precision="int8", uri="s3://e/x.onnx"
+def test_a_build_of_another_model_or_backend_is_never_served() -> None:
+    """Issue 41: a service model named a build of another model (which then answered under
+    the service model's name), or a torch build (which onnxruntime pods cannot load)."""
+    built = make_build(status=status_with_artifacts())
+    other = parse_inference_service(
+        minimal(models=[{"name": "m", "build": {"name": "digits-2", "precision": "fp32"}}])
     )
-    result = compute_status(
+    wrong = resolve_build_refs(other, {"digits-2": built})
+    assert wrong.blocked and wrong.pending == (), wrong
+    (problem,) = wrong.problems
+    assert problem.startswith(
+        "spec.models[m].build: ModelBuild digits-2: builds model digits, not m"
+    ), problem
+    torch = make_build(
+        backend="torch", image="t:1", targets=["cpu"], precisions=["fp32"], calibration=None
+    )
+    torch = with_status(torch, make_build(status=status_with_artifacts()).status)
+    named = serving({"name": "digits-2", "precision": "fp32"})
+    (problem,) = resolve_build_refs(named, {"digits-2": torch}).problems
+    assert "is a torch build and the pool's backend is onnxruntime" in problem, problem
+
+
+def _service_status(generation: int = 1, **inputs: Any) -> Any:
+    """An InferenceService's status from one pool of one desired replica and ``inputs``."""
+    return compute_status(
         StatusInput(
-            generation=2,
+            generation=generation,
             now=T0,
             isvc_name="svc",
             active_pool=PoolName.PRIMARY,
             desired={PoolName.PRIMARY: 1},
-            build_problems=["spec.models[digits].build: ModelBuild digits-2: refused"],
-            builds=[kept],
+            **inputs,
         )
+    )
+
+
+def test_a_build_still_running_is_waited_for_not_degraded() -> None:
+    """Issue 41: a valid service whose build had not finished read Degraded=InvalidSpec 'no
+    build for target' for the minutes a real build takes. Now it waits: Progressing and
+    Ready False with BuildPending, Degraded False, no child made until the engine passed."""
+    named = serving({"name": "digits-2", "precision": "int8"})
+    fresh = make_build()  # created, no status yet
+    running = make_build(
+        status={"targets": [{"target": "cpu", "phase": "Running", "job": "digits-2-cpu-1"}]}
+    )
+    for build in (fresh, running):
+        waiting = resolve_build_refs(named, {"digits-2": build})
+        assert waiting.blocked and waiting.problems == (), waiting
+        (line,) = waiting.pending
+        assert line.startswith("spec.models[digits].build: ModelBuild digits-2: digits/2"), line
+    failed = make_build(
+        status={
+            "conditions": [
+                {
+                    "type": "Degraded",
+                    "status": "True",
+                    "reason": "NoNodeForTarget",
+                    "lastTransitionTime": "2026-12-06T20:00:00Z",
+                }
+            ],
+            "targets": [],
+        }
+    )
+    assert resolve_build_refs(named, {"digits-2": failed}).problems, "a fault is no wait"
+    result = _service_status(
+        build_pending=list(resolve_build_refs(named, {"digits-2": running}).pending)
+    )
+    conditions = {c.type: c for c in result.status.conditions}
+    assert (conditions["Degraded"].status.value, conditions["Degraded"].reason) != (
+        "True",
+        "InvalidSpec",
+    ), conditions
+    assert conditions["Degraded"].status.value == "False", conditions
+    assert conditions["Progressing"].reason == "BuildPending", conditions
+    assert (conditions["Ready"].status.value, conditions["Ready"].reason) == (
+        "False",
+        "BuildPending",
+    ), conditions
+    assert "not built yet (Running)" in conditions["Ready"].message, conditions
+
+
+def test_a_version_that_is_not_servable_is_degraded_while_serving_goes_on() -> None:
+    from tidal.operator.core.api import ServedBuild
+
+    kept = ServedBuild(
+        pool="primary", model="digits", build="digits-1", precision="int8", uri="s3://e/x.onnx"
+    )
+    result = _service_status(
+        generation=2,
+        build_problems=["spec.models[digits].build: ModelBuild digits-2: refused"],
+        builds=[kept],
     )
     degraded = {c.type: c for c in result.status.conditions}["Degraded"]
     assert (degraded.status.value, degraded.reason) == ("True", "BuildNotServable"), degraded

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
+from isvc_fixtures import invalid_build_cases
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -51,7 +52,7 @@ def manifest(name: str, digits: Path, out: Path, **spec: Any) -> dict[str, Any]:
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "ModelBuild",
         "metadata": {"name": name},
-        "spec": body,
+        "spec": {k: v for k, v in body.items() if v is not None},
     }
 
 
@@ -135,6 +136,66 @@ def test_the_schema_refuses_invalid_builds_naming_the_field(
     assert result.returncode == 0, result.stderr
 
 
+# The API server adds this line whenever a schema error keeps it from running the CEL rules.
+SKIPPED_NOTE = "some validation rules were not checked because the object was invalid"
+
+
+@pytest.mark.parametrize(
+    ("path", "header", "body"), invalid_build_cases(), ids=lambda v: getattr(v, "stem", "")
+)
+def test_the_api_server_refuses_each_invalid_build_manifest_naming_the_field(
+    sandbox: Any,
+    namespace: str,
+    isvc_crd: None,
+    path: Path,
+    header: dict[str, str],
+    body: dict[str, Any],
+) -> None:
+    result = sandbox.kubectl("apply", "-n", namespace, "-f", str(path), check=False)
+    assert result.returncode != 0, f"{path.name} was accepted"
+    assert header["field"] in result.stderr, (path.name, result.stderr)
+    assert header["expect"] in result.stderr, (path.name, result.stderr)
+    if "errors" in header:
+        errors = [line for line in result.stderr.splitlines() if line.startswith("* ")]
+        errors = [e for e in errors if SKIPPED_NOTE not in e] or [result.stderr]
+        assert len(errors) == int(header["errors"]), (path.name, result.stderr)
+    names = sandbox.kubectl("get", PLURAL, "-n", namespace, "-o", "name").stdout
+    assert names.strip() == "", names
+
+
+def test_a_build_whose_credentials_secret_is_missing_is_degraded_naming_it(
+    sandbox: Any, namespace: str, operator: OperatorProcess, digits: Path, tmp_path: Path
+) -> None:
+    """Issue 41: it stayed Building, Degraded False, with no Event, for the Job's hour."""
+    s3 = {"endpoint": "http://127.0.0.1:9", "credentialsSecret": "no-such-secret"}
+    create(
+        sandbox,
+        namespace,
+        manifest("secretless", digits, tmp_path / "store", output="s3://engines/team", s3=s3),
+    )
+    body = wait_for(
+        lambda: (
+            condition(b := get_build(sandbox, namespace, "secretless"), "Degraded").get("reason")
+            == "MissingCredentials"
+            and b
+        ),
+        timeout=BUILD_TIMEOUT,
+        what="ModelBuild secretless Degraded=MissingCredentials",
+        describe=lambda: get_build(sandbox, namespace, "secretless").get("status"),
+    )
+    message = condition(body, "Degraded")["message"]
+    assert message.startswith("spec.s3.credentialsSecret: "), message
+    assert "Secret no-such-secret" in message, message
+    wait_for(
+        lambda: [
+            e for e in events_of(sandbox, namespace, "secretless") if e[1] == "MissingCredentials"
+        ],
+        timeout=60,
+        what="a MissingCredentials Event",
+        describe=lambda: events_of(sandbox, namespace, "secretless"),
+    )
+
+
 def test_a_build_runs_one_job_that_publishes_gated_engines_and_a_refusal_never_resolves(
     sandbox: Any, namespace: str, operator: OperatorProcess, digits: Path, tmp_path: Path
 ) -> None:
@@ -193,7 +254,14 @@ def test_failed_jobs_and_missing_builders_are_degraded_with_what_to_fix(
     create(
         sandbox,
         namespace,
-        manifest("broken", digits, tmp_path / "store", source=missing, precisions=["fp32"]),
+        manifest(
+            "broken",
+            digits,
+            tmp_path / "store",
+            source=missing,
+            precisions=["fp32"],
+            calibration=None,
+        ),
     )
     create(
         sandbox,
@@ -205,6 +273,7 @@ def test_failed_jobs_and_missing_builders_are_degraded_with_what_to_fix(
             backend="torch",
             targets=["sm90"],
             precisions=["fp32"],
+            calibration=None,
         ),
     )
     create(
@@ -217,6 +286,7 @@ def test_failed_jobs_and_missing_builders_are_degraded_with_what_to_fix(
             backend="tensorrt",
             targets=["NVIDIA-H100-80GB-HBM3"],
             precisions=["fp16"],
+            calibration=None,
         ),
     )
 

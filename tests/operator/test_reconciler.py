@@ -427,35 +427,49 @@ def _degraded(kube: FakeKube) -> dict[str, Any]:
     return dict(next(c for c in kube.statuses[-1]["conditions"] if c["type"] == "Degraded"))
 
 
-async def test_a_pod_on_a_node_whose_gpu_product_has_no_engine_is_degraded_until_it_moves() -> None:
+async def test_a_torch_build_named_by_an_onnxruntime_pool_is_degraded_and_makes_no_child() -> None:
+    """Issue 41: a torch build's engines (AOTInductor packages) named by an onnxruntime pool
+    were served to it, to fail in every pod. Since onnxruntime pools serve only onnxruntime
+    builds (cpu engines, any node), a pod on a node with no engine for its target
+    (EngineMissingForTarget, ``find_missing_engines``, tested in test_builds.py) cannot arise
+    through an InferenceService of this release: GPU pools cannot name builds yet."""
     body = minimal(models=[{"name": "digits", "build": {"name": "digits-2", "precision": "fp32"}}])
     store, kube, rec = _setup(body)
-    store.builds = {("ns", "digits-2"): _per_gpu_build(["cpu"])}
+    store.builds = {("ns", "digits-2"): _per_gpu_build(["cpu", L4])}
     kube.node_labels = {"gpu-l4": {"nvidia.com/gpu.product": L4}, "cpu-1": {}}
-    await rec.reconcile(("ns", "svc"), False)
-    assert _degraded(kube)["status"] == "False", "no pod scheduled yet"
-    assert kube.node_lists == 0, "nodes are listed only once pods are scheduled"
-
     _pod_on(store, "p1", "gpu-l4")
     await rec.reconcile(("ns", "svc"), False)
     degraded = _degraded(kube)
-    assert degraded["reason"] == "EngineMissingForTarget", degraded
+    assert (degraded["status"], degraded["reason"]) == ("True", "InvalidSpec"), degraded
     assert degraded["message"].startswith(
-        "spec.models[digits].build: model digits has pods on node gpu-l4 (target NVIDIA-L4) "
-        "but ModelBuild digits-2 has no engine for target NVIDIA-L4"
+        "spec.models[digits].build: ModelBuild digits-2: is a torch build and the pool's "
+        "backend is onnxruntime"
     ), degraded
-    assert ("Warning", "EngineMissingForTarget") in [(e.type, e.reason) for e in kube.events]
+    assert any(
+        e.type == "Warning" and "spec.models[digits].build" in e.message for e in kube.events
+    ), kube.events
+    assert kube.applied == [], "no child of a pool whose engine cannot load"
 
-    _pod_on(store, "p1", "cpu-1")  # the pod moved
-    await rec.reconcile(("ns", "svc"), False)
-    assert _degraded(kube)["status"] == "False", _degraded(kube)
 
-    _pod_on(store, "p1", "gpu-l4")
+async def test_a_service_whose_build_still_runs_waits_without_a_child_and_is_not_degraded() -> None:
+    """Issue 41: it read Degraded=InvalidSpec '... no build for target' while the build ran."""
+    body = minimal(models=[{"name": "digits", "build": {"name": "digits-2", "precision": "fp32"}}])
+    store, kube, rec = _setup(body)
+    running = _per_gpu_build([])
+    running["spec"].update(backend="onnxruntime", targets=["cpu"])
+    running["status"] = {"targets": [{"target": "cpu", "phase": "Running", "job": "digits-2-1"}]}
+    store.builds = {("ns", "digits-2"): running}
     await rec.reconcile(("ns", "svc"), False)
-    assert _degraded(kube)["reason"] == "EngineMissingForTarget"
-    store.builds = {("ns", "digits-2"): _per_gpu_build(["cpu", L4])}  # the L4 engine published
-    await rec.reconcile(("ns", "svc"), False)
-    assert _degraded(kube)["status"] == "False", _degraded(kube)
+    conditions = {c["type"]: c for c in kube.statuses[-1]["conditions"]}
+    assert conditions["Degraded"]["status"] == "False", conditions
+    assert (conditions["Progressing"]["status"], conditions["Progressing"]["reason"]) == (
+        "True",
+        "BuildPending",
+    ), conditions
+    assert "not built yet (Running)" in conditions["Progressing"]["message"], conditions
+    assert conditions["Ready"]["reason"] == "BuildPending", conditions
+    assert kube.applied == [], "no child before the build passed its gate"
+    assert not [e for e in kube.events if e.type == "Warning"], kube.events
 
 
 async def test_a_cpu_only_build_lists_no_nodes() -> None:

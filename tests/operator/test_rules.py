@@ -85,14 +85,26 @@ def test_every_rule_has_a_manifest_and_every_manifest_a_rule() -> None:
             },
             "rollout": {"slo": {"transferWaitMs": 500}, "onBreach": "alert"},
         },
-        # GPU signals with a GPU backend.
+        # GPU memory with a GPU backend (no InferenceService backend records transfer waits:
+        # issue 41 found the old advice, "use it with backend tensorrt", wrong).
         {
             "runtime": {"backend": "tensorrt"},
             "models": [{"name": "m", "engines": [{"uri": "file:///m/sm90-trt10.0-fp16.engine"}]}],
-            "rollout": {
-                "slo": {"gpuMemoryHeadroom": "10%", "transferWaitMs": 50},
-                "onBreach": "alert",
+            "rollout": {"slo": {"gpuMemoryHeadroom": "10%"}, "onBreach": "alert"},
+        },
+        # A hold as long as the fastest wake; forecast slots as long as the interval; an
+        # engine cache for engines that are downloaded.
+        {"autoscaling": {"minReplicas": 0, "holdTimeoutSeconds": 2}},
+        {
+            "fleet": {
+                "placement": {"intervalSeconds": 10},
+                "forecast": {"period": "10m", "slots": 60},
             },
+            "memory": {"engineCacheBudget": "1Gi"},
+        },
+        {
+            "runtime": {"backend": "onnxruntime", "engineCache": {"hostPath": "/var/cache/t"}},
+            "models": [{"name": "m", "engines": [{"uri": "http://models.example/m.onnx"}]}],
         },
         # A weight streaming budget below the engine budget, or a share of the weights.
         {

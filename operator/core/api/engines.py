@@ -89,9 +89,10 @@ class Engine(ApiModel):
         # No min_length: the pattern needs a scheme and more, so an empty uri gets one error.
         max_length=2048,
         pattern=ENGINE_URI_PATTERN,
-        description="Where the engine lives: file:///absolute/path or http(s)://; s3:// and "
-        "gs:// are reserved (the runtime cannot fetch them yet: the service reports Degraded). "
-        "Unique within a model.",
+        description="Where the engine lives: file:///absolute/path, http(s)://host/path or "
+        "s3://bucket/key (the store spec.runtime.storage.s3 names; unset: AWS S3 with the pods' "
+        "ambient credentials); gs:// is reserved (the runtime cannot fetch it yet: the service "
+        "reports Degraded). Unique within a model.",
     )
     backend: Backend | None = Field(
         default=None,
@@ -222,6 +223,12 @@ class BuildRef(ApiModel):
     precision: Precision = Field(description="The precision served, e.g. int8 or fp32.")
 
 
+MODEL_MEMORY_MESSAGE = (
+    "models[].memory must be above 0: it declares the loaded engine's device memory (placement "
+    "would count the model as free and pile it anywhere); remove it to have it measured"
+)
+
+
 class Model(ApiModel):
     """A model served by the InferenceService, with one engine per backend/arch/precision."""
 
@@ -242,6 +249,13 @@ class Model(ApiModel):
                 "self.maxBatchSize < 1 || self.warmup.batchSizes.all(b, b <= self.maxBatchSize)",
                 "models[].warmup.batchSizes must each be <= models[].maxBatchSize",
                 ".warmup.batchSizes",
+            ),
+            cel(
+                "!has(self.memory) || "
+                f"!{_matches('self.memory', BYTES_PATTERN)} || "
+                "quantity(self.memory).isGreaterThan(quantity('0'))",
+                MODEL_MEMORY_MESSAGE,
+                ".memory",
             ),
         )
     )
@@ -314,6 +328,8 @@ class Model(ApiModel):
             )
         if any(b > self.max_batch_size for b in self.warmup.batch_sizes):
             raise ValueError("models[].warmup.batchSizes must each be <= models[].maxBatchSize")
+        if self.memory is not None and quantity_bytes(self.memory) == 0:
+            raise ValueError(MODEL_MEMORY_MESSAGE)
         return self
 
 

@@ -87,6 +87,12 @@ MIN_RATE_MESSAGE = (
     "enough for a copy would be pinned nowhere"
 )
 
+NO_ROOM_MESSAGE = (
+    "spec.fleet.placement.headroom and landingShare are both 0%: no replica keeps room to load "
+    "a model that is not pinned (placement may fill every budget with pinned models), so its "
+    "requests can wait out the gateway's hold and fail; give either above 0%"
+)
+
 
 class FleetPlacement(ApiModel):
     """How the operator spreads models over the runtime pods' engine budgets."""
@@ -106,6 +112,14 @@ class FleetPlacement(ApiModel):
                 ".landingShare",
             ),
             cel("self.minRate <= self.ratePerCopy", MIN_RATE_MESSAGE, ".minRate"),
+            cel(
+                f"!{_matches('self.headroom', PERCENT_PATTERN)} || "
+                f"!{_matches('self.landingShare', PERCENT_PATTERN)} || "
+                "double(self.headroom.substring(0, self.headroom.size() - 1)) > 0.0 || "
+                "double(self.landingShare.substring(0, self.landingShare.size() - 1)) > 0.0",
+                NO_ROOM_MESSAGE,
+                ".headroom",
+            ),
         )
     )
 
@@ -164,6 +178,8 @@ class FleetPlacement(ApiModel):
             )
         if self.min_rate > self.rate_per_copy:
             raise ValueError(MIN_RATE_MESSAGE)
+        if not percent_value(self.headroom) and not percent_value(self.landing_share):
+            raise ValueError(NO_ROOM_MESSAGE)
         return self
 
 

@@ -338,6 +338,15 @@ class EngineCache(ApiModel):
 
 S3_ENDPOINT_PATTERN = r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?/?$"
 S3_CREDENTIAL_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+S3_PORT_MESSAGE = "s3.endpoint: the port must be from 1 to 65535"
+_S3_PORTED = r"^https?://[A-Za-z0-9.-]+:[0-9]{1,5}/?$"
+
+
+def s3_endpoint_port(endpoint: str) -> int | None:
+    """The port an endpoint names (None: none named, the scheme's)."""
+    if not re.match(_S3_PORTED, endpoint):
+        return None
+    return int(endpoint.rstrip("/").rsplit(":", 1)[1])
 
 
 class S3Storage(ApiModel):
@@ -347,6 +356,20 @@ class S3Storage(ApiModel):
     ``AWS_SESSION_TOKEN``), or leave ``credentialsSecret`` unset to use the pods' ambient
     workload identity (IRSA's ``AWS_WEB_IDENTITY_TOKEN_FILE`` and ``AWS_ROLE_ARN``, set by your
     cluster on the pods' service account, or the node's instance metadata)."""
+
+    # A port outside 1-65535 passes the pattern; the S3 client would fail on it with a text
+    # that names neither the field nor the port (a Rust panic, issue 41).
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            cel(
+                f"!has(self.endpoint) || !{_matches('self.endpoint', _S3_PORTED)} || "
+                "(int(self.endpoint.split(':')[2].split('/')[0]) >= 1 && "
+                "int(self.endpoint.split(':')[2].split('/')[0]) <= 65535)",
+                S3_PORT_MESSAGE,
+                ".endpoint",
+            ),
+        )
+    )
 
     endpoint: str | None = Field(
         default=None,
@@ -375,6 +398,13 @@ class S3Storage(ApiModel):
         description="Secret in this namespace with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
         "(AWS_SESSION_TOKEN optional); unset: the pods' ambient credentials.",
     )
+
+    @model_validator(mode="after")
+    def _port_in_range(self) -> S3Storage:
+        port = s3_endpoint_port(self.endpoint) if self.endpoint is not None else None
+        if port is not None and not 1 <= port <= 65535:
+            raise ValueError(S3_PORT_MESSAGE)
+        return self
 
 
 class Storage(ApiModel):
