@@ -192,3 +192,20 @@ def test_the_release_command_refuses_a_bad_registry_naming_it(
     err = capsys.readouterr().err
     assert exited.value.code == 2, err
     assert "argument --registry" in err and "HOST[:PORT][/PATH]" in err, err
+
+
+def test_the_real_node_pulls_from_the_registry_unless_turned_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On by default (e2e/test_readme_install.py installs the release from it), off with
+    TIDAL_SANDBOX_REGISTRY=0 only."""
+    from tidal.sandbox.cluster import SandboxConfig
+
+    seen = {}
+    for value in (None, "1", "0"):
+        if value is None:
+            monkeypatch.delenv("TIDAL_SANDBOX_REGISTRY", raising=False)
+        else:
+            monkeypatch.setenv("TIDAL_SANDBOX_REGISTRY", value)
+        seen[value] = SandboxConfig(real_node=True).registry
+    assert seen == {None: True, "1": True, "0": False}, seen
