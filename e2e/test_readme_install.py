@@ -411,11 +411,12 @@ def test_node_pulled_the_pushed_images_from_the_registry(
             rf'"(HEAD|GET) /v2/{re.escape(target.repository(kind))}/manifests/'
             rf'{re.escape(release.VERSION)}\?ns={re.escape(host)} HTTP/1.1" 200 .*"containerd/'
         )
-        containerd = [line for line in log.splitlines() if "containerd/" in line]
+        containerd = [line for line in log.splitlines() if '"containerd/' in line]
         assert re.search(request, log), (
             f"no pull of {release.image(kind)} by containerd in the registry's log; "
             f"containerd's requests: {containerd[-20:]}"
         )
+    print("containerd's requests to the registry:", *containerd, sep="\n  ")
 
 
 # -- every other example, as written ---------------------------------------------------------------
