@@ -43,6 +43,7 @@ from tidal.common import release
 from tidal.operator.core.api import LABEL_ISVC
 from tidal.runtime.modelgen import write_mlp
 from tidal.sandbox import Sandbox
+from tidal.sandbox.cluster import node_pulls_from_registry
 from tidal.sandbox.incluster import client_pod, last_json_line, model_store
 from tidal.sandbox.operatorproc import condition, get_isvc
 from tidal.sandbox.realnode import STATE_DIR
@@ -117,10 +118,10 @@ PODMONITOR_CRD = {
 }
 
 
-# The node pulls the release's images from the sandbox's registry only with it on
-# (TIDAL_SANDBOX_REGISTRY=1, tidal.sandbox.cluster.SandboxConfig.registry); otherwise the images
-# built here are tagged in its containerd under the release's names, as before.
-NODE_PULLS = os.environ.get("TIDAL_SANDBOX_REGISTRY") == "1"
+# The node pulls the release's images from the sandbox's registry unless TIDAL_SANDBOX_REGISTRY=0
+# (tidal.sandbox.cluster.SandboxConfig.registry); with it 0 the images built here are tagged in
+# its containerd under the release's names instead (the path before the registry ran).
+NODE_PULLS = node_pulls_from_registry()
 
 
 @pytest.fixture(scope="module")
@@ -381,7 +382,7 @@ def test_readme_block_made_the_runtime_podmonitor(
 
 
 @pytest.mark.skipif(
-    not NODE_PULLS, reason="TIDAL_SANDBOX_REGISTRY=1 not set: the node's images are tagged"
+    not NODE_PULLS, reason="TIDAL_SANDBOX_REGISTRY=0: the node's images are tagged, not pulled"
 )
 def test_node_pulled_the_pushed_images_from_the_registry(
     published: Sandbox,
@@ -399,8 +400,23 @@ def test_node_pulled_the_pushed_images_from_the_registry(
             f"{name}: the node holds {held.get(name)}, the registry got "
             f"{pushed['first'][target.image(kind)]}; node images {held}"
         )
+    # containerd resolved each release name through the mirror: its request for the tag, with
+    # the mirrored host as ``ns``, answered by the registry. It fetches only the blobs its content
+    # store lacks: the sandbox imported the same archives (under localhost/tidal/… names, for the
+    # other scenarios), so here the pull moves the manifest's resolution and no layer.
     log = registry.process.log_path.read_text(errors="replace")
-    assert re.search(r"GET /v2/tidal-serving/tidal-operator/manifests/", log), log[-3000:]
+    host = release.REGISTRY.split("/", 1)[0]
+    for kind in ("operator", "runtime-cpu"):
+        request = (
+            rf'"(HEAD|GET) /v2/{re.escape(target.repository(kind))}/manifests/'
+            rf'{re.escape(release.VERSION)}\?ns={re.escape(host)} HTTP/1.1" 200 .*"containerd/'
+        )
+        containerd = [line for line in log.splitlines() if '"containerd/' in line]
+        assert re.search(request, log), (
+            f"no pull of {release.image(kind)} by containerd in the registry's log; "
+            f"containerd's requests: {containerd[-20:]}"
+        )
+    print("containerd's requests to the registry:", *containerd, sep="\n  ")
 
 
 # -- every other example, as written ---------------------------------------------------------------

@@ -58,9 +58,16 @@ class SandboxConfig:
     # metrics.k8s.io / external.metrics.k8s.io (bench/peers_bench.py). Off for the test suite.
     aggregation: bool = False
     # With the real node: the OCI registry (registry.py) on 127.0.0.1, and the node's containerd
-    # pulling the release registry's host (ghcr.io) from it. Off unless TIDAL_SANDBOX_REGISTRY=1
-    # until the node's pull is proven by e2e/test_readme_install.py (e2e/README.md).
-    registry: bool = field(default_factory=lambda: os.environ.get("TIDAL_SANDBOX_REGISTRY") == "1")
+    # pulling the release registry's host (ghcr.io) from it (e2e/test_readme_install.py installs
+    # the release from it). On unless TIDAL_SANDBOX_REGISTRY=0; the other scenarios' images are
+    # the imported archives either way (localhost/tidal/…, which no mirror touches).
+    registry: bool = field(default_factory=lambda: node_pulls_from_registry())
+
+
+def node_pulls_from_registry() -> bool:
+    """Whether the real node runs with the sandbox's registry mirroring the release registry's
+    host: yes unless ``TIDAL_SANDBOX_REGISTRY=0`` (e2e/README.md)."""
+    return os.environ.get("TIDAL_SANDBOX_REGISTRY", "1") != "0"
 
 
 # Where a release publishes the project's images; the real node has the ones built here instead.

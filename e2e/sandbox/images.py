@@ -40,6 +40,10 @@ KEPT_PER_KIND = 4
 BASE_RECIPE = "bookworm minbase python3 python3-venv python-is-python3 ca-certificates v2"
 
 
+# Builds of one image tried when another checkout's build removes it before its push.
+BUILD_TRIES = 3
+
+
 class ImageBuildError(RuntimeError):
     """An image could not be built; the message has the builder's output."""
 
@@ -84,6 +88,12 @@ def _buildah_env() -> dict[str, str]:
         "TMPDIR": str(root / "tmp"),
         "BUILDAH_ISOLATION": "chroot",
     }
+
+
+def removed_under_us(output: str) -> bool:
+    """Whether a failed ``buildah push`` says its local image is gone (removed by another
+    checkout's build sharing the machine's storage), not that the push itself failed."""
+    return "image not known" in output
 
 
 def _policy_flag() -> str:
@@ -280,31 +290,38 @@ def dockerfile_image(dockerfile: Path, repository: str, base: BuiltImage) -> Bui
     _run(["buildah", "pull", policy, f"oci-archive:{base.archive}"], env=env)
     _run(["buildah", "tag", _image_id(base.archive, env), base.name], env=env)
     ca = "/etc/ssl/certs/ca-certificates.crt"
-    _run(
-        [
-            "buildah",
-            "bud",
-            policy,
-            "--pull=never",
-            "--network=host",
-            "--isolation=chroot",
-            "--layers=true",
-            "--format=oci",
-            f"--volume={ca}:{ca}:ro",
-            f"--volume={_pip_conf()}:/etc/pip.conf:ro",
-            f"--build-arg=PYTHON_IMAGE={base.name}",
-            "-f",
-            str(dockerfile),
-            "-t",
-            name,
-            ".",
-        ],
-        env=env,
-        cwd=REPO,
-    )
+    bud = [
+        "buildah",
+        "bud",
+        policy,
+        "--pull=never",
+        "--network=host",
+        "--isolation=chroot",
+        "--layers=true",
+        "--format=oci",
+        f"--volume={ca}:{ca}:ro",
+        f"--volume={_pip_conf()}:/etc/pip.conf:ro",
+        f"--build-arg=PYTHON_IMAGE={base.name}",
+        "-f",
+        str(dockerfile),
+        "-t",
+        name,
+        ".",
+    ]
     tmp = out.with_suffix(".partial")
-    tmp.unlink(missing_ok=True)
-    _run(["buildah", "push", policy, name, f"oci-archive:{tmp}:{name}"], env=env)
+    # buildah's storage is the machine's: a build of another checkout that produced the same
+    # image (same layers, same id) may remove it with its own rmi between this build and its
+    # push ("image not known"). Building again is then a cache hit; a few tries, then the error.
+    for attempt in range(1, BUILD_TRIES + 1):
+        _run(bud, env=env, cwd=REPO)
+        tmp.unlink(missing_ok=True)
+        try:
+            _run(["buildah", "push", policy, name, f"oci-archive:{tmp}:{name}"], env=env)
+            break
+        except ImageBuildError as exc:
+            if attempt == BUILD_TRIES or not removed_under_us(str(exc)):
+                raise
+            log.warning("%s was removed before its push (another checkout's build); again", name)
     tmp.replace(out)
     # The archive is the product; the local image only takes room. Its layers may be in use by
     # a build of another checkout running beside this one (buildah's storage is the machine's),

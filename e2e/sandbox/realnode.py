@@ -472,9 +472,7 @@ class RealNode:
         """Remove every image reference that is neither in ``keep`` nor the CRI's by-id
         reference (``sha256:…``) of one of them; containerd then collects their content and
         snapshots (``--sync``: before the imports)."""
-        refs = self.image_digests()
-        kept = {refs[name] for name in keep if name in refs}
-        stale = [ref for ref, digest in refs.items() if ref not in keep and digest not in kept]
+        stale = stale_image_refs(self.image_digests(), keep)
         if stale:
             done = self.ctr("images", "rm", "--sync", *stale)
             if done.returncode != 0:
@@ -725,6 +723,25 @@ state = "{run}/containerd"
             "nodePortAddresses": [f"{NODE_IP}/32"],
         }
         (self.etc / "kube-proxy.yaml").write_text(yaml.safe_dump(proxy))
+
+
+def stale_image_refs(refs: dict[str, str], keep: list[str]) -> list[str]:
+    """The references (``ctr images ls``: reference -> manifest digest) that are neither in
+    ``keep`` nor another name of a kept image's own: its CRI by-id (``sha256:…``) or repo digest
+    (``<repository>@sha256:…``). A reference of another repository with a kept image's digest is
+    stale: the release names a previous run pulled or tagged (``ghcr.io/…:0.1.0``) hold the same
+    archive's digest, and must not meet the next run's node."""
+    kept = {refs[name] for name in keep if name in refs}
+    repositories = {
+        name.rsplit(":", 1)[0] if ":" in name.rsplit("/", 1)[-1] else name for name in keep
+    }
+
+    def own(ref: str, digest: str) -> bool:
+        if digest not in kept:
+            return False
+        return ref.startswith("sha256:") or ref.split("@", 1)[0] in repositories
+
+    return [ref for ref, digest in refs.items() if ref not in keep and not own(ref, digest)]
 
 
 def hosts_toml(endpoint: str) -> str:

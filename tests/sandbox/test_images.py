@@ -39,3 +39,43 @@ def test_keeps_the_most_recent_of_each_kind_and_what_is_in_use(cache: Path) -> N
         + [p.name for p in runtimes[:1]]
         + [runtimes[2].name, base.name]
     ), left
+
+
+def test_a_build_whose_image_another_checkout_removed_before_its_push_builds_again(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """buildah's storage is the machine's: another checkout's rmi of the same image between
+    this build and its push ("image not known", seen with two worktrees building) is a build
+    again, not a failed sandbox; any other push failure is raised as before."""
+    calls: list[str] = []
+    gone = 'Error: reading config blob sha256:73: locating image with ID "73": image not known'
+
+    def run(argv: list[str], env: object = None, cwd: object = None) -> str:
+        calls.append(argv[1])
+        if argv[1] == "push":
+            if calls.count("push") == 1:
+                raise images.ImageBuildError(f"buildah push … exited 125:\n{gone}")
+            Path(argv[-1].split(":")[1]).write_bytes(b"archive")
+        return ""
+
+    monkeypatch.setattr(images, "_run", run)
+    monkeypatch.setattr(images, "_buildah_env", dict)
+    monkeypatch.setattr(images, "_image_id", lambda archive, env: "id")
+    monkeypatch.setattr(images, "_pip_conf", lambda: cache / "pip.conf")
+    base = images.BuiltImage("localhost/tidal/debian-python:bookworm", cache / "base.tar", 0.0)
+    dockerfile = images.REPO / "images" / "operator.Dockerfile"
+
+    built = images.dockerfile_image(dockerfile, images.OPERATOR_IMAGE, base)
+
+    assert built.archive.read_bytes() == b"archive", (built, calls)
+    assert calls.count("bud") == 2 and calls.count("push") == 2, calls
+
+    def refused(argv: list[str], env: object = None, cwd: object = None) -> str:
+        if argv[1] == "push":
+            raise images.ImageBuildError("buildah push … exited 125:\nno space left on device")
+        return ""
+
+    built.archive.unlink()
+    monkeypatch.setattr(images, "_run", refused)
+    with pytest.raises(images.ImageBuildError, match="no space left"):
+        images.dockerfile_image(dockerfile, images.OPERATOR_IMAGE, base)

@@ -20,7 +20,7 @@ from tidal.common import release
 from tidal.sandbox.__main__ import main as sandbox_main
 from tidal.sandbox.binaries import Binaries
 from tidal.sandbox.images import oci_archive
-from tidal.sandbox.realnode import RealNode, hosts_toml, write_hosts
+from tidal.sandbox.realnode import RealNode, hosts_toml, stale_image_refs, write_hosts
 from tidal.sandbox.registry import Registry
 from tidal.sandbox.release import (
     REPO,
@@ -192,3 +192,48 @@ def test_the_release_command_refuses_a_bad_registry_naming_it(
     err = capsys.readouterr().err
     assert exited.value.code == 2, err
     assert "argument --registry" in err and "HOST[:PORT][/PATH]" in err, err
+
+
+def test_the_real_node_pulls_from_the_registry_unless_turned_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On by default (e2e/test_readme_install.py installs the release from it), off with
+    TIDAL_SANDBOX_REGISTRY=0 only."""
+    from tidal.sandbox.cluster import SandboxConfig
+
+    seen = {}
+    for value in (None, "1", "0"):
+        if value is None:
+            monkeypatch.delenv("TIDAL_SANDBOX_REGISTRY", raising=False)
+        else:
+            monkeypatch.setenv("TIDAL_SANDBOX_REGISTRY", value)
+        seen[value] = SandboxConfig(real_node=True).registry
+    assert seen == {None: True, "1": True, "0": False}, seen
+
+
+def test_a_previous_run_s_release_names_are_stale_though_they_share_a_kept_digest() -> None:
+    """The release names a run pulled (or tagged) hold the digest of an archive the next run
+    imports again: they go, so the next run's node holds no release image before its pull (seen:
+    the second run of e2e/test_readme_install.py on one node failed on that); the kept images'
+    own by-id and repo-digest references stay."""
+    operator, runtime = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+    keep = ["localhost/tidal/operator:3bc877e5bd646bd7", "localhost/tidal/runtime-cpu:ab6ad357"]
+    refs = {
+        keep[0]: operator,
+        keep[1]: runtime,
+        "sha256:" + "c" * 64: operator,  # the CRI's by-id reference
+        "localhost/tidal/operator@" + operator: operator,  # repo digest
+        release.image("operator"): operator,  # pulled by the previous run
+        "ghcr.io/tidal-serving/tidal-operator@" + operator: operator,
+        release.image("runtime-cpu"): runtime,
+        "localhost/tidal/operator:0000000000000000": "sha256:" + "d" * 64,  # an older build
+    }
+    stale = stale_image_refs(refs, keep)
+    assert sorted(stale) == sorted(
+        [
+            release.image("operator"),
+            "ghcr.io/tidal-serving/tidal-operator@" + operator,
+            release.image("runtime-cpu"),
+            "localhost/tidal/operator:0000000000000000",
+        ]
+    ), stale
