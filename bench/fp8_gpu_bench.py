@@ -116,7 +116,9 @@ def run(folder: Path) -> None:
             packed = []
             for w, b in weights[:-1]:
                 scale = (w.abs().amax(dim=0) / 127.0).clamp(min=1e-12)  # per output channel
-                w8 = torch.round(w / scale).clamp(-127, 127).to(torch.int8)
+                # column-major, as cuBLASLt's int8 product wants its second operand (row-major
+                # failed on an H100: CUBLAS_STATUS_NOT_SUPPORTED, transpose_mat2 0)
+                w8 = torch.round(w / scale).clamp(-127, 127).to(torch.int8).t().contiguous().t()
                 packed.append((w8, scale, b))
             w_last, b_last = (t.to(torch.float16) for t in weights[-1])
 
