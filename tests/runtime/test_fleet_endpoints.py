@@ -85,6 +85,7 @@ def test_models_view_follows_the_contract(serve, models, model_entry) -> None:
         "requests": 0,
         "pinned": False,
         "lastError": None,
+        "concurrency": 8,  # one execution slot x maxBatchSize 8: what the burst buffer bounds
     }
     assert view["models"]["mlp"]["loadSeconds"] > 0
     assert view["models"]["conv"]["state"] == "UNAVAILABLE"
