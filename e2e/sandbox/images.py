@@ -91,9 +91,11 @@ def _buildah_env() -> dict[str, str]:
 
 
 def removed_under_us(output: str) -> bool:
-    """Whether a failed ``buildah push`` says its local image is gone (removed by another
-    checkout's build sharing the machine's storage), not that the push itself failed."""
-    return "image not known" in output
+    """Whether a failed ``buildah bud`` or ``push`` says a local image or layer is gone (removed
+    by another checkout's build sharing the machine's storage), not that the build failed:
+    ``image not known`` at the push, ``layer not known`` at the build's cache check (two
+    fresh clones' ``make test`` side by side, 2026-12-07)."""
+    return "image not known" in output or "layer not known" in output
 
 
 def _policy_flag() -> str:
@@ -313,9 +315,9 @@ def dockerfile_image(dockerfile: Path, repository: str, base: BuiltImage) -> Bui
     # image (same layers, same id) may remove it with its own rmi between this build and its
     # push ("image not known"). Building again is then a cache hit; a few tries, then the error.
     for attempt in range(1, BUILD_TRIES + 1):
-        _run(bud, env=env, cwd=REPO)
         tmp.unlink(missing_ok=True)
         try:
+            _run(bud, env=env, cwd=REPO)
             _run(["buildah", "push", policy, name, f"oci-archive:{tmp}:{name}"], env=env)
             break
         except ImageBuildError as exc:

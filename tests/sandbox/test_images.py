@@ -79,3 +79,35 @@ def test_a_build_whose_image_another_checkout_removed_before_its_push_builds_aga
     monkeypatch.setattr(images, "_run", refused)
     with pytest.raises(images.ImageBuildError, match="no space left"):
         images.dockerfile_image(dockerfile, images.OPERATOR_IMAGE, base)
+
+
+def test_a_build_whose_cached_layer_another_checkout_removed_builds_again(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same race at the build's own cache check ("layer not known": two fresh clones'
+    `make test` side by side, 2026-12-07) is a build again too."""
+    calls: list[str] = []
+    gone = (
+        "Error: checking if cached image exists from a previous build: getting top layer "
+        "info: layer not known"
+    )
+
+    def run(argv: list[str], env: object = None, cwd: object = None) -> str:
+        calls.append(argv[1])
+        if argv[1] == "bud" and calls.count("bud") == 1:
+            raise images.ImageBuildError(f"buildah bud … exited 125:\n{gone}")
+        if argv[1] == "push":
+            Path(argv[-1].split(":")[1]).write_bytes(b"archive")
+        return ""
+
+    monkeypatch.setattr(images, "_run", run)
+    monkeypatch.setattr(images, "_buildah_env", dict)
+    monkeypatch.setattr(images, "_image_id", lambda archive, env: "id")
+    monkeypatch.setattr(images, "_pip_conf", lambda: cache / "pip.conf")
+    base = images.BuiltImage("localhost/tidal/debian-python:bookworm", cache / "base.tar", 0.0)
+    dockerfile = images.REPO / "images" / "operator.Dockerfile"
+
+    built = images.dockerfile_image(dockerfile, images.OPERATOR_IMAGE, base)
+
+    assert built.archive.read_bytes() == b"archive", (built, calls)
+    assert calls.count("bud") == 2 and calls.count("push") == 1, calls
