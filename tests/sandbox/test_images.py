@@ -58,14 +58,7 @@ def test_a_build_whose_image_another_checkout_removed_before_its_push_builds_aga
             Path(argv[-1].split(":")[1]).write_bytes(b"archive")
         return ""
 
-    monkeypatch.setattr(images, "_run", run)
-    monkeypatch.setattr(images, "_buildah_env", dict)
-    monkeypatch.setattr(images, "_image_id", lambda archive, env: "id")
-    monkeypatch.setattr(images, "_pip_conf", lambda: cache / "pip.conf")
-    base = images.BuiltImage("localhost/tidal/debian-python:bookworm", cache / "base.tar", 0.0)
-    dockerfile = images.REPO / "images" / "operator.Dockerfile"
-
-    built = images.dockerfile_image(dockerfile, images.OPERATOR_IMAGE, base)
+    built = _build_operator(cache, monkeypatch, run)
 
     assert built.archive.read_bytes() == b"archive", (built, calls)
     assert calls.count("bud") == 2 and calls.count("push") == 2, calls
@@ -76,9 +69,8 @@ def test_a_build_whose_image_another_checkout_removed_before_its_push_builds_aga
         return ""
 
     built.archive.unlink()
-    monkeypatch.setattr(images, "_run", refused)
     with pytest.raises(images.ImageBuildError, match="no space left"):
-        images.dockerfile_image(dockerfile, images.OPERATOR_IMAGE, base)
+        _build_operator(cache, monkeypatch, refused)
 
 
 def test_a_build_whose_cached_layer_another_checkout_removed_builds_again(
@@ -100,14 +92,18 @@ def test_a_build_whose_cached_layer_another_checkout_removed_builds_again(
             Path(argv[-1].split(":")[1]).write_bytes(b"archive")
         return ""
 
+    built = _build_operator(cache, monkeypatch, run)
+
+    assert built.archive.read_bytes() == b"archive", (built, calls)
+    assert calls.count("bud") == 2 and calls.count("push") == 1, calls
+
+
+def _build_operator(cache: Path, monkeypatch: pytest.MonkeyPatch, run: object) -> object:
+    """The operator image's build with buildah replaced by ``run`` (no storage, no network)."""
     monkeypatch.setattr(images, "_run", run)
     monkeypatch.setattr(images, "_buildah_env", dict)
     monkeypatch.setattr(images, "_image_id", lambda archive, env: "id")
     monkeypatch.setattr(images, "_pip_conf", lambda: cache / "pip.conf")
     base = images.BuiltImage("localhost/tidal/debian-python:bookworm", cache / "base.tar", 0.0)
     dockerfile = images.REPO / "images" / "operator.Dockerfile"
-
-    built = images.dockerfile_image(dockerfile, images.OPERATOR_IMAGE, base)
-
-    assert built.archive.read_bytes() == b"archive", (built, calls)
-    assert calls.count("bud") == 2 and calls.count("push") == 1, calls
+    return images.dockerfile_image(dockerfile, images.OPERATOR_IMAGE, base)
