@@ -98,7 +98,7 @@ def test_a_build_whose_cached_layer_another_checkout_removed_builds_again(
     assert calls.count("bud") == 2 and calls.count("push") == 1, calls
 
 
-def _build_operator(cache: Path, monkeypatch: pytest.MonkeyPatch, run: object) -> object:
+def _build_operator(cache: Path, monkeypatch: pytest.MonkeyPatch, run: object) -> images.BuiltImage:
     """The operator image's build with buildah replaced by ``run`` (no storage, no network)."""
     monkeypatch.setattr(images, "_run", run)
     monkeypatch.setattr(images, "_buildah_env", dict)
