@@ -3,8 +3,9 @@
 A ``grpc.aio`` generic handler takes every unary call of ``inference.GRPCInferenceService``
 (and of ``tidal.oip.v2.GRPCInferenceService``, the name of the runtime's own ``.proto``)
 without deserialising it: the gateway reads only the model name (field 1 of the model calls'
-requests, found by walking the protobuf wire format, no message class), routes it the way HTTP
-does (:meth:`~tidal.gateway.server.Gateway.route`), and sends the same bytes to the replica's
+requests, found by walking the protobuf wire format, no message class), routes it through the
+same loop as HTTP (:class:`~tidal.gateway.dispatch.Dispatcher`: the same decisions, counts and
+loads), and sends the same bytes to the replica's
 gRPC port (its HTTP URL's host, ``replicaGrpcPort``); the answer's bytes, status, details and
 trailing metadata (``retry-after``) come back unchanged. A model call with no routable replica
 is held like an HTTP request: counted in the same ``held_now`` (so ``GET /v2/tidal/held`` and
@@ -25,16 +26,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeAlias
 from urllib.parse import urlsplit
 
 import grpc
 
 from . import EXTENSIONS, SERVER_NAME, __version__
-from .core.hold import admit
+from .dispatch import Dispatched, Failed, Refusal
+from .replicas import Replica
 
 if TYPE_CHECKING:
-    from .server import Gateway, Held
+    from .server import Gateway
 
 log = logging.getLogger("tidal.gateway.grpc")
 
@@ -48,6 +51,7 @@ LOCAL_CALLS = frozenset({"ServerLive", "ServerReady", "ServerMetadata"})
 TRUE = b"\x08\x01"  # a response message whose bool field 1 is true; b"": false
 # Metadata a proxy must not copy onto its own call (gRPC sets these, and grpc-*, itself).
 HOP_BY_HOP = frozenset({"grpc-timeout", "content-type", "user-agent", "te", ":authority"})
+Answer: TypeAlias = "bytes | grpc.aio.AioRpcError"  # a replica's: its message, or its status
 
 
 async def start_grpc(gateway: Gateway, host: str, port: int) -> tuple[grpc.aio.Server, GrpcProxy]:
@@ -165,9 +169,7 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc ships no 
                 return TRUE
             if call == "ServerMetadata":
                 return server_metadata(SERVER_NAME, __version__, EXTENSIONS)
-            healthy = sum(1 for r in gw.replicas.values() if r.healthy)
-            ready = (healthy > 0 or gw.config.activator) and not gw.draining
-            return TRUE if ready else b""
+            return TRUE if gw.ready else b""
 
         return answer
 
@@ -215,146 +217,117 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc ships no 
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{call}: no model name")
         hold = call in HELD_CALLS
         if hold:  # the request is not parsed: a well-formed call is demand
-            gw.arrived()
+            gw.holds.arrived()
         metadata = tuple(
             (k, v)
             for k, v in (context.invocation_metadata() or ())
             if k not in HOP_BY_HOP and not k.startswith(("grpc-", ":"))
         )
-        excluded: frozenset[str] = frozenset()
-        failures = 0
-        held: Held | None = None
-        holding = False
-        outcome = "other"
-        in_line = False  # waited in the burst buffer's line for a slot
-        try:
-            while True:
-                target, slot = self._pick(model, excluded, hold)
-                if target is not None:
-                    if holding and held is not None:
-                        holding = False
-                        gw.hold_end(held, forwarded=True)
-                    answer = await self._send(target, method, request, metadata, context)
-                    if isinstance(answer, bytes):
-                        outcome = "forwarded"
-                        return answer
-                    failures += 1
-                    if answer.code() != grpc.StatusCode.UNAVAILABLE or failures == 2:
-                        await context.abort(
-                            answer.code(),
-                            answer.details() or "",
-                            tuple(answer.trailing_metadata() or ()),
-                        )
-                    # Unreachable, or UNAVAILABLE (nothing was served): once more elsewhere.
-                    gw.metrics.upstream_error["unavailable"].inc()
-                    log.info("replica %s over gRPC: %s", target, answer.details())
-                    excluded = excluded | {target}
-                    continue
-                if model and not self._known(model):
-                    await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown model {model!r}")
-                if not hold:
-                    await context.abort(
-                        grpc.StatusCode.UNAVAILABLE,
-                        f"{self._what(model)} is not ready on any replica; retry later",
-                    )
-                now = gw.loop.time()
-                if held is None:
-                    refusal = admit(gw.held_now, gw.held_bytes, len(request), gw.hold_limits)
-                    if refusal is not None:
-                        gw.metrics.hold_outcome["full"].inc()
-                        await context.abort(
-                            grpc.StatusCode.UNAVAILABLE,
-                            f"{self._what(model)} is not ready on any replica and cannot be "
-                            f"held: {refusal}; retry later",
-                            self._retry_after(model, full=True),
-                        )
-                    seconds = gw.config.hold_timeout_seconds
-                    remaining = context.time_remaining()
-                    if remaining is not None:
-                        seconds = min(seconds, max(remaining, 0.0))
-                    held = gw.hold_begin(model, len(request), now, now + seconds)
-                    holding = True
-                deadline = gw.hold_deadline(held)
-                if now >= deadline:
-                    drained = gw.draining and deadline < held.deadline
-                    outcome = "drained" if drained else "expired"
-                    why = "the gateway is shutting down and " if drained else ""
-                    await context.abort(
-                        grpc.StatusCode.UNAVAILABLE,
-                        f"{why}{self._what(model)} is not ready on any replica; held "
-                        f"{now - held.held_at:.1f} s (holdTimeoutSeconds "
-                        f"{gw.config.hold_timeout_seconds:g}, or the call's deadline), "
-                        "retry later",
-                        self._retry_after(model),
-                    )
-                await gw.wait(slot, deadline - now, in_line)
-                in_line = in_line or slot
-        finally:
-            if holding and held is not None:
-                gw.hold_end(held)
-                if in_line:  # left the line unserved: a slot it was woken for goes on
-                    gw.changes.notify_one()
-            if held is not None:
-                gw.metrics.hold_outcome[outcome].inc()
+        result: Dispatched[Answer] = await gw.dispatcher.dispatch(
+            GrpcCall(self, model, len(request), hold, method, request, metadata, context)
+        )
+        answer = result.answer
+        if isinstance(answer, bytes):
+            return answer
+        if isinstance(answer, grpc.aio.AioRpcError):  # the replica's own status
+            trailing = tuple(answer.trailing_metadata() or ())
+            await context.abort(answer.code(), answer.details() or "", trailing)
+        assert isinstance(answer, Refusal)
+        await context.abort(*self._refused(answer))
+        raise AssertionError("context.abort returns only by raising")
 
-    def _retry_after(self, model: str, full: bool = False) -> tuple[tuple[str, str], ...]:
-        """The hold's reasoned ``Retry-After``, as trailing metadata ``retry-after``."""
-        return (("retry-after", str(self.gateway.retry_after(model, full=full))),)
-
-    def _what(self, model: str) -> str:
-        return f"model {model!r}" if model else "the service"
-
-    def _known(self, model: str) -> bool:
-        gw = self.gateway
-        if gw.known:
-            return model in gw.known
-        return any(model in r.models for r in gw.replicas.values()) or not gw.replicas
-
-    def _pick(self, model: str, excluded: frozenset[str], hold: bool) -> tuple[str | None, bool]:
-        """The replica to send to (None: none routable now), as HTTP routes, and whether the
-        call waits for a slot (the burst buffer: every hot replica has its slots in flight)."""
-        gw = self.gateway
-        if not model:
-            healthy = sorted(
-                (r for r in gw.replicas.values() if r.healthy and r.name not in excluded),
-                key=lambda r: r.outstanding,
+    def _refused(
+        self, refusal: Refusal
+    ) -> tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]]:
+        """A call no replica answers: its status, details and trailing metadata."""
+        what = f"model {refusal.model!r}" if refusal.model else "the service"
+        retry = (("retry-after", str(refusal.retry_after)),) if refusal.retry_after else ()
+        kind = refusal.kind
+        if kind == "unknown":
+            return grpc.StatusCode.NOT_FOUND, f"unknown model {refusal.model!r}", ()
+        if kind == "unavailable":
+            return (
+                grpc.StatusCode.UNAVAILABLE,
+                f"{what} is not ready on any replica; retry later",
+                (),
             )
-            return (healthy[0].name if healthy else None), False
-        route = gw.route(model, excluded, may_wait=hold)
-        if route.action == "reject" and excluded:
-            route = gw.route(model, may_wait=hold)
-        gw.metrics.decision[route.reason].inc()
-        if route.action == "forward" and route.replica is not None:
-            if route.extra_load is not None:
-                gw._start_load(route.extra_load, model)
-            return route.replica, False
-        if route.action == "load" and route.replica is not None and hold:
-            gw._start_load(route.replica, model)
-        return None, route.reason == "busy:wait-slot"
+        if kind == "full":
+            return (
+                grpc.StatusCode.UNAVAILABLE,
+                f"{what} is not ready on any replica and cannot be held: {refusal.detail}; "
+                "retry later",
+                retry,
+            )
+        if kind in ("expired", "drained"):
+            why = "the gateway is shutting down and " if kind == "drained" else ""
+            return (
+                grpc.StatusCode.UNAVAILABLE,
+                f"{why}{what} is not ready on any replica; held {refusal.held_s:.1f} s "
+                f"(holdTimeoutSeconds {self.gateway.config.hold_timeout_seconds:g}, or the "
+                "call's deadline), retry later",
+                retry,
+            )
+        if kind == "load-failed" and refusal.failure is not None:
+            body = refusal.failure.body.decode(errors="replace")[:300]
+            message = f"loading {what} failed: {refusal.failure.status} {body}"
+            return grpc.StatusCode.INTERNAL, message, ()
+        return grpc.StatusCode.UNAVAILABLE, f"{what}: {kind} {refusal.detail}".strip(), ()
 
-    async def _send(
+    async def send(
         self,
-        name: str,
+        replica: Replica,
         method: str,
         request: bytes,
         metadata: tuple[tuple[str, Any], ...],
         context: grpc.aio.ServicerContext,
-    ) -> bytes | grpc.aio.AioRpcError:
-        """The replica's answer, or its error (status, details and trailing metadata)."""
+    ) -> Answer | Failed[Answer]:
+        """The replica's answer or its error (status, details and trailing metadata);
+        :class:`Failed` when it served nothing (unreachable, or ``UNAVAILABLE``)."""
         gw = self.gateway
-        replica = gw.replicas[name]
-        channel = self._channel(name, replica.url)
+        channel = self._channel(replica.name, replica.url)
         stub = channel.unary_unary(method, request_serializer=None, response_deserializer=None)
         timeout = gw.config.upstream_timeout_seconds
         remaining = context.time_remaining()
         if remaining is not None:
             timeout = min(timeout, max(remaining, 0.001))
-        replica.outstanding += 1
         try:
             answer: bytes = await stub(request, timeout=timeout, metadata=metadata)
-            return answer
         except grpc.aio.AioRpcError as exc:
-            return exc
-        finally:
-            replica.outstanding -= 1
-            gw.changes.notify_one()  # a slot is free: the oldest request in line takes it
+            if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                return exc
+            gw.metrics.upstream_error["unavailable"].inc()
+            log.info("replica %s over gRPC: %s", replica.name, exc.details())
+            return Failed("unavailable", exc.details() or "", exc)
+        return answer
+
+
+@dataclass(eq=False)
+class GrpcCall:
+    """One gRPC call as :class:`~tidal.gateway.dispatch.Dispatcher` dispatches it."""
+
+    proxy: GrpcProxy
+    model: str
+    size: int
+    may_hold: bool
+    method: str
+    request: bytes
+    metadata: tuple[tuple[str, Any], ...]
+    context: grpc.aio.ServicerContext
+
+    async def send(self, replica: Replica) -> Answer | Failed[Answer]:
+        return await self.proxy.send(
+            replica, self.method, self.request, self.metadata, self.context
+        )
+
+    async def hold_seconds(self) -> float:
+        """``holdTimeoutSeconds``, or the call's own deadline when it comes first."""
+        seconds = self.proxy.gateway.config.hold_timeout_seconds
+        remaining = self.context.time_remaining()
+        return seconds if remaining is None else min(seconds, max(remaining, 0.0))
+
+    def gone(self) -> bool:
+        return False  # a call whose client leaves is cancelled by grpc.aio
+
+    async def wait(self, waiting: Awaitable[None]) -> bool:
+        await waiting
+        return True

@@ -306,7 +306,7 @@ def test_a_cold_load_goes_where_unpinned_engines_can_make_room() -> None:
 
 def test_the_replica_view_leaves_background_pin_loads_out_of_the_load_limit() -> None:
     from tidal.gateway.core.views import Snapshot
-    from tidal.gateway.server import Replica
+    from tidal.gateway.replicas import Replica
 
     r = Replica(name="r0", url="http://r0", pool=None)  # type: ignore[arg-type]
     r.snapshot = Snapshot(
