@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Generic, Literal, Protocol, TypeVar
+from typing import Generic, Literal, TypeVar
 
 from .core.dispatch import Step, hold_end, least_busy, next_step, tries
 from .core.hold import admit
@@ -71,36 +71,31 @@ class Dispatched(Generic[T]):
     held: bool  # held for a cold model (a request held only for a request slot was hot)
 
 
-class Call(Protocol[T]):
-    """One request of a front, as the loop needs it."""
+@dataclass(eq=False)
+class Call(Generic[T]):
+    """One request of a front, as the loop needs it: a front's own kind of call says how to
+    send it and how long it may be held (and, for HTTP, when its client left)."""
 
-    @property
-    def model(self) -> str:
-        """The model it names; "" for a call that names none."""
-        ...
+    model: str  # "" for a call that names none
+    size: int  # body bytes: what a hold weighs
+    may_hold: bool
 
-    @property
-    def size(self) -> int:
-        """Its body's bytes: what a hold weighs."""
-        ...
-
-    @property
-    def may_hold(self) -> bool: ...
-
-    async def send(self, replica: Replica) -> T | Failed[T]: ...
+    async def send(self, replica: Replica) -> T | Failed[T]:
+        raise NotImplementedError
 
     async def hold_seconds(self) -> float:
         """How long it may be held; raises the front's own error for a request no model
         would serve (it is then neither held nor demand)."""
-        ...
+        raise NotImplementedError
 
     def gone(self) -> bool:
         """The client hung up."""
-        ...
+        return False
 
     async def wait(self, waiting: Awaitable[None]) -> bool:
         """Await ``waiting``; False when the client left meanwhile."""
-        ...
+        await waiting
+        return True
 
 
 @dataclass

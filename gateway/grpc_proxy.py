@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 import grpc
 
 from . import EXTENSIONS, SERVER_NAME, __version__
-from .dispatch import Dispatched, Failed, Refusal
+from .dispatch import Call, Dispatched, Failed, Refusal
 from .replicas import Replica
 
 if TYPE_CHECKING:
@@ -224,7 +224,7 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc ships no 
             if k not in HOP_BY_HOP and not k.startswith(("grpc-", ":"))
         )
         result: Dispatched[Answer] = await gw.dispatcher.dispatch(
-            GrpcCall(self, model, len(request), hold, method, request, metadata, context)
+            GrpcCall(model, len(request), hold, self, method, request, metadata, context)
         )
         answer = result.answer
         if isinstance(answer, bytes):
@@ -302,13 +302,11 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc ships no 
 
 
 @dataclass(eq=False)
-class GrpcCall:
-    """One gRPC call as :class:`~tidal.gateway.dispatch.Dispatcher` dispatches it."""
+class GrpcCall(Call[Answer]):
+    """One gRPC call as :class:`~tidal.gateway.dispatch.Dispatcher` dispatches it (a call
+    whose client leaves is cancelled by ``grpc.aio``)."""
 
     proxy: GrpcProxy
-    model: str
-    size: int
-    may_hold: bool
     method: str
     request: bytes
     metadata: tuple[tuple[str, Any], ...]
@@ -324,10 +322,3 @@ class GrpcCall:
         seconds = self.proxy.gateway.config.hold_timeout_seconds
         remaining = self.context.time_remaining()
         return seconds if remaining is None else min(seconds, max(remaining, 0.0))
-
-    def gone(self) -> bool:
-        return False  # a call whose client leaves is cancelled by grpc.aio
-
-    async def wait(self, waiting: Awaitable[None]) -> bool:
-        await waiting
-        return True

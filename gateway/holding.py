@@ -57,10 +57,6 @@ class Changes:
                 waiter.set_result(None)
                 return
 
-    @property
-    def in_line(self) -> int:
-        return sum(1 for waiter in self._line if not waiter.done())
-
     async def wait_in_line(self, seconds: float, front: bool) -> None:
         """Wait for a slot (or a change, or ``seconds``); ``front``: a request that was woken
         and found the slot taken keeps its place ahead of later ones."""
@@ -176,7 +172,7 @@ class Holds:
         time on a replica, else how long the last hold for it waited for a replica (a wake
         from zero), else unknown."""
         replicas = self.fleet.replicas.values()
-        loads = max((r.load_seconds.get(model, 0.0) for r in replicas), default=0.0)
+        loads = max((r.snapshot.load_seconds.get(model, 0.0) for r in replicas), default=0.0)
         return loads if loads > 0 else self._wake_seconds.get(model)
 
     def retry_after(self, model: str, full: bool = False) -> int:

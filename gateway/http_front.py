@@ -41,7 +41,7 @@ from tidal.common.http import (
 from . import EXTENSIONS, SERVER_NAME, __version__
 from .config import ReplicaList, format_validation_error
 from .core.hold import hold_seconds, judge_held_request
-from .dispatch import Dispatched, Failed, Refusal
+from .dispatch import Call, Dispatched, Failed, Refusal
 from .replicas import Replica
 from .upstream import UpstreamError
 
@@ -153,39 +153,70 @@ class ClientWatch:
 
 
 @dataclass(eq=False)
-class HttpCall:
+class HttpCall(Call[web.Response]):
     """One HTTP request as :class:`~tidal.gateway.dispatch.Dispatcher` dispatches it."""
 
-    front: HttpFront
-    model: str
+    gateway: Gateway
     method: str
     path: str
     body: bytes
     headers: list[tuple[str, str]]
-    may_hold: bool = False
     client: ClientWatch | None = None  # an infer request's: judged before a hold, may leave
 
-    @property
-    def size(self) -> int:
-        return len(self.body)
-
     async def send(self, replica: Replica) -> web.Response | Failed[web.Response]:
-        return await self.front.forward(replica, self.method, self.path, self.body, self.headers)
+        """Forward it as it came; the replica's answer as it comes back."""
+        metrics, timeout = self.gateway.metrics, self.gateway.config.upstream_timeout_seconds
+        try:
+            async with asyncio.timeout(timeout):
+                answer = await replica.pool.request(self.method, self.path, self.body, self.headers)
+        except UpstreamError as exc:
+            metrics.upstream_error[exc.kind].inc()
+            detail = f"replica {replica.name} ({replica.url}): {exc}"
+            self.gateway.fleet.mark_unhealthy(replica, detail)
+            return Failed(exc.kind, detail)
+        except TimeoutError:
+            metrics.upstream_error["timeout"].inc()
+            return error(
+                504,
+                f"replica {replica.name} did not answer within upstreamTimeoutSeconds "
+                f"({timeout:g} s)",
+            )
+        response = web.Response(body=answer.body, status=answer.status, headers=answer.headers)
+        if answer.status in RETRIED_STATUSES:
+            metrics.upstream_error["unavailable"].inc()
+            detail = f"replica {replica.name} answered {answer.status}"
+            return Failed("unavailable", detail, response, refused=answer.status == 503)
+        return response
 
     async def hold_seconds(self) -> float:
-        timeout_us = None
-        if self.client is not None:  # judged before it may count as demand
-            timeout_us = await self.front.judge(self.body, self.headers, self.client)
-        return hold_seconds(self.front.gateway.config.hold_timeout_seconds, timeout_us)
+        """``holdTimeoutSeconds``, or the request's own ``timeout`` when smaller; judged first
+        (:class:`BodyError` for what no model serves): a servable request is an arrival from
+        here on, a refused one never. A compressed body or a large one is judged in the
+        worker process: 64 KB of gzip can inflate to a parse of seconds, which must not stall
+        the event loop."""
+        config, client = self.gateway.config, self.client
+        if client is None:
+            return config.hold_timeout_seconds
+        encoding = _header(self.headers, "Content-Encoding")
+        length = _header(self.headers, HEADER_LENGTH)
+        args = (self.body, encoding, length, config.max_request_bytes, config.max_json_values)
+        try:
+            if not encoding and len(self.body) <= OFFLOAD_BYTES:
+                timeout_us = judge_held_request(*args)
+            else:
+                timeout_us = await self.gateway.offload.run(judge_held_request, *args)
+        except BodyError:
+            client.refused = True
+            raise
+        client.arrived = True
+        self.gateway.holds.arrived()
+        return hold_seconds(config.hold_timeout_seconds, timeout_us)
 
     def gone(self) -> bool:
         return self.client is not None and self.client.gone
 
     async def wait(self, waiting: Awaitable[None]) -> bool:
-        if self.client is None:
-            await waiting
-            return True
-        return await self.client.wait(waiting)
+        return await (super().wait(waiting) if self.client is None else self.client.wait(waiting))
 
 
 MAX_REQUEST_BYTES = web.AppKey("tidal_max_request_bytes", int)
@@ -277,72 +308,11 @@ class HttpFront:
             r.add_get(prefix + "/ready", self.model_ready)
         return app
 
-    # -- forwarding -----------------------------------------------------------------------------
-
-    async def forward(
-        self,
-        replica: Replica,
-        method: str,
-        path: str,
-        body: bytes,
-        headers: list[tuple[str, str]],
-    ) -> web.Response | Failed[web.Response]:
-        metrics = self.gateway.metrics
-        try:
-            async with asyncio.timeout(self.config.upstream_timeout_seconds):
-                answer = await replica.pool.request(method, path, body, headers)
-        except UpstreamError as exc:
-            metrics.upstream_error[exc.kind].inc()
-            detail = f"replica {replica.name} ({replica.url}): {exc}"
-            self.gateway.fleet.mark_unhealthy(replica, detail)
-            return Failed(exc.kind, detail)
-        except TimeoutError:
-            metrics.upstream_error["timeout"].inc()
-            return error(
-                504,
-                f"replica {replica.name} did not answer within upstreamTimeoutSeconds "
-                f"({self.config.upstream_timeout_seconds:g} s)",
-            )
-        response = web.Response(body=answer.body, status=answer.status, headers=answer.headers)
-        if answer.status in RETRIED_STATUSES:
-            metrics.upstream_error["unavailable"].inc()
-            detail = f"replica {replica.name} answered {answer.status}"
-            return Failed("unavailable", detail, response, refused=answer.status == 503)
-        return response
-
     async def dispatch(self, call: HttpCall) -> tuple[web.Response, bool]:
         """The answer (the replica's, or the gateway's refusal) and whether it was held."""
         result: Dispatched[web.Response] = await self.gateway.dispatcher.dispatch(call)
         answer = result.answer
         return (refused(answer) if isinstance(answer, Refusal) else answer), result.held
-
-    async def judge(
-        self, body: bytes, headers: list[tuple[str, str]], client: ClientWatch
-    ) -> int | None:
-        """The request's own timeout (µs), or :class:`BodyError` for what no model serves;
-        a servable request is an arrival from here on, a refused one never.
-        A compressed body or a large one is judged in the worker process: 64 KB of gzip can
-        inflate to a parse of seconds, which must not stall the event loop."""
-        config = self.config
-        encoding = _header(headers, "Content-Encoding")
-        args = (
-            body,
-            encoding,
-            _header(headers, HEADER_LENGTH),
-            config.max_request_bytes,
-            config.max_json_values,
-        )
-        try:
-            if not encoding and len(body) <= OFFLOAD_BYTES:
-                timeout_us = judge_held_request(*args)
-            else:
-                timeout_us = await self.gateway.offload.run(judge_held_request, *args)
-        except BodyError:
-            client.refused = True
-            raise
-        client.arrived = True
-        self.gateway.holds.arrived()
-        return timeout_us
 
     # -- handlers -------------------------------------------------------------------------------
 
@@ -359,7 +329,8 @@ class HttpFront:
             if transport is None or transport.is_closing():  # gone before the hook was set
                 client.gone = True
             headers = forwarded_headers(request)
-            call = HttpCall(self, model, "POST", request.raw_path, body, headers, True, client)
+            path = request.raw_path
+            call = HttpCall(model, len(body), True, gateway, "POST", path, body, headers, client)
             response, held = await self.dispatch(call)
         except BodyError as exc:  # unreadable, or judged before a hold: none is held
             response, held = body_error(exc), False
@@ -381,7 +352,8 @@ class HttpFront:
         """Model metadata, config and statistics: from a replica that has (or is getting) the
         model (statistics are that replica's own)."""
         model = request.match_info["model"]
-        response, _ = await self.dispatch(HttpCall(self, model, "GET", request.raw_path, b"", []))
+        call = HttpCall(model, 0, False, self.gateway, "GET", request.raw_path, b"", [])
+        response, _ = await self.dispatch(call)
         return response
 
     async def model_ready(self, request: web.Request) -> web.Response:
@@ -429,14 +401,14 @@ class HttpFront:
         only_ready = body.get("ready", False)
         if not isinstance(only_ready, bool):
             raise BodyError(400, "'ready' must be true or false")
-        fleet = self.gateway.fleet
-        live = [r for r in fleet.replicas.values() if r.healthy]
-        names = set(fleet.known) or {n for r in fleet.replicas.values() for n in r.models}
+        views = self.gateway.fleet.views()
+        live = [v for v in views if v.healthy]
+        names = set(self.gateway.fleet.known) or {n for v in views for n in v.models}
         index = []
         for name in sorted(names):
-            if any(name in r.hot for r in live):
+            if any(name in v.hot for v in live):
                 state = "READY"
-            elif any(name in r.loading or name in r.own_loads for r in live):
+            elif any(name in v.loading for v in live):  # reported, or the gateway's own
                 state = "LOADING"
             else:
                 state = "UNAVAILABLE"

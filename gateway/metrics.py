@@ -25,80 +25,50 @@ UPSTREAM_ERRORS = ("connect", "disconnect", "timeout", "unavailable")
 CACHES = ("hot", "cold", "none")
 
 
+# Every metric's help, by name (without the ``tidal_gateway_`` prefix).
+HELP = {
+    "requests": "Requests answered by the gateway, by model, HTTP status and whether it was "
+    "held (cold), forwarded unheld (hot) or refused before the hold (none).",
+    "request_duration_seconds": "Arrival to response at the gateway; cache=cold when the "
+    "request was held, none when it was refused before the hold.",
+    "route_decisions": "Routing decisions, by reason (a held request counts one per "
+    "re-evaluation).",
+    "held_requests": "Requests held now, waiting for a model to become hot somewhere.",
+    "hold_outcomes": "Requests that had to wait for a replica, by outcome: forwarded, expired "
+    "(503 at the deadline), full (503 at once: maxHeldRequests or maxHeldBytes held already), "
+    "gone (the client hung up while held), drained (503 when the gateway stopped), other (any "
+    "other answer).",
+    "slot_waits": "Requests that found every hot replica at its request slots (the burst "
+    "buffer) and waited here for one, rather than in a replica's queue.",
+    "held_bytes": "Request body bytes held now (bounded by maxHeldBytes).",
+    "load_wait_seconds": "How long each held request was held (until forwarded or given up).",
+    "loads": "Loads the gateway asked a replica for, by result.",
+    "upstream_errors": "Failed forwards to a replica, by kind (each is retried once on another "
+    "replica).",
+    "replicas": "Replicas known to the gateway, by state.",
+}
+
+
+def _about(name: str) -> tuple[str, str]:
+    return f"tidal_gateway_{name}", HELP[name]
+
+
 class GatewayMetrics:
     def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        r = self.registry
-        self.requests = Counter(
-            "tidal_gateway_requests",
-            "Requests answered by the gateway, by model, HTTP status and whether it was held "
-            "(cold), forwarded unheld (hot) or refused before the hold (none).",
-            ["model", "code", "cache"],
-            registry=r,
-        )
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter(*_about("requests"), ["model", "code", "cache"], registry=r)
         self.duration = Histogram(
-            "tidal_gateway_request_duration_seconds",
-            "Arrival to response at the gateway; cache=cold when the request was held, none "
-            "when it was refused before the hold.",
-            ["cache"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
+            *_about("request_duration_seconds"), ["cache"], buckets=LATENCY_BUCKETS, registry=r
         )
-        self.decisions = Counter(
-            "tidal_gateway_route_decisions",
-            "Routing decisions, by reason (a held request counts one per re-evaluation).",
-            ["reason"],
-            registry=r,
-        )
-        self.held = Gauge(
-            "tidal_gateway_held_requests",
-            "Requests held now, waiting for a model to become hot somewhere.",
-            registry=r,
-        )
-        self.hold_outcomes = Counter(
-            "tidal_gateway_hold_outcomes",
-            "Requests that had to wait for a replica, by outcome: forwarded, expired (503 at "
-            "the deadline), full (503 at once: maxHeldRequests or maxHeldBytes held already), "
-            "gone (the client hung up while held), drained (503 when the gateway stopped), "
-            "other (any other answer).",
-            ["outcome"],
-            registry=r,
-        )
-        self.slot_waits = Counter(
-            "tidal_gateway_slot_waits",
-            "Requests that found every hot replica at its request slots (the burst buffer) and "
-            "waited here for one, rather than in a replica's queue.",
-            registry=r,
-        )
-        self.held_bytes = Gauge(
-            "tidal_gateway_held_bytes",
-            "Request body bytes held now (bounded by maxHeldBytes).",
-            registry=r,
-        )
-        self.load_wait = Histogram(
-            "tidal_gateway_load_wait_seconds",
-            "How long each held request was held (until forwarded or given up).",
-            buckets=WAIT_BUCKETS,
-            registry=r,
-        )
-        self.loads = Counter(
-            "tidal_gateway_loads",
-            "Loads the gateway asked a replica for, by result.",
-            ["result"],
-            registry=r,
-        )
-        self.upstream_errors = Counter(
-            "tidal_gateway_upstream_errors",
-            "Failed forwards to a replica, by kind (each is retried once on another replica).",
-            ["kind"],
-            registry=r,
-        )
-        self.replicas = Gauge(
-            "tidal_gateway_replicas",
-            "Replicas known to the gateway, by state.",
-            ["state"],
-            registry=r,
-        )
+        self.decisions = Counter(*_about("route_decisions"), ["reason"], registry=r)
+        self.held = Gauge(*_about("held_requests"), registry=r)
+        self.hold_outcomes = Counter(*_about("hold_outcomes"), ["outcome"], registry=r)
+        self.slot_waits = Counter(*_about("slot_waits"), registry=r)
+        self.held_bytes = Gauge(*_about("held_bytes"), registry=r)
+        self.load_wait = Histogram(*_about("load_wait_seconds"), buckets=WAIT_BUCKETS, registry=r)
+        self.loads = Counter(*_about("loads"), ["result"], registry=r)
+        self.upstream_errors = Counter(*_about("upstream_errors"), ["kind"], registry=r)
+        self.replicas = Gauge(*_about("replicas"), ["state"], registry=r)
         self.decision = {reason: self.decisions.labels(reason) for reason in REASONS}
         self.load_result = {result: self.loads.labels(result) for result in LOAD_RESULTS}
         self.hold_outcome = {o: self.hold_outcomes.labels(o) for o in HOLD_OUTCOMES}

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -71,26 +71,6 @@ class Replica:
     slots_per_concurrency: float = 0.0  # the burst buffer's bound (GatewayConfig)
     _view: ReplicaView | None = None
 
-    @property
-    def generation(self) -> int:
-        return self.snapshot.generation
-
-    @property
-    def models(self) -> frozenset[str]:
-        return self.snapshot.models
-
-    @property
-    def hot(self) -> frozenset[str]:
-        return self.snapshot.hot
-
-    @property
-    def loading(self) -> frozenset[str]:
-        return self.snapshot.loading
-
-    @property
-    def load_seconds(self) -> Mapping[str, float]:
-        return self.snapshot.load_seconds
-
     def invalidate(self) -> None:
         self._view = None
 
@@ -123,9 +103,9 @@ class Replica:
             "name": self.name,
             "url": self.url,
             "healthy": self.healthy,
-            "generation": self.generation,
-            "hot": sorted(self.hot),
-            "loading": sorted(self.loading | self.own_loads.models),
+            "generation": self.snapshot.generation,
+            "hot": sorted(self.snapshot.hot),
+            "loading": sorted(self.snapshot.loading | self.own_loads.models),
             "outstanding": self.outstanding,
             "requestSlots": self.view().request_slots,
             "freeBytes": free_bytes(self.snapshot, self.own_loads),
@@ -262,7 +242,7 @@ class Fleet:
         snapshot = parse_snapshot(document)
         if snapshot.ready != replica.healthy:
             log.info("replica %s is %s", replica.name, "healthy" if snapshot.ready else "not ready")
-        if replica.refused_until_change and snapshot.generation != replica.generation:
+        if replica.refused_until_change and snapshot.generation != replica.snapshot.generation:
             replica.refused -= replica.refused_until_change  # the room may be there now
             replica.refused_until_change.clear()
         replica.snapshot = snapshot
@@ -297,4 +277,8 @@ class Fleet:
     def model_label(self, model: str) -> str:
         if self.known:
             return model if model in self.known else UNKNOWN_LABEL
-        return model if any(model in r.models for r in self.replicas.values()) else UNKNOWN_LABEL
+        return (
+            model
+            if any(model in r.snapshot.models for r in self.replicas.values())
+            else UNKNOWN_LABEL
+        )
