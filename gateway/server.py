@@ -1,15 +1,6 @@
-"""The gateway process: its parts wired together (:class:`Gateway`) and served (:func:`serve`).
-
-* :class:`~tidal.gateway.replicas.Fleet`: the replicas, one long-poll each for its hot set,
-  and the route (:func:`~tidal.gateway.core.routing.choose_route`) over their views;
-* :class:`~tidal.gateway.loads.Loads`: the loads the gateway asks replicas for;
-* :class:`~tidal.gateway.holding.Holds`: the requests held now, their deadlines, the arrivals
-  the operator learns from (``GET /v2/tidal/held``);
-* :class:`~tidal.gateway.dispatch.Dispatcher`: the loop both fronts send a request through
-  (route, forward, retry once, hold), with its decisions in
-  :mod:`tidal.gateway.core.dispatch`;
-* the fronts: HTTP (:mod:`tidal.gateway.http_front`) and gRPC (:mod:`tidal.gateway.grpc_proxy`).
-"""
+"""The gateway process: its parts wired together (:class:`Gateway`: the :class:`Fleet` of
+replicas, :class:`Loads`, :class:`Holds`, the :class:`Dispatcher` both fronts send requests
+through, the HTTP front) and served with the gRPC front (:func:`serve`)."""
 
 from __future__ import annotations
 
