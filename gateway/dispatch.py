@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Generic, Literal, TypeVar
+from typing import Generic, Literal, TypeAlias, TypeVar
 
 from .core.dispatch import Step, hold_end, least_busy, next_step, tries
 from .core.hold import admit
@@ -65,10 +65,9 @@ class Refusal:
     failure: LoadFailure | None = None  # load-failed: the load's answer
 
 
-@dataclass(frozen=True)
-class Dispatched(Generic[T]):
-    answer: T | Refusal
-    held: bool  # held for a cold model (a request held only for a request slot was hot)
+# The answer (the replica's, or why there is none) and whether the request was held for a cold
+# model (one held only for a request slot was hot). A tuple: it is made once per request.
+Dispatched: TypeAlias = "tuple[T | Refusal, bool]"
 
 
 @dataclass(eq=False)
@@ -98,7 +97,7 @@ class Call(Generic[T]):
         return True
 
 
-@dataclass
+@dataclass(slots=True)
 class Turns(Generic[A]):
     """One request's dispatch so far."""
 
@@ -111,7 +110,7 @@ class Turns(Generic[A]):
     cold: bool = False  # held for a model that was not hot (else only for a slot)
 
     def refuse(self, refusal: Refusal) -> Dispatched[A]:
-        return Dispatched(refusal, self.held is not None)
+        return refusal, self.held is not None
 
 
 class Dispatcher:
@@ -129,7 +128,7 @@ class Dispatcher:
         turns: Turns[A] = Turns()
         try:
             while True:
-                if call.gone() and turns.held is not None:
+                if turns.held is not None and call.gone():
                     turns.outcome = "gone"
                     return turns.refuse(Refusal("gone", call.model))
                 step = self._step(call, turns.excluded)
@@ -181,7 +180,7 @@ class Dispatcher:
         if not isinstance(answer, Failed):
             turns.outcome = "forwarded"
             # held for a slot alone, the model was hot: not a cold request
-            return Dispatched(answer, turns.held is not None and turns.cold)
+            return answer, turns.held is not None and turns.cold
         turns.failures.append(answer)
         if call.may_hold and answer.refused:  # no room or no capacity there now
             self.loads.refuse(replica, call.model)  # its loads go elsewhere for a while
@@ -194,7 +193,7 @@ class Dispatcher:
     def _give_up(self, model: str, turns: Turns[A]) -> Dispatched[A]:
         last = turns.failures[-1]
         if last.answer is not None:  # the replica's own answer says why (with Retry-After)
-            return Dispatched(last.answer, turns.held is not None)
+            return last.answer, turns.held is not None
         tried = "; then ".join(f.detail for f in turns.failures)
         return turns.refuse(Refusal("gave-up", model, detail=tried))
 

@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 import grpc
 
 from . import EXTENSIONS, SERVER_NAME, __version__
-from .dispatch import Call, Dispatched, Failed, Refusal
+from .dispatch import Call, Failed, Refusal
 from .replicas import Replica
 
 if TYPE_CHECKING:
@@ -223,10 +223,9 @@ class GrpcProxy(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc ships no 
             for k, v in (context.invocation_metadata() or ())
             if k not in HOP_BY_HOP and not k.startswith(("grpc-", ":"))
         )
-        result: Dispatched[Answer] = await gw.dispatcher.dispatch(
+        answer, _ = await gw.dispatcher.dispatch(
             GrpcCall(model, len(request), hold, self, method, request, metadata, context)
         )
-        answer = result.answer
         if isinstance(answer, bytes):
             return answer
         if isinstance(answer, grpc.aio.AioRpcError):  # the replica's own status

@@ -41,7 +41,7 @@ from tidal.common.http import (
 from . import EXTENSIONS, SERVER_NAME, __version__
 from .config import ReplicaList, format_validation_error
 from .core.hold import hold_seconds, judge_held_request
-from .dispatch import Call, Dispatched, Failed, Refusal
+from .dispatch import Call, Failed, Refusal
 from .replicas import Replica
 from .upstream import UpstreamError
 
@@ -310,9 +310,8 @@ class HttpFront:
 
     async def dispatch(self, call: HttpCall) -> tuple[web.Response, bool]:
         """The answer (the replica's, or the gateway's refusal) and whether it was held."""
-        result: Dispatched[web.Response] = await self.gateway.dispatcher.dispatch(call)
-        answer = result.answer
-        return (refused(answer) if isinstance(answer, Refusal) else answer), result.held
+        answer, held = await self.gateway.dispatcher.dispatch(call)
+        return (refused(answer) if isinstance(answer, Refusal) else answer), held
 
     # -- handlers -------------------------------------------------------------------------------
 

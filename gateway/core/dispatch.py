@@ -17,17 +17,15 @@ No clock, no I/O: the shell passes the time in.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from .routing import Reason, ReplicaView, Route
 
 StepAction = Literal["forward", "unknown", "unavailable", "hold"]
 
 
-@dataclass(frozen=True, slots=True)
-class Step:
-    """What the shell does next with one request."""
+class Step(NamedTuple):
+    """What the shell does next with one request (a tuple: one is made per request)."""
 
     action: StepAction
     reason: Reason | None = None  # the route's (None: a call that names no model)
