@@ -185,3 +185,48 @@ def test_grpc_server_metadata_names_the_gateway_not_a_replica(
     ), (answer, http_metadata)
     direct = pb.ServerMetadataResponse.FromString(_raw_call(a.grpc_port, "ServerMetadata", b""))
     assert direct.name == "tidal-runtime", direct  # what leaked through before
+
+
+def test_grpc_metadata_of_a_cold_model_comes_from_a_replica_as_over_http(
+    runtimes, runtime_config, gateway
+) -> None:
+    """ModelReady and ModelMetadata are not held and start no load: for a model no replica has
+    hot, the replica that would load it answers (ready: false), as HTTP's GET /v2/models/{m}."""
+    (a,) = runtimes(("rt-a", runtime_config(preload=("m0",), models=("m0", "m1"))))
+    gw = gateway([a.ref], grpc=True, replicaGrpcPort=a.grpc_port)
+    wait_for(lambda: gw.hot_on("m0") == ["rt-a"], what="m0 hot on rt-a")
+    ready = pb.ModelReadyResponse.FromString(
+        _raw_call(gw.grpc_port, "ModelReady", pb.ModelReadyRequest(name="m1").SerializeToString())
+    )
+    assert not ready.ready, ready
+    request = pb.ModelMetadataRequest(name="m1").SerializeToString()
+    metadata = pb.ModelMetadataResponse.FromString(
+        _raw_call(gw.grpc_port, "ModelMetadata", request)
+    )
+    direct = pb.ModelMetadataResponse.FromString(_raw_call(a.grpc_port, "ModelMetadata", request))
+    assert metadata == direct, (metadata, direct)
+    status, _, over_http = http("GET", f"{gw.url}/v2/models/m1")
+    assert status == 200 and over_http["name"] == metadata.name == "m1", (status, over_http)
+    assert gw.metric("tidal_gateway_loads_total", result="ok") == 0, "no load started"
+    assert gw.metric("tidal_gateway_hold_outcomes_total", outcome="forwarded") == 0, "not held"
+
+
+def test_a_held_grpc_call_gets_a_failed_load_at_once_not_at_its_deadline(
+    runtimes, runtime_config, gateway
+) -> None:
+    """A load that fails for a reason other than room (an engine that does not match its
+    digest) ends the calls held for the model with INTERNAL and the replica's reason, as held
+    HTTP requests get the replica's answer, rather than holding them to their deadline."""
+    config = runtime_config(preload=("m0",), models=("m0", "m1"))
+    config["models"][1]["engines"][0]["sha256"] = "0" * 64
+    (a,) = runtimes(("rt-a", config))
+    gw = gateway([a.ref], grpc=True, replicaGrpcPort=a.grpc_port, holdTimeoutSeconds=60)
+    wait_for(lambda: gw.hot_on("m0") == ["rt-a"], what="m0 hot on rt-a")
+    request = _infer_request("m1").SerializeToString()
+    with pytest.raises(grpc.RpcError) as caught:
+        _raw_call(gw.grpc_port, "ModelInfer", request, timeout=50)
+    error = caught.value
+    assert error.code() == grpc.StatusCode.INTERNAL, (error.code(), error.details())
+    assert "loading model 'm1' failed" in (error.details() or ""), error.details()
+    assert gw.metric("tidal_gateway_loads_total", result="failed") == 1
+    assert _held(gw) == 0
