@@ -41,6 +41,9 @@ DEFAULT_ENGINE_CACHE_BUDGET_BYTES = 8 * 2**30
 RUNTIME_HTTP_PORT = 8080
 RUNTIME_GRPC_PORT = 8081
 
+# Every tidal process's own variables start with this (tidal.common.settings reads a setting
+# ``foo_bar`` from TIDAL_FOO_BAR).
+ENV_PREFIX = "TIDAL_"
 # Environment variables the operator sets in the runtime container and the runtime reads.
 ENV_HOST = "TIDAL_HOST"
 ENV_POD_IP = "POD_IP"
@@ -60,6 +63,22 @@ RUNTIME_ENV_NAMES = (
     ENV_POD_NAMESPACE,
     ENV_LOG_LEVEL,
     ENV_RUNTIME_CONFIG_JSON,
+)
+# A runtime configuration file's path (read when there is no --config; before the inline JSON).
+ENV_RUNTIME_CONFIG = "TIDAL_RUNTIME_CONFIG"
+
+# The gateway's environment (the operator sets the configuration, host and ports; the event
+# loop is the gateway's own choice).
+ENV_GATEWAY_CONFIG_JSON = "TIDAL_GATEWAY_CONFIG_JSON"
+ENV_EVENT_LOOP = "TIDAL_EVENT_LOOP"
+GATEWAY_ENV_NAMES = (
+    ENV_HOST,
+    ENV_PORT,
+    ENV_GRPC_PORT,
+    ENV_POD_NAME,
+    ENV_LOG_LEVEL,
+    ENV_EVENT_LOOP,
+    ENV_GATEWAY_CONFIG_JSON,
 )
 
 

@@ -1,6 +1,6 @@
-"""The operator and the runtime agree on what tidal.common.contract holds: how a byte quantity
-reads, the default engine budget, the environment and ports of a runtime pod, and the memory
-keys of the runtime's configuration."""
+"""The operator, the runtime and the gateway agree on what tidal.common.contract holds: how a
+byte quantity reads, the default engine budget, the environment and ports of a runtime pod and
+of a gateway pod, and the memory keys of the runtime's configuration."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 from pydantic import TypeAdapter, ValidationError
 
 from tidal.common import contract
+from tidal.gateway.config import GatewaySettings
 from tidal.operator.core import api
 from tidal.operator.core.resources import (
     Observed,
@@ -19,7 +20,7 @@ from tidal.operator.core.resources import (
     pools_of,
     render_runtime_config,
 )
-from tidal.runtime.config import MemorySpec, load_config
+from tidal.runtime.config import MemorySpec, RuntimeSettings, load_config
 from tidal.runtime.core.quantity import parse_bytes
 
 # Byte quantities: what both sides accept (with the bytes) and what both refuse.
@@ -113,3 +114,39 @@ def test_operator_and_runtime_agree_on_the_contract() -> None:
     assert env[contract.ENV_GRPC_PORT]["value"] == str(contract.RUNTIME_GRPC_PORT)
     ports = {p["containerPort"] for p in container["ports"]}
     assert {contract.RUNTIME_HTTP_PORT, contract.RUNTIME_GRPC_PORT} <= ports
+
+
+def test_the_processes_read_the_contracts_environment() -> None:
+    # What the settings loader reads for each process: the contract's names, nothing else.
+    assert RuntimeSettings.environment_names() == {
+        contract.ENV_HOST,
+        contract.ENV_PORT,
+        contract.ENV_GRPC_PORT,
+        contract.ENV_LOG_LEVEL,
+    }
+    assert RuntimeSettings.environment_names() < set(contract.RUNTIME_ENV_NAMES)
+    assert GatewaySettings.environment_names() | {
+        contract.ENV_GATEWAY_CONFIG_JSON,
+        contract.ENV_POD_NAME,  # the gateway's name in its answers and metrics
+    } == set(contract.GATEWAY_ENV_NAMES)
+    # The gateway pod the operator writes sets only variables the gateway reads.
+    isvc = api.parse_inference_service(
+        {
+            "apiVersion": api.API_VERSION,
+            "kind": api.KIND,
+            "metadata": {"name": "svc", "namespace": "ns"},
+            "spec": {
+                "models": [{"name": "m", "engines": [{"uri": "file:///m/model.onnx"}]}],
+                "autoscaling": {"minReplicas": 0, "maxReplicas": 2},
+            },
+        }
+    )
+    (gateway,) = [
+        o
+        for o in desired_objects(isvc, Observed())
+        if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-gateway")
+    ]
+    (container,) = gateway["spec"]["template"]["spec"]["containers"]
+    names = {e["name"] for e in container["env"]}
+    assert names <= set(contract.GATEWAY_ENV_NAMES), names
+    assert contract.ENV_GATEWAY_CONFIG_JSON in names, names
