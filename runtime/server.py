@@ -32,7 +32,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tidal.common import http as common_http
 from tidal.common.backoff import Backoff, Retry
 from tidal.common.body import CONTROL_JSON_VALUES, CONTROL_LIMIT, OFFLOAD_BYTES
-from tidal.common.contract import ENV_POD_NAME
+from tidal.common.contract import (
+    ENV_POD_NAME,
+    PATH_ACTIVITY,
+    PATH_MODELS,
+    PATH_PLACEMENT,
+    PATH_TIER,
+)
 from tidal.common.http import BodyError, JsonErrorRunner, declared_too_large, quiet_logger
 from tidal.common.offload import Offload
 
@@ -356,11 +362,11 @@ class RuntimeServer:
         r.add_post("/v2/repository/index", self.repository_index)
         r.add_post("/v2/repository/models/{model}/load", self.repository_load)
         r.add_post("/v2/repository/models/{model}/unload", self.repository_unload)
-        r.add_get("/v2/tidal/models", self.fleet_models)
-        r.add_get("/v2/tidal/activity", self.activity)
-        r.add_put("/v2/tidal/placement", self.fleet_placement)
-        r.add_get("/v2/tidal/tier", self.tier_get)
-        r.add_put("/v2/tidal/tier", self.tier_put)
+        r.add_get(PATH_MODELS, self.fleet_models)
+        r.add_get(PATH_ACTIVITY, self.activity)
+        r.add_put(PATH_PLACEMENT, self.fleet_placement)
+        r.add_get(PATH_TIER, self.tier_get)
+        r.add_put(PATH_TIER, self.tier_put)
         r.add_get("/v2/models/stats", self.model_stats)
         for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
             r.add_get(prefix, self.model_metadata)

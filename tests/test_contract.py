@@ -1,10 +1,12 @@
 """The operator, the runtime and the gateway agree on what tidal.common.contract holds: how a
 byte quantity reads, the default engine budget, the environment and ports of a runtime pod and
-of a gateway pod, and the memory keys of the runtime's configuration."""
+of a gateway pod, the memory keys of the runtime's configuration, the runtime's metric names the
+operator reads and the runtime's /v2/tidal endpoints."""
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -20,8 +22,12 @@ from tidal.operator.core.resources import (
     pools_of,
     render_runtime_config,
 )
-from tidal.runtime.config import MemorySpec, RuntimeSettings, load_config
+from tidal.operator.core.signals import pool_signals_query
+from tidal.operator.shell import podmetrics
+from tidal.runtime.config import MemorySpec, RuntimeConfig, RuntimeSettings, load_config
 from tidal.runtime.core.quantity import parse_bytes
+from tidal.runtime.metrics import DEFINITIONS
+from tidal.runtime.server import RuntimeServer
 
 # Byte quantities: what both sides accept (with the bytes) and what both refuse.
 QUANTITIES: list[tuple[str, int | None]] = [
@@ -150,3 +156,37 @@ def test_the_processes_read_the_contracts_environment() -> None:
     names = {e["name"] for e in container["env"]}
     assert names <= set(contract.GATEWAY_ENV_NAMES), names
     assert contract.ENV_GATEWAY_CONFIG_JSON in names, names
+
+
+def _base_name(sample: str) -> str:
+    """A series name less the suffix Prometheus gives a counter's or a histogram's samples."""
+    return re.sub(r"_(total|sum|count|bucket)$", "", sample)
+
+
+def test_the_operator_reads_the_metrics_the_runtime_registers() -> None:
+    registered = {name for _, _, name, _, _, _ in DEFINITIONS}
+    assert set(contract.RUNTIME_METRIC_NAMES) <= registered
+    assert len(set(contract.RUNTIME_METRIC_NAMES)) == len(contract.RUNTIME_METRIC_NAMES)
+    # Every runtime series the operator's PromQL and its pod scrape read is a contract name.
+    queried = {_base_name(n) for n in re.findall(r"tidal_[a-z_]+", pool_signals_query())}
+    scraped = {_base_name(n) for n in podmetrics._WANTED_FAMILIES}
+    for side, names in (("PromQL", queried), ("pod scrape", scraped)):
+        assert len(names) >= 8 and names <= set(contract.RUNTIME_METRIC_NAMES), (side, names)
+
+
+def test_the_runtime_serves_the_contracts_endpoints() -> None:
+    server = RuntimeServer(RuntimeConfig())
+    routes = {
+        (route.method, route.resource.canonical)
+        for route in server.build_app().router.routes()
+        if route.resource is not None
+    }
+    for method, path in (
+        ("GET", contract.PATH_MODELS),
+        ("GET", contract.PATH_ACTIVITY),
+        ("PUT", contract.PATH_PLACEMENT),
+        ("GET", contract.PATH_TIER),
+        ("PUT", contract.PATH_TIER),
+    ):
+        assert (method, path) in routes, (method, path, sorted(routes))
+    assert len(set(contract.TIDAL_PATHS)) == 6
