@@ -109,6 +109,23 @@ class PreparedPackage:
     weights: list[bytes]  # each constant's bytes, in the manifest's order
 
 
+def _learn_dtype_names(torch: Any) -> None:
+    """Fill :data:`_NUMPY_NAMES` (torch dtype -> the manifest's dtype name)."""
+    for name in ("float16", "float32", "float64", "int8", "int32", "int64", "uint8", "bool"):
+        _NUMPY_NAMES[getattr(torch, name)] = name
+    for name in TORCH_ONLY_DTYPES:  # constants only: the I/O stays in numpy's types
+        if hasattr(torch, name):
+            _NUMPY_NAMES[getattr(torch, name)] = name
+
+
+def _arch(torch: Any, device: Any) -> str:
+    """The package's architecture: ``sm<major><minor>`` of a CUDA device, else ``cpu``."""
+    if device.type != "cuda":
+        return "cpu"
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"sm{major}{minor}"
+
+
 def prepare_package(
     torch: Any,
     module: Any,
@@ -125,18 +142,8 @@ def prepare_package(
     from ..core.engines import pt2_file_name
     from ..protocol import datatype_of
 
-    for name in ("float16", "float32", "float64", "int8", "int32", "int64", "uint8", "bool"):
-        _NUMPY_NAMES[getattr(torch, name)] = name
-    for name in TORCH_ONLY_DTYPES:  # constants only: the I/O stays in numpy's types
-        if hasattr(torch, name):
-            _NUMPY_NAMES[getattr(torch, name)] = name
-
+    _learn_dtype_names(torch)
     device = example_inputs[0].device
-    if device.type == "cuda":
-        major, minor = torch.cuda.get_device_capability(device)
-        arch = f"sm{major}{minor}"
-    else:
-        arch = "cpu"
     batch = torch.export.Dim("batch", min=1, max=max_batch_size)
     exported = torch.export.export(
         module,
@@ -171,6 +178,7 @@ def prepare_package(
     )
     out_dir.mkdir(parents=True, exist_ok=True)
     # The file name is the binding (one folder per model, as for TensorRT plans).
+    arch = _arch(torch, device)
     path = out_dir / pt2_file_name(arch, parse_torch_version(torch.__version__), precision)
     # reshape(-1): a 0-dim constant (an fp8 scale) cannot be viewed as bytes as it is
     weights = [t.reshape(-1).view(torch.uint8).numpy().tobytes() for t in tensors]
