@@ -42,7 +42,7 @@ from tidal.common.contract import (
 from tidal.common.http import BodyError, JsonErrorRunner, declared_too_large, quiet_logger
 from tidal.common.offload import Offload
 
-from . import __version__
+from . import __version__, tiers
 from .backends import Backend, TensorSpec, make_backend
 from .batcher import ModelBatcher
 from .clock import CLOCK, Clock
@@ -452,7 +452,7 @@ class RuntimeServer:
         while True:
             try:
                 if host:
-                    await self.cache.stage([name])
+                    await tiers.stage(self.cache, [name])
                 else:
                     await self.cache.ensure_loaded(name)
             except Exception as exc:
@@ -511,7 +511,7 @@ class RuntimeServer:
         )
 
     async def metrics_handler(self, request: web.Request) -> web.Response:
-        self.cache._publish()
+        self.cache.publish()
         return web.Response(
             body=generate_latest(self.metrics.registry),
             headers={"Content-Type": CONTENT_TYPE_LATEST},
@@ -752,10 +752,10 @@ class RuntimeServer:
         if not self.ready:
             raise Unavailable("not ready yet: engines are still being fetched", retry_after=1)
         if tier == "host":
-            result = await self.cache.to_host()
+            result = await tiers.to_host(self.cache)
         else:
             names = [m.name for m in self.config.models if m.preload]
-            result = await self.cache.to_device(names)
+            result = await tiers.to_device(self.cache, names)
         return web.json_response(result)
 
     # -- inference ----------------------------------------------------------------------------
