@@ -72,6 +72,21 @@ def _runtime_bytes(text: str) -> int | None:
         return None
 
 
+def _service(spec: dict[str, Any]) -> api.InferenceService:
+    """A one-model InferenceService with ``spec`` added."""
+    return api.parse_inference_service(
+        {
+            "apiVersion": api.API_VERSION,
+            "kind": api.KIND,
+            "metadata": {"name": "svc", "namespace": "ns"},
+            "spec": {
+                "models": [{"name": "m", "engines": [{"uri": "file:///m/model.onnx"}]}],
+                **spec,
+            },
+        }
+    )
+
+
 def test_operator_and_runtime_agree_on_the_contract() -> None:
     # One reading of a byte quantity, on both sides.
     for text, expected in QUANTITIES:
@@ -89,17 +104,7 @@ def test_operator_and_runtime_agree_on_the_contract() -> None:
     assert engine_budget_bytes(api.Memory()) == contract.DEFAULT_ENGINE_CACHE_BUDGET_BYTES
 
     # The runtime reads the configuration and memory budgets the operator writes, byte for byte.
-    isvc = api.parse_inference_service(
-        {
-            "apiVersion": api.API_VERSION,
-            "kind": api.KIND,
-            "metadata": {"name": "svc", "namespace": "ns"},
-            "spec": {
-                "models": [{"name": "m", "engines": [{"uri": "file:///m/model.onnx"}]}],
-                "memory": {"engineCacheBudget": "1.5Gi", "reserve": "512Mi"},
-            },
-        }
-    )
+    isvc = _service({"memory": {"engineCacheBudget": "1.5Gi", "reserve": "512Mi"}})
     written = render_runtime_config(pools_of(isvc)[0])
     config = load_config(env={contract.ENV_RUNTIME_CONFIG_JSON: json.dumps(written)})
     assert config.memory.engine_cache_budget_bytes == 3 * 2**29
@@ -136,17 +141,7 @@ def test_the_processes_read_the_contracts_environment() -> None:
         contract.ENV_POD_NAME,  # the gateway's name in its answers and metrics
     } == set(contract.GATEWAY_ENV_NAMES)
     # The gateway pod the operator writes sets only variables the gateway reads.
-    isvc = api.parse_inference_service(
-        {
-            "apiVersion": api.API_VERSION,
-            "kind": api.KIND,
-            "metadata": {"name": "svc", "namespace": "ns"},
-            "spec": {
-                "models": [{"name": "m", "engines": [{"uri": "file:///m/model.onnx"}]}],
-                "autoscaling": {"minReplicas": 0, "maxReplicas": 2},
-            },
-        }
-    )
+    isvc = _service({"autoscaling": {"minReplicas": 0, "maxReplicas": 2}})
     (gateway,) = [
         o
         for o in desired_objects(isvc, Observed())
