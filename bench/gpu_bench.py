@@ -52,12 +52,14 @@ from tidal.runtime.backends.torch_aoti import (  # noqa: E402
     LOADER_STACK_BYTES,
     DedicatedThread,
     TorchAOTIBackend,
+    parse_manifest,
+    read_tidal_section,
+)
+from tidal.runtime.builder.pt2 import (  # noqa: E402
     compile_package,
     layout_blob,
     manifest_to_json,
-    parse_manifest,
     prepare_package,
-    read_tidal_section,
     write_tidal_section,
 )
 

@@ -15,8 +15,8 @@
 # The whole script keeps inside DEADLINE_S seconds (default 560).
 #   run from the repository root on the device machine:  bash bench/gpu_device_run.sh
 # MODE=torch-build runs the torch builder's steps instead (issue 32 item 5; see below).
-# Wheels carried in .whl/ (pydantic and its needs, absent from the device image) are installed
-# into /tmp/site first.
+# Wheels carried in .whl/ (pydantic, pydantic-settings and their needs, absent from the device
+# image) are installed into /tmp/site first.
 set -u
 ulimit -c 0 # no core files: a crashing load otherwise took ~50 s to end (2026-12-04b)
 OUT=${OUT:-/tmp/gpu-out}

@@ -7,8 +7,8 @@
 # DIR (default .whl) holds what travels with the repository (the device tool sends the session's
 # own checkout: put DIR inside it, git-ignored, and name it in carry; the 2026-12-06 run used .whl/s3dev):
 #   *.whl           wheels for that machine's python3 (pydantic, pydantic_core, annotated-types,
-#                   typing_extensions, typing-inspection, obstore, pyyaml, cryptography, cffi,
-#                   pycparser), made here with
+#                   typing_extensions, typing-inspection, pydantic-settings, python-dotenv,
+#                   obstore, pyyaml, cryptography, cffi, pycparser), made here with
 #                   pip download --no-deps --only-binary=:all: --python-version 3.12 ...
 #   versitygw.xz    the sandbox's object store, xz of ~/.cache/tidal/versitygw-v1.8.0/bin/versitygw
 # It installs the wheels into /tmp/site, puts versitygw where tidal.sandbox.binaries looks

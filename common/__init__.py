@@ -7,4 +7,6 @@ and is imported by both.
 
 What the operator and the runtime must agree on (how a byte quantity reads, the default engine
 budget, a runtime pod's environment and ports) is :mod:`tidal.common.contract`.
+How the runtime and the gateway read their flags, environment and configuration, and run
+until signalled, is :mod:`tidal.common.settings`.
 """

@@ -3,22 +3,25 @@
 Sources, first match wins: ``--config FILE`` (YAML, or JSON when the name ends in ``.json``),
 ``TIDAL_GATEWAY_CONFIG_JSON`` (inline JSON, what the operator renders).  Field names are
 camelCase on the wire; unknown fields are errors.  :class:`ReplicaList` is the body of
-``PUT /v2/tidal/replicas``.
+``PUT /v2/tidal/replicas``.  The process's flags are :class:`GatewaySettings`, read by
+:mod:`tidal.common.settings` like the runtime's.
 """
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
 from tidal.common.body import DEFAULT_MAX_JSON_VALUES
+from tidal.common.contract import ENV_GATEWAY_CONFIG_JSON
+from tidal.common.settings import CLI_ONLY, ConfigError, ProcessSettings, read_config_data
+
+# Re-exported for gateway/server.py until it imports it from tidal.common.settings.
+from tidal.common.settings import format_validation_error as format_validation_error
 
 MODEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 
@@ -154,43 +157,35 @@ def replica_from_url(url: str) -> ReplicaRef:
     return ReplicaRef(name=urlsplit(url).netloc, url=url)
 
 
-class ConfigError(Exception):
-    """The configuration could not be read or is invalid; the message names the field."""
-
-
-def format_validation_error(error: ValidationError, what: str) -> str:
-    lines = []
-    for item in error.errors():
-        where = ".".join(str(part) for part in item["loc"]) or "(top level)"
-        lines.append(f"  {where}: {item['msg']}")
-    return f"invalid {what}:\n" + "\n".join(lines)
-
-
 def load_config(path: str | None = None, env: dict[str, str] | None = None) -> GatewayConfig:
     """Read the configuration from ``path`` or the environment (see the module docstring)."""
     env = dict(os.environ) if env is None else env
-    data: Any
-    if path is not None:
-        try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            raise ConfigError(f"cannot read configuration file {path}: {exc}") from None
-        try:
-            data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
-        except (ValueError, yaml.YAMLError) as exc:
-            raise ConfigError(f"configuration file {path} is not valid YAML/JSON: {exc}") from None
-    elif env.get("TIDAL_GATEWAY_CONFIG_JSON"):
-        try:
-            data = json.loads(env["TIDAL_GATEWAY_CONFIG_JSON"])
-        except ValueError as exc:
-            raise ConfigError(f"TIDAL_GATEWAY_CONFIG_JSON is not valid JSON: {exc}") from None
-    else:
-        data = {}
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError("invalid gateway configuration: the top level must be a mapping")
+    data = read_config_data(
+        path, env, json_variable=ENV_GATEWAY_CONFIG_JSON, what="gateway configuration"
+    )
     try:
         return GatewayConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, "gateway configuration")) from None
+
+
+class GatewaySettings(ProcessSettings):
+    """tidal model gateway: routes OIP v2 requests to the replica where the model is hot.
+    Static replicas from --replica URL (repeatable), else from PUT /v2/tidal/replicas."""
+
+    config: str | None = Field(
+        default=None,
+        description=f"YAML or JSON file (else {ENV_GATEWAY_CONFIG_JSON})",
+        json_schema_extra=CLI_ONLY,
+    )
+    grpc_port: int = Field(
+        default=0, ge=0, le=65535, description="also pass OIP v2 gRPC through here; 0: HTTP only"
+    )
+    replica: list[str] = Field(
+        default_factory=list,
+        description="a runtime replica, e.g. http://10.0.0.5:8080 (repeatable)",
+        json_schema_extra=CLI_ONLY,
+    )
+    event_loop: Literal["auto", "asyncio", "uvloop"] = Field(
+        default="auto", description="auto: uvloop when installed"
+    )

@@ -1,142 +1,70 @@
 """Entry point: ``python -m tidal.runtime`` / ``tidal-runtime``.
 
 Reads the configuration (exit code 2 at once, naming the field, when it is invalid), then serves
-until SIGTERM/SIGINT.  Listen address from ``--host``/``--port`` or ``TIDAL_HOST``/``TIDAL_PORT``
-(HTTP, default 8080) and ``--grpc-port``/``TIDAL_GRPC_PORT`` (gRPC, default 8081; 0: HTTP only).
+until SIGTERM/SIGINT (:func:`tidal.common.settings.run_process`, shared with the gateway).
+Listen address from ``--host``/``--port`` or ``TIDAL_HOST``/``TIDAL_PORT`` (HTTP, default 8080)
+and ``--grpc-port``/``TIDAL_GRPC_PORT`` (gRPC, default 8081; 0: HTTP only).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
 import logging
 import os
-import signal
 import sys
 import threading
 import time
 
-from tidal.common.contract import (
-    ENV_GRPC_PORT,
-    ENV_HOST,
-    ENV_LOG_LEVEL,
-    ENV_PORT,
-    RUNTIME_GRPC_PORT,
-    RUNTIME_HTTP_PORT,
-)
+from tidal.common.contract import RUNTIME_GRPC_PORT
+from tidal.common.settings import ConfigError, Serving, run_process
 
-from .config import ConfigError, load_config
+from .config import RuntimeSettings, load_config
 
 DEFAULT_GRPC_PORT = RUNTIME_GRPC_PORT
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="tidal-runtime", description="tidal inference runtime (Open Inference Protocol v2)"
-    )
-    parser.add_argument("--config", help="YAML or JSON file (else TIDAL_RUNTIME_CONFIG[_JSON])")
-    parser.add_argument("--host", default=os.environ.get(ENV_HOST, "0.0.0.0"))
-    parser.add_argument("--port", type=int, default=None)
-    parser.add_argument(
-        "--grpc-port",
-        type=int,
-        default=None,
-        help=f"OIP v2 gRPC port (else TIDAL_GRPC_PORT, else {DEFAULT_GRPC_PORT}); 0: no gRPC",
-    )
-    parser.add_argument("--log-level", default=os.environ.get(ENV_LOG_LEVEL, "INFO"))
-    parser.add_argument(
-        "--check-config", action="store_true", help="validate the configuration and exit"
-    )
-    return parser.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    try:
-        config = load_config(args.config)
-        port = (
-            args.port
-            if args.port is not None
-            else int(os.environ.get(ENV_PORT, str(RUNTIME_HTTP_PORT)))
-        )
-    except ConfigError as exc:
-        print(f"tidal-runtime: {exc}", file=sys.stderr)
-        return 2
-    except ValueError:
-        print(
-            "tidal-runtime: invalid configuration: TIDAL_PORT must be an integer", file=sys.stderr
-        )
-        return 2
-    # The default gRPC port is taken when free; one asked for (flag or variable) must be bound.
-    grpc_text = os.environ.get(ENV_GRPC_PORT, "")
-    grpc_asked = args.grpc_port is not None or bool(grpc_text)
-    try:
-        grpc_port = (
-            args.grpc_port if args.grpc_port is not None else int(grpc_text or DEFAULT_GRPC_PORT)
-        )
-    except ValueError:
-        grpc_port = -1
-    if not 0 <= grpc_port <= 65535:
-        print(
-            "tidal-runtime: invalid configuration: the gRPC port (--grpc-port, "
-            "TIDAL_GRPC_PORT) must be an integer in 0..65535",
-            file=sys.stderr,
-        )
-        return 2
-    if args.check_config:
-        print("configuration is valid")
-        return 0
+def start(settings: RuntimeSettings) -> Serving | None:
+    """The configuration read and the backend started (fail fast: exit 2 when it cannot start
+    at all); None after ``--check-config``."""
+    config = load_config(settings.config)
+    if settings.check_config:
+        return None
     try:
         from .backends import make_backend
 
-        backend = make_backend(config)  # fail fast (exit 2) when the backend cannot start at all
+        backend = make_backend(config)
     except Exception as exc:
-        print(f"tidal-runtime: backend {config.backend!r} cannot start: {exc}", file=sys.stderr)
-        return 2
+        raise ConfigError(f"backend {config.backend!r} cannot start: {exc}") from None
     # CPython's default GIL switch interval (5 ms) is kept. 0.2 ms was set here when every batch
     # went to a worker thread; fast batches now run on the event loop, and side by side (issue
     # 13, bench/results/servers-switchinterval-2026-12-03.txt) 0.2 ms did not help gRPC and cost
     # light-model HTTP throughput (from ~7 % to half, on a noisy machine); batches on the
     # worker thread (the batch model) showed no consistent difference.
+    # The default gRPC port is taken when free; one asked for (flag or variable) must be bound.
+    grpc_asked = settings.grpc_port is not None
+    grpc_port = DEFAULT_GRPC_PORT if settings.grpc_port is None else settings.grpc_port
+    host, port = settings.host, settings.port
 
-    async def run() -> None:
-        loop = asyncio.get_running_loop()
-        task = asyncio.current_task()
-        assert task is not None
-        stop = asyncio.Event()
+    async def serve(stop: asyncio.Event) -> None:
+        if grpc_port:
+            from . import grpc_server
 
-        def on_signal() -> None:
-            if stop.is_set():  # a second signal: stop draining, exit now
-                task.cancel()
-            stop.set()
+            await grpc_server.serve(
+                config, host, port, grpc_port, backend, stop, grpc_optional=not grpc_asked
+            )
+        else:
+            from .server import serve
 
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, on_signal)
-        with contextlib.suppress(asyncio.CancelledError):
-            if grpc_port:
-                from . import grpc_server
+            await serve(config, host, port, backend, stop)
 
-                await grpc_server.serve(
-                    config, args.host, port, grpc_port, backend, stop, grpc_optional=not grpc_asked
-                )
-            else:
-                from .server import serve
+    return Serving(serve)
 
-                await serve(config, args.host, port, backend, stop)
 
-    try:
-        asyncio.run(run())
-    except OSError as exc:  # a port that cannot be bound
-        print(f"tidal-runtime: {exc}", file=sys.stderr)
-        return 2
-    exit_past_stuck_workers(0)
-    return 0
+def main(argv: list[str] | None = None) -> int:
+    code = run_process("tidal-runtime", RuntimeSettings, argv, start)
+    if code == 0:
+        exit_past_stuck_workers(0)
+    return code
 
 
 # Worker threads of the engine loads (tidal.runtime.enginecache) and of ranged S3 reads

@@ -4,16 +4,15 @@ Sources, first match wins: ``--config FILE`` (YAML or JSON), ``TIDAL_RUNTIME_CON
 ``TIDAL_RUNTIME_CONFIG_JSON`` (inline JSON).  Fault-injection fields may also be overridden by
 ``TIDAL_FAULT_*`` variables (see :data:`FAULT_ENV`).  Field names are camelCase on the wire
 (the operator renders this model into a ConfigMap as JSON); unknown fields are errors.
+The process's flags (listen address, log level) are :class:`RuntimeSettings`, read by
+:mod:`tidal.common.settings` like the gateway's.
 """
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -26,7 +25,19 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from tidal.common.body import DEFAULT_MAX_JSON_VALUES
-from tidal.common.contract import DEFAULT_ENGINE_CACHE_BUDGET_BYTES, ENV_RUNTIME_CONFIG_JSON
+from tidal.common.contract import (
+    DEFAULT_ENGINE_CACHE_BUDGET_BYTES,
+    ENV_RUNTIME_CONFIG,
+    ENV_RUNTIME_CONFIG_JSON,
+    RUNTIME_HTTP_PORT,
+)
+from tidal.common.settings import (
+    CLI_ONLY,
+    ConfigError,
+    ProcessSettings,
+    format_validation_error,
+    read_config_data,
+)
 
 from .core.cache import POLICIES
 from .core.engines import (
@@ -306,55 +317,23 @@ FAULT_ENV: dict[str, str] = {
 }
 
 
-class ConfigError(Exception):
-    """The configuration could not be read or is invalid; the message names the field."""
-
-
-def format_validation_error(error: ValidationError, what: str = "runtime configuration") -> str:
-    """One line per offending field, named by its dotted camelCase path."""
-    lines = []
-    for item in error.errors():
-        where = ".".join(str(part) for part in item["loc"]) or "(top level)"
-        lines.append(f"  {where}: {item['msg']}")
-    return f"invalid {what}:\n" + "\n".join(lines)
-
-
 def parse_config(data: Any) -> RuntimeConfig:
     try:
         return RuntimeConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc)) from None
-
-
-def _read_file(path: str) -> Any:
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read configuration file {path}: {exc}") from None
-    try:
-        return json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as exc:
-        raise ConfigError(f"configuration file {path} is not valid YAML/JSON: {exc}") from None
+        raise ConfigError(format_validation_error(exc, "runtime configuration")) from None
 
 
 def load_config(path: str | None = None, env: dict[str, str] | None = None) -> RuntimeConfig:
     """Read the configuration from ``path`` or the environment (see the module docstring)."""
     env = dict(os.environ) if env is None else env
-    if path is not None:
-        data = _read_file(path)
-    elif env.get("TIDAL_RUNTIME_CONFIG"):
-        data = _read_file(env["TIDAL_RUNTIME_CONFIG"])
-    elif env.get(ENV_RUNTIME_CONFIG_JSON):
-        try:
-            data = json.loads(env[ENV_RUNTIME_CONFIG_JSON])
-        except ValueError as exc:
-            raise ConfigError(f"{ENV_RUNTIME_CONFIG_JSON} is not valid JSON: {exc}") from None
-    else:
-        data = {}
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError("invalid runtime configuration: the top level must be a mapping")
+    data = read_config_data(
+        path,
+        env,
+        json_variable=ENV_RUNTIME_CONFIG_JSON,
+        path_variable=ENV_RUNTIME_CONFIG,
+        what="runtime configuration",
+    )
     faults = dict(data.get("faults") or {})
     for variable, field in FAULT_ENV.items():
         if env.get(variable):
@@ -362,3 +341,15 @@ def load_config(path: str | None = None, env: dict[str, str] | None = None) -> R
     if faults:
         data = {**data, "faults": faults}
     return parse_config(data)
+
+
+class RuntimeSettings(ProcessSettings):
+    """tidal inference runtime (Open Inference Protocol v2). Unset, the gRPC port is 8081
+    where it is free."""
+
+    config: str | None = Field(
+        default=None,
+        description=f"YAML or JSON file (else {ENV_RUNTIME_CONFIG}[_JSON])",
+        json_schema_extra=CLI_ONLY,
+    )
+    port: int = Field(default=RUNTIME_HTTP_PORT, ge=0, le=65535, description="HTTP port")

@@ -23,7 +23,8 @@ so that ``GET /v2/tidal/models`` can long-poll without polling loops; and **pins
 (:meth:`EngineCache.set_pins`): pinned models are loaded in the background (at most
 ``maxConcurrentLoads - 1`` at once, so an on-demand load always finds a free load slot when
 ``maxConcurrentLoads > 1``), retried with back-off while they fail, and never evicted to make
-room for anything.
+room for anything.  The host-warm tier's moves (engines staged off the device, and back) are
+:mod:`tidal.runtime.tiers`.
 """
 
 from __future__ import annotations
@@ -53,16 +54,10 @@ from .errors import (
     ModelNotFound,
     Overloaded,
     ServingError,
-    TierConflict,
     Unavailable,
 )
 from .metrics import RuntimeMetrics
 from .storage import EngineStore
-
-# Moving to the host tier waits for this long without a request, and gives up (the replica is
-# still being routed to) after HOST_DRAIN_SECONDS.
-HOST_QUIET_SECONDS = 1.0
-HOST_DRAIN_SECONDS = 20.0
 
 log = logging.getLogger("tidal.runtime.cache")
 
@@ -203,9 +198,9 @@ class EngineCache:
         # When the last request took an engine, and the token of a move to the host tier in
         # progress (None when there is none, or a promotion called it off).
         self.last_acquired = float("-inf")
-        self._leaving: object | None = None
+        self.leaving: object | None = None
         self.closing = False  # shutting down: loads under way cancelled, no new ones
-        self._publish()
+        self.publish()
 
     def slot(self, name: str) -> Slot:
         try:
@@ -289,7 +284,7 @@ class EngineCache:
                 ) from None
             raise
 
-    async def _phase(
+    async def phase(
         self, slot: Slot, phase: str | None, func: Any, *args: Any, observe: bool = True
     ) -> Any:
         started = self.clock.now()
@@ -306,7 +301,7 @@ class EngineCache:
         """backend.load, observed as its own phases when the engine reports them."""
         started = self.clock.now()
         try:
-            engine: Engine = await self._phase(
+            engine: Engine = await self.phase(
                 slot, "deserialize", self.backend.load, *args, observe=False
             )
         except BaseException:
@@ -378,7 +373,7 @@ class EngineCache:
         for victim in plan.evict:
             self._evict(self.slots[victim], reason=plan.reason)
         slot.size_bytes = nbytes
-        self._publish()
+        self.publish()
 
     async def _load(self, slot: Slot, on_demand: bool) -> None:
         spec = slot.spec
@@ -390,12 +385,12 @@ class EngineCache:
                 slot.load_seconds = 0.0
                 slot.transfers = []
                 load_started = self.clock.now()
-                chosen, sha, selection = self._choose(spec)
+                chosen, sha, selection = self.choose(spec)
                 staged = slot.staged is not None and slot.staged[0] == chosen.uri
                 if slot.staged is not None and staged:
                     path = slot.staged[1]
                 else:
-                    path = await self._phase(slot, "fetch", self.store.fetch, chosen.uri, sha)
+                    path = await self.phase(slot, "fetch", self.store.fetch, chosen.uri, sha)
                     slot.staged = (chosen.uri, path)
                 self.metrics.cache_bytes.labels("host").set(self.store.host_bytes())
                 estimate = self.backend.estimate_bytes(path, chosen)
@@ -412,22 +407,12 @@ class EngineCache:
                     self._reserve(slot, engine.size_bytes)
                 slot.size_bytes = engine.size_bytes
                 await self._slow_transfer(slot)
-                await self._phase(slot, "warmup", self._warm_up, engine, spec)
+                await self.phase(slot, "warmup", self._warm_up, engine, spec)
                 if self.config.faults.extra_warmup_seconds and not staged:
                     # The emulated cold cost (a large engine's deserialize and first runs): a
                     # host-warm engine has paid it already.
                     await asyncio.sleep(self.config.faults.extra_warmup_seconds)
-                slot.engine = engine
-                slot.engine_uri = chosen.uri
-                slot.platform = engine.platform
-                slot.inputs, slot.outputs = engine.inputs, engine.outputs
-                slot.state = READY
-                slot.loaded_at = slot.last_used = self.clock.now()
-                slot.last_error = None
-                slot.first_request_pending = on_demand
-                slot.last_size_bytes = slot.size_bytes
-                slot.last_load_seconds = slot.loaded_at - load_started
-                self.metrics.model_ready.labels(spec.name).set(1)
+                self._mark_ready(slot, engine, chosen.uri, load_started, on_demand)
                 log.info("loaded %s from %s (%s)", spec.name, chosen.uri, selection.reason)
         except BaseException as exc:
             if engine is not None and slot.engine is not engine:
@@ -443,10 +428,26 @@ class EngineCache:
         finally:
             slot.loading = None
             self._running.discard(spec.name)
-            self._publish()
+            self.publish()
             self.changes.bump()
 
-    def _choose(self, spec: ModelSpec) -> tuple[EngineDescriptor, str | None, EngineSelection]:
+    def _mark_ready(
+        self, slot: Slot, engine: Engine, uri: str, load_started: float, on_demand: bool
+    ) -> None:
+        """A load finished: ``engine`` serves the slot's model from now on."""
+        slot.engine = engine
+        slot.engine_uri = uri
+        slot.platform = engine.platform
+        slot.inputs, slot.outputs = engine.inputs, engine.outputs
+        slot.state = READY
+        slot.loaded_at = slot.last_used = self.clock.now()
+        slot.last_error = None
+        slot.first_request_pending = on_demand
+        slot.last_size_bytes = slot.size_bytes
+        slot.last_load_seconds = slot.loaded_at - load_started
+        self.metrics.model_ready.labels(slot.spec.name).set(1)
+
+    def choose(self, spec: ModelSpec) -> tuple[EngineDescriptor, str | None, EngineSelection]:
         """The engine of ``spec`` this backend runs, its sha256, and why it was chosen."""
         # Names were validated with the configuration; describing them cannot fail.
         descriptors = [e.descriptor() for e in spec.engines]
@@ -464,13 +465,8 @@ class EngineCache:
 
     def _evict(self, slot: Slot, reason: str) -> None:
         log.info("evicting %s (%s)", slot.spec.name, reason)
-        if slot.engine is not None:
-            slot.engine.close()
-        slot.engine = None
-        slot.state = UNAVAILABLE
-        slot.size_bytes = 0
+        self.take_off(slot)
         self.metrics.cache_evictions.labels(slot.spec.name).inc()
-        self.metrics.model_ready.labels(slot.spec.name).set(0)
         self.changes.bump()
 
     async def unload(self, name: str) -> None:
@@ -479,103 +475,18 @@ class EngineCache:
             await asyncio.shield(slot.loading)
         if slot.refs > 0:
             raise Overloaded(f"model {name!r} has requests in flight; retry", retry_after=1)
+        self.take_off(slot)
+        self.publish()
+        self.changes.bump()
+
+    def take_off(self, slot: Slot) -> None:
+        """Close the slot's engine (if any): the model is no longer on the device."""
         if slot.engine is not None:
             slot.engine.close()
         slot.engine = None
         slot.state = UNAVAILABLE
         slot.size_bytes = 0
-        self.metrics.model_ready.labels(name).set(0)
-        self._publish()
-        self.changes.bump()
-
-    # -- tiers (host-warm standby) ------------------------------------------------------------
-
-    async def stage(self, names: list[str]) -> None:
-        """Fetch and verify the engines of ``names`` without loading them (host-warm start)."""
-        for name in names:
-            slot = self.slot(name)
-            chosen, sha, _ = self._choose(slot.spec)
-            path = await self._phase(slot, "fetch", self.store.fetch, chosen.uri, sha)
-            slot.staged = (chosen.uri, path)
-        self.metrics.cache_bytes.labels("host").set(self.store.host_bytes())
-
-    async def to_host(
-        self, quiet_seconds: float | None = None, drain_seconds: float | None = None
-    ) -> dict[str, Any]:
-        """Become a host-warm standby: go on serving until no request has arrived for
-        ``quiet_seconds`` and none is in flight, then take every engine off the device, keeping
-        it staged.
-
-        A pod just taken out of a Service still gets requests from clients whose endpoints are
-        a moment old; refusing them would fail them, so the engines stay until the traffic has
-        stopped. Traffic that goes on for ``drain_seconds`` (the pod is still being routed to),
-        or a promotion meanwhile, calls the move off: :class:`TierConflict`, nothing changed.
-        """
-        quiet_seconds = HOST_QUIET_SECONDS if quiet_seconds is None else quiet_seconds
-        drain_seconds = HOST_DRAIN_SECONDS if drain_seconds is None else drain_seconds
-        started = self.clock.now()
-        if self.tier == "host":
-            return self.last_tier_change or {"tier": "host", "seconds": 0.0, "staged": []}
-        token = self._leaving = object()
-        deadline = started + drain_seconds
-        while True:
-            if self._leaving is not token:
-                raise TierConflict("promoted while draining for the host tier: kept on the device")
-            busy = any(s.refs > 0 or s.loading is not None for s in self.slots.values())
-            if not busy and self.clock.now() - self.last_acquired >= quiet_seconds:
-                break
-            if self.clock.now() >= deadline:
-                self._leaving = None
-                raise TierConflict(
-                    f"still receiving requests after {drain_seconds:g} s: kept on the device "
-                    "(is the pod still in a Service's endpoints?)"
-                )
-            await asyncio.sleep(0.01)
-        self._leaving = None
-        self.tier = "host"
-        self.changes.bump()
-        staged = []
-        for slot in self.slots.values():
-            if slot.state == READY and slot.refs == 0:
-                if slot.engine is not None:
-                    slot.engine.close()
-                slot.engine = None
-                slot.state = UNAVAILABLE
-                slot.size_bytes = 0
-                self.metrics.model_ready.labels(slot.spec.name).set(0)
-            if slot.staged is not None:
-                staged.append(slot.spec.name)
-        self._publish()
-        self.changes.bump()
-        self.last_tier_change = {
-            "tier": "host",
-            "seconds": round(self.clock.now() - started, 4),
-            "staged": sorted(staged),
-        }
-        log.info("host-warm: %d engine(s) staged, none on the device", len(staged))
-        return self.last_tier_change
-
-    async def to_device(self, names: list[str]) -> dict[str, Any]:
-        """Promote a host-warm standby: load ``names`` (the preloaded models) from their staged
-        files — no fetch, no cold-load cost — warm them up, then accept requests again."""
-        started = self.clock.now()
-        self._leaving = None  # a move to the host tier in progress is called off
-        if self.tier == "device":
-            return {"tier": "device", "seconds": 0.0, "models": {}}
-        models: dict[str, float] = {}
-        for name in names:
-            t0 = self.clock.now()
-            await self.ensure_loaded(name)
-            models[name] = round(self.clock.now() - t0, 4)
-        self.tier = "device"
-        self.changes.bump()
-        self.last_tier_change = {
-            "tier": "device",
-            "seconds": round(self.clock.now() - started, 4),
-            "models": models,
-        }
-        log.info("promoted to the device in %.3fs: %s", self.clock.now() - started, models)
-        return self.last_tier_change
+        self.metrics.model_ready.labels(slot.spec.name).set(0)
 
     # -- pins (fleet placement) ---------------------------------------------------------------
 
@@ -649,7 +560,7 @@ class EngineCache:
                 delay, self._schedule_pin, name, PIN_RETRY.after(delay)
             )
 
-    def _publish(self) -> None:
+    def publish(self) -> None:
         resident = sum(s.size_bytes for s in self.slots.values() if s.state in (READY, LOADING))
         self.metrics.cache_bytes.labels("gpu").set(resident)
         memory = self.backend.device_memory()

@@ -1,4 +1,5 @@
-"""Prometheus metrics of the runtime: the names are the operator's contract (DESIGN.md §3).
+"""Prometheus metrics of the runtime: the names the operator reads are the contract's
+(:mod:`tidal.common.contract`, DESIGN.md §3), each metric one row of :data:`DEFINITIONS`.
 
 Every metric is documented in runtime/README.md ("Metrics reference").  Each server owns its
 own registry so that several servers can live in one test process.
@@ -15,6 +16,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
+from tidal.common import contract
+
 # The *_created series double the exposition size and nothing reads them.
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
@@ -29,161 +32,106 @@ TRANSFER_BUCKETS = (*LATENCY_BUCKETS, 15.0, 30.0, 60.0, 120.0, 300.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
+Kind = type[Counter] | type[Gauge] | type[Histogram]
+# Every metric: (attribute of RuntimeMetrics, kind, name, labels, help, histogram buckets).
+DEFINITIONS: tuple[tuple[str, Kind, str, tuple[str, ...], str, tuple[float, ...]], ...] = (
+    ("queue_depth", Gauge, contract.METRIC_QUEUE_DEPTH, ("model",),
+     "Requests queued in the dynamic batcher and not yet sent to the backend (exact).", ()),
+    ("inflight", Gauge, contract.METRIC_INFLIGHT_REQUESTS, (),
+     "Infer requests received and not yet answered (queued, loading or executing).", ()),
+    ("request_duration", Histogram, contract.METRIC_REQUEST_DURATION_SECONDS,
+     ("model", "cache", "code"),
+     "Infer request latency, arrival to response; cache=cold when it waited for a load.",
+     LATENCY_BUCKETS),
+    ("requests", Counter, contract.METRIC_REQUESTS, ("model", "code"),
+     "Infer requests answered, by HTTP status code.", ()),
+    ("engine_load", Histogram, contract.METRIC_ENGINE_LOAD_SECONDS, ("model", "phase"),
+     "Duration of each engine load phase: fetch, deserialize, warmup.", LOAD_BUCKETS),
+    ("cold_start", Histogram, contract.METRIC_COLD_START_SECONDS, ("model",),
+     "Latency of the first request served by an engine it had to wait to load.", LOAD_BUCKETS),
+    ("transfer_wait", Histogram, contract.METRIC_TRANSFER_WAIT_SECONDS, ("model",),
+     "Time a request waited on host->device weight transfer (the stage and h2d phases of the "
+     "engine load it waited for).", TRANSFER_BUCKETS),
+    ("cache_hits", Counter, contract.METRIC_ENGINE_CACHE_HITS, ("model",),
+     "Requests whose engine was resident.", ()),
+    ("cache_misses", Counter, contract.METRIC_ENGINE_CACHE_MISSES, ("model",),
+     "Requests whose engine was not resident (they waited for a load).", ()),
+    ("cache_evictions", Counter, "tidal_engine_cache_evictions", ("model",),
+     "Engines evicted from the device to make room.", ()),
+    ("cache_bytes", Gauge, "tidal_engine_cache_bytes", ("tier",),
+     "Bytes held by the engine cache: tier=gpu the device hot set, tier=host local files.", ()),
+    ("gpu_memory", Gauge, contract.METRIC_GPU_MEMORY_BYTES, ("kind",),
+     "Device memory: total, used (whole device), budget (engine cache budget).", ()),
+    ("batch_size", Histogram, "tidal_batch_size", ("model",),
+     "Rows in each batch sent to the backend.", BATCH_BUCKETS),
+    # What a batch costs, for the operator's capacity estimate (operator/SIGNALS.md,
+    # "Capacity"): counted when a batch completes, so that every counter of one batch moves
+    # together. Rows x seconds and rows squared let a reader fit batch time = a + b x rows by
+    # least squares over any window of increases.
+    ("backend_batches", Counter, contract.METRIC_BACKEND_BATCHES, ("model",),
+     "Batches the backend completed.", ()),
+    ("backend_rows", Counter, contract.METRIC_BACKEND_ROWS, ("model",),
+     "Rows of the batches the backend completed.", ()),
+    ("backend_requests", Counter, contract.METRIC_BACKEND_REQUESTS, ("model",),
+     "Requests of the batches the backend completed.", ()),
+    ("backend_seconds", Counter, contract.METRIC_BACKEND_SECONDS, ("model",),
+     "Seconds batches held an execution slot (busy time, summed over concurrent batches).", ()),
+    ("backend_row_seconds", Counter, contract.METRIC_BACKEND_ROW_SECONDS, ("model",),
+     "Sum over completed batches of rows x seconds.", ()),
+    ("backend_rows_squared", Counter, contract.METRIC_BACKEND_ROWS_SQUARED, ("model",),
+     "Sum over completed batches of rows squared.", ()),
+    ("backend_slots", Gauge, contract.METRIC_BACKEND_SLOTS, ("model",),
+     "Batches of the model that may execute at once.", ()),
+    ("max_batch_rows", Gauge, contract.METRIC_MAX_BATCH_ROWS, ("model",),
+     "The model's maxBatchSize, in rows.", ()),
+    ("queue_reachable", Gauge, contract.METRIC_QUEUE_REACHABLE, ("model",),
+     "Queued requests that can still be served before their deadline at the recent batch time "
+     "(all queued requests when they have no deadline).", ()),
+    ("request_timeout", Gauge, contract.METRIC_REQUEST_TIMEOUT_SECONDS, ("model",),
+     "The model's per-request deadline from arrival (batching.timeoutMs); 0: none.", ()),
+    ("model_ready", Gauge, contract.METRIC_MODEL_READY, ("model",),
+     "1 when the model's engine is resident and warm.", ()),
+    ("startup_seconds", Gauge, contract.METRIC_STARTUP_SECONDS, (),
+     "Seconds from the server's start (after the interpreter and its imports) until "
+     "/v2/health/ready turned true.", ()),
+)  # fmt: skip
+
+
 class RuntimeMetrics:
+    """Every metric of :data:`DEFINITIONS`, as an attribute, in the server's own registry."""
+
+    queue_depth: Gauge
+    inflight: Gauge
+    request_duration: Histogram
+    requests: Counter
+    engine_load: Histogram
+    cold_start: Histogram
+    transfer_wait: Histogram
+    cache_hits: Counter
+    cache_misses: Counter
+    cache_evictions: Counter
+    cache_bytes: Gauge
+    gpu_memory: Gauge
+    batch_size: Histogram
+    backend_batches: Counter
+    backend_rows: Counter
+    backend_requests: Counter
+    backend_seconds: Counter
+    backend_row_seconds: Counter
+    backend_rows_squared: Counter
+    backend_slots: Gauge
+    max_batch_rows: Gauge
+    queue_reachable: Gauge
+    request_timeout: Gauge
+    model_ready: Gauge
+    startup_seconds: Gauge
+
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        r = self.registry
-        self.queue_depth = Gauge(
-            "tidal_queue_depth",
-            "Requests queued in the dynamic batcher and not yet sent to the backend (exact).",
-            ["model"],
-            registry=r,
-        )
-        self.inflight = Gauge(
-            "tidal_inflight_requests",
-            "Infer requests received and not yet answered (queued, loading or executing).",
-            registry=r,
-        )
-        self.request_duration = Histogram(
-            "tidal_request_duration_seconds",
-            "Infer request latency, arrival to response; cache=cold when it waited for a load.",
-            ["model", "cache", "code"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.requests = Counter(
-            "tidal_requests",
-            "Infer requests answered, by HTTP status code.",
-            ["model", "code"],
-            registry=r,
-        )
-        self.engine_load = Histogram(
-            "tidal_engine_load_seconds",
-            "Duration of each engine load phase: fetch, deserialize, warmup.",
-            ["model", "phase"],
-            buckets=LOAD_BUCKETS,
-            registry=r,
-        )
-        self.cold_start = Histogram(
-            "tidal_cold_start_seconds",
-            "Latency of the first request served by an engine it had to wait to load.",
-            ["model"],
-            buckets=LOAD_BUCKETS,
-            registry=r,
-        )
-        self.transfer_wait = Histogram(
-            "tidal_transfer_wait_seconds",
-            "Time a request waited on host->device weight transfer (the stage and h2d phases "
-            "of the engine load it waited for).",
-            ["model"],
-            buckets=TRANSFER_BUCKETS,
-            registry=r,
-        )
-        self.cache_hits = Counter(
-            "tidal_engine_cache_hits", "Requests whose engine was resident.", ["model"], registry=r
-        )
-        self.cache_misses = Counter(
-            "tidal_engine_cache_misses",
-            "Requests whose engine was not resident (they waited for a load).",
-            ["model"],
-            registry=r,
-        )
-        self.cache_evictions = Counter(
-            "tidal_engine_cache_evictions",
-            "Engines evicted from the device to make room.",
-            ["model"],
-            registry=r,
-        )
-        self.cache_bytes = Gauge(
-            "tidal_engine_cache_bytes",
-            "Bytes held by the engine cache: tier=gpu the device hot set, tier=host local files.",
-            ["tier"],
-            registry=r,
-        )
-        self.gpu_memory = Gauge(
-            "tidal_gpu_memory_bytes",
-            "Device memory: total, used (whole device), budget (engine cache budget).",
-            ["kind"],
-            registry=r,
-        )
-        self.batch_size = Histogram(
-            "tidal_batch_size",
-            "Rows in each batch sent to the backend.",
-            ["model"],
-            buckets=BATCH_BUCKETS,
-            registry=r,
-        )
-        # What a batch costs, for the operator's capacity estimate (operator/SIGNALS.md,
-        # "Capacity"): counted when a batch completes, so that every counter of one batch moves
-        # together. Rows x seconds and rows squared let a reader fit batch time = a + b x rows by
-        # least squares over any window of increases.
-        self.backend_batches = Counter(
-            "tidal_backend_batches", "Batches the backend completed.", ["model"], registry=r
-        )
-        self.backend_rows = Counter(
-            "tidal_backend_rows",
-            "Rows of the batches the backend completed.",
-            ["model"],
-            registry=r,
-        )
-        self.backend_requests = Counter(
-            "tidal_backend_requests",
-            "Requests of the batches the backend completed.",
-            ["model"],
-            registry=r,
-        )
-        self.backend_seconds = Counter(
-            "tidal_backend_seconds",
-            "Seconds batches held an execution slot (busy time, summed over concurrent batches).",
-            ["model"],
-            registry=r,
-        )
-        self.backend_row_seconds = Counter(
-            "tidal_backend_row_seconds",
-            "Sum over completed batches of rows x seconds.",
-            ["model"],
-            registry=r,
-        )
-        self.backend_rows_squared = Counter(
-            "tidal_backend_rows_squared",
-            "Sum over completed batches of rows squared.",
-            ["model"],
-            registry=r,
-        )
-        self.backend_slots = Gauge(
-            "tidal_backend_slots",
-            "Batches of the model that may execute at once.",
-            ["model"],
-            registry=r,
-        )
-        self.max_batch_rows = Gauge(
-            "tidal_max_batch_rows", "The model's maxBatchSize, in rows.", ["model"], registry=r
-        )
-        self.queue_reachable = Gauge(
-            "tidal_queue_reachable",
-            "Queued requests that can still be served before their deadline at the recent batch "
-            "time (all queued requests when they have no deadline).",
-            ["model"],
-            registry=r,
-        )
-        self.request_timeout = Gauge(
-            "tidal_request_timeout_seconds",
-            "The model's per-request deadline from arrival (batching.timeoutMs); 0: none.",
-            ["model"],
-            registry=r,
-        )
-        self.model_ready = Gauge(
-            "tidal_model_ready",
-            "1 when the model's engine is resident and warm.",
-            ["model"],
-            registry=r,
-        )
-        self.startup_seconds = Gauge(
-            "tidal_startup_seconds",
-            "Seconds from the server's start (after the interpreter and its imports) until "
-            "/v2/health/ready turned true.",
-            registry=r,
-        )
+        for attribute, kind, name, labels, text, buckets in DEFINITIONS:
+            extra: dict[str, Any] = {"buckets": buckets} if buckets else {}
+            metric = kind(name, text, labels, registry=self.registry, **extra)
+            setattr(self, attribute, metric)
         self.stats: dict[str, ModelStats] = {}  # the statistics extension, by model
         self._request_series: dict[str, RequestSeries] = {}
 

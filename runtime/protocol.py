@@ -333,25 +333,7 @@ def decode_request(
             "parameters: 'timeout' must be a non-negative integer (microseconds), "
             f"got {timeout_us!r:.40}"
         )
-    outputs: list[RequestedOutput] | None = None
-    raw_outputs = header.get("outputs")
-    if raw_outputs is not None:
-        if not isinstance(raw_outputs, list):
-            raise InvalidRequest("'outputs' must be a list")
-        outputs = []
-        for raw in raw_outputs:
-            out = _as_dict(raw, "each output")
-            out_name = out.get("name")
-            if not isinstance(out_name, str):
-                raise InvalidRequest("each requested output needs a string 'name'")
-            out_params = _parameters(out.get("parameters"), f"output {out_name!r} parameters")
-            if "classification" in out_params:
-                raise InvalidRequest(
-                    f"output {out_name!r}: the classification extension is not supported"
-                )
-            where = f"output {out_name!r}"
-            binary_out = _bool_param(out_params, "binary_data", binary_default, where)
-            outputs.append(RequestedOutput(out_name, binary_out))
+    outputs = _requested_outputs(header.get("outputs"), binary_default)
     request_id = header.get("id")
     if "id" in header and not isinstance(request_id, str):  # the protocol's id is a string
         raise InvalidRequest(f"'id' must be a string, got {request_id!r:.40}")
@@ -363,6 +345,29 @@ def decode_request(
         parameters=parameters,
         timeout_us=timeout_us or None,
     )
+
+
+def _requested_outputs(raw_outputs: Any, binary_default: bool) -> list[RequestedOutput] | None:
+    """A request's ``outputs`` (None: every output), each binary or not as asked."""
+    if raw_outputs is None:
+        return None
+    if not isinstance(raw_outputs, list):
+        raise InvalidRequest("'outputs' must be a list")
+    outputs = []
+    for raw in raw_outputs:
+        out = _as_dict(raw, "each output")
+        out_name = out.get("name")
+        if not isinstance(out_name, str):
+            raise InvalidRequest("each requested output needs a string 'name'")
+        out_params = _parameters(out.get("parameters"), f"output {out_name!r} parameters")
+        if "classification" in out_params:
+            raise InvalidRequest(
+                f"output {out_name!r}: the classification extension is not supported"
+            )
+        where = f"output {out_name!r}"
+        binary_out = _bool_param(out_params, "binary_data", binary_default, where)
+        outputs.append(RequestedOutput(out_name, binary_out))
+    return outputs
 
 
 def _bytes_payload(array: np.ndarray[Any, Any]) -> bytes:

@@ -3,10 +3,8 @@
 Routes: health (live/ready), server and model metadata, model ready, model config (Triton
 extension, used by tritonclient), infer (JSON and binary tensors), the statistics extension,
 the model-repository extension (index, load, unload), the fleet endpoints the gateway and the
-operator use (``GET /v2/tidal/models``, a long-poll of the hot set; ``PUT /v2/tidal/placement``,
-the pinned models), ``GET /v2/tidal/activity`` (a long-poll of the infer requests that
-arrived: how the operator learns at once that traffic reached a quiet service), and
-``/metrics``; model routes also under ``/versions/{v}`` (version 1).
+operator use (``/v2/tidal/*``, :mod:`tidal.runtime.fleet`), and ``/metrics``; model routes also
+under ``/versions/{v}`` (version 1).
 
 Every error becomes ``{"error": message}`` in :func:`error_middleware`, with the status of
 :mod:`tidal.runtime.errors` — unknown routes and methods included; anything unexpected becomes a
@@ -36,7 +34,7 @@ from tidal.common.contract import ENV_POD_NAME
 from tidal.common.http import BodyError, JsonErrorRunner, declared_too_large, quiet_logger
 from tidal.common.offload import Offload
 
-from . import __version__
+from . import __version__, tiers
 from .backends import Backend, TensorSpec, make_backend
 from .batcher import ModelBatcher
 from .clock import CLOCK, Clock
@@ -57,6 +55,7 @@ from .errors import (
     Unavailable,
     as_serving_error,
 )
+from .fleet import FleetEndpoints
 from .metrics import RuntimeMetrics
 from .protocol import (
     DATATYPES,
@@ -70,8 +69,6 @@ from .storage import EngineStore
 
 log = logging.getLogger("tidal.runtime.server")
 
-MAX_LONG_POLL_S = 30.0  # longest a GET /v2/tidal/models?since=… waits for a change
-MAX_ACTIVITY_POLL_S = 120.0  # longest a GET /v2/tidal/activity?since=… waits for a request
 # A failed preload is tried again after 1 s, 2 s, ... 30 s (reported as Retry-After meanwhile).
 PRELOAD_BACKOFF = Backoff(first_seconds=1.0, max_seconds=30.0)
 MAX_REQUEST_BYTES = web.AppKey("max_request_bytes", int)  # for the middleware's early check
@@ -211,20 +208,6 @@ def _load_error(name: str, exc: Exception) -> str:
     return text[len(prefix) :] if text.startswith(prefix) else text
 
 
-async def _long_poll(request: web.Request, feed: ChangeFeed, cap_seconds: float) -> None:
-    """With ``?since=G[&wait=S]``: wait until ``feed`` moves past G, at most S (default 30) and
-    ``cap_seconds``; without ``since``, return at once."""
-    since_text = request.query.get("since")
-    if since_text is None:
-        return
-    try:
-        since = int(since_text)
-        wait = float(request.query.get("wait", "30"))
-    except ValueError:
-        raise InvalidRequest("'since' must be an integer and 'wait' a number") from None
-    await feed.wait_past(since, min(max(wait, 0.0), cap_seconds))
-
-
 class RequestAccounting:
     """The bookkeeping of one infer request, the same for every transport.
 
@@ -356,11 +339,7 @@ class RuntimeServer:
         r.add_post("/v2/repository/index", self.repository_index)
         r.add_post("/v2/repository/models/{model}/load", self.repository_load)
         r.add_post("/v2/repository/models/{model}/unload", self.repository_unload)
-        r.add_get("/v2/tidal/models", self.fleet_models)
-        r.add_get("/v2/tidal/activity", self.activity)
-        r.add_put("/v2/tidal/placement", self.fleet_placement)
-        r.add_get("/v2/tidal/tier", self.tier_get)
-        r.add_put("/v2/tidal/tier", self.tier_put)
+        FleetEndpoints(self).add_routes(r)
         r.add_get("/v2/models/stats", self.model_stats)
         for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
             r.add_get(prefix, self.model_metadata)
@@ -446,7 +425,7 @@ class RuntimeServer:
         while True:
             try:
                 if host:
-                    await self.cache.stage([name])
+                    await tiers.stage(self.cache, [name])
                 else:
                     await self.cache.ensure_loaded(name)
             except Exception as exc:
@@ -505,7 +484,7 @@ class RuntimeServer:
         )
 
     async def metrics_handler(self, request: web.Request) -> web.Response:
-        self.cache._publish()
+        self.cache.publish()
         return web.Response(
             body=generate_latest(self.metrics.registry),
             headers={"Content-Type": CONTENT_TYPE_LATEST},
@@ -607,7 +586,7 @@ class RuntimeServer:
     # -- repository extension -----------------------------------------------------------------
 
     async def repository_index(self, request: web.Request) -> web.Response:
-        body = await self._json_body(request, {"ready"})
+        body = await self.json_body(request, {"ready"})
         only_ready = body.get("ready", False)
         if not isinstance(only_ready, bool):
             raise InvalidRequest("'ready' must be true or false")
@@ -622,7 +601,7 @@ class RuntimeServer:
         return web.json_response(index)
 
     async def repository_load(self, request: web.Request) -> web.Response:
-        body = await self._json_body(request, {"parameters"})
+        body = await self.json_body(request, {"parameters"})
         parameters = body.get("parameters")
         parameters = {} if parameters is None else parameters
         if not isinstance(parameters, dict):
@@ -636,7 +615,7 @@ class RuntimeServer:
         return web.json_response({})
 
     async def repository_unload(self, request: web.Request) -> web.Response:
-        body = await self._json_body(request, {"parameters"})
+        body = await self.json_body(request, {"parameters"})
         parameters = body.get("parameters")
         parameters = {} if parameters is None else parameters
         if not isinstance(parameters, dict) or set(parameters) - {"unload_dependents"}:
@@ -646,7 +625,7 @@ class RuntimeServer:
         await self.cache.unload(request.match_info["model"])
         return web.json_response({})
 
-    async def _json_body(
+    async def json_body(
         self, request: web.Request, allowed: set[str] | None = None
     ) -> dict[str, Any]:
         raw = await read_body(request, self.config.max_request_bytes, self.body_read_timeout_s)
@@ -659,98 +638,6 @@ class RuntimeServer:
         if unknown:
             raise InvalidRequest(f"unknown fields {unknown}; expected {sorted(allowed or ())}")
         return body
-
-    # -- fleet endpoints (gateway, operator placement) -----------------------------------------
-
-    async def fleet_models(self, request: web.Request) -> web.Response:
-        """The hot set and per-model state; with ``since``, a long-poll for the next change."""
-        await _long_poll(request, self.cache.changes, MAX_LONG_POLL_S)
-        return web.json_response(self.fleet_view(request))
-
-    def concurrency(self, model: str) -> int:
-        """Requests of ``model`` executing at once: execution slots x the largest batch."""
-        batcher = self.batchers.get(model)
-        if batcher is None:
-            return 0
-        return batcher.slots * batcher.spec.max_batch_size
-
-    async def activity(self, request: web.Request) -> web.Response:
-        """``{"arrivals": N}``, the infer requests that arrived so far; with ``since``, a
-        long-poll that answers once the count differs from it (or after ``wait`` seconds)."""
-        await _long_poll(request, self.arrivals, MAX_ACTIVITY_POLL_S)
-        return web.json_response({"arrivals": self.arrivals.generation})
-
-    def fleet_view(self, request: web.Request) -> dict[str, Any]:
-        cache = self.cache
-        replica = self.replica_name
-        if replica is None:
-            sockname = request.transport.get_extra_info("sockname") if request.transport else None
-            replica = f"{sockname[0]}:{sockname[1]}" if sockname else request.host
-        return {
-            "replica": replica,
-            "generation": cache.changes.generation,
-            "ready": self.ready and not self.draining,
-            "budgetBytes": cache.budget,
-            "residentBytes": cache.resident_bytes(),
-            "maxConcurrentLoads": self.config.max_concurrent_loads,
-            # Loads accepted, not yet in residentBytes: expected bytes (issue 30); and how many
-            # loads wait for a load slot.
-            "pendingLoads": cache.pending_loads(),
-            "loadQueue": cache.load_queue(),
-            "models": {
-                name: {
-                    "state": slot.fleet_state,
-                    "sizeBytes": slot.size_bytes,
-                    "lastSizeBytes": slot.last_size_bytes,
-                    "loadSeconds": slot.last_load_seconds,
-                    "outstanding": slot.outstanding,
-                    "requests": slot.requests,
-                    "pinned": slot.pinned,
-                    "lastError": slot.last_error,
-                    # Requests it executes at once with full batches: the burst buffer in
-                    # front (the gateway) sends no more than twice this (one batch forming
-                    # behind each executing one) and holds the rest (issue 40).
-                    "concurrency": self.concurrency(name),
-                }
-                for name, slot in cache.slots.items()
-            },
-        }
-
-    async def fleet_placement(self, request: web.Request) -> web.Response:
-        """Replace the pinned set: those models are loaded in the background and kept hot."""
-        body = await self._json_body(request)
-        pinned = body.get("pinned")
-        if set(body) - {"pinned"} or not isinstance(pinned, list):
-            raise InvalidRequest('the body must be {"pinned": ["model", ...]}')
-        if not all(isinstance(name, str) for name in pinned):
-            raise InvalidRequest("'pinned' must be a list of model names (strings)")
-        unknown = sorted(set(pinned) - set(self.cache.slots))
-        if unknown:
-            raise InvalidRequest(f"unknown models {unknown}: not in this runtime's configuration")
-        accepted, rejected = self.cache.set_pins(pinned)
-        loading = [name for name in self.cache.pins_loading() if name in accepted]
-        return web.json_response({"pinned": accepted, "loading": loading, "rejected": rejected})
-
-    async def tier_get(self, request: web.Request) -> web.Response:
-        """Where the engines are: ``device`` (serving) or ``host`` (host-warm standby)."""
-        return web.json_response({"tier": self.cache.tier, "last": self.cache.last_tier_change})
-
-    async def tier_put(self, request: web.Request) -> web.Response:
-        """``{"tier": "host"}``: drain, take the engines off the device, keep them staged;
-        ``{"tier": "device"}``: load the preloaded models from their staged files, warm them up,
-        serve again. Answers when done, with the seconds it took (the operator's promotion)."""
-        body = await self._json_body(request)
-        tier = body.get("tier")
-        if set(body) - {"tier"} or tier not in ("host", "device"):
-            raise InvalidRequest('the body must be {"tier": "host"} or {"tier": "device"}')
-        if not self.ready:
-            raise Unavailable("not ready yet: engines are still being fetched", retry_after=1)
-        if tier == "host":
-            result = await self.cache.to_host()
-        else:
-            names = [m.name for m in self.config.models if m.preload]
-            result = await self.cache.to_device(names)
-        return web.json_response(result)
 
     # -- inference ----------------------------------------------------------------------------
 

@@ -1,16 +1,19 @@
-"""The operator and the runtime agree on what tidal.common.contract holds: how a byte quantity
-reads, the default engine budget, the environment and ports of a runtime pod, and the memory
-keys of the runtime's configuration."""
+"""The operator, the runtime and the gateway agree on what tidal.common.contract holds: how a
+byte quantity reads, the default engine budget, the environment and ports of a runtime pod and
+of a gateway pod, the memory keys of the runtime's configuration, the runtime's metric names the
+operator reads and the runtime's /v2/tidal endpoints."""
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
 from tidal.common import contract
+from tidal.gateway.config import GatewaySettings
 from tidal.operator.core import api
 from tidal.operator.core.resources import (
     Observed,
@@ -19,8 +22,12 @@ from tidal.operator.core.resources import (
     pools_of,
     render_runtime_config,
 )
-from tidal.runtime.config import MemorySpec, load_config
+from tidal.operator.core.signals import pool_signals_query
+from tidal.operator.shell import podmetrics
+from tidal.runtime.config import MemorySpec, RuntimeConfig, RuntimeSettings, load_config
 from tidal.runtime.core.quantity import parse_bytes
+from tidal.runtime.metrics import DEFINITIONS
+from tidal.runtime.server import RuntimeServer
 
 # Byte quantities: what both sides accept (with the bytes) and what both refuse.
 QUANTITIES: list[tuple[str, int | None]] = [
@@ -65,6 +72,21 @@ def _runtime_bytes(text: str) -> int | None:
         return None
 
 
+def _service(spec: dict[str, Any]) -> api.InferenceService:
+    """A one-model InferenceService with ``spec`` added."""
+    return api.parse_inference_service(
+        {
+            "apiVersion": api.API_VERSION,
+            "kind": api.KIND,
+            "metadata": {"name": "svc", "namespace": "ns"},
+            "spec": {
+                "models": [{"name": "m", "engines": [{"uri": "file:///m/model.onnx"}]}],
+                **spec,
+            },
+        }
+    )
+
+
 def test_operator_and_runtime_agree_on_the_contract() -> None:
     # One reading of a byte quantity, on both sides.
     for text, expected in QUANTITIES:
@@ -82,17 +104,7 @@ def test_operator_and_runtime_agree_on_the_contract() -> None:
     assert engine_budget_bytes(api.Memory()) == contract.DEFAULT_ENGINE_CACHE_BUDGET_BYTES
 
     # The runtime reads the configuration and memory budgets the operator writes, byte for byte.
-    isvc = api.parse_inference_service(
-        {
-            "apiVersion": api.API_VERSION,
-            "kind": api.KIND,
-            "metadata": {"name": "svc", "namespace": "ns"},
-            "spec": {
-                "models": [{"name": "m", "engines": [{"uri": "file:///m/model.onnx"}]}],
-                "memory": {"engineCacheBudget": "1.5Gi", "reserve": "512Mi"},
-            },
-        }
-    )
+    isvc = _service({"memory": {"engineCacheBudget": "1.5Gi", "reserve": "512Mi"}})
     written = render_runtime_config(pools_of(isvc)[0])
     config = load_config(env={contract.ENV_RUNTIME_CONFIG_JSON: json.dumps(written)})
     assert config.memory.engine_cache_budget_bytes == 3 * 2**29
@@ -113,3 +125,63 @@ def test_operator_and_runtime_agree_on_the_contract() -> None:
     assert env[contract.ENV_GRPC_PORT]["value"] == str(contract.RUNTIME_GRPC_PORT)
     ports = {p["containerPort"] for p in container["ports"]}
     assert {contract.RUNTIME_HTTP_PORT, contract.RUNTIME_GRPC_PORT} <= ports
+
+
+def test_the_processes_read_the_contracts_environment() -> None:
+    # What the settings loader reads for each process: the contract's names, nothing else.
+    assert RuntimeSettings.environment_names() == {
+        contract.ENV_HOST,
+        contract.ENV_PORT,
+        contract.ENV_GRPC_PORT,
+        contract.ENV_LOG_LEVEL,
+    }
+    assert RuntimeSettings.environment_names() < set(contract.RUNTIME_ENV_NAMES)
+    assert GatewaySettings.environment_names() | {
+        contract.ENV_GATEWAY_CONFIG_JSON,
+        contract.ENV_POD_NAME,  # the gateway's name in its answers and metrics
+    } == set(contract.GATEWAY_ENV_NAMES)
+    # The gateway pod the operator writes sets only variables the gateway reads.
+    isvc = _service({"autoscaling": {"minReplicas": 0, "maxReplicas": 2}})
+    (gateway,) = [
+        o
+        for o in desired_objects(isvc, Observed())
+        if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-gateway")
+    ]
+    (container,) = gateway["spec"]["template"]["spec"]["containers"]
+    names = {e["name"] for e in container["env"]}
+    assert names <= set(contract.GATEWAY_ENV_NAMES), names
+    assert contract.ENV_GATEWAY_CONFIG_JSON in names, names
+
+
+def _base_name(sample: str) -> str:
+    """A series name less the suffix Prometheus gives a counter's or a histogram's samples."""
+    return re.sub(r"_(total|sum|count|bucket)$", "", sample)
+
+
+def test_the_operator_reads_the_metrics_the_runtime_registers() -> None:
+    registered = {name for _, _, name, _, _, _ in DEFINITIONS}
+    assert set(contract.RUNTIME_METRIC_NAMES) <= registered
+    assert len(set(contract.RUNTIME_METRIC_NAMES)) == len(contract.RUNTIME_METRIC_NAMES)
+    # Every runtime series the operator's PromQL and its pod scrape read is a contract name.
+    queried = {_base_name(n) for n in re.findall(r"tidal_[a-z_]+", pool_signals_query())}
+    scraped = {_base_name(n) for n in podmetrics._WANTED_FAMILIES}
+    for side, names in (("PromQL", queried), ("pod scrape", scraped)):
+        assert len(names) >= 8 and names <= set(contract.RUNTIME_METRIC_NAMES), (side, names)
+
+
+def test_the_runtime_serves_the_contracts_endpoints() -> None:
+    server = RuntimeServer(RuntimeConfig())
+    routes = {
+        (route.method, route.resource.canonical)
+        for route in server.build_app().router.routes()
+        if route.resource is not None
+    }
+    for method, path in (
+        ("GET", contract.PATH_MODELS),
+        ("GET", contract.PATH_ACTIVITY),
+        ("PUT", contract.PATH_PLACEMENT),
+        ("GET", contract.PATH_TIER),
+        ("PUT", contract.PATH_TIER),
+    ):
+        assert (method, path) in routes, (method, path, sorted(routes))
+    assert len(set(contract.TIDAL_PATHS)) == 6

@@ -48,6 +48,16 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from tidal.common.backoff import Backoff
+from tidal.common.contract import (
+    METRIC_COLD_START_SECONDS,
+    METRIC_ENGINE_LOAD_SECONDS,
+    METRIC_GPU_MEMORY_BYTES,
+    METRIC_INFLIGHT_REQUESTS,
+    METRIC_REQUEST_DURATION_SECONDS,
+    METRIC_REQUESTS,
+    METRIC_STARTUP_SECONDS,
+    METRIC_TRANSFER_WAIT_SECONDS,
+)
 
 from .api import LABEL_ISVC, LABEL_POOL, LABEL_ROLE, TimeToRoutable
 from .autoscaler import BatchWork, Observation, WorkSample
@@ -713,39 +723,39 @@ def pool_signals_query(
     )
 
     def p99(selector: str) -> str:
-        buckets = _increase(f"tidal_request_duration_seconds_bucket{selector}", w)
+        buckets = _increase(f"{METRIC_REQUEST_DURATION_SECONDS}_bucket{selector}", w)
         return f"histogram_quantile(0.99, sum by ({_GROUP}, le) ({buckets}))"
 
     parts = {
         "p99_hot": p99(hot),
         "p99_cold": p99(cold),
-        "requests": f"{by} ({_increase(f'tidal_requests_total{sel()}', w)})",
-        "errors": f"{by} ({_increase(f'tidal_requests_total{errors}', w)})",
+        "requests": f"{by} ({_increase(f'{METRIC_REQUESTS}_total{sel()}', w)})",
+        "errors": f"{by} ({_increase(f'{METRIC_REQUESTS}_total{errors}', w)})",
         "cold_start": (
-            f"{by} ({_increase(f'tidal_cold_start_seconds_sum{sel()}', cw)})"
-            f" / {by} ({_increase(f'tidal_cold_start_seconds_count{sel()}', cw)})"
+            f"{by} ({_increase(f'{METRIC_COLD_START_SECONDS}_sum{sel()}', cw)})"
+            f" / {by} ({_increase(f'{METRIC_COLD_START_SECONDS}_count{sel()}', cw)})"
         ),
-        "cold_samples": f"{by} ({_increase(f'tidal_cold_start_seconds_count{sel()}', cw)})",
+        "cold_samples": f"{by} ({_increase(f'{METRIC_COLD_START_SECONDS}_count{sel()}', cw)})",
         # Requests held by an engine load, waiting on its weight transfer: a cold signal.
         "transfer_wait": (
             "histogram_quantile(0.99, sum by ("
-            f"{_GROUP}, le) ({_increase(f'tidal_transfer_wait_seconds_bucket{sel()}', cw)}))"
+            f"{_GROUP}, le) ({_increase(f'{METRIC_TRANSFER_WAIT_SECONDS}_bucket{sel()}', cw)}))"
         ),
         "transfer_samples": (
-            f"{by} ({_increase(f'tidal_transfer_wait_seconds_count{sel()}', cw)})"
+            f"{by} ({_increase(f'{METRIC_TRANSFER_WAIT_SECONDS}_count{sel()}', cw)})"
         ),
-        "startup": f"avg by ({_GROUP}) (tidal_startup_seconds{sel()} > 0)",
+        "startup": f"avg by ({_GROUP}) ({METRIC_STARTUP_SECONDS}{sel()} > 0)",
         "engine_load": (
-            f"{by} (tidal_engine_load_seconds_sum{sel()})"
-            f" / {by} (tidal_engine_load_seconds_count{warmups})"
+            f"{by} ({METRIC_ENGINE_LOAD_SECONDS}_sum{sel()})"
+            f" / {by} ({METRIC_ENGINE_LOAD_SECONDS}_count{warmups})"
         ),
-        "in_flight": f"{by} (tidal_inflight_requests{sel()})",
-        "arrival_rate": f"{by} (rate(tidal_requests_total{sel()}[{rw}]))",
-        "pods": f"count by ({_GROUP}) (tidal_inflight_requests{sel()})",
-        "age": f"time() - max by ({_GROUP}) (timestamp(tidal_inflight_requests{sel()}))",
+        "in_flight": f"{by} ({METRIC_INFLIGHT_REQUESTS}{sel()})",
+        "arrival_rate": f"{by} (rate({METRIC_REQUESTS}_total{sel()}[{rw}]))",
+        "pods": f"count by ({_GROUP}) ({METRIC_INFLIGHT_REQUESTS}{sel()})",
+        "age": f"time() - max by ({_GROUP}) (timestamp({METRIC_INFLIGHT_REQUESTS}{sel()}))",
     }
     tagged = [f'label_replace({expr}, "signal", "{name}", "", "")' for name, expr in parts.items()]
-    gpu = f'label_replace(tidal_gpu_memory_bytes{gpu_kinds}, "signal", "gpu_$1", "kind", "(.+)")'
+    gpu = f'label_replace({METRIC_GPU_MEMORY_BYTES}{gpu_kinds}, "signal", "gpu_$1", "kind", "(.+)")'
     return " or ".join([*tagged, gpu])
 
 

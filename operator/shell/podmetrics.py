@@ -23,46 +23,53 @@ from collections.abc import Callable, Sequence
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from tidal.common import contract as c
+
 from ..core.autoscaler import BatchWork
 from ..core.podfaults import NO_ANSWER, ProbeAnswer
 from ..core.signals import PodMissing, PodScrape, PodTarget, ScrapeResult
 
 DEFAULT_SCRAPE_TIMEOUT = 0.3
 
+# Sample names of the runtime's counters and histogram sums (the contract has the base names).
+_REQUESTS_TOTAL = f"{c.METRIC_REQUESTS}_total"
+_HITS_TOTAL = f"{c.METRIC_ENGINE_CACHE_HITS}_total"
+_MISSES_TOTAL = f"{c.METRIC_ENGINE_CACHE_MISSES}_total"
+_LOAD_SECONDS_SUM = f"{c.METRIC_ENGINE_LOAD_SECONDS}_sum"
 # Batch work counters (capacity evidence), sample name -> BatchWork field.
 _WORK = {
-    "tidal_backend_batches_total": "batches",
-    "tidal_backend_rows_total": "rows",
-    "tidal_backend_requests_total": "requests",
-    "tidal_backend_seconds_total": "seconds",
-    "tidal_backend_row_seconds_total": "row_seconds",
-    "tidal_backend_rows_squared_total": "rows_squared",
+    f"{c.METRIC_BACKEND_BATCHES}_total": "batches",
+    f"{c.METRIC_BACKEND_ROWS}_total": "rows",
+    f"{c.METRIC_BACKEND_REQUESTS}_total": "requests",
+    f"{c.METRIC_BACKEND_SECONDS}_total": "seconds",
+    f"{c.METRIC_BACKEND_ROW_SECONDS}_total": "row_seconds",
+    f"{c.METRIC_BACKEND_ROWS_SQUARED}_total": "rows_squared",
 }
 # Sample names read from the runtime (runtime/README.md "Metrics reference").
 _WANTED = frozenset(
     {
-        "tidal_queue_depth",
-        "tidal_inflight_requests",
-        "tidal_requests_total",
-        "tidal_model_ready",
-        "tidal_engine_cache_hits_total",
-        "tidal_engine_cache_misses_total",
-        "tidal_startup_seconds",
-        "tidal_engine_load_seconds_sum",
-        "tidal_gpu_memory_bytes",
-        "tidal_backend_slots",
-        "tidal_max_batch_rows",
-        "tidal_queue_reachable",
-        "tidal_request_timeout_seconds",
+        c.METRIC_QUEUE_DEPTH,
+        c.METRIC_INFLIGHT_REQUESTS,
+        _REQUESTS_TOTAL,
+        c.METRIC_MODEL_READY,
+        _HITS_TOTAL,
+        _MISSES_TOTAL,
+        c.METRIC_STARTUP_SECONDS,
+        _LOAD_SECONDS_SUM,
+        c.METRIC_GPU_MEMORY_BYTES,
+        c.METRIC_BACKEND_SLOTS,
+        c.METRIC_MAX_BATCH_ROWS,
+        c.METRIC_QUEUE_REACHABLE,
+        c.METRIC_REQUEST_TIMEOUT_SECONDS,
         *_WORK,
     }
 )
 # Family names as they appear in "# TYPE"/"# HELP" lines (counters drop their _total there).
 _WANTED_FAMILIES = _WANTED | {
-    "tidal_requests",
-    "tidal_engine_cache_hits",
-    "tidal_engine_cache_misses",
-    "tidal_engine_load_seconds",
+    c.METRIC_REQUESTS,
+    c.METRIC_ENGINE_CACHE_HITS,
+    c.METRIC_ENGINE_CACHE_MISSES,
+    c.METRIC_ENGINE_LOAD_SECONDS,
     *(name.removesuffix("_total") for name in _WORK),
 }
 
@@ -106,38 +113,38 @@ def parse_pod_metrics(text: str, pod: str, at: float) -> PodScrape:
     for family in families:
         for sample in family.samples:
             name, labels, value = sample.name, sample.labels, float(sample.value)
-            if name == "tidal_inflight_requests":
+            if name == c.METRIC_INFLIGHT_REQUESTS:
                 in_flight = value
-            elif name == "tidal_queue_depth":
+            elif name == c.METRIC_QUEUE_DEPTH:
                 queued += value
-            elif name == "tidal_requests_total":
+            elif name == _REQUESTS_TOTAL:
                 answered += value
                 if labels.get("code", "").startswith("5"):
                     failed += value
-            elif name == "tidal_model_ready":
+            elif name == c.METRIC_MODEL_READY:
                 models[labels.get("model", "")] = value
-            elif name == "tidal_engine_cache_hits_total":
+            elif name == _HITS_TOTAL:
                 hits += value
-            elif name == "tidal_engine_cache_misses_total":
+            elif name == _MISSES_TOTAL:
                 misses += value
-            elif name == "tidal_startup_seconds":
+            elif name == c.METRIC_STARTUP_SECONDS:
                 startup = value if value > 0 else None  # 0 until the pod turned ready
-            elif name == "tidal_engine_load_seconds_sum":
+            elif name == _LOAD_SECONDS_SUM:
                 load_seconds += value
                 saw_load = True
                 phase = labels.get("phase", "")
                 phases[phase] = phases.get(phase, 0.0) + value
-            elif name == "tidal_gpu_memory_bytes":
+            elif name == c.METRIC_GPU_MEMORY_BYTES:
                 gpu[labels.get("kind", "")] = value
             elif name in _WORK:
                 work[_WORK[name]] = work.get(_WORK[name], 0.0) + max(value, 0.0)
-            elif name == "tidal_backend_slots":
+            elif name == c.METRIC_BACKEND_SLOTS:
                 slots.append(value)
-            elif name == "tidal_max_batch_rows":
+            elif name == c.METRIC_MAX_BATCH_ROWS:
                 batch_rows.append(value)
-            elif name == "tidal_queue_reachable":
+            elif name == c.METRIC_QUEUE_REACHABLE:
                 reachable = (reachable or 0.0) + max(value, 0.0)
-            elif name == "tidal_request_timeout_seconds" and value > 0:
+            elif name == c.METRIC_REQUEST_TIMEOUT_SECONDS and value > 0:
                 timeouts.append(value)
     if in_flight is None:
         raise MetricsFormatError(f"{pod}: no tidal_inflight_requests (not a tidal runtime?)")

@@ -11,7 +11,7 @@ batch axis must be dynamic (``torch.export.Dim``) over at least the profiles' mi
 Per precision (:data:`tidal.runtime.builder.plan.TORCH_SCHEMES`), the program is unlifted
 (``ExportedProgram.module()``, on the target device), changed as a graph, exported again with the
 batch axis dynamic up to the profiles' max, and compiled by AOTInductor
-(:func:`tidal.runtime.backends.torch_aoti.build_package`): ``fp16``/``bf16`` cast the parameters
+(:func:`tidal.runtime.builder.pt2.build_package`): ``fp16``/``bf16`` cast the parameters
 and buffers.  Inputs are cast in and outputs cast back, so every package has the source's
 interface and one model configuration serves any of them.  ``fp8`` (each linear layer whose in
 and out features are multiples of 16 as a float8 e4m3 matrix product, ``torch._scaled_mm``,
@@ -329,7 +329,7 @@ class TorchAOTIMaker:
         module.recompile()
 
     def make(self, precision: str, engine: Path, calibration_file: Path | None) -> int | None:
-        from ..backends.torch_aoti import build_package
+        from .pt2 import build_package
 
         torch = self.torch
         _, opt, hi = self.batch

@@ -18,7 +18,7 @@ from ..clock import CLOCK, Clock, utc_timestamp
 from ..config import S3Spec
 from ..errors import EngineLoadError
 from ..storage import EngineStore, local_path, make_s3_store, sha256_file
-from .gate import Reference, RefusedBeforeBuild, judge, measure
+from .gate import AccuracyMetrics, GateVerdict, Reference, RefusedBeforeBuild, judge, measure
 from .plan import (
     MANIFEST,
     DataRecord,
@@ -247,6 +247,111 @@ def build(
     return BuildReport(tuple(artifacts))
 
 
+def _reusable(
+    destination: Destination,
+    spec: BuildSpec,
+    precision: str,
+    prefix: str,
+    file_name: str,
+    key: str,
+    key_material: dict[str, Any],
+) -> Artifact | None:
+    """The artifact already at ``prefix`` under the same build key (its engine intact), else
+    None; ``ArtifactConflict`` where a published one was built from other inputs."""
+    previous = destination.read(f"{prefix}/{MANIFEST}")
+    if previous is None:
+        return None
+    old = Manifest.model_validate_json(previous)
+    intact = not old.published or destination.size(f"{prefix}/{file_name}") == old.file.size_bytes
+    if old.build_key == key and intact:
+        return Artifact.at(destination, prefix, file_name, old, reused=True)
+    if old.published and old.build_key != key:
+        changed = ", ".join(differences(old.inputs, key_material))
+        raise ArtifactConflict(
+            f"{destination.uri(prefix)} already holds a published {precision} engine of "
+            f"{spec.model}/{spec.version} built from other inputs (changed: {changed}); "
+            "a published engine may be serving: build a new version instead"
+        )
+    return None
+
+
+def _make_and_measure(
+    maker: EngineMaker,
+    reference: Reference,
+    precision: str,
+    engine: Path,
+    calibration_file: Path | None,
+    progress: Callable[[str], None],
+) -> tuple[int | None, Path, AccuracyMetrics]:
+    """Build ``engine`` and measure it against the reference: (calibration samples used, the
+    file judged, its metrics); a model refused before building is judged instead."""
+    try:
+        used = maker.make(precision, engine, calibration_file)
+    except RefusedBeforeBuild as early:  # the model it would be built from was refused
+        progress(f"refused before building: {precision} ({early.judged.name})")
+        return early.used, early.judged, early.metrics
+    progress(f"built: {precision}")
+    actual = maker.evaluate(engine, precision)
+    return used, engine, measure(reference.expected, actual, reference.labels)
+
+
+@dataclass(frozen=True)
+class _Record:
+    """What one precision's manifest records besides its verdict."""
+
+    spec: BuildSpec
+    precision: str
+    key: str
+    key_material: dict[str, Any]
+    libraries: dict[str, str]
+    digests: dict[str, str | None]
+    reference: Reference
+    judged: Path  # the file the gate judged (the engine, or the model refused before building)
+    used: int | None  # calibration samples used
+
+    def manifest(
+        self,
+        metrics: AccuracyMetrics,
+        verdict: GateVerdict,
+        timestamp: Callable[[], str],
+        seconds: Callable[[], float],
+    ) -> Manifest:
+        spec, digests, judged = self.spec, self.digests, self.judged
+        calibration = None
+        if self.used is not None:
+            assert spec.calibration is not None
+            calibration = DataRecord(
+                uri=spec.calibration.uri, sha256=digests["calibration"] or "", samples=self.used
+            )
+        file = FileRecord(
+            name=judged.name, sha256=sha256_file(judged), size_bytes=judged.stat().st_size
+        )
+        return Manifest(
+            model=spec.model,
+            version=spec.version,
+            backend=spec.backend,
+            target=spec.target,
+            precision=self.precision,
+            file=file,
+            source=DataRecord(uri=spec.source.uri, sha256=digests["source"] or ""),
+            calibration=calibration,
+            validation=DataRecord(
+                uri=spec.validation.uri,
+                sha256=digests["validation"] or "",
+                samples=self.reference.samples,
+            ),
+            profiles=list(spec.profiles),
+            builder={"name": "tidal.runtime.builder", "version": self.key_material["builder"]},
+            libraries=self.libraries,
+            build_key=self.key,
+            inputs=self.key_material,
+            accuracy=accuracy_record(self.reference.output, metrics, spec.gate, verdict),
+            published=verdict.passed,
+            built_at=timestamp(),
+            build_seconds=round(seconds(), 3),
+        )
+
+
 def _build_one(
     spec: BuildSpec,
     precision: str,
@@ -273,71 +378,25 @@ def _build_one(
     key = build_key(key_material)
     prefix = artifact_prefix(spec, precision)
     file_name = engine_file_name(spec, precision, libraries)
-    engine_key = f"{prefix}/{file_name}"
-    manifest_key = f"{prefix}/{MANIFEST}"
-    previous = destination.read(manifest_key)
-    if previous is not None:
-        old = Manifest.model_validate_json(previous)
-        intact = not old.published or destination.size(engine_key) == old.file.size_bytes
-        if old.build_key == key and intact:
-            progress(f"reused: {precision}")
-            return Artifact.at(destination, prefix, file_name, old, reused=True)
-        if old.published and old.build_key != key:
-            changed = ", ".join(differences(old.inputs, key_material))
-            raise ArtifactConflict(
-                f"{destination.uri(prefix)} already holds a published {precision} engine of "
-                f"{spec.model}/{spec.version} built from other inputs (changed: {changed}); "
-                "a published engine may be serving: build a new version instead"
-            )
-
+    reused = _reusable(destination, spec, precision, prefix, file_name, key, key_material)
+    if reused is not None:
+        progress(f"reused: {precision}")
+        return reused
     started = clock.now()
     engine = work_dir / precision / file_name
     engine.parent.mkdir(parents=True, exist_ok=True)
-    judged = engine
-    try:
-        used = maker.make(precision, engine, calibration_file)
-    except RefusedBeforeBuild as early:  # the model it would be built from was refused
-        used, judged, metrics = early.used, early.judged, early.metrics
-        progress(f"refused before building: {precision} ({judged.name})")
-    else:
-        progress(f"built: {precision}")
-        actual = maker.evaluate(engine, precision)
-        metrics = measure(reference.expected, actual, reference.labels)
-    calibration_record = None
-    if used is not None:
-        assert spec.calibration is not None
-        calibration_record = DataRecord(
-            uri=spec.calibration.uri, sha256=digests["calibration"] or "", samples=used
-        )
+    used, judged, metrics = _make_and_measure(
+        maker, reference, precision, engine, calibration_file, progress
+    )
     verdict = judge(metrics, spec.gate)
     progress(f"gated: {precision} {'passed' if verdict.passed else 'refused'}")
-    manifest = Manifest(
-        model=spec.model,
-        version=spec.version,
-        backend=spec.backend,
-        target=spec.target,
-        precision=precision,
-        file=FileRecord(
-            name=judged.name, sha256=sha256_file(judged), size_bytes=judged.stat().st_size
-        ),
-        source=DataRecord(uri=spec.source.uri, sha256=digests["source"] or ""),
-        calibration=calibration_record,
-        validation=DataRecord(
-            uri=spec.validation.uri, sha256=digests["validation"] or "", samples=reference.samples
-        ),
-        profiles=list(spec.profiles),
-        builder={"name": "tidal.runtime.builder", "version": key_material["builder"]},
-        libraries=libraries,
-        build_key=key,
-        inputs=key_material,
-        accuracy=accuracy_record(reference.output, metrics, spec.gate, verdict),
-        published=verdict.passed,
-        built_at=timestamp(),
-        build_seconds=round(clock.now() - started, 3),
+    record = _Record(
+        spec, precision, key, key_material, libraries, digests, reference, judged, used
     )
+    manifest = record.manifest(metrics, verdict, timestamp, lambda: clock.now() - started)
     if verdict.passed and judged == engine:
-        destination.put(engine_key, engine)
+        destination.put(f"{prefix}/{file_name}", engine)
     # Last: a manifest is the commit mark of an engine (and the record of a refusal).
-    destination.put(manifest_key, manifest.to_json().encode())
+    destination.put(f"{prefix}/{MANIFEST}", manifest.to_json().encode())
     progress(f"{'published' if verdict.passed else 'recorded refusal'}: {precision}")
     return Artifact.at(destination, prefix, file_name, manifest, reused=False)

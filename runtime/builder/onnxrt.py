@@ -4,8 +4,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -172,16 +173,56 @@ def quantize_int8(
 
     The source is first pre-processed (ONNX shape inference and ORT's basic optimizations:
     what ONNX Runtime asks for before quantization), then quantized."""
-    from onnxruntime.quantization import (
-        CalibrationDataReader,
-        CalibrationMethod,
-        QuantFormat,
-        QuantType,
-        quantize_static,
-    )
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     feeds = list(batches(calibration, inputs, batch_size, max_samples))
+    prepared = out.with_name(out.stem + ".pre.onnx")
+    methods = {
+        "minmax": CalibrationMethod.MinMax,
+        "entropy": CalibrationMethod.Entropy,
+        "percentile": CalibrationMethod.Percentile,
+    }
+    types = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8}
+    try:
+        with _root_logger_quiet():
+            # Symbolic shape inference needs sympy, which the runtime image does not carry.
+            quant_pre_process(str(source), str(prepared), skip_symbolic_shape=True)
+            quantize_static(
+                str(prepared),
+                str(out),
+                _calibration_reader(feeds),
+                quant_format=QuantFormat.QDQ if settings.format == "qdq" else QuantFormat.QOperator,
+                activation_type=types[settings.activation_type],
+                weight_type=types[settings.weight_type],
+                per_channel=settings.per_channel,
+                calibrate_method=methods[settings.method],
+                extra_options=dict(extra_options or {}),
+            )
+    except ModelError:
+        raise
+    except Exception as exc:
+        raise ModelError(f"quantization: ONNX Runtime's quantize_static failed: {exc}") from None
+    finally:
+        prepared.unlink(missing_ok=True)
+    return sum(samples_of(f, inputs) for f in feeds)
+
+
+@contextlib.contextmanager
+def _root_logger_quiet() -> Iterator[None]:
+    """The quantization tool logs advice through the root logger; the build reports instead."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+
+
+def _calibration_reader(feeds: list[dict[str, Array]]) -> Any:
+    """ONNX Runtime's calibration reader over ``feeds``, one batch per call."""
+    from onnxruntime.quantization import CalibrationDataReader
 
     class Reader(CalibrationDataReader):  # type: ignore[misc]
         def __init__(self) -> None:
@@ -190,39 +231,7 @@ def quantize_int8(
         def get_next(self) -> dict[str, Array] | None:
             return next(self._feeds, None)
 
-    prepared = out.with_name(out.stem + ".pre.onnx")
-    methods = {
-        "minmax": CalibrationMethod.MinMax,
-        "entropy": CalibrationMethod.Entropy,
-        "percentile": CalibrationMethod.Percentile,
-    }
-    types = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8}
-    # The quantization tool logs advice through the root logger; the build reports instead.
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)
-    try:
-        # Symbolic shape inference needs sympy, which the runtime image does not carry.
-        quant_pre_process(str(source), str(prepared), skip_symbolic_shape=True)
-        quantize_static(
-            str(prepared),
-            str(out),
-            Reader(),
-            quant_format=QuantFormat.QDQ if settings.format == "qdq" else QuantFormat.QOperator,
-            activation_type=types[settings.activation_type],
-            weight_type=types[settings.weight_type],
-            per_channel=settings.per_channel,
-            calibrate_method=methods[settings.method],
-            extra_options=dict(extra_options or {}),
-        )
-    except ModelError:
-        raise
-    except Exception as exc:
-        raise ModelError(f"quantization: ONNX Runtime's quantize_static failed: {exc}") from None
-    finally:
-        root.setLevel(level)
-        prepared.unlink(missing_ok=True)
-    return sum(samples_of(f, inputs) for f in feeds)
+    return Reader()
 
 
 class OnnxRuntimeMaker:

@@ -28,8 +28,9 @@ from pydantic.alias_generators import to_camel
 from tidal.common.buildspec import GateSpec as GateSpec
 from tidal.common.buildspec import QuantizationSpec as QuantizationSpec
 from tidal.common.buildspec import ShapeProfile as ShapeProfile
+from tidal.common.settings import format_validation_error
 
-from ..config import S3Spec, format_validation_error
+from ..config import S3Spec
 
 Name = Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9._-]*[a-z0-9])?$", max_length=63)]
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]

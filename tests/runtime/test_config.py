@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tidal.runtime.config import ConfigError, RuntimeConfig, load_config, parse_config
+from tidal.common.settings import ConfigError
+from tidal.runtime.config import RuntimeConfig, load_config, parse_config
 
 ENGINE = {"uri": "file:///m/model.onnx"}
 

@@ -111,9 +111,9 @@ def test_going_host_warm_serves_the_requests_that_still_arrive_then_moves(
 def test_traffic_that_never_stops_calls_the_move_off_with_a_409(
     serve, models, model_entry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tidal.runtime import enginecache
+    from tidal.runtime import tiers
 
-    monkeypatch.setattr(enginecache, "HOST_DRAIN_SECONDS", 1.0)
+    monkeypatch.setattr(tiers, "HOST_DRAIN_SECONDS", 1.0)
     rt = serve({"models": [model_entry(models["mlp"], "mlp")]})
     sender, codes = _keep_sending(rt.url, seconds=2.5, every=0.1)
     # The traffic is under way before the ask (an idle replica would move at once).

@@ -15,17 +15,19 @@ from hypothesis import strategies as st
 
 from tidal.runtime.backends import DeviceMemory, TensorSpec
 from tidal.runtime.backends.torch_aoti import (
-    ALIGN,
     LOAD_HEADROOM_BYTES,
     Pt2Manifest,
-    add_tidal_section,
     fits_free_memory,
     footprint_bytes,
-    layout_constants,
-    manifest_to_json,
     parse_manifest,
     read_into,
     read_tidal_section,
+)
+from tidal.runtime.builder.pt2 import (
+    ALIGN,
+    add_tidal_section,
+    layout_constants,
+    manifest_to_json,
 )
 from tidal.runtime.clock import CLOCK
 from tidal.runtime.config import parse_config

@@ -17,8 +17,6 @@ from tidal.runtime.backends.torch_aoti import (
     Pt2Manifest,
     dtype_name,
     itemsize,
-    layout_constants,
-    manifest_to_json,
     parse_manifest,
 )
 from tidal.runtime.builder.__main__ import main as builder_main
@@ -29,6 +27,10 @@ from tidal.runtime.builder.plan import (
     differences,
     engine_file_name,
     key_inputs,
+)
+from tidal.runtime.builder.pt2 import (
+    layout_constants,
+    manifest_to_json,
 )
 from tidal.runtime.builder.spec import BuildSpec, ModelError, parse_build_spec
 from tidal.runtime.core.engines import EngineTarget, describe_engine, select_engine
