@@ -127,3 +127,4 @@ class StreamedLayers:
     def close(self) -> None:
         self._slots = []
         self._host = []
+        self.layers = []
