@@ -121,8 +121,10 @@ fi
 # Facts (which peer loaders import, the disk's rate), bench/gpu_weights_bench.py stage (a
 # GIB_STAGE GiB safetensors file hot and dropped from the page cache: dd, tidal's staging with
 # and without verification, safetensors, Run:ai Model Streamer, fastsafetensors), stream (the
-# resident fraction 100/75/50/25 % at batch 1/8/64 against accelerate's cpu_offload), then the
-# GPU tests of both (tests/gpu/test_weights_gpu.py).  Nothing else: these steps fill a call.
+# resident fraction 100/75/50/25 % at batch 1/8/64 against accelerate's cpu_offload) and pair
+# (two streaming processes on the GPU at once against one alone; the cold first pass), after
+# the GPU tests of both (tests/gpu/test_weights_gpu.py).  Nothing else: these steps fill a call.
+# The wheels: bash bench/gpu_wheels.sh (here, before the call; .whl/ is git-ignored: carry it).
 if [ "${MODE:-}" = weights ]; then
   W=/tmp/weights
   limited 60 python3 bench/gpu_weights_bench.py facts "$W" >"$OUT/facts.txt" 2>&1
@@ -132,6 +134,7 @@ if [ "${MODE:-}" = weights ]; then
     --gib "${GIB_STAGE:-10}" >"$OUT/stage.txt" 2>&1
   limited 200 python3 -X faulthandler bench/gpu_weights_bench.py stream \
     >"$OUT/stream.txt" 2>&1
+  limited 120 python3 -X faulthandler bench/gpu_weights_bench.py pair >"$OUT/pair.txt" 2>&1
   stamp "all steps done" | tee -a "$OUT/setup.txt"
   exit 0
 fi

@@ -429,6 +429,100 @@ def cmd_stream(count: int, dim: int, iters: int, accelerate_too: bool) -> None:
     print(json.dumps({"pinned_gbps": pinned_limit, "rows": results}))
 
 
+def cmd_stream_one(count: int, dim: int, fraction: float, batch: int, iters: int) -> None:
+    """One streamed model in this process (for ``pair``): the first pass (cold: nothing
+    prefetched, the allocator and kernels fresh) and every later pass's seconds, as JSON."""
+    import torch
+
+    from tidal.runtime.backends.streaming import StreamedLayers, layer_nbytes
+    from tidal.runtime.core.weightstreaming import plan_layer_residency
+
+    device = torch.device("cuda", 0)
+    sizes = [layer_nbytes(layer) for layer in make_layers(torch, count, dim, "meta")]
+    reserve = 64 << 20
+    budget = int(sum(sizes) * fraction) + 2 * max(sizes) + reserve
+    model = StreamedLayers(
+        torch,
+        make_layers(torch, count, dim, device),
+        plan_layer_residency(sizes, budget, reserve),
+        device,
+    )
+    x = torch.randn(batch, dim, dtype=torch.float16, device=device)
+    torch.cuda.synchronize()
+    print("ready", flush=True)
+    sys.stdin.readline()  # the parent starts every process's passes at once
+    times = []
+    with torch.no_grad():
+        for _ in range(iters):
+            started = time.perf_counter()
+            model(x)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - started)
+    print(json.dumps({"first_s": times[0], "times": times[1:]}), flush=True)
+
+
+def cmd_pair(count: int, dim: int, fraction: float, batch: int, iters: int) -> None:
+    """One streamed model alone, then two at once (each its own process, same GPU): each one's
+    P50/P99 per pass against alone, and the cold first pass against the hot ones."""
+
+    def run(n: int) -> list[dict[str, Any]]:
+        procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    __file__,
+                    "stream-one",
+                    "--layers",
+                    str(count),
+                    "--dim",
+                    str(dim),
+                    "--fraction",
+                    str(fraction),
+                    "--batch",
+                    str(batch),
+                    "--iters",
+                    str(iters),
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(n)
+        ]
+        for proc in procs:
+            assert proc.stdout is not None
+            while proc.stdout.readline().strip() != "ready":
+                pass
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        out = []
+        for proc in procs:
+            text, _ = proc.communicate()
+            out.append(json.loads(text.strip().splitlines()[-1]))
+        return out
+
+    def pct(values: list[float], q: float) -> float:
+        ordered = sorted(values)
+        return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
+
+    alone = run(1)[0]
+    a50, a99 = pct(alone["times"], 0.5), pct(alone["times"], 0.99)
+    print(
+        f"one streamed model alone ({fraction:.0%} resident, batch {batch}): first pass "
+        f"{alone['first_s'] * 1e3:.1f} ms (cold), then P50 {a50 * 1e3:.1f} ms "
+        f"P99 {a99 * 1e3:.1f} ms"
+    )
+    for i, each in enumerate(run(2)):
+        p50, p99 = pct(each["times"], 0.5), pct(each["times"], 0.99)
+        print(
+            f"two at once, model {i}: P50 {p50 * 1e3:.1f} ms P99 {p99 * 1e3:.1f} ms = "
+            f"{p99 / a99:.2f}x alone's P99 (goal <= 1.5x); "
+            f"first pass {each['first_s'] * 1e3:.1f} ms"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -442,13 +536,24 @@ def main() -> None:
     stream.add_argument("--dim", type=int, default=8192)
     stream.add_argument("--iters", type=int, default=20)
     stream.add_argument("--no-accelerate", action="store_true")
+    for name in ("stream-one", "pair"):
+        one = sub.add_parser(name)
+        one.add_argument("--layers", type=int, default=32)
+        one.add_argument("--dim", type=int, default=8192)
+        one.add_argument("--fraction", type=float, default=0.5)
+        one.add_argument("--batch", type=int, default=8)
+        one.add_argument("--iters", type=int, default=60)
     args = parser.parse_args()
     if args.cmd == "facts":
         cmd_facts(args.dir)
     elif args.cmd == "stage":
         cmd_stage(args.dir, args.gib)
-    else:
+    elif args.cmd == "stream":
         cmd_stream(args.layers, args.dim, args.iters, not args.no_accelerate)
+    elif args.cmd == "stream-one":
+        cmd_stream_one(args.layers, args.dim, args.fraction, args.batch, args.iters)
+    else:
+        cmd_pair(args.layers, args.dim, args.fraction, args.batch, args.iters)
 
 
 if __name__ == "__main__":
