@@ -14,9 +14,11 @@
 # gets SIGUSR1 first (gpu_bench.py dumps every thread's stack on it), then SIGKILL 10 s later.
 # The whole script keeps inside DEADLINE_S seconds (default 560).
 #   run from the repository root on the device machine:  bash bench/gpu_device_run.sh
-# MODE=torch-build runs the torch builder's steps instead (issue 32 item 5; see below).
-# Wheels carried in .whl/ (pydantic, pydantic-settings and their needs, absent from the device
-# image) are installed into /tmp/site first.
+# MODE=torch-build runs the torch builder's steps instead (issue 32 item 5; see below);
+# MODE=weights issue 46's (engine bytes to the GPU, weight streaming; see below).
+# Wheels carried in .whl/ (bench/gpu_wheels.sh: pydantic, pydantic-settings and their needs,
+# absent from the device image; obstore for the builder's S3 store; runai-model-streamer 0.17.1
+# and fastsafetensors 0.5.0 for MODE=weights) are installed into /tmp/site first.
 set -u
 ulimit -c 0 # no core files: a crashing load otherwise took ~50 s to end (2026-12-04b)
 OUT=${OUT:-/tmp/gpu-out}
@@ -111,6 +113,28 @@ if [ "${MODE:-}" = torch-build ]; then
     >"$OUT/torch_build_bench.txt" 2>&1
   TIDAL_GPU_PACKAGES=$PKG TIDAL_TORCH_BUILDS=$TB limited 200 make gpu-test \
     PYTEST="python3 -X faulthandler -m pytest -v -o timeout=150" >"$OUT/gpu_test.txt" 2>&1
+  stamp "all steps done" | tee -a "$OUT/setup.txt"
+  exit 0
+fi
+
+# MODE=weights (issue 46): engine bytes to the GPU and weight streaming, against their peers.
+# Facts (which peer loaders import, the disk's rate), bench/gpu_weights_bench.py stage (a
+# GIB_STAGE GiB safetensors file hot and dropped from the page cache: dd, tidal's staging with
+# and without verification, safetensors, Run:ai Model Streamer, fastsafetensors), stream (the
+# resident fraction 100/75/50/25 % at batch 1/8/64 against accelerate's cpu_offload) and pair
+# (two streaming processes on the GPU at once against one alone; the cold first pass), after
+# the GPU tests of both (tests/gpu/test_weights_gpu.py).  Nothing else: these steps fill a call.
+# The wheels: bash bench/gpu_wheels.sh (here, before the call; .whl/ is git-ignored: carry it).
+if [ "${MODE:-}" = weights ]; then
+  W=/tmp/weights
+  limited 60 python3 bench/gpu_weights_bench.py facts "$W" >"$OUT/facts.txt" 2>&1
+  limited 120 python3 -X faulthandler -m pytest -p no:cacheprovider --confcutdir=tests/gpu \
+    -m gpu -v -o timeout=100 tests/gpu/test_weights_gpu.py >"$OUT/gpu_test.txt" 2>&1
+  limited 260 python3 -X faulthandler bench/gpu_weights_bench.py stage "$W" \
+    --gib "${GIB_STAGE:-10}" >"$OUT/stage.txt" 2>&1
+  limited 200 python3 -X faulthandler bench/gpu_weights_bench.py stream \
+    >"$OUT/stream.txt" 2>&1
+  limited 120 python3 -X faulthandler bench/gpu_weights_bench.py pair >"$OUT/pair.txt" 2>&1
   stamp "all steps done" | tee -a "$OUT/setup.txt"
   exit 0
 fi

@@ -20,11 +20,13 @@ weights reach the device.  Loading, in timed phases (``Engine.load_phases``):
    worker thread of the engine cache asked.  (Added while a load segfaulted on the H200; that
    turned out not to depend on the thread but on how the wrapper was linked, see
    ``PACKAGE_INDUCTOR_CONFIGS``; bench/results/gpu_bench-h200-2026-12-04b.txt);
-2. ``stage``: the weight blob is read from the file with parallel ``preadv`` straight into one
-   page-locked (pinned) host buffer;
-3. ``h2d``: one asynchronous copy into one device allocation on a CUDA stream of the load,
-   then the constants are handed to the model as views of it (``load_constants(...,
-   user_managed=True)``: no second copy);
+2. ``stage``: the weight blob goes from the file to one device allocation through
+   :mod:`tidal.runtime.backends.staging` (issue 46): 64 MiB chunks read by one thread per core
+   with ``preadv`` into a ring of pinned buffers that the backend keeps (grown to at most
+   cores + 4 chunks, never per load), each chunk copied to the device on a copy stream as soon
+   as it has arrived, so reading and the H2D copy overlap; one load at a time per backend;
+3. ``h2d``: the constants are handed to the model as views of the device blob
+   (``load_constants(..., user_managed=True)``: no second copy);
 4. ``profile``: one run at ``maxBatchSize`` with the allocator's peak reset, which measures the
    activation workspace the engine needs;
 5. ``graphs``: one CUDA graph per batch size 1..``maxBatchSize`` (input H2D from pinned
@@ -70,7 +72,7 @@ import numpy as np
 
 from ..core.engines import EngineDescriptor, EngineTarget, parse_torch_version
 from ..errors import BackendError, EngineLoadError
-from . import DeviceMemory, TensorSpec
+from . import DeviceMemory, TensorSpec, staging
 
 MANIFEST_NAME = "tidal/manifest.json"
 WEIGHTS_NAME = "tidal/weights.bin"
@@ -816,6 +818,8 @@ class TorchAOTIBackend:
         # engines the budget less these.
         self.overhead_bytes = 0
         self.gate = NodeLoadGate.from_env()
+        self._ring: staging.PinnedRing | None = None
+        self._stage_lock = threading.Lock()  # one load at a time through the ring
         started = time.perf_counter()
         if device == "cpu":
             self.device = torch.device("cpu")
@@ -851,6 +855,18 @@ class TorchAOTIBackend:
         self.start_phases["streams"] = time.perf_counter() - started
         if memory_limit_bytes is not None:
             self.limit_device_memory(memory_limit_bytes)
+
+    def _staging_ring(self, nbytes: int) -> staging.PinnedRing:
+        """The backend's pinned staging ring, grown (never shrunk) to what a load of ``nbytes``
+        can use: one 64 MiB buffer per reader thread and a few in flight, fewer for small
+        engines."""
+        threads = staging.default_threads()
+        want = min(staging.ring_buffers_for(threads), -(-nbytes // staging.CHUNK_BYTES) + 1)
+        with self._device_lock:
+            if self._ring is None:
+                self._ring = staging.PinnedRing(self._torch, 0)
+            self._ring.grow(want)
+            return self._ring
 
     def _make_device_current(self) -> None:
         """On the loader thread: the device current, the stream slots made, and each capture
@@ -936,6 +952,7 @@ class TorchAOTIBackend:
 
     def close(self) -> None:
         self._loader.close()
+        self._ring = None  # the pinned buffers go back to torch's host cache
 
     def target(self, model: Any) -> EngineTarget:
         return EngineTarget(
@@ -967,7 +984,7 @@ class TorchAOTIBackend:
                 raise EngineLoadError(f"model {model.name!r} refused: {why_not}")
         phases: dict[str, float] = {}
         engine: TorchEngine | None = None
-        staging = weights = None
+        weights = None
         gate = self.gate.hold() if self.gate is not None else contextlib.nullcontext(0.0)
         try:
             started = time.perf_counter()
@@ -980,21 +997,25 @@ class TorchAOTIBackend:
                 if self.gate is not None:
                     phases["gate"] = waited
                 started = time.perf_counter()
-                staging = torch.empty(manifest.weights_bytes, dtype=torch.uint8, pin_memory=cuda)
-                read_into(path, section.weights_offset, memoryview(staging.numpy()))
+                if cuda:  # file -> pinned ring -> device, overlapped (backends/staging.py)
+                    weights = torch.empty(
+                        manifest.weights_bytes, dtype=torch.uint8, device=self.device
+                    )
+                    with self._stage_lock:
+                        staging.stage_to_device(
+                            torch,
+                            path,
+                            section.weights_offset,
+                            weights,
+                            self._staging_ring(manifest.weights_bytes),
+                            torch.cuda.Stream(device=self.device),
+                        )
+                else:
+                    weights = torch.empty(manifest.weights_bytes, dtype=torch.uint8)
+                    read_into(path, section.weights_offset, memoryview(weights.numpy()))
                 phases["stage"] = time.perf_counter() - started
 
                 started = time.perf_counter()
-                if cuda:
-                    stream = torch.cuda.Stream(device=self.device)
-                    with torch.cuda.stream(stream):
-                        weights = torch.empty(
-                            manifest.weights_bytes, dtype=torch.uint8, device=self.device
-                        )
-                        weights.copy_(staging, non_blocking=True)
-                    stream.synchronize()
-                else:
-                    weights = staging
                 constants = {}
                 for entry in manifest.constants:
                     tdtype = getattr(torch, entry.dtype)  # "bfloat16" has no numpy type
@@ -1009,7 +1030,6 @@ class TorchAOTIBackend:
                     compiled = self._loader.call(self._load_package, path)
                     compiled.load_constants(constants, check_full_update=True, user_managed=True)
                 phases["h2d"] = time.perf_counter() - started
-                staging = None  # the pinned blob goes back to torch's host cache
 
                 engine = TorchEngine(
                     torch,
@@ -1027,7 +1047,7 @@ class TorchAOTIBackend:
         except torch.OutOfMemoryError as exc:
             if engine is not None:
                 engine.close()
-            staging = weights = None
+            weights = None
             with self._device_lock:
                 torch.cuda.empty_cache()
             raise EngineLoadError(

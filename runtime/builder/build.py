@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from ..backends.staging import chunk_sha256_file
 from ..clock import CLOCK, Clock, utc_timestamp
 from ..config import S3Spec
 from ..errors import EngineLoadError
@@ -150,6 +151,18 @@ class BuildReport:
                     for a in self.refused
                 )
             )
+
+
+def file_record(path: Path) -> FileRecord:
+    """The published file's record: its sha256 and its per-chunk sha256 (issue 46)."""
+    chunks = chunk_sha256_file(path)
+    return FileRecord(
+        name=path.name,
+        sha256=sha256_file(path),
+        size_bytes=path.stat().st_size,
+        chunk_bytes=chunks.chunk_bytes,
+        chunk_sha256=list(chunks.sha256),
+    )
 
 
 def _fetch(store: EngineStore, uri: str, sha256: str | None, field: str) -> Path:
@@ -316,16 +329,14 @@ class _Record:
         timestamp: Callable[[], str],
         seconds: Callable[[], float],
     ) -> Manifest:
-        spec, digests, judged = self.spec, self.digests, self.judged
+        spec, digests = self.spec, self.digests
         calibration = None
         if self.used is not None:
             assert spec.calibration is not None
             calibration = DataRecord(
                 uri=spec.calibration.uri, sha256=digests["calibration"] or "", samples=self.used
             )
-        file = FileRecord(
-            name=judged.name, sha256=sha256_file(judged), size_bytes=judged.stat().st_size
-        )
+        file = file_record(self.judged)
         return Manifest(
             model=spec.model,
             version=spec.version,

@@ -173,9 +173,15 @@ class _Model(BaseModel):
 
 
 class FileRecord(_Model):
+    """The published file: its sha256, and since issue 46 the sha256 of each ``chunk_bytes``
+    chunk (the last one short), so a fetch or a stage verifies on every core
+    (:mod:`tidal.runtime.backends.staging`).  Manifests written before carry no chunks."""
+
     name: str
     sha256: str
     size_bytes: int
+    chunk_bytes: int | None = None
+    chunk_sha256: list[str] | None = None
 
 
 class DataRecord(_Model):

@@ -1,4 +1,4 @@
-"""Device-memory arithmetic for TensorRT engines, weight streaming included (pure).
+"""Device-memory arithmetic for weight streaming, TensorRT engines and torch layers (pure).
 
 TensorRT 10/11 (v2 APIs): an engine's weights split into a part that must stay resident and
 ``streamable_weights_size`` bytes that may be streamed from host memory during execution.
@@ -92,3 +92,64 @@ def plan_weight_streaming(
     scratch = memory.scratch if streaming else 0
     device = resident_floor + budget + memory.activation + scratch
     return StreamingPlan(budget, device, streaming, reason)
+
+
+@dataclass(frozen=True)
+class LayerResidency:
+    """Which layers of a layered model stay on the device, and what the rest cost to stream.
+
+    The first ``resident`` layers stay on the device; every later one is copied from pinned host
+    memory into one of two device slots (double buffering: the next layer's copy runs while this
+    one computes), each the size of the largest streamed layer."""
+
+    resident: int
+    resident_bytes: int
+    slot_bytes: int
+    device_bytes: int
+    streamed_bytes: int
+    reason: str
+
+    @property
+    def streaming(self) -> bool:
+        return self.streamed_bytes > 0
+
+
+def plan_layer_residency(
+    layer_bytes: list[int], budget_bytes: int, reserve_bytes: int = 0
+) -> LayerResidency:
+    """The longest prefix of ``layer_bytes`` that can stay resident within ``budget_bytes``.
+
+    ``reserve_bytes`` is what the budget must also hold at the peak besides weights: activations
+    and workspace at the target batch size.  The device then holds the resident prefix, two
+    streaming slots of the largest streamed layer and the reserve; all of that is
+    ``device_bytes`` <= ``budget_bytes``.  Raises :class:`DoesNotFitError` when even streaming
+    every layer does not fit."""
+    if any(b < 0 for b in layer_bytes):
+        raise ValueError(f"layer sizes must not be negative: {layer_bytes}")
+    total = sum(layer_bytes)
+    if total + reserve_bytes <= budget_bytes:
+        return LayerResidency(
+            len(layer_bytes), total, 0, total + reserve_bytes, 0, "resident:all-layers"
+        )
+    best: LayerResidency | None = None
+    for resident in range(len(layer_bytes) - 1, -1, -1):
+        kept = sum(layer_bytes[:resident])
+        slot = max(layer_bytes[resident:])
+        device = kept + 2 * slot + reserve_bytes
+        if device <= budget_bytes:
+            best = LayerResidency(
+                resident,
+                kept,
+                slot,
+                device,
+                total - kept,
+                f"stream:{len(layer_bytes) - resident}-of-{len(layer_bytes)}-layers",
+            )
+            break
+    if best is None:
+        slot = max(layer_bytes, default=0)
+        raise DoesNotFitError(
+            f"streaming every layer needs {2 * slot + reserve_bytes}B (two slots of {slot}B + "
+            f"reserve {reserve_bytes}B) but the budget is {budget_bytes}B"
+        )
+    return best

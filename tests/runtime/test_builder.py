@@ -272,6 +272,9 @@ def test_representative_calibration_passes_the_gate_and_publishes_both_engines(
         "name": "digits-int8.onnx",
         "sha256": sha256_file(engine),
         "sizeBytes": engine.stat().st_size,
+        # issue 46: one chunk of 64 MiB here (a small file), its sha256 the whole file's
+        "chunkBytes": 64 << 20,
+        "chunkSha256": [sha256_file(engine)],
     }
     assert manifest["source"]["sha256"] == sha256_file(digits / "digits.onnx")
     assert manifest["calibration"]["samples"] == 1347, manifest["calibration"]

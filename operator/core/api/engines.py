@@ -381,7 +381,9 @@ class Memory(ApiModel):
     weight_streaming_budget: WeightStreamingBudget | None = Field(
         default=None,
         description="TensorRT weight streaming: GPU memory for weights as bytes (8Gi), a "
-        "percentage of the streamable weights (60%) or auto; unset: weights stay resident.",
+        "percentage of the streamable weights (60%) or auto; unset: weights stay resident. "
+        "Only the tensorrt backend streams from this field; the torch backend's layer "
+        "streaming is not yet reachable from it.",
     )
     reserve: ByteQuantity = Field(
         default="0",
