@@ -20,8 +20,7 @@ from collections.abc import Callable
 
 from pydantic import ValidationError
 
-from tidal.common.settings import ConfigError, Serving, run_process
-
+from ..common.settings import ConfigError, Serving, run_process
 from .config import GatewaySettings, ReplicaRef, load_config, replica_from_url
 
 

@@ -16,12 +16,12 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
-from tidal.common.body import DEFAULT_MAX_JSON_VALUES
-from tidal.common.contract import ENV_GATEWAY_CONFIG_JSON
-from tidal.common.settings import CLI_ONLY, ConfigError, ProcessSettings, read_config_data
+from ..common.body import DEFAULT_MAX_JSON_VALUES
+from ..common.contract import ENV_GATEWAY_CONFIG_JSON
+from ..common.settings import CLI_ONLY, ConfigError, ProcessSettings, read_config_data
 
 # Re-exported for gateway/server.py until it imports it from tidal.common.settings.
-from tidal.common.settings import format_validation_error as format_validation_error
+from ..common.settings import format_validation_error as format_validation_error
 
 MODEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 

@@ -26,8 +26,8 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 
-from tidal.common.body import CONTROL_JSON_VALUES, CONTROL_LIMIT, OFFLOAD_BYTES, check_json_values
-from tidal.common.http import (
+from ..common.body import CONTROL_JSON_VALUES, CONTROL_LIMIT, OFFLOAD_BYTES, check_json_values
+from ..common.http import (
     CLIENT_CLOSED,
     ON_CLIENT_GONE,
     BodyError,
@@ -37,7 +37,6 @@ from tidal.common.http import (
     quiet_logger,
     read_body,
 )
-
 from . import EXTENSIONS, SERVER_NAME, __version__
 from .config import ReplicaList, format_validation_error
 from .core.hold import hold_seconds, judge_held_request

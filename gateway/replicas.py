@@ -21,8 +21,7 @@ from typing import Any
 
 import aiohttp
 
-from tidal.common.backoff import Backoff, Retry
-
+from ..common.backoff import Backoff, Retry
 from .config import GatewayConfig, ReplicaRef
 from .core.routing import LoadBudget, ReplicaView, Route, choose_route
 from .core.views import (

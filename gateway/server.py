@@ -11,9 +11,8 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
-from tidal.common.http import JsonErrorRunner
-from tidal.common.offload import Offload
-
+from ..common.http import JsonErrorRunner
+from ..common.offload import Offload
 from .config import GatewayConfig, ReplicaRef
 from .dispatch import Dispatcher
 from .holding import Holds

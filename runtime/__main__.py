@@ -15,9 +15,8 @@ import sys
 import threading
 import time
 
-from tidal.common.contract import RUNTIME_GRPC_PORT
-from tidal.common.settings import ConfigError, Serving, run_process
-
+from ..common.contract import RUNTIME_GRPC_PORT
+from ..common.settings import ConfigError, Serving, run_process
 from .config import RuntimeSettings, load_config
 
 DEFAULT_GRPC_PORT = RUNTIME_GRPC_PORT

@@ -24,21 +24,20 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from tidal.common.body import DEFAULT_MAX_JSON_VALUES
-from tidal.common.contract import (
+from ..common.body import DEFAULT_MAX_JSON_VALUES
+from ..common.contract import (
     DEFAULT_ENGINE_CACHE_BUDGET_BYTES,
     ENV_RUNTIME_CONFIG,
     ENV_RUNTIME_CONFIG_JSON,
     RUNTIME_HTTP_PORT,
 )
-from tidal.common.settings import (
+from ..common.settings import (
     CLI_ONLY,
     ConfigError,
     ProcessSettings,
     format_validation_error,
     read_config_data,
 )
-
 from .core.cache import POLICIES
 from .core.engines import (
     PRECISIONS,

@@ -37,8 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tidal.common.backoff import Backoff
-
+from ..common.backoff import Backoff
 from .backends import Backend, Engine, TensorSpec, warmup_inputs
 from .clock import Clock
 from .config import ModelSpec, RuntimeConfig

@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from tidal.common.contract import PATH_ACTIVITY, PATH_MODELS, PATH_PLACEMENT, PATH_TIER
-
+from ..common.contract import PATH_ACTIVITY, PATH_MODELS, PATH_PLACEMENT, PATH_TIER
 from . import tiers
 from .enginecache import ChangeFeed
 from .errors import InvalidRequest, Unavailable

@@ -16,7 +16,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
-from tidal.common import contract
+from ..common import contract
 
 # The *_created series double the exposition size and nothing reads them.
 disable_created_metrics()  # type: ignore[no-untyped-call]

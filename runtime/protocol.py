@@ -30,9 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from tidal.common import body as common_body
-from tidal.common.body import BodyError
-
+from ..common import body as common_body
+from ..common.body import BodyError
 from .errors import InvalidInput, InvalidRequest, PayloadTooLarge
 
 try:  # bfloat16 for numpy; a dependency of onnx, optional here

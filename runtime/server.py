@@ -27,13 +27,12 @@ import numpy as np
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from tidal.common import http as common_http
-from tidal.common.backoff import Backoff, Retry
-from tidal.common.body import CONTROL_JSON_VALUES, CONTROL_LIMIT, OFFLOAD_BYTES
-from tidal.common.contract import ENV_POD_NAME
-from tidal.common.http import BodyError, JsonErrorRunner, declared_too_large, quiet_logger
-from tidal.common.offload import Offload
-
+from ..common import http as common_http
+from ..common.backoff import Backoff, Retry
+from ..common.body import CONTROL_JSON_VALUES, CONTROL_LIMIT, OFFLOAD_BYTES
+from ..common.contract import ENV_POD_NAME
+from ..common.http import BodyError, JsonErrorRunner, declared_too_large, quiet_logger
+from ..common.offload import Offload
 from . import __version__, tiers
 from .backends import Backend, TensorSpec, make_backend
 from .batcher import ModelBatcher

@@ -32,7 +32,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from tidal.common.body import DEFAULT_MAX_JSON_VALUES, BodyError, parse_json
+from ...common.body import DEFAULT_MAX_JSON_VALUES, BodyError, parse_json
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 MAX_RETRY_AFTER_S = 30  # a client told more would rather give up; a wake rarely takes longer

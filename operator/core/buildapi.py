@@ -28,8 +28,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from tidal.common.buildspec import GateSpec, QuantizationSpec, ShapeProfile
-
+from ...common.buildspec import GateSpec, QuantizationSpec, ShapeProfile
 from .api import (
     DNS_SUBDOMAIN_PATTERN,
     GROUP,

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from tidal.common.release import default_runtime_images
-
+from ...common.release import default_runtime_images
 from .api import Backend, InferenceService, Runtime
 
 DEFAULT_RUNTIME_IMAGES: Mapping[Backend, str] = {

@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tidal.common.contract import (
+from ...common.contract import (
     DEFAULT_ENGINE_CACHE_BUDGET_BYTES,
     ENV_GRPC_PORT,
     ENV_HOST,
@@ -39,7 +39,6 @@ from tidal.common.contract import (
     RUNTIME_GRPC_PORT,
     RUNTIME_HTTP_PORT,
 )
-
 from .api import (
     ANNOTATION_CONFIG_HASH,
     API_VERSION,

@@ -47,8 +47,8 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from tidal.common.backoff import Backoff
-from tidal.common.contract import (
+from ...common.backoff import Backoff
+from ...common.contract import (
     METRIC_COLD_START_SECONDS,
     METRIC_ENGINE_LOAD_SECONDS,
     METRIC_GPU_MEMORY_BYTES,
@@ -58,7 +58,6 @@ from tidal.common.contract import (
     METRIC_STARTUP_SECONDS,
     METRIC_TRANSFER_WAIT_SECONDS,
 )
-
 from .api import LABEL_ISVC, LABEL_POOL, LABEL_ROLE, TimeToRoutable
 from .autoscaler import BatchWork, Observation, WorkSample
 from .autoscaler_pods import PodView

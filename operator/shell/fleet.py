@@ -43,8 +43,7 @@ from typing import Any
 import aiohttp
 from pydantic import ValidationError
 
-from tidal.common.backoff import Backoff, Retry
-
+from ...common.backoff import Backoff, Retry
 from ..core.api import (
     LABEL_POOL,
     LABEL_ROLE,

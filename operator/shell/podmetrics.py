@@ -23,8 +23,7 @@ from collections.abc import Callable, Sequence
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from tidal.common import contract as c
-
+from ...common import contract as c
 from ..core.autoscaler import BatchWork
 from ..core.podfaults import NO_ANSWER, ProbeAnswer
 from ..core.signals import PodMissing, PodScrape, PodTarget, ScrapeResult

@@ -33,8 +33,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tidal.common.backoff import Backoff
-
+from ...common.backoff import Backoff
 from ..core.api import (
     LABEL_ISVC,
     LABEL_POOL,

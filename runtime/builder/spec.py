@@ -25,11 +25,10 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 # Shared with the operator's ModelBuild API (re-exported: the builder's modules import them here).
-from tidal.common.buildspec import GateSpec as GateSpec
-from tidal.common.buildspec import QuantizationSpec as QuantizationSpec
-from tidal.common.buildspec import ShapeProfile as ShapeProfile
-from tidal.common.settings import format_validation_error
-
+from ...common.buildspec import GateSpec as GateSpec
+from ...common.buildspec import QuantizationSpec as QuantizationSpec
+from ...common.buildspec import ShapeProfile as ShapeProfile
+from ...common.settings import format_validation_error
 from ..config import S3Spec
 
 Name = Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9._-]*[a-z0-9])?$", max_length=63)]

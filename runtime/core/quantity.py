@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tidal.common.contract import parse_byte_quantity
+from ...common.contract import parse_byte_quantity
 
 
 def parse_bytes(value: int | float | str) -> int:

@@ -32,14 +32,13 @@ The modules follow the resource's sections; import from this package, not from t
     service      the spec and the resource put together; parsing and error wording
 """
 
-from tidal.common.contract import (
+from ....common.contract import (
     BYTES_MESSAGE,
     BYTES_PATTERN,
     QUANTITY_UNITS,
     is_whole_bytes,
     quantity_bytes,
 )
-
 from .autoscaling import (
     HOST_TIER_MESSAGE,
     Autoscaling,

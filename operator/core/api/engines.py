@@ -13,8 +13,7 @@ from pydantic import (
     model_validator,
 )
 
-from tidal.common.contract import BYTES_MESSAGE, BYTES_PATTERN, is_whole_bytes, quantity_bytes
-
+from ....common.contract import BYTES_MESSAGE, BYTES_PATTERN, is_whole_bytes, quantity_bytes
 from .base import ApiModel, _matches, _rules, cel
 from .formats import (
     DNS_SUBDOMAIN_PATTERN,

@@ -16,13 +16,12 @@ from pydantic import (
     StringConstraints,
 )
 
-from tidal.common.contract import (
+from ....common.contract import (
     BYTES_MESSAGE,
     BYTES_PATTERN,
     is_whole_bytes,
     quantity_value,
 )
-
 from .base import _matches, _rules, cel
 
 # Kubernetes quantities ("20Gi", "512Mi", "1.5G") and percentages ("60%"). Bounds on the

@@ -17,8 +17,7 @@ from pydantic import (
     model_validator,
 )
 
-from tidal.common.contract import RUNTIME_ENV_NAMES, is_whole_bytes
-
+from ....common.contract import RUNTIME_ENV_NAMES, is_whole_bytes
 from .base import ApiModel, _matches, _rules, cel
 from .formats import (
     DNS_SUBDOMAIN_PATTERN,
