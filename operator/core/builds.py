@@ -60,7 +60,7 @@ from .buildapi import (
     ModelBuildStatus,
     TargetStatus,
 )
-from .status import EventSpec, timestamp
+from .events import EventSpec, timestamp
 
 READY = "Ready"
 DEGRADED = "Degraded"

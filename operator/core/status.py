@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Any, Literal
+from datetime import datetime
+from typing import Any
 
 from .api import (
     LABEL_ISVC,
@@ -33,6 +33,7 @@ from .api import (
     ServedBuild,
 )
 from .control import ControlStatus
+from .events import EventSpec, timestamp
 
 READY = "Ready"
 PROGRESSING = "Progressing"
@@ -115,26 +116,12 @@ class StatusInput:
 
 
 @dataclass(frozen=True)
-class EventSpec:
-    """An Event to post on the InferenceService."""
-
-    type: Literal["Normal", "Warning"]
-    reason: str
-    message: str
-
-
-@dataclass(frozen=True)
 class StatusResult:
     status: InferenceServiceStatus
     events: tuple[EventSpec, ...]
 
     def to_wire(self) -> dict[str, Any]:
         return self.status.to_wire()
-
-
-def timestamp(now: datetime) -> str:
-    """RFC 3339 in UTC with second precision, as metav1.Time serialises."""
-    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def count_pool(

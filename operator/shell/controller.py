@@ -102,6 +102,7 @@ from ..core.control import (
     urgent_change,
     zero_policy_of,
 )
+from ..core.events import EventSpec
 from ..core.forecast import ForecastPolicy
 from ..core.idle import (
     ZeroMemory,
@@ -146,7 +147,7 @@ from ..core.signals import (
     scrape_targets,
     time_to_routable,
 )
-from ..core.status import EventSpec, has_served
+from ..core.status import has_served
 from ..core.traffic import (
     RoutePod,
     TrafficPolicy,

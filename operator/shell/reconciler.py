@@ -57,6 +57,7 @@ from ..core.builds import (
 )
 from ..core.control import ControlView, follow_planner, stamp_template_hash
 from ..core.drift import COMPARED_KINDS, find_drift, trim_child
+from ..core.events import EventSpec
 from ..core.fleet import FleetView
 from ..core.images import DEFAULT_RUNTIME_IMAGES, with_default_images
 from ..core.resources import (
@@ -78,7 +79,6 @@ from ..core.resources import (
 from ..core.rules import Outcome, find_setting_findings
 from ..core.status import (
     DeploymentState,
-    EventSpec,
     PodState,
     StatusInput,
     compute_status,
