@@ -37,9 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from tidal.common.backoff import Backoff
+from tidal.common.clock import Clock
 
 from .backends import Backend, Engine, TensorSpec, warmup_inputs
-from .clock import Clock
 from .config import ModelSpec, RuntimeConfig
 from .core.cache import CacheEntry, make_policy, plan_admission
 from .core.engines import (
@@ -225,20 +225,20 @@ class EngineCache:
                 retry_after=1,
             )
         slot.refs += 1
-        self.last_acquired = self.clock.now()
+        self.last_acquired = self.clock.monotonic()
         cold = slot.state != READY
         try:
             if cold:
                 self.metrics.cache_misses.labels(name).inc()
-                waited_from = self.clock.now()
+                waited_from = self.clock.monotonic()
                 await self.ensure_loaded(name, on_demand=True)
-                self._observe_transfer_wait(slot, waited_from, self.clock.now())
+                self._observe_transfer_wait(slot, waited_from, self.clock.monotonic())
             else:
                 self.metrics.cache_hits.labels(name).inc()
         except BaseException:
             self.release(name)
             raise
-        slot.last_used = self.clock.now()
+        slot.last_used = self.clock.monotonic()
         slot.uses += 1
         assert slot.engine is not None
         return slot.engine, cold
@@ -292,29 +292,29 @@ class EngineCache:
     async def _phase(
         self, slot: Slot, phase: str | None, func: Any, *args: Any, observe: bool = True
     ) -> Any:
-        started = self.clock.now()
+        started = self.clock.monotonic()
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(self._load_pool, func, *args)
         finally:
-            elapsed = self.clock.now() - started
+            elapsed = self.clock.monotonic() - started
             slot.load_seconds += elapsed
             if observe:
                 self.metrics.engine_load.labels(slot.spec.name, phase).observe(elapsed)
 
     async def _deserialize(self, slot: Slot, *args: Any) -> Engine:
         """backend.load, observed as its own phases when the engine reports them."""
-        started = self.clock.now()
+        started = self.clock.monotonic()
         try:
             engine: Engine = await self._phase(
                 slot, "deserialize", self.backend.load, *args, observe=False
             )
         except BaseException:
             self.metrics.engine_load.labels(slot.spec.name, "deserialize").observe(
-                self.clock.now() - started
+                self.clock.monotonic() - started
             )
             raise
-        ended = self.clock.now()
+        ended = self.clock.monotonic()
         phases = getattr(engine, "load_phases", None)
         if not phases:
             phases = {"deserialize": ended - started}
@@ -333,9 +333,9 @@ class EngineCache:
         seconds = self.config.faults.extra_transfer_seconds
         if not seconds:
             return
-        started = self.clock.now()
+        started = self.clock.monotonic()
         await asyncio.sleep(seconds)
-        ended = self.clock.now()
+        ended = self.clock.monotonic()
         slot.load_seconds += ended - started
         slot.transfers.append((started, ended))
         self.metrics.engine_load.labels(slot.spec.name, "h2d").observe(ended - started)
@@ -359,7 +359,7 @@ class EngineCache:
     def _reserve(self, slot: Slot, nbytes: int) -> None:
         """Make room for ``nbytes`` by evicting, then account them to ``slot`` (no await)."""
         plan = plan_admission(
-            self._entries(slot.spec.name), nbytes, self.budget, self.policy, self.clock.now()
+            self._entries(slot.spec.name), nbytes, self.budget, self.policy, self.clock.monotonic()
         )
         slot.history.append(plan.reason)
         if not plan.admit:
@@ -389,7 +389,7 @@ class EngineCache:
                 self.changes.bump()  # the load queue moved (GET /v2/tidal/models reports it)
                 slot.load_seconds = 0.0
                 slot.transfers = []
-                load_started = self.clock.now()
+                load_started = self.clock.monotonic()
                 chosen, sha, selection = self._choose(spec)
                 staged = slot.staged is not None and slot.staged[0] == chosen.uri
                 if slot.staged is not None and staged:
@@ -422,7 +422,7 @@ class EngineCache:
                 slot.platform = engine.platform
                 slot.inputs, slot.outputs = engine.inputs, engine.outputs
                 slot.state = READY
-                slot.loaded_at = slot.last_used = self.clock.now()
+                slot.loaded_at = slot.last_used = self.clock.monotonic()
                 slot.last_error = None
                 slot.first_request_pending = on_demand
                 slot.last_size_bytes = slot.size_bytes
@@ -513,7 +513,7 @@ class EngineCache:
         """
         quiet_seconds = HOST_QUIET_SECONDS if quiet_seconds is None else quiet_seconds
         drain_seconds = HOST_DRAIN_SECONDS if drain_seconds is None else drain_seconds
-        started = self.clock.now()
+        started = self.clock.monotonic()
         if self.tier == "host":
             return self.last_tier_change or {"tier": "host", "seconds": 0.0, "staged": []}
         token = self._leaving = object()
@@ -522,9 +522,9 @@ class EngineCache:
             if self._leaving is not token:
                 raise TierConflict("promoted while draining for the host tier: kept on the device")
             busy = any(s.refs > 0 or s.loading is not None for s in self.slots.values())
-            if not busy and self.clock.now() - self.last_acquired >= quiet_seconds:
+            if not busy and self.clock.monotonic() - self.last_acquired >= quiet_seconds:
                 break
-            if self.clock.now() >= deadline:
+            if self.clock.monotonic() >= deadline:
                 self._leaving = None
                 raise TierConflict(
                     f"still receiving requests after {drain_seconds:g} s: kept on the device "
@@ -549,7 +549,7 @@ class EngineCache:
         self.changes.bump()
         self.last_tier_change = {
             "tier": "host",
-            "seconds": round(self.clock.now() - started, 4),
+            "seconds": round(self.clock.monotonic() - started, 4),
             "staged": sorted(staged),
         }
         log.info("host-warm: %d engine(s) staged, none on the device", len(staged))
@@ -558,23 +558,23 @@ class EngineCache:
     async def to_device(self, names: list[str]) -> dict[str, Any]:
         """Promote a host-warm standby: load ``names`` (the preloaded models) from their staged
         files — no fetch, no cold-load cost — warm them up, then accept requests again."""
-        started = self.clock.now()
+        started = self.clock.monotonic()
         self._leaving = None  # a move to the host tier in progress is called off
         if self.tier == "device":
             return {"tier": "device", "seconds": 0.0, "models": {}}
         models: dict[str, float] = {}
         for name in names:
-            t0 = self.clock.now()
+            t0 = self.clock.monotonic()
             await self.ensure_loaded(name)
-            models[name] = round(self.clock.now() - t0, 4)
+            models[name] = round(self.clock.monotonic() - t0, 4)
         self.tier = "device"
         self.changes.bump()
         self.last_tier_change = {
             "tier": "device",
-            "seconds": round(self.clock.now() - started, 4),
+            "seconds": round(self.clock.monotonic() - started, 4),
             "models": models,
         }
-        log.info("promoted to the device in %.3fs: %s", self.clock.now() - started, models)
+        log.info("promoted to the device in %.3fs: %s", self.clock.monotonic() - started, models)
         return self.last_tier_change
 
     # -- pins (fleet placement) ---------------------------------------------------------------

@@ -391,3 +391,8 @@ REGISTRY.register(INFERENCE_SERVICES)
 def publish_inference_services(store: StoreLike) -> None:
     """Expose the ``tidal_inferenceservice_*`` series of ``store`` (idempotent)."""
     INFERENCE_SERVICES.store = store
+
+
+def count_decision(namespace: str, isvc: str, pool: str, reason: str) -> None:
+    """Count an autoscaler decision that changed ``status.lastDecision``."""
+    SCALE_DECISIONS.labels(namespace=namespace, isvc=isvc, pool=pool, reason=reason).inc()

@@ -17,11 +17,12 @@ are dropped before parsing (~0.7 ms per pod).
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Sequence
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
+
+from tidal.common.clock import CLOCK
 
 from ..core.autoscaler import BatchWork
 from ..core.podfaults import NO_ANSWER, ProbeAnswer
@@ -170,7 +171,7 @@ async def scrape_pod(
     target: PodTarget,
     *,
     scrape_timeout: float = DEFAULT_SCRAPE_TIMEOUT,
-    clock: Callable[[], float] = time.monotonic,
+    clock: Callable[[], float] = CLOCK.monotonic,
 ) -> ScrapeResult:
     """One pod's `/metrics`, or why it could not be read. Never raises for the pod's faults."""
     try:
@@ -193,7 +194,7 @@ async def scrape_pods(
     targets: Sequence[PodTarget],
     *,
     scrape_timeout: float = DEFAULT_SCRAPE_TIMEOUT,
-    clock: Callable[[], float] = time.monotonic,
+    clock: Callable[[], float] = CLOCK.monotonic,
 ) -> list[ScrapeResult]:
     """Scrape every target at once; the round takes at most `scrape_timeout` (plus parsing)."""
     return list(

@@ -25,15 +25,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
 
 from tidal.common.backoff import Backoff
+from tidal.common.clock import CLOCK, utc_now
 
 from ..core.api import (
     LABEL_ISVC,
@@ -307,7 +307,7 @@ class Reconciler:
 
     kube: Kube
     store: Store
-    clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
+    clock: Callable[[], datetime] = field(default=utc_now)
     # The control loop's view of a key (None: it has not decided yet, or there is none).
     control: Callable[[Key], ControlView | None] = field(default=lambda key: None)
     # The fleet loop's view (spec.fleet only; None: it has not looked yet).
@@ -329,11 +329,11 @@ class Reconciler:
             self._failures.pop(key, None)
             metrics.RECONCILES.labels(result="gone").inc()
             return None
-        started = time.perf_counter()
+        started = CLOCK.monotonic()
         try:
             delay = await self._reconcile(key, body, force)
         finally:
-            metrics.RECONCILE_DURATION.observe(time.perf_counter() - started)
+            metrics.RECONCILE_DURATION.observe(CLOCK.monotonic() - started)
         return delay
 
     async def _reconcile(self, key: Key, body: dict[str, Any], force: bool) -> float | None:

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..clock import CLOCK, Clock, utc_timestamp
+from tidal.common.clock import CLOCK, Clock, utc_timestamp
+
 from ..config import S3Spec
 from ..errors import EngineLoadError
 from ..storage import EngineStore, local_path, make_s3_store, sha256_file
@@ -290,7 +291,7 @@ def _build_one(
                 "a published engine may be serving: build a new version instead"
             )
 
-    started = clock.now()
+    started = clock.monotonic()
     engine = work_dir / precision / file_name
     engine.parent.mkdir(parents=True, exist_ok=True)
     judged = engine
@@ -333,7 +334,7 @@ def _build_one(
         accuracy=accuracy_record(reference.output, metrics, spec.gate, verdict),
         published=verdict.passed,
         built_at=timestamp(),
-        build_seconds=round(clock.now() - started, 3),
+        build_seconds=round(clock.monotonic() - started, 3),
     )
     if verdict.passed and judged == engine:
         destination.put(engine_key, engine)

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tidal.common.clock import CLOCK
 from tidal.runtime.backends import DeviceMemory, TensorSpec
 from tidal.runtime.backends.torch_aoti import (
     ALIGN,
@@ -27,7 +28,6 @@ from tidal.runtime.backends.torch_aoti import (
     read_into,
     read_tidal_section,
 )
-from tidal.runtime.clock import CLOCK
 from tidal.runtime.config import parse_config
 from tidal.runtime.core.engines import (
     EngineNameError,
