@@ -747,6 +747,44 @@ def _step_message(index: int, steps: tuple[int, ...], total: int) -> str:
 
 
 def _decide(plan: _Plan, pv: SloVerdict, bv: SloVerdict) -> RolloutDecision:
+    spec, st = plan.spec, plan.state
+    desired, serving, baseline_standby = _counts(plan)
+    percent = _primary_percent(plan, serving)
+    phase, rollback = _phase(plan)
+    rolling = st.applied_hash != st.promoted_hash and st.traffic is not Traffic.BASELINE
+    step = st.step if rolling else None
+    return RolloutDecision(
+        action=plan.action,
+        reason=plan.reason or f"{plan.action.value}; slo {pv.reason}",
+        phase=phase,
+        traffic=st.traffic,
+        service_pools=_pools_of(st.traffic),
+        desired_replicas=desired,
+        serving_replicas=serving,
+        baseline_standby=min(baseline_standby, desired.baseline),
+        primary_traffic_percent=percent,
+        applied_primary_hash=st.applied_hash,
+        hold_primary_template=st.applied_hash != spec.primary_hash,
+        step=step,
+        step_percent=None if step is None else spec.steps[min(step, len(spec.steps) - 1)],
+        rollback=rollback,
+        primary_slo=pv,
+        baseline_slo=bv,
+        events=tuple(plan.events),
+        verdict_due_at=min(
+            (
+                r.breaching_since + spec.slo.for_seconds
+                for r in pv.with_status(SignalStatus.PENDING)
+                if r.breaching_since is not None
+            ),
+            default=None,
+        ),
+    )
+
+
+def _counts(plan: _Plan) -> tuple[PoolCounts, PoolCounts, int]:
+    """The replicas each pool is to have, those that serve, and the baseline's standby (the
+    rest of the rollback reserve during a split step)."""
     spec, obs, st = plan.spec, plan.obs, plan.state
     n = obs.autoscaler_desired
     cap = spec.max_replicas
@@ -795,7 +833,12 @@ def _decide(plan: _Plan, pv: SloVerdict, bv: SloVerdict) -> RolloutDecision:
             keep = max(desired.of(pool), obs.pool(pool).ready_replicas)  # any template
             desired = desired.model_copy(update={pool.value: keep})
     desired = PoolCounts(primary=capped(desired.primary), baseline=capped(desired.baseline))
+    return desired, serving, baseline_standby
 
+
+def _primary_percent(plan: _Plan, serving: PoolCounts) -> float:
+    """The primary's share of the traffic (an overflow's by the replicas that are ready)."""
+    st = plan.state
     total_serving = serving.primary + serving.baseline
     percent = 100.0 * serving.primary / total_serving if total_serving else 0.0
     if st.traffic is Traffic.OVERFLOW:  # by the replicas that are ready, not those asked
@@ -805,7 +848,12 @@ def _decide(plan: _Plan, pv: SloVerdict, bv: SloVerdict) -> RolloutDecision:
         percent = 100.0
     elif st.traffic is Traffic.BASELINE:
         percent = 0.0
+    return percent
 
+
+def _phase(plan: _Plan) -> tuple[Phase, RollbackRecord | None]:
+    """The rollout's phase, and the rollback it reports (only while rolled back)."""
+    spec, st = plan.spec, plan.state
     rollback = st.rollback
     rolled_back = (
         st.traffic is Traffic.BASELINE
@@ -831,33 +879,4 @@ def _decide(plan: _Plan, pv: SloVerdict, bv: SloVerdict) -> RolloutDecision:
         phase = Phase.STABLE
     if not rolled_back:
         rollback = None
-
-    rolling = st.applied_hash != st.promoted_hash and st.traffic is not Traffic.BASELINE
-    step = st.step if rolling else None
-    return RolloutDecision(
-        action=plan.action,
-        reason=plan.reason or f"{plan.action.value}; slo {pv.reason}",
-        phase=phase,
-        traffic=st.traffic,
-        service_pools=_pools_of(st.traffic),
-        desired_replicas=desired,
-        serving_replicas=serving,
-        baseline_standby=min(baseline_standby, desired.baseline),
-        primary_traffic_percent=percent,
-        applied_primary_hash=st.applied_hash,
-        hold_primary_template=st.applied_hash != spec.primary_hash,
-        step=step,
-        step_percent=None if step is None else spec.steps[min(step, len(spec.steps) - 1)],
-        rollback=rollback,
-        primary_slo=pv,
-        baseline_slo=bv,
-        events=tuple(plan.events),
-        verdict_due_at=min(
-            (
-                r.breaching_since + spec.slo.for_seconds
-                for r in pv.with_status(SignalStatus.PENDING)
-                if r.breaching_since is not None
-            ),
-            default=None,
-        ),
-    )
+    return phase, rollback
