@@ -484,61 +484,12 @@ def plan_build(
     create: list[dict[str, Any]] = []
     statuses: list[TargetStatus] = []
     for target in targets.targets:
-        job = make_job(build, target, image or "")
-        name = job["metadata"]["name"]
-        digest = job["metadata"]["annotations"][ANNOTATION_INPUTS]
         known = before.get(target)
-        if unavailable:
-            statuses.append(_unavailable(target, digest, "BuilderUnavailable", ""))
-            continue
-        if build.spec.backend is BuildBackend.TORCH and not (
-            target == CPU_TARGET or _is_arch(target)
-        ):
-            message = (
-                f"spec.targets: {target}: the torch builder compiles for a GPU architecture "
-                "(sm90) or cpu; name architectures in spec.targets"
-            )
-            problems.append(("UnsupportedTarget", message))
-            statuses.append(_unavailable(target, digest, "UnsupportedTarget", message))
-            continue
-        finished = (BuildPhase.BUILT, BuildPhase.REFUSED)
-        if known is not None and known.inputs == digest and known.phase in finished:
-            statuses.append(known)
-            continue
-        outcome = by_name.get(name)
-        if outcome is None and nodes is not None and not nodes_of(target, nodes):
-            want = ", ".join(f"{k}={v}" for k, v in node_labels_for(target).items()) or "any"
-            message = f"spec.targets: no node of target {target} ({want})"
-            problems.append(("NoNodeForTarget", message))
-            statuses.append(_unavailable(target, digest, "NoNodeForTarget", message))
-            continue
-        if outcome is None:
+        status, job, found = _plan_target(build, target, image, known, by_name, nodes, unavailable)
+        statuses.append(status)
+        problems += found
+        if job is not None:
             create.append(job)
-            statuses.append(
-                TargetStatus(target=target, phase=BuildPhase.PENDING, job=name, inputs=digest)
-            )
-            continue
-        statuses.append(
-            TargetStatus(
-                target=target,
-                phase=outcome.phase,
-                job=name,
-                inputs=digest,
-                reason=outcome.reason,
-                message=outcome.message[-4096:],
-                artifacts=list(outcome.artifacts),
-            )
-        )
-        if outcome.reason == MISSING_CREDENTIALS:
-            problems.append((MISSING_CREDENTIALS, _missing_credentials(build, name, outcome)))
-        if outcome.phase is BuildPhase.FAILED:
-            problems.append(
-                (
-                    "BuildFailed",
-                    f"target {target}: Job {name} failed ({outcome.reason}): "
-                    f"{outcome.message[-LOG_TAIL_CHARS:]}",
-                )
-            )
     events = [
         EventSpec("Normal", "Created", f"Created Job {j['metadata']['name']}") for j in create
     ]
@@ -548,6 +499,63 @@ def plan_build(
             events.append(EventSpec("Warning", "GateRefused", f"target {s.target}: {s.message}"))
     summary = _summary(build, statuses)
     return _finish(create, statuses, previous, generation, now, tuple(problems), summary, events)
+
+
+def _plan_target(
+    build: ModelBuild,
+    target: str,
+    image: str | None,
+    known: TargetStatus | None,
+    jobs: Mapping[str, JobOutcome],
+    nodes: Sequence[NodeInfo] | None,
+    unavailable: str | None,
+) -> tuple[TargetStatus, dict[str, Any] | None, list[tuple[str, str]]]:
+    """One target's status, the Job to create for it (None: none) and the problems it shows
+    (``known``: its status before; ``jobs``: the outcomes of the Jobs that exist, by name)."""
+    job = make_job(build, target, image or "")
+    name = job["metadata"]["name"]
+    digest = job["metadata"]["annotations"][ANNOTATION_INPUTS]
+    if unavailable:
+        return _unavailable(target, digest, "BuilderUnavailable", ""), None, []
+    if build.spec.backend is BuildBackend.TORCH and not (target == CPU_TARGET or _is_arch(target)):
+        message = (
+            f"spec.targets: {target}: the torch builder compiles for a GPU architecture "
+            "(sm90) or cpu; name architectures in spec.targets"
+        )
+        unsupported = _unavailable(target, digest, "UnsupportedTarget", message)
+        return unsupported, None, [("UnsupportedTarget", message)]
+    finished = (BuildPhase.BUILT, BuildPhase.REFUSED)
+    if known is not None and known.inputs == digest and known.phase in finished:
+        return known, None, []
+    outcome = jobs.get(name)
+    if outcome is None and nodes is not None and not nodes_of(target, nodes):
+        want = ", ".join(f"{k}={v}" for k, v in node_labels_for(target).items()) or "any"
+        message = f"spec.targets: no node of target {target} ({want})"
+        return (
+            _unavailable(target, digest, "NoNodeForTarget", message),
+            None,
+            [("NoNodeForTarget", message)],
+        )
+    if outcome is None:
+        pending = TargetStatus(target=target, phase=BuildPhase.PENDING, job=name, inputs=digest)
+        return pending, job, []
+    status = TargetStatus(
+        target=target,
+        phase=outcome.phase,
+        job=name,
+        inputs=digest,
+        reason=outcome.reason,
+        message=outcome.message[-4096:],
+        artifacts=list(outcome.artifacts),
+    )
+    problems = []
+    if outcome.reason == MISSING_CREDENTIALS:
+        problems.append((MISSING_CREDENTIALS, _missing_credentials(build, name, outcome)))
+    if outcome.phase is BuildPhase.FAILED:
+        tail = outcome.message[-LOG_TAIL_CHARS:]
+        failed = f"target {target}: Job {name} failed ({outcome.reason}): {tail}"
+        problems.append(("BuildFailed", failed))
+    return status, None, problems
 
 
 def _missing_credentials(build: ModelBuild, job: str, outcome: JobOutcome) -> str:
