@@ -833,62 +833,8 @@ def resolve_build_refs(
     spec = isvc.spec
     if not build_refs(isvc):
         return BuildResolution(isvc)
-    before = {(s.pool, s.model): s for s in served}
-    problems: list[str] = []
-    pending: list[str] = []
-    kept: list[ServedBuild] = []
-    blocked = False
-
-    def resolve(models: Sequence[Model], backend: Backend, pool: str, at: str) -> list[Model]:
-        nonlocal blocked
-        out = []
-        for model in models:
-            ref = model.build
-            if ref is None:
-                out.append(model)
-                continue
-            field_path = f"{at}[{model.name}].build"
-            build = builds.get(ref.name)
-            choice = resolve_engine(build, ref.precision.value, CPU_TARGET)
-            wrong = _wrong_build(model.name, build, backend) if build is not None else ""
-            if backend is not Backend.ONNXRUNTIME:
-                choice = EngineChoice(
-                    None,
-                    reason="engines from a ModelBuild are served by onnxruntime pools only in "
-                    f"this release (the pool's backend is {backend.value})",
-                )
-            elif wrong:
-                choice = EngineChoice(None, reason=wrong)
-            now = ServedBuild(
-                pool=pool,
-                model=model.name,
-                build=ref.name,
-                precision=ref.precision.value,
-                uri=choice.uri or "",
-                sha256=choice.sha256,
-                version=model.version or (build.spec.version if build else None),
-            )
-            if choice.uri is None:
-                old = before.get((pool, model.name))
-                keeping = f"; serving {old.uri} ({old.build}) meanwhile" if old else ""
-                text = f"{field_path}: ModelBuild {ref.name}: {choice.reason}{keeping}"
-                (pending if choice.pending else problems).append(text)
-                if old is None:
-                    blocked = True
-                    out.append(model)
-                    continue
-                now = old
-            kept.append(now)
-            engine = Engine(
-                uri=now.uri,
-                sha256=now.sha256,
-                backend=Backend.ONNXRUNTIME,
-                precision=Precision(now.precision),
-            )
-            # the version kept with its engine (status.builds): the kept build may not be fetched
-            out.append(model.model_copy(update={"engines": [engine], "version": now.version}))
-        return out
-
+    found = _Resolving(builds, {(s.pool, s.model): s for s in served})
+    resolve = found.models
     models = resolve(spec.models, spec.runtime.backend, PoolName.PRIMARY.value, "spec.models")
     update: dict[str, Any] = {"models": models}
     baseline = spec.rollout.baseline
@@ -904,12 +850,73 @@ def resolve_build_refs(
         update["rollout"] = rollout
     return BuildResolution(
         isvc.model_copy(update={"spec": spec.model_copy(update=update)}),
-        tuple(problems),
-        tuple(kept),
-        blocked,
-        tuple(pending),
+        tuple(found.problems),
+        tuple(found.kept),
+        found.blocked,
+        tuple(found.pending),
         dict(builds),
     )
+
+
+@dataclass
+class _Resolving:
+    """One resolution of a service's builds (``resolve_build_refs``): the builds, what each
+    pool served before (by pool and model), and what was found: problems, builds pending, the
+    builds served, and whether a model has no engine at all (every child held back)."""
+
+    builds: Mapping[str, ModelBuild]
+    before: Mapping[tuple[str, str], ServedBuild]
+    problems: list[str] = field(default_factory=list)
+    pending: list[str] = field(default_factory=list)
+    kept: list[ServedBuild] = field(default_factory=list)
+    blocked: bool = False
+
+    def models(self, models: Sequence[Model], backend: Backend, pool: str, at: str) -> list[Model]:
+        return [self.model(m, backend, pool, at) for m in models]
+
+    def model(self, model: Model, backend: Backend, pool: str, at: str) -> Model:
+        """The model with the engine its build published (or the one it served before)."""
+        ref = model.build
+        if ref is None:
+            return model
+        build = self.builds.get(ref.name)
+        choice = resolve_engine(build, ref.precision.value, CPU_TARGET)
+        wrong = _wrong_build(model.name, build, backend) if build is not None else ""
+        if backend is not Backend.ONNXRUNTIME:
+            choice = EngineChoice(
+                None,
+                reason="engines from a ModelBuild are served by onnxruntime pools only in "
+                f"this release (the pool's backend is {backend.value})",
+            )
+        elif wrong:
+            choice = EngineChoice(None, reason=wrong)
+        now = ServedBuild(
+            pool=pool,
+            model=model.name,
+            build=ref.name,
+            precision=ref.precision.value,
+            uri=choice.uri or "",
+            sha256=choice.sha256,
+            version=model.version or (build.spec.version if build else None),
+        )
+        if choice.uri is None:
+            old = self.before.get((pool, model.name))
+            keeping = f"; serving {old.uri} ({old.build}) meanwhile" if old else ""
+            text = f"{at}[{model.name}].build: ModelBuild {ref.name}: {choice.reason}{keeping}"
+            (self.pending if choice.pending else self.problems).append(text)
+            if old is None:
+                self.blocked = True
+                return model
+            now = old
+        self.kept.append(now)
+        engine = Engine(
+            uri=now.uri,
+            sha256=now.sha256,
+            backend=Backend.ONNXRUNTIME,
+            precision=Precision(now.precision),
+        )
+        # the version kept with its engine (status.builds): the kept build may not be fetched
+        return model.model_copy(update={"engines": [engine], "version": now.version})
 
 
 def _wrong_build(model: str, build: ModelBuild, backend: Backend) -> str:
