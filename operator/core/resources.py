@@ -600,11 +600,8 @@ CONTAINER_SECURITY: dict[str, Any] = {
 }
 
 
-def _deployment(
-    isvc: InferenceService, pool: Pool, replicas: int, config_hash: str
-) -> dict[str, Any]:
-    selector = {LABEL_ISVC: isvc.name, LABEL_POOL: pool.name.value}
-    pod_labels = {**common_labels(isvc), **selector, LABEL_ROLE: ROLE_SERVING}
+def _runtime_container(isvc: InferenceService, pool: Pool) -> dict[str, Any]:
+    """The runtime container of a pool's pods."""
     probe = {"port": "http", "scheme": "HTTP"}
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
@@ -634,17 +631,22 @@ def _deployment(
     resources = _resources(pool.runtime)
     if resources:
         container["resources"] = resources
+    container["volumeMounts"] = [
+        {"name": "tmp", "mountPath": TMP_MOUNT},
+        {"name": ENGINE_CACHE_VOLUME, "mountPath": ENGINE_CACHE_MOUNT},
+    ]
+    container["securityContext"] = CONTAINER_SECURITY
+    return container
+
+
+def _runtime_pod_spec(pool: Pool, container: dict[str, Any]) -> dict[str, Any]:
+    """The pod spec of a pool's pods: the runtime container, its scratch and engine cache."""
     cache = pool.runtime.engine_cache
     engine_cache: dict[str, Any] = (
         {"hostPath": {"path": cache.host_path, "type": "DirectoryOrCreate"}}
         if cache.host_path is not None
         else {"emptyDir": {"sizeLimit": cache.size_limit} if cache.size_limit else {}}
     )
-    container["volumeMounts"] = [
-        {"name": "tmp", "mountPath": TMP_MOUNT},
-        {"name": ENGINE_CACHE_VOLUME, "mountPath": ENGINE_CACHE_MOUNT},
-    ]
-    container["securityContext"] = CONTAINER_SECURITY
     pod_spec: dict[str, Any] = {
         "containers": [container],
         # Hundreds of Services in a namespace would otherwise flood every pod's environment.
@@ -657,6 +659,15 @@ def _deployment(
         pod_spec["nodeSelector"] = dict(pool.runtime.node_selector)
     if pool.runtime.tolerations:
         pod_spec["tolerations"] = [t.to_wire() for t in pool.runtime.tolerations]
+    return pod_spec
+
+
+def _deployment(
+    isvc: InferenceService, pool: Pool, replicas: int, config_hash: str
+) -> dict[str, Any]:
+    selector = {LABEL_ISVC: isvc.name, LABEL_POOL: pool.name.value}
+    pod_labels = {**common_labels(isvc), **selector, LABEL_ROLE: ROLE_SERVING}
+    pod_spec = _runtime_pod_spec(pool, _runtime_container(isvc, pool))
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
