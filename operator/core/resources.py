@@ -600,9 +600,29 @@ CONTAINER_SECURITY: dict[str, Any] = {
 }
 
 
+def _health_probes(**ready: int) -> dict[str, Any]:
+    """A container's readiness probe, often so a warm pod joins the Service within a second,
+    and its liveness probe (``ready``: more fields of the readiness probe)."""
+    probe = {"port": "http", "scheme": "HTTP"}
+    return {
+        "readinessProbe": {
+            "httpGet": {**probe, "path": "/v2/health/ready"},
+            "periodSeconds": 1,
+            "timeoutSeconds": 1,
+            "failureThreshold": 3,
+            **ready,
+        },
+        "livenessProbe": {
+            "httpGet": {**probe, "path": "/v2/health/live"},
+            "periodSeconds": 10,
+            "timeoutSeconds": 2,
+            "failureThreshold": 3,
+        },
+    }
+
+
 def _runtime_container(isvc: InferenceService, pool: Pool) -> dict[str, Any]:
     """The runtime container of a pool's pods."""
-    probe = {"port": "http", "scheme": "HTTP"}
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": runtime_image(pool.runtime),
@@ -612,21 +632,8 @@ def _runtime_container(isvc: InferenceService, pool: Pool) -> dict[str, Any]:
             {"name": "grpc", "containerPort": RUNTIME_GRPC_PORT, "protocol": "TCP"},
         ],
         "env": _env(isvc, pool),
-        # Ready only once every preloaded model is loaded and warmed (DESIGN.md §3): probe
-        # often so a warm pod joins the Service within a second.
-        "readinessProbe": {
-            "httpGet": {**probe, "path": "/v2/health/ready"},
-            "periodSeconds": 1,
-            "timeoutSeconds": 1,
-            "failureThreshold": 3,
-            "successThreshold": 1,
-        },
-        "livenessProbe": {
-            "httpGet": {**probe, "path": "/v2/health/live"},
-            "periodSeconds": 10,
-            "timeoutSeconds": 2,
-            "failureThreshold": 3,
-        },
+        # Ready only once every preloaded model is loaded and warmed (DESIGN.md §3).
+        **_health_probes(successThreshold=1),
     }
     resources = _resources(pool.runtime)
     if resources:
@@ -869,11 +876,9 @@ def gateway_config(isvc: InferenceService) -> dict[str, Any]:
     return config
 
 
-def _gateway_deployment(isvc: InferenceService) -> dict[str, Any]:
-    gateway = _gateway_spec(isvc)
-    selector = {LABEL_ISVC: isvc.name, LABEL_COMPONENT: COMPONENT_GATEWAY}
-    labels = {**common_labels(isvc), **selector, "app.kubernetes.io/name": "tidal-gateway"}
-    probe = {"port": "http", "scheme": "HTTP"}
+def _gateway_container(isvc: InferenceService, gateway: FleetGateway) -> dict[str, Any]:
+    """The gateway's container: its config in the environment, its resources (the
+    activator's sized from what it may hold)."""
     config = json.dumps(gateway_config(isvc), sort_keys=True, separators=(",", ":"))
     container: dict[str, Any] = {
         "name": GATEWAY_CONTAINER,
@@ -892,18 +897,7 @@ def _gateway_deployment(isvc: InferenceService) -> dict[str, Any]:
             {"name": GATEWAY_CONFIG_ENV, "value": config},
         ],
         # Ready once the operator has told it about at least one healthy runtime pod.
-        "readinessProbe": {
-            "httpGet": {**probe, "path": "/v2/health/ready"},
-            "periodSeconds": 1,
-            "timeoutSeconds": 1,
-            "failureThreshold": 3,
-        },
-        "livenessProbe": {
-            "httpGet": {**probe, "path": "/v2/health/live"},
-            "periodSeconds": 10,
-            "timeoutSeconds": 2,
-            "failureThreshold": 3,
-        },
+        **_health_probes(),
     }
     requests = dict(gateway.resources.requests)
     limits = dict(gateway.resources.limits)
@@ -915,6 +909,14 @@ def _gateway_deployment(isvc: InferenceService) -> dict[str, Any]:
         container["resources"] = activator_resources()
     container["volumeMounts"] = [{"name": "tmp", "mountPath": TMP_MOUNT}]
     container["securityContext"] = CONTAINER_SECURITY
+    return container
+
+
+def _gateway_deployment(isvc: InferenceService) -> dict[str, Any]:
+    gateway = _gateway_spec(isvc)
+    selector = {LABEL_ISVC: isvc.name, LABEL_COMPONENT: COMPONENT_GATEWAY}
+    labels = {**common_labels(isvc), **selector, "app.kubernetes.io/name": "tidal-gateway"}
+    container = _gateway_container(isvc, gateway)
     pod_spec: dict[str, Any] = {
         "containers": [container],
         "enableServiceLinks": False,
