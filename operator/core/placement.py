@@ -453,11 +453,6 @@ def _copy_requests(
 ) -> _Asked:
     """How many copies each model wants and the requests for them, incumbents first."""
     sizes = {m.name: m.size_bytes for m in models}
-    budgets = {r.name: r.budget_bytes for r in replicas}
-
-    def pin_cap(name: str, replica: str) -> int:
-        return budgets[replica] if name in hot else usable[replica]
-
     cap = len(replicas) if policy.max_copies is None else min(policy.max_copies, len(replicas))
     largest_budget = max((r.budget_bytes for r in replicas), default=0)
     largest_usable = max(usable.values(), default=0)
@@ -466,15 +461,7 @@ def _copy_requests(
     previous_free = {
         r.name: usable[r.name] - sum(sizes.get(m, 0) for m in r.pinned) for r in replicas
     }
-    # Incumbents: pins on replicas that can still hold the model. A pin where it no longer fits
-    # (the budget shrank) is a copy to place anew, without the incumbent's stickiness: counted
-    # as one, it would let an impossible copy jump the queue on another replica, and the same
-    # placement fed its own output would then decide differently.
-    pinned_at: dict[str, list[ReplicaSlot]] = {}
-    for r in replicas:
-        for name in r.pinned:
-            if name in sizes and sizes[name] <= pin_cap(name, r.name):
-                pinned_at.setdefault(name, []).append(r)
+    pinned_at = _incumbents(replicas, usable, sizes, hot)
     asked = _Asked()
     reasons = asked.reasons
     for model in models:
@@ -510,6 +497,26 @@ def _copy_requests(
             else:
                 asked.requests.append((-score, name, j, None))
     return asked
+
+
+def _incumbents(
+    replicas: Sequence[ReplicaSlot],
+    usable: Mapping[str, int],
+    sizes: Mapping[str, int],
+    hot: frozenset[str],
+) -> dict[str, list[ReplicaSlot]]:
+    """Per model, the replicas that pin it and can still hold it (a hot model up to the whole
+    budget). A pin where it no longer fits (the budget shrank) is a copy to place anew, without
+    the incumbent's stickiness: counted as one, it would let an impossible copy jump the queue
+    on another replica, and the same placement fed its own output would then decide
+    differently."""
+    pinned_at: dict[str, list[ReplicaSlot]] = {}
+    for r in replicas:
+        for name in r.pinned:
+            cap = r.budget_bytes if name in hot else usable[r.name]
+            if name in sizes and sizes[name] <= cap:
+                pinned_at.setdefault(name, []).append(r)
+    return pinned_at
 
 
 def _assign(
