@@ -194,6 +194,30 @@ def label_value(name: str) -> str:
     return f"{name[:52].rstrip('-.')}-{hashlib.sha256(name.encode()).hexdigest()[:10]}"
 
 
+def _credentials_env(secret: str) -> list[dict[str, Any]]:
+    """The builder's S3 credentials from ``secret``, each key named (not envFrom): a Secret
+    that is missing, or lacks a key, keeps the container from starting with a reason read_job
+    reports (MissingCredentials), where envFrom would start the builder without credentials
+    and the S3 client would fail on instance metadata, naming neither the Secret nor spec.s3."""
+    return [
+        {
+            "name": key,
+            "valueFrom": {
+                "secretKeyRef": {"name": secret, "key": key}
+                | ({"optional": True} if key == OPTIONAL_CREDENTIAL_KEY else {})
+            },
+        }
+        for key in S3_CREDENTIAL_KEYS
+    ]
+
+
+def _node_affinity(labels: Mapping[str, str]) -> dict[str, Any]:
+    """Only nodes with every one of ``labels``."""
+    match = [{"key": k, "operator": "In", "values": [v]} for k, v in sorted(labels.items())]
+    term = {"nodeSelectorTerms": [{"matchExpressions": match}]}
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": term}}
+
+
 def make_job(build: ModelBuild, target: str, image: str) -> dict[str, Any]:
     """The Job that builds one target, on a node of that target."""
     spec = builder_spec(build, target)
@@ -214,38 +238,11 @@ def make_job(build: ModelBuild, target: str, image: str) -> dict[str, Any]:
         # The builder compiles for, and measures on, the GPU of the node it runs on.
         container["resources"] = {"limits": {GPU_RESOURCE: "1"}, "requests": {GPU_RESOURCE: "1"}}
     if build.spec.s3 is not None and build.spec.s3.credentials_secret:
-        # Each key named (not envFrom): a Secret that is missing, or lacks a key, keeps the
-        # container from starting with a reason read_job reports (MissingCredentials), where
-        # envFrom would start the builder without credentials and the S3 client would fail
-        # on instance metadata, naming neither the Secret nor spec.s3.
-        secret = build.spec.s3.credentials_secret
-        container["env"] = [
-            {
-                "name": key,
-                "valueFrom": {
-                    "secretKeyRef": {"name": secret, "key": key}
-                    | ({"optional": True} if key == OPTIONAL_CREDENTIAL_KEY else {})
-                },
-            }
-            for key in S3_CREDENTIAL_KEYS
-        ]
+        container["env"] = _credentials_env(build.spec.s3.credentials_secret)
     pod: dict[str, Any] = {"restartPolicy": "Never", "containers": [container]}
     want = node_labels_for(target)
     if want:
-        pod["affinity"] = {
-            "nodeAffinity": {
-                "requiredDuringSchedulingIgnoredDuringExecution": {
-                    "nodeSelectorTerms": [
-                        {
-                            "matchExpressions": [
-                                {"key": k, "operator": "In", "values": [v]}
-                                for k, v in sorted(want.items())
-                            ]
-                        }
-                    ]
-                }
-            }
-        }
+        pod["affinity"] = _node_affinity(want)
     if build.spec.tolerations:
         pod["tolerations"] = [t.to_wire() for t in build.spec.tolerations]
     return {
