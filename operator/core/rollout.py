@@ -654,23 +654,7 @@ def _plan_steps(plan: _Plan, pv: SloVerdict) -> None:
     primary_ready = plan.ready(Pool.PRIMARY)
 
     if st.traffic is Traffic.BASELINE:
-        # Warming: the new primary gets the first step's replicas, no traffic yet. Without
-        # traffic there are no latency samples, so only a signal over its objective (GPU
-        # memory headroom, cold start of the warm-up) holds it back.
-        first = steps[0]
-        need = plan.required(Pool.PRIMARY) if first == 100 else step_shares(total, first).primary
-        plan.warm_target = need
-        if primary_ready < need or pv.breaching:
-            plan.action = Action.WARM_PRIMARY
-            plan.reason = (
-                f"warm-primary: {primary_ready}/{need} ready for {first}%; slo {pv.reason}"
-            )
-            return
-        to = Traffic.PRIMARY if first == 100 else Traffic.SPLIT
-        reserve = plan.load()  # what the baseline carries alone now (rule 6e)
-        plan.switch(to, Action.ADVANCE_STEP, f"advance-step: 1/{len(steps)} {first}%")
-        plan.update(step=0, step_ready_at=now, reserve=reserve)  # replicas ready: checked above
-        plan.event(EventType.NORMAL, "RolloutStep", _step_message(0, steps, total))
+        _warm_first_step(plan, pv, total)
         return
 
     if st.traffic is Traffic.PRIMARY:
@@ -694,21 +678,16 @@ def _plan_steps(plan: _Plan, pv: SloVerdict) -> None:
     elapsed = 0.0 if at is None else max(now - at, 0.0)
     label = f"{index + 1}/{len(steps)} {percent}%"
     if at is None:
-        plan.action = Action.EVALUATE_STEP
-        plan.reason = (
-            f"evaluate-step {label}: waiting for {target.primary} ready primary replicas "
-            f"({primary_ready} ready)"
-        )
-        plan.update(step=index)
+        waiting = f"waiting for {target.primary} ready primary replicas ({primary_ready} ready)"
+        _evaluating(plan, index, f"evaluate-step {label}: {waiting}")
         return
     # Once the primary is being scaled for the 100 % step, a pending signal or a thin sample
     # does not shrink it again (that would flap pod counts); a sustained breach still stops it
     # (rollback: through the abort; alert: it holds here).
     committed = plan.state.preparing is Pool.PRIMARY and not pv.breached
     if elapsed < spec.step_seconds or not (ok or committed):
-        plan.action = Action.EVALUATE_STEP
-        plan.reason = f"evaluate-step {label}: {elapsed:.0f}s of {spec.step_seconds:.0f}s; {why}"
-        plan.update(step=index)
+        held = f"{elapsed:.0f}s of {spec.step_seconds:.0f}s; {why}"
+        _evaluating(plan, index, f"evaluate-step {label}: {held}")
         return
 
     if st.traffic is Traffic.PRIMARY:  # the 100 % step passed: promote
@@ -723,8 +702,38 @@ def _plan_steps(plan: _Plan, pv: SloVerdict) -> None:
         plan.reason = f"promote: primary {plan.state.applied_hash} passed {len(steps)} steps"
         plan.event(EventType.NORMAL, "Promoted", plan.reason)
         return
+    _advance_step(plan, index + 1, total)
 
-    following = index + 1
+
+def _evaluating(plan: _Plan, index: int, reason: str) -> None:
+    """The step ``index`` is being evaluated (its replicas, its time, its signals)."""
+    plan.action = Action.EVALUATE_STEP
+    plan.reason = reason
+    plan.update(step=index)
+
+
+def _warm_first_step(plan: _Plan, pv: SloVerdict, total: int) -> None:
+    """Warming: the new primary gets the first step's replicas, no traffic yet. Without
+    traffic there are no latency samples, so only a signal over its objective (GPU memory
+    headroom, cold start of the warm-up) holds it back; then the first step takes traffic."""
+    steps, now, primary_ready = plan.spec.steps, plan.now, plan.ready(Pool.PRIMARY)
+    first = steps[0]
+    need = plan.required(Pool.PRIMARY) if first == 100 else step_shares(total, first).primary
+    plan.warm_target = need
+    if primary_ready < need or pv.breaching:
+        plan.action = Action.WARM_PRIMARY
+        plan.reason = f"warm-primary: {primary_ready}/{need} ready for {first}%; slo {pv.reason}"
+        return
+    to = Traffic.PRIMARY if first == 100 else Traffic.SPLIT
+    reserve = plan.load()  # what the baseline carries alone now (rule 6e)
+    plan.switch(to, Action.ADVANCE_STEP, f"advance-step: 1/{len(steps)} {first}%")
+    plan.update(step=0, step_ready_at=now, reserve=reserve)  # replicas ready: checked above
+    plan.event(EventType.NORMAL, "RolloutStep", _step_message(0, steps, total))
+
+
+def _advance_step(plan: _Plan, following: int, total: int) -> None:
+    """A step passed: the next one (the 100 % step flips the Service to the primary)."""
+    steps, now = plan.spec.steps, plan.now
     if steps[following] == 100:
         plan.move_all_to(Pool.PRIMARY, f"rollout step {following + 1}/{len(steps)} 100%")
         if plan.state.traffic is Traffic.PRIMARY:  # flipped just now
