@@ -482,7 +482,6 @@ def plan_rollout(
     """Decide traffic and pool sizes at ``now``; return the decision and the state to keep."""
     plan = _Plan(spec, observation, state or initial_state(spec), now)
     st = plan.state
-    auto = spec.active_pool is ActivePool.AUTO
 
     pv, primary_slo = evaluate_slo(spec.slo, observation.primary.signals, st.primary_slo, now)
     bv, baseline_slo = evaluate_slo(spec.slo, observation.baseline.signals, st.baseline_slo, now)
@@ -496,33 +495,7 @@ def plan_rollout(
                 f"activePool={spec.active_pool.value})",
             )
 
-    # Rule 2: latch the rollback of the template that breached.
-    rollback = plan.state.rollback
-    if (
-        auto
-        and spec.slo.on_breach is BreachAction.ROLLBACK
-        and pv.breached
-        and (rollback is None or rollback.primary_hash != plan.state.applied_hash)
-    ):
-        during_rollout = plan.state.applied_hash != plan.state.promoted_hash
-        # A primary that serves nothing (warming beside the baseline) is rolled back as is.
-        off = plan.state.traffic is Traffic.BASELINE
-        rollback = RollbackRecord(
-            primary_hash=plan.state.applied_hash,
-            reason=pv.reason,
-            breaches=pv.breaches,
-            decided_at=now,
-            switched_at=now if off else None,
-            during_rollout=during_rollout,
-        )
-        plan.update(rollback=rollback)
-        plan.event(
-            EventType.WARNING,
-            "RolloutAborted" if during_rollout else "RollingBack",
-            f"primary {plan.state.applied_hash} {pv.reason}; "
-            + ("traffic stays on the baseline" if off else "moving traffic to the baseline"),
-        )
-
+    _latch_rollback(plan, pv)
     _plan_traffic(plan, pv, bv)
     if plan.preparing is None and plan.state.preparing is not None:
         plan.update(preparing=None, preparing_since=None, prepare_warned=False)
@@ -544,6 +517,36 @@ def plan_rollout(
         )
 
     return _decide(plan, pv, bv), plan.state
+
+
+def _latch_rollback(plan: _Plan, pv: SloVerdict) -> None:
+    """Rule 2: latch the rollback of the template that breached."""
+    spec, now, rollback = plan.spec, plan.now, plan.state.rollback
+    if not (
+        spec.active_pool is ActivePool.AUTO
+        and spec.slo.on_breach is BreachAction.ROLLBACK
+        and pv.breached
+        and (rollback is None or rollback.primary_hash != plan.state.applied_hash)
+    ):
+        return
+    during_rollout = plan.state.applied_hash != plan.state.promoted_hash
+    # A primary that serves nothing (warming beside the baseline) is rolled back as is.
+    off = plan.state.traffic is Traffic.BASELINE
+    rollback = RollbackRecord(
+        primary_hash=plan.state.applied_hash,
+        reason=pv.reason,
+        breaches=pv.breaches,
+        decided_at=now,
+        switched_at=now if off else None,
+        during_rollout=during_rollout,
+    )
+    plan.update(rollback=rollback)
+    plan.event(
+        EventType.WARNING,
+        "RolloutAborted" if during_rollout else "RollingBack",
+        f"primary {plan.state.applied_hash} {pv.reason}; "
+        + ("traffic stays on the baseline" if off else "moving traffic to the baseline"),
+    )
 
 
 def _plan_traffic(plan: _Plan, pv: SloVerdict, bv: SloVerdict) -> None:
