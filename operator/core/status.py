@@ -289,27 +289,29 @@ def _event_for(before: Condition | None, after: Condition) -> EventSpec | None:
     )
 
 
-def compute_status(inp: StatusInput) -> StatusResult:
-    """The new status and the Events its changes deserve."""
-    control = inp.control
+def _pool_statuses(inp: StatusInput, prev: InferenceServiceStatus) -> dict[PoolName, PoolStatus]:
+    """Each pool's counts, with the control loop's metrics (without it: the previous ones)."""
     pools = {
         pool: count_pool(pool, desired, inp.deployments.get(pool), inp.pods)
         for pool, desired in inp.desired.items()
     }
+    if inp.control is not None:
+        metrics = inp.control.pool_metrics
+        return {p: c.model_copy(update={"metrics": metrics.get(p)}) for p, c in pools.items()}
+    before = prev.pools
+    return {
+        pool: counts.model_copy(
+            update={"metrics": before[pool.value].metrics if pool.value in before else None}
+        )
+        for pool, counts in pools.items()
+    }
+
+
+def compute_status(inp: StatusInput) -> StatusResult:
+    """The new status and the Events its changes deserve."""
+    control = inp.control
     prev = inp.previous or InferenceServiceStatus()
-    if control is not None:
-        pools = {
-            pool: counts.model_copy(update={"metrics": control.pool_metrics.get(pool)})
-            for pool, counts in pools.items()
-        }
-    else:
-        before = prev.pools
-        pools = {
-            pool: counts.model_copy(
-                update={"metrics": before[pool.value].metrics if pool.value in before else None}
-            )
-            for pool, counts in pools.items()
-        }
+    pools = _pool_statuses(inp, prev)
     active = pools.get(inp.active_pool, PoolStatus())
     by_type = {c.type: c for c in prev.conditions}
     ours = [
