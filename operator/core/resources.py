@@ -395,6 +395,20 @@ def desired_replicas(isvc: InferenceService, pool: PoolName, observed: Observed)
     return max(floor, min(scaling.max_replicas, floor if asked is None else asked))
 
 
+def _engine_entry(engine: Engine, backend: Backend) -> dict[str, Any]:
+    """One engine of the pool's backend as the runtime's configuration lists it."""
+    entry: dict[str, Any] = {"uri": engine.uri, "format": ENGINE_FORMAT[backend]}
+    if engine.sha256 is not None:
+        entry["sha256"] = engine.sha256
+    if engine.gpu_arch is not None:
+        entry["gpuArch"] = engine.gpu_arch
+    if engine.precision is not None:
+        entry["precision"] = engine.precision.value
+    if engine.tensorrt_version is not None:
+        entry["trtVersion"] = engine.tensorrt_version
+    return entry
+
+
 def render_runtime_config(pool: Pool, fleet: bool = False) -> dict[str, Any]:
     """The runtime's configuration (``tidal.runtime.config.RuntimeConfig``) as plain JSON.
 
@@ -407,20 +421,9 @@ def render_runtime_config(pool: Pool, fleet: bool = False) -> dict[str, Any]:
     backend = pool.runtime.backend
     models = []
     for model in pool.models:
-        engines = []
-        for engine in model.engines:
-            if engine.effective_backend is not backend:
-                continue
-            entry: dict[str, Any] = {"uri": engine.uri, "format": ENGINE_FORMAT[backend]}
-            if engine.sha256 is not None:
-                entry["sha256"] = engine.sha256
-            if engine.gpu_arch is not None:
-                entry["gpuArch"] = engine.gpu_arch
-            if engine.precision is not None:
-                entry["precision"] = engine.precision.value
-            if engine.tensorrt_version is not None:
-                entry["trtVersion"] = engine.tensorrt_version
-            engines.append(entry)
+        engines = [
+            _engine_entry(e, backend) for e in model.engines if e.effective_backend is backend
+        ]
         version = {} if model.version is None else {"version": model.version}
         models.append(
             {
