@@ -372,6 +372,11 @@ class FleetController:
             ),
             problems=tuple(too_large_problems(isvc, st.placement)),
         )
+        await self._publish(key, st, view, mono)
+
+    async def _publish(self, key: Key, st: FleetState, view: FleetView, mono: float) -> None:
+        """Hand the view to the reconciler: at once when what status shows changed, else
+        (new figures only) at most every ``status_interval``."""
         before, st.view = st.view, view
         if before == view:
             return
