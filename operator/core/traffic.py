@@ -165,15 +165,10 @@ def plan_traffic(
         return replace(done, reason="leaving-not-listed")
     since = now if waiting_since is None else waiting_since
     overdue = now - since >= policy.wait_seconds
-    held = TrafficStep(
-        pools=selected | want.pools,
-        promote=promote,
-        demote=frozenset(),
-        shrink=False,
-        complete=False,
-        reason="waiting-for-endpoints",
-        waiting_since=since,
+    held = replace(
+        done, pools=selected | want.pools, demote=frozenset(), shrink=False, complete=False
     )
+    held = replace(held, reason="waiting-for-endpoints", waiting_since=since)
     if endpoints is None:
         if overdue:
             return replace(done, reason="endpoints-unseen", waiting_since=since, overdue=True)
