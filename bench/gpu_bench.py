@@ -273,7 +273,7 @@ def make_config(
 
 
 def make_cache(config: Any, backend: Any) -> Any:
-    from tidal.runtime.clock import CLOCK
+    from tidal.common.clock import CLOCK
     from tidal.runtime.enginecache import EngineCache
     from tidal.runtime.metrics import RuntimeMetrics
     from tidal.runtime.storage import EngineStore

@@ -40,8 +40,8 @@ def package(folder: Path, model: str) -> Path:
 
 
 def make_cache(model: str, path: Path, max_batch: int) -> tuple[Any, Any]:
+    from tidal.common.clock import CLOCK
     from tidal.runtime.backends.torch_aoti import TorchAOTIBackend
-    from tidal.runtime.clock import CLOCK
     from tidal.runtime.config import parse_config
     from tidal.runtime.enginecache import EngineCache
     from tidal.runtime.metrics import RuntimeMetrics

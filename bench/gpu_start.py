@@ -55,7 +55,7 @@ def cmd_phases(folder: Path, mode: str) -> None:
     t = time.perf_counter()
     import numpy as np
 
-    from tidal.runtime.clock import CLOCK
+    from tidal.common.clock import CLOCK
     from tidal.runtime.config import parse_config
     from tidal.runtime.enginecache import EngineCache
     from tidal.runtime.metrics import RuntimeMetrics

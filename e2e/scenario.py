@@ -184,6 +184,16 @@ def onnx_runtime(env: dict[str, str]) -> dict[str, Any]:
     }
 
 
+def baseline_rollout(*, drain_seconds: float, slo: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``spec.rollout``: a one-replica baseline on the real runtime (``onnx_runtime``), the SLO
+    that rolls back to it (None: none, moves are asked for), and the drain."""
+    rollout: dict[str, Any] = {"baseline": {"runtime": onnx_runtime({}), "minReplicas": 1}}
+    if slo is not None:
+        rollout["slo"] = slo
+    rollout["drainSeconds"] = drain_seconds
+    return rollout
+
+
 def inference_service(name: str, spec: dict[str, Any]) -> dict[str, Any]:
     return {
         "apiVersion": "serving.tidal.dev/v1alpha1",

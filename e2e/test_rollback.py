@@ -21,6 +21,7 @@ from scenario import (
     INFER_BODY,
     StatusRecorder,
     apply,
+    baseline_rollout,
     events,
     install_crd,
     model_service,
@@ -58,17 +59,9 @@ def test_breach_flips_to_warm_baseline_and_active_pool_moves_it_back(
         tmp_path / "mlp.onnx",
         env={"TIDAL_FAULT_ADDED_LATENCY_MS": "150"},
         autoscaling={"minReplicas": 1, "maxReplicas": 3, "targetQueueDepth": 8},
-        rollout={
-            "baseline": {
-                "runtime": {
-                    "backend": "onnxruntime",
-                    "env": [{"name": "OMP_NUM_THREADS", "value": "1"}],
-                },
-                "minReplicas": 1,
-            },
-            "slo": {"p99Ms": 100, "for": f"{SLO_FOR_S:.0f}s", "minRequests": 20},
-            "drainSeconds": 5,
-        },
+        rollout=baseline_rollout(
+            drain_seconds=5, slo={"p99Ms": 100, "for": f"{SLO_FOR_S:.0f}s", "minRequests": 20}
+        ),
     )
     with running_operator(sandbox, namespace, tmp_path / "operator.log"):
         apply(sandbox, namespace, manifest)

@@ -24,6 +24,7 @@ from scenario import (
     INFER_BODY,
     StatusRecorder,
     apply,
+    baseline_rollout,
     events,
     install_crd,
     model_service,
@@ -53,17 +54,9 @@ def test_a_slow_weight_transfer_rolls_back_on_the_transfer_wait_signal(
         tmp_path / "mlp.onnx",
         env={"TIDAL_FAULT_EXTRA_TRANSFER_SECONDS": str(TRANSFER_S)},
         autoscaling={"minReplicas": 1, "maxReplicas": 2, "targetQueueDepth": 8},
-        rollout={
-            "baseline": {
-                "runtime": {
-                    "backend": "onnxruntime",
-                    "env": [{"name": "OMP_NUM_THREADS", "value": "1"}],
-                },
-                "minReplicas": 1,
-            },
-            "slo": {"transferWaitMs": 500, "p99Ms": 1000, "for": f"{SLO_FOR_S:.0f}s"},
-            "drainSeconds": 5,
-        },
+        rollout=baseline_rollout(
+            drain_seconds=5, slo={"transferWaitMs": 500, "p99Ms": 1000, "for": f"{SLO_FOR_S:.0f}s"}
+        ),
     )
     rare = tmp_path / "rare.onnx"
     write_mlp(rare, seed=2)

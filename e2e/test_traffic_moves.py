@@ -33,7 +33,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from scenario import INFER_BODY, apply, install_crd, model_service, running_operator
+from scenario import (
+    INFER_BODY,
+    apply,
+    baseline_rollout,
+    install_crd,
+    model_service,
+    running_operator,
+)
 
 from tidal.sandbox.loadgen import LoadGenerator
 from tidal.sandbox.operatorproc import get_isvc
@@ -170,16 +177,7 @@ def test_flip_promotion_and_demotion_never_leave_the_service_without_endpoints(
             "targetQueueDepth": 50,
             "scaleDownDelaySeconds": 3,
         },
-        rollout={
-            "baseline": {
-                "runtime": {
-                    "backend": "onnxruntime",
-                    "env": [{"name": "OMP_NUM_THREADS", "value": "1"}],
-                },
-                "minReplicas": 1,
-            },
-            "drainSeconds": 3,
-        },
+        rollout=baseline_rollout(drain_seconds=3),
     )
     log_path = tmp_path / "operator.log"
     with running_operator(sandbox, namespace, log_path) as operator:

@@ -59,7 +59,8 @@ import logging
 import math
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, cast
 
 import kopf
@@ -76,13 +77,65 @@ from .shell.leader import (
 )
 
 
-def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
-    return int(env.get(name, "") or default)
+@dataclass(frozen=True)
+class _Flag:
+    """A flag whose default its environment variable sets (a flag given wins)."""
+
+    flag: str
+    env: str
+    type: Callable[[str], Any] = str
+    default: Any = None
+    help: str | None = None
+    choices: tuple[str, ...] | None = None
+
+
+_E = "TIDAL_OPERATOR_"
+_FLAGS = (
+    _Flag("--workers", _E + "WORKERS", int, 4),
+    _Flag(
+        "--resync-seconds", _E + "RESYNC_SECONDS", float, 300.0,
+        "compare every child with what it should be this often, spread over the period "
+        "(writes only what drifted)",
+    ),
+    _Flag(
+        "--tick-seconds", _E + "TICK_SECONDS", float, 1.0,
+        "control loop period per InferenceService (at most 1)",
+    ),
+    _Flag(
+        "--quiet-tick-seconds", _E + "QUIET_TICK_SECONDS", float, 5.0,
+        "period of a service with nothing going on (also ticked on its watch events); "
+        "at most --tick-seconds: every service every tick",
+    ),
+    _Flag(
+        "--watched-quiet-tick-seconds", _E + "WATCHED_QUIET_TICK_SECONDS", float, 60.0,
+        "period of a quiet service whose every pod wakes it at its first request (the "
+        "activity long-poll parked) and that has no idle timer towards zero",
+    ),
+    _Flag(
+        "--wake-margin-seconds", _E + "WAKE_MARGIN_SECONDS", float, 30.0,
+        "a service at zero wakes this long plus its time-to-routable before its forecast demand",
+    ),
+    _Flag(
+        "--forecast-period-seconds", _E + "FORECAST_PERIOD_SECONDS", float, 86400.0,
+        "the demand cycle a scale-to-zero service's forecast learns (a day; shorter "
+        "compresses it)",
+    ),
+    _Flag(
+        "--prometheus-url", "TIDAL_PROMETHEUS_URL",
+        help="Prometheus for latency, error and cold-start signals; unset: pod scrapes only",
+    ),
+    _Flag("--metrics-port", _E + "METRICS_PORT", int, 8081),
+    _Flag("--health-port", _E + "HEALTH_PORT", int, 8082),
+    _Flag("--bind-address", _E + "BIND_ADDRESS", default="0.0.0.0"),
+    _Flag("--log-format", _E + "LOG_FORMAT", default="json", choices=("json", "full", "plain")),
+    _Flag("--lease-name", _E + "LEASE_NAME"),
+    _Flag("--lease-namespace", "POD_NAMESPACE"),
+    _Flag("--lease-seconds", _E + "LEASE_SECONDS", int, 15),
+)  # fmt: skip
 
 
 def parse_args(argv: list[str] | None, env: Mapping[str, str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="tidal-operator", description=__doc__.split("\n\n")[0])
-    env_ns = [n for n in env.get("TIDAL_OPERATOR_NAMESPACES", "").split(",") if n.strip()]
     p.add_argument(
         "--namespace",
         "-n",
@@ -91,77 +144,15 @@ def parse_args(argv: list[str] | None, env: Mapping[str, str]) -> argparse.Names
         default=None,
         help="watch only this namespace (repeatable); default: the whole cluster",
     )
-    p.add_argument("--workers", type=int, default=_env_int(env, "TIDAL_OPERATOR_WORKERS", 4))
-    p.add_argument(
-        "--resync-seconds",
-        type=float,
-        default=float(env.get("TIDAL_OPERATOR_RESYNC_SECONDS", "") or 300),
-        help="compare every child with what it should be this often, spread over the period "
-        "(writes only what drifted)",
-    )
-    p.add_argument(
-        "--tick-seconds",
-        type=float,
-        default=float(env.get("TIDAL_OPERATOR_TICK_SECONDS", "") or 1.0),
-        help="control loop period per InferenceService (at most 1)",
-    )
-    p.add_argument(
-        "--quiet-tick-seconds",
-        type=float,
-        default=float(env.get("TIDAL_OPERATOR_QUIET_TICK_SECONDS", "") or 5.0),
-        help="period of a service with nothing going on (also ticked on its watch events); "
-        "at most --tick-seconds: every service every tick",
-    )
-    p.add_argument(
-        "--watched-quiet-tick-seconds",
-        type=float,
-        default=float(env.get("TIDAL_OPERATOR_WATCHED_QUIET_TICK_SECONDS", "") or 60.0),
-        help="period of a quiet service whose every pod wakes it at its first request (the "
-        "activity long-poll parked) and that has no idle timer towards zero",
-    )
-    p.add_argument(
-        "--wake-margin-seconds",
-        type=float,
-        default=float(env.get("TIDAL_OPERATOR_WAKE_MARGIN_SECONDS", "") or 30.0),
-        help="a service at zero wakes this long plus its time-to-routable before its forecast "
-        "demand",
-    )
-    p.add_argument(
-        "--forecast-period-seconds",
-        type=float,
-        default=float(env.get("TIDAL_OPERATOR_FORECAST_PERIOD_SECONDS", "") or 86400.0),
-        help="the demand cycle a scale-to-zero service's forecast learns (a day; shorter "
-        "compresses it)",
-    )
-    p.add_argument(
-        "--prometheus-url",
-        default=env.get("TIDAL_PROMETHEUS_URL", "") or None,
-        help="Prometheus for latency, error and cold-start signals; unset: pod scrapes only",
-    )
-    p.add_argument(
-        "--metrics-port", type=int, default=_env_int(env, "TIDAL_OPERATOR_METRICS_PORT", 8081)
-    )
-    p.add_argument(
-        "--health-port", type=int, default=_env_int(env, "TIDAL_OPERATOR_HEALTH_PORT", 8082)
-    )
-    p.add_argument(
-        "--bind-address", default=env.get("TIDAL_OPERATOR_BIND_ADDRESS", "") or "0.0.0.0"
-    )
-    p.add_argument(
-        "--log-format",
-        choices=["json", "full", "plain"],
-        default=env.get("TIDAL_OPERATOR_LOG_FORMAT", "") or "json",
-    )
+    for f in _FLAGS:
+        raw = env.get(f.env, "")
+        default = f.type(raw) if raw else f.default
+        p.add_argument(f.flag, type=f.type, default=default, help=f.help, choices=f.choices)
     p.add_argument(
         "--leader-elect",
         action=argparse.BooleanOptionalAction,
-        default=env.get("TIDAL_OPERATOR_LEADER_ELECT", "").lower() in ("1", "true", "yes"),
+        default=env.get(_E + "LEADER_ELECT", "").lower() in ("1", "true", "yes"),
         help="elect one leader among the processes of this scope through a Lease",
-    )
-    p.add_argument("--lease-name", default=env.get("TIDAL_OPERATOR_LEASE_NAME", "") or None)
-    p.add_argument("--lease-namespace", default=env.get("POD_NAMESPACE", "") or None)
-    p.add_argument(
-        "--lease-seconds", type=int, default=_env_int(env, "TIDAL_OPERATOR_LEASE_SECONDS", 15)
     )
     p.add_argument(
         "--runtime-image",
@@ -171,18 +162,18 @@ def parse_args(argv: list[str] | None, env: Mapping[str, str]) -> argparse.Names
         default=None,
         help="the runtime image of a pool that names none, per backend (many)",
     )
-    level = env.get("TIDAL_OPERATOR_LOG_LEVEL", "info").lower()
+    level = env.get(_E + "LOG_LEVEL", "info").lower()
     p.add_argument("--verbose", action="store_true", default=level == "verbose")
     p.add_argument("--debug", action="store_true", default=level == "debug")
     args = p.parse_args(argv)
     if args.namespaces is None:
-        args.namespaces = env_ns
+        args.namespaces = [n for n in env.get(_E + "NAMESPACES", "").split(",") if n.strip()]
     if args.lease_name is None:
         args.lease_name = lease_name(args.namespaces)
     if args.lease_namespace is None:
         args.lease_namespace = args.namespaces[0] if args.namespaces else "default"
     if args.runtime_images is None:
-        given = env.get("TIDAL_OPERATOR_RUNTIME_IMAGES", "")
+        given = env.get(_E + "RUNTIME_IMAGES", "")
         args.runtime_images = [item for item in given.split(",") if item.strip()]
     try:
         args.runtime_images = {

@@ -125,6 +125,70 @@ def schema_of(model: type[api.ApiModel]) -> dict[str, Any]:
     return dict(_expand_empty_defaults(_structural(_resolve(raw, defs))))
 
 
+# `kubectl get inferenceservices`' columns.
+PRINTER_COLUMNS: tuple[dict[str, Any], ...] = (
+    {
+        "name": "Ready",
+        "type": "string",
+        "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
+        "description": "Whether the active pool has ready replicas behind the Service.",
+    },
+    {
+        "name": "Replicas",
+        "type": "integer",
+        "jsonPath": ".status.readyReplicas",
+        "description": "Ready replicas of the active pool.",
+    },
+    {
+        "name": "Desired",
+        "type": "integer",
+        "jsonPath": ".status.desiredReplicas",
+        "description": "Replicas the operator asks for.",
+        "priority": 1,
+    },
+    {
+        "name": "P99",
+        "type": "number",
+        "jsonPath": ".status.metrics.p99HotMs",
+        "description": "Hot-path P99 latency in milliseconds.",
+    },
+    {
+        "name": "Pool",
+        "type": "string",
+        "jsonPath": ".status.activePool",
+        "description": "The pool that gets traffic.",
+    },
+    {
+        "name": "Models",
+        "type": "string",
+        "jsonPath": ".status.fleet.summary",
+        "description": "With spec.fleet: models hot on some replica / models.",
+    },
+    {
+        "name": "Reason",
+        "type": "string",
+        "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
+        "priority": 1,
+    },
+    {
+        "name": "Decision",
+        "type": "string",
+        "jsonPath": ".status.lastDecision.reason",
+        "description": "The autoscaler's last decision, e.g. surge:rate or hold:metrics-stale.",
+        "priority": 1,
+    },
+    {
+        "name": "Rollout",
+        "type": "string",
+        "jsonPath": ".status.rollout.phase",
+        "description": "With a baseline: Stable, Preparing, Progressing, RolledBack, Pinned "
+        "or Overflow.",
+        "priority": 1,
+    },
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+)
+
+
 def build_crd() -> dict[str, Any]:
     """The CustomResourceDefinition as a plain dict."""
     spec_schema = schema_of(api.InferenceServiceSpec)
@@ -144,74 +208,13 @@ def build_crd() -> dict[str, Any]:
     extra = api.InferenceService.model_config.get("json_schema_extra")
     if isinstance(extra, dict):
         root.update(extra)
-    columns: list[dict[str, Any]] = [
-        {
-            "name": "Ready",
-            "type": "string",
-            "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
-            "description": "Whether the active pool has ready replicas behind the Service.",
-        },
-        {
-            "name": "Replicas",
-            "type": "integer",
-            "jsonPath": ".status.readyReplicas",
-            "description": "Ready replicas of the active pool.",
-        },
-        {
-            "name": "Desired",
-            "type": "integer",
-            "jsonPath": ".status.desiredReplicas",
-            "description": "Replicas the operator asks for.",
-            "priority": 1,
-        },
-        {
-            "name": "P99",
-            "type": "number",
-            "jsonPath": ".status.metrics.p99HotMs",
-            "description": "Hot-path P99 latency in milliseconds.",
-        },
-        {
-            "name": "Pool",
-            "type": "string",
-            "jsonPath": ".status.activePool",
-            "description": "The pool that gets traffic.",
-        },
-        {
-            "name": "Models",
-            "type": "string",
-            "jsonPath": ".status.fleet.summary",
-            "description": "With spec.fleet: models hot on some replica / models.",
-        },
-        {
-            "name": "Reason",
-            "type": "string",
-            "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
-            "priority": 1,
-        },
-        {
-            "name": "Decision",
-            "type": "string",
-            "jsonPath": ".status.lastDecision.reason",
-            "description": "The autoscaler's last decision, e.g. surge:rate or hold:metrics-stale.",
-            "priority": 1,
-        },
-        {
-            "name": "Rollout",
-            "type": "string",
-            "jsonPath": ".status.rollout.phase",
-            "description": "With a baseline: Stable, Preparing, Progressing, RolledBack, Pinned "
-            "or Overflow.",
-            "priority": 1,
-        },
-        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-    ]
     names = (api.KIND, api.PLURAL, api.SINGULAR, api.SHORT_NAMES, api.CATEGORIES)
     scale = {
         "specReplicasPath": ".spec.replicas",
         "statusReplicasPath": ".status.replicas",
         "labelSelectorPath": ".status.selector",
     }
-    return _crd(names, root, {"status": {}, "scale": scale}, columns)
+    return _crd(names, root, {"status": {}, "scale": scale}, list(PRINTER_COLUMNS))
 
 
 def _crd(

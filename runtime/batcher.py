@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from .clock import Clock
+from ..common.clock import Clock
 from .config import FaultSpec, ModelSpec
 from .core.batching import (
     BatchPolicy,
@@ -160,7 +160,7 @@ class ModelBatcher:
         that far away. Requests without a deadline are always reachable. O(queue), run when
         `/metrics` is read (on the event loop, like every change of the queue).
         """
-        now = self.clock.now()
+        now = self.clock.monotonic()
         per_batch = self.recent_batch_seconds or 0.0
         batch_rows = max(1, self.spec.max_batch_size)
         count = 0
@@ -192,7 +192,7 @@ class ModelBatcher:
                     self.queued_rows, self.spec.max_batch_size, self.recent_batch_seconds
                 ),
             )
-        now = self.clock.now()
+        now = self.clock.monotonic()
         timeout = self.spec.batching.timeout_ms
         if timeout_ms is not None and timeout_ms > 0 and math.isfinite(timeout_ms):
             timeout = timeout_ms if timeout is None else min(timeout, timeout_ms)
@@ -264,7 +264,7 @@ class ModelBatcher:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
-            now = self.clock.now()
+            now = self.clock.monotonic()
             self._expire(now)
             decision = decide_batch([p.item for p in self.queue], self.policy, now)
             if decision.count == 0:
@@ -301,9 +301,9 @@ class ModelBatcher:
 
     def _infer_timed(self, engine: Any, merged: Arrays) -> tuple[Arrays, float]:
         """Run the batch (on the worker thread); returns the outputs and the engine's seconds."""
-        started = self.clock.now()
+        started = self.clock.monotonic()
         outputs: Arrays = engine.infer(merged)
-        return outputs, self.clock.now() - started
+        return outputs, self.clock.monotonic() - started
 
     def _infer_paced(self, engine: Any, merged: Arrays, rows: int) -> tuple[Arrays, float]:
         """Run the batch, then hold the slot until the emulated service time has passed."""
@@ -353,7 +353,7 @@ class ModelBatcher:
             for pending in batch:
                 pending.future.set_exception(BackendError("engine vanished while queued"))
             return None
-        merging = self.clock.now()
+        merging = self.clock.monotonic()
         queue = self.stats.queue
         for pending in batch:
             queue.add(merging - pending.item.arrival)
@@ -373,13 +373,13 @@ class ModelBatcher:
         if prepared is None:
             return
         engine, merged, rows, merging = prepared
-        started = self.clock.now()
+        started = self.clock.monotonic()
         try:
             outputs = engine.infer(merged)
         except Exception as exc:
             self._fail(batch, rows, exc)
             return
-        self._finish(batch, outputs, rows, merging, started, self.clock.now() - started)
+        self._finish(batch, outputs, rows, merging, started, self.clock.monotonic() - started)
 
     async def _execute(self, batch: list[Pending]) -> None:
         if self._inline():
@@ -389,7 +389,7 @@ class ModelBatcher:
         if prepared is None:
             return
         engine, merged, rows, merging = prepared
-        started = self.clock.now()
+        started = self.clock.monotonic()
         loop = asyncio.get_running_loop()
         self._executing += 1
         try:
@@ -429,7 +429,7 @@ class ModelBatcher:
         engine_s: float,
     ) -> None:
         """Count the completed batch and hand each request its slice of the outputs."""
-        elapsed = self.clock.now() - started
+        elapsed = self.clock.monotonic() - started
         self.recent_batch_seconds = _smoothed(self.recent_batch_seconds, elapsed)
         self.recent_engine_seconds = _smoothed(self.recent_engine_seconds, engine_s)
         self._done_batches.inc()
@@ -450,7 +450,7 @@ class ModelBatcher:
                     )
             offset += n
         self.stats.record_batch(
-            rows, len(batch), started - merging, elapsed, self.clock.now() - started - elapsed
+            rows, len(batch), started - merging, elapsed, self.clock.monotonic() - started - elapsed
         )
 
 

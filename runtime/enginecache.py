@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from ..common.backoff import Backoff
+from ..common.clock import Clock
 from .backends import Backend, Engine, TensorSpec, warmup_inputs
-from .clock import Clock
 from .config import ModelSpec, RuntimeConfig
 from .core.cache import CacheEntry, make_policy, plan_admission
 from .core.engines import (
@@ -219,20 +219,20 @@ class EngineCache:
                 retry_after=1,
             )
         slot.refs += 1
-        self.last_acquired = self.clock.now()
+        self.last_acquired = self.clock.monotonic()
         cold = slot.state != READY
         try:
             if cold:
                 self.metrics.cache_misses.labels(name).inc()
-                waited_from = self.clock.now()
+                waited_from = self.clock.monotonic()
                 await self.ensure_loaded(name, on_demand=True)
-                self._observe_transfer_wait(slot, waited_from, self.clock.now())
+                self._observe_transfer_wait(slot, waited_from, self.clock.monotonic())
             else:
                 self.metrics.cache_hits.labels(name).inc()
         except BaseException:
             self.release(name)
             raise
-        slot.last_used = self.clock.now()
+        slot.last_used = self.clock.monotonic()
         slot.uses += 1
         assert slot.engine is not None
         return slot.engine, cold
@@ -286,29 +286,29 @@ class EngineCache:
     async def phase(
         self, slot: Slot, phase: str | None, func: Any, *args: Any, observe: bool = True
     ) -> Any:
-        started = self.clock.now()
+        started = self.clock.monotonic()
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(self._load_pool, func, *args)
         finally:
-            elapsed = self.clock.now() - started
+            elapsed = self.clock.monotonic() - started
             slot.load_seconds += elapsed
             if observe:
                 self.metrics.engine_load.labels(slot.spec.name, phase).observe(elapsed)
 
     async def _deserialize(self, slot: Slot, *args: Any) -> Engine:
         """backend.load, observed as its own phases when the engine reports them."""
-        started = self.clock.now()
+        started = self.clock.monotonic()
         try:
             engine: Engine = await self.phase(
                 slot, "deserialize", self.backend.load, *args, observe=False
             )
         except BaseException:
             self.metrics.engine_load.labels(slot.spec.name, "deserialize").observe(
-                self.clock.now() - started
+                self.clock.monotonic() - started
             )
             raise
-        ended = self.clock.now()
+        ended = self.clock.monotonic()
         phases = getattr(engine, "load_phases", None)
         if not phases:
             phases = {"deserialize": ended - started}
@@ -327,9 +327,9 @@ class EngineCache:
         seconds = self.config.faults.extra_transfer_seconds
         if not seconds:
             return
-        started = self.clock.now()
+        started = self.clock.monotonic()
         await asyncio.sleep(seconds)
-        ended = self.clock.now()
+        ended = self.clock.monotonic()
         slot.load_seconds += ended - started
         slot.transfers.append((started, ended))
         self.metrics.engine_load.labels(slot.spec.name, "h2d").observe(ended - started)
@@ -353,7 +353,7 @@ class EngineCache:
     def _reserve(self, slot: Slot, nbytes: int) -> None:
         """Make room for ``nbytes`` by evicting, then account them to ``slot`` (no await)."""
         plan = plan_admission(
-            self._entries(slot.spec.name), nbytes, self.budget, self.policy, self.clock.now()
+            self._entries(slot.spec.name), nbytes, self.budget, self.policy, self.clock.monotonic()
         )
         slot.history.append(plan.reason)
         if not plan.admit:
@@ -383,7 +383,7 @@ class EngineCache:
                 self.changes.bump()  # the load queue moved (GET /v2/tidal/models reports it)
                 slot.load_seconds = 0.0
                 slot.transfers = []
-                load_started = self.clock.now()
+                load_started = self.clock.monotonic()
                 chosen, sha, selection = self.choose(spec)
                 staged = slot.staged is not None and slot.staged[0] == chosen.uri
                 if slot.staged is not None and staged:
@@ -439,7 +439,7 @@ class EngineCache:
         slot.platform = engine.platform
         slot.inputs, slot.outputs = engine.inputs, engine.outputs
         slot.state = READY
-        slot.loaded_at = slot.last_used = self.clock.now()
+        slot.loaded_at = slot.last_used = self.clock.monotonic()
         slot.last_error = None
         slot.first_request_pending = on_demand
         slot.last_size_bytes = slot.size_bytes

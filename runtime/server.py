@@ -19,7 +19,6 @@ import asyncio
 import logging
 import os
 import random
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -30,13 +29,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from ..common import http as common_http
 from ..common.backoff import Backoff, Retry
 from ..common.body import CONTROL_JSON_VALUES, CONTROL_LIMIT, OFFLOAD_BYTES
+from ..common.clock import CLOCK, Clock
 from ..common.contract import ENV_POD_NAME
 from ..common.http import BodyError, JsonErrorRunner, declared_too_large, quiet_logger
 from ..common.offload import Offload
 from . import __version__, tiers
 from .backends import Backend, TensorSpec, make_backend
 from .batcher import ModelBatcher
-from .clock import CLOCK, Clock
 from .config import RuntimeConfig
 from .enginecache import READY, ChangeFeed, EngineCache
 from .errors import (
@@ -231,7 +230,7 @@ class RequestAccounting:
 
     def __enter__(self) -> RequestAccounting:
         runtime = self._runtime
-        self._started = runtime.clock.now()
+        self._started = runtime.clock.monotonic()
         runtime.metrics.inflight.inc()
         runtime.arrivals.bump()
         if self._slot is not None:
@@ -256,7 +255,7 @@ class RequestAccounting:
             code = 500
         slot.outstanding -= 1
         slot.requests += 1
-        elapsed = runtime.clock.now() - self._started
+        elapsed = runtime.clock.monotonic() - self._started
         series = runtime.metrics.request_series(self._name)
         series.observe(self.cold, code, elapsed)
         if self.cold and code == 200 and runtime.cache.take_first_request(self._name):
@@ -286,7 +285,7 @@ class RuntimeServer:
         config: RuntimeConfig,
         backend: Backend | None = None,
         clock: Clock = CLOCK,
-        wall: Callable[[], float] = time.time,
+        wall: Callable[[], float] = CLOCK.wall,
     ) -> None:
         self.config = config
         self.clock = clock
@@ -294,7 +293,7 @@ class RuntimeServer:
         # Longest a request body may take once its headers are in (then 408): a stalled upload
         # would otherwise hold a connection and its buffer forever.
         self.body_read_timeout_s = config.request_read_timeout_seconds
-        self.started_at = clock.now()
+        self.started_at = clock.monotonic()
         self.metrics = RuntimeMetrics()
         self.backend = backend if backend is not None else make_backend(config)
         self.store = EngineStore(config.cache_dir, config.s3)
@@ -410,7 +409,7 @@ class RuntimeServer:
         self.preload_pending.clear()
         self.ready = True
         self.cache.changes.bump()
-        elapsed = self.clock.now() - self.started_at
+        elapsed = self.clock.monotonic() - self.started_at
         self.metrics.startup_seconds.set(elapsed)
         log.info("ready after %.2f s", elapsed)
 

@@ -35,7 +35,6 @@ import queue
 import socket
 import tempfile
 import threading
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -47,6 +46,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..common.clock import CLOCK
 from .config import S3Spec
 from .errors import EngineLoadError
 
@@ -399,7 +399,7 @@ def _remove_if_unheld(path: Path) -> bool:
         except BlockingIOError:
             return False  # a live fetch, of this runtime or another one on the node
         held = os.fstat(fd)
-        if path.name.endswith(NEW) and time.time() - held.st_mtime < NEW_STALE_SECONDS:
+        if path.name.endswith(NEW) and CLOCK.wall() - held.st_mtime < NEW_STALE_SECONDS:
             return False  # created a moment ago, about to be locked by its fetch
         if path.stat().st_ino != held.st_ino:
             return False  # renamed into place (or replaced) since it was opened

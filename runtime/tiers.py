@@ -45,7 +45,7 @@ async def to_host(
     """
     quiet_seconds = HOST_QUIET_SECONDS if quiet_seconds is None else quiet_seconds
     drain_seconds = HOST_DRAIN_SECONDS if drain_seconds is None else drain_seconds
-    started = cache.clock.now()
+    started = cache.clock.monotonic()
     if cache.tier == "host":
         return cache.last_tier_change or {"tier": "host", "seconds": 0.0, "staged": []}
     token = cache.leaving = object()
@@ -54,9 +54,9 @@ async def to_host(
         if cache.leaving is not token:
             raise TierConflict("promoted while draining for the host tier: kept on the device")
         busy = any(s.refs > 0 or s.loading is not None for s in cache.slots.values())
-        if not busy and cache.clock.now() - cache.last_acquired >= quiet_seconds:
+        if not busy and cache.clock.monotonic() - cache.last_acquired >= quiet_seconds:
             break
-        if cache.clock.now() >= deadline:
+        if cache.clock.monotonic() >= deadline:
             cache.leaving = None
             raise TierConflict(
                 f"still receiving requests after {drain_seconds:g} s: kept on the device "
@@ -76,7 +76,7 @@ async def to_host(
     cache.changes.bump()
     cache.last_tier_change = {
         "tier": "host",
-        "seconds": round(cache.clock.now() - started, 4),
+        "seconds": round(cache.clock.monotonic() - started, 4),
         "staged": sorted(staged),
     }
     log.info("host-warm: %d engine(s) staged, none on the device", len(staged))
@@ -86,21 +86,21 @@ async def to_host(
 async def to_device(cache: EngineCache, names: list[str]) -> dict[str, Any]:
     """Promote a host-warm standby: load ``names`` (the preloaded models) from their staged
     files — no fetch, no cold-load cost — warm them up, then accept requests again."""
-    started = cache.clock.now()
+    started = cache.clock.monotonic()
     cache.leaving = None  # a move to the host tier in progress is called off
     if cache.tier == "device":
         return {"tier": "device", "seconds": 0.0, "models": {}}
     models: dict[str, float] = {}
     for name in names:
-        t0 = cache.clock.now()
+        t0 = cache.clock.monotonic()
         await cache.ensure_loaded(name)
-        models[name] = round(cache.clock.now() - t0, 4)
+        models[name] = round(cache.clock.monotonic() - t0, 4)
     cache.tier = "device"
     cache.changes.bump()
     cache.last_tier_change = {
         "tier": "device",
-        "seconds": round(cache.clock.now() - started, 4),
+        "seconds": round(cache.clock.monotonic() - started, 4),
         "models": models,
     }
-    log.info("promoted to the device in %.3fs: %s", cache.clock.now() - started, models)
+    log.info("promoted to the device in %.3fs: %s", cache.clock.monotonic() - started, models)
     return cache.last_tier_change

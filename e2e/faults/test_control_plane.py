@@ -28,7 +28,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from scenario import INFER_BODY, StatusRecorder, apply, events, install_crd, model_service
+from scenario import (
+    INFER_BODY,
+    StatusRecorder,
+    apply,
+    baseline_rollout,
+    events,
+    install_crd,
+    model_service,
+)
 
 from tidal.sandbox.cluster import Sandbox
 from tidal.sandbox.loadgen import LoadGenerator, LoadReport
@@ -54,17 +62,9 @@ def _manifest(model_path: Path) -> dict[str, Any]:
             "TIDAL_FAULT_MAX_CONCURRENT_BATCHES": "1",
         },
         autoscaling={"minReplicas": 1, "maxReplicas": 4, "scaleDownDelaySeconds": 5},
-        rollout={
-            "baseline": {
-                "runtime": {
-                    "backend": "onnxruntime",
-                    "env": [{"name": "OMP_NUM_THREADS", "value": "1"}],
-                },
-                "minReplicas": 1,
-            },
-            "slo": {"p99Ms": 5000, "for": "5s", "minRequests": 20},
-            "drainSeconds": 5,
-        },
+        rollout=baseline_rollout(
+            drain_seconds=5, slo={"p99Ms": 5000, "for": "5s", "minRequests": 20}
+        ),
     )
     model = manifest["spec"]["models"][0]
     model["maxBatchSize"] = BATCH_ROWS

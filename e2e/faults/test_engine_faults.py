@@ -31,7 +31,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from scenario import INFER_BODY, apply, events, install_crd, model_service, pods, running_operator
+from scenario import (
+    INFER_BODY,
+    apply,
+    baseline_rollout,
+    events,
+    install_crd,
+    model_service,
+    pods,
+    running_operator,
+)
 
 from tidal.runtime.modelgen import write_mlp
 from tidal.sandbox.loadgen import LoadGenerator, LoadReport
@@ -178,17 +187,9 @@ def test_a_rollout_to_a_corrupt_engine_leaves_the_baseline_serving(
         tmp_path / "mlp.onnx",
         env={},
         autoscaling={"minReplicas": 1, "maxReplicas": 2, "targetQueueDepth": 8},
-        rollout={
-            "baseline": {
-                "runtime": {
-                    "backend": "onnxruntime",
-                    "env": [{"name": "OMP_NUM_THREADS", "value": "1"}],
-                },
-                "minReplicas": 1,
-            },
-            "slo": {"p99Ms": 2000, "for": "5s", "minRequests": 10},
-            "drainSeconds": 3,
-        },
+        rollout=baseline_rollout(
+            drain_seconds=3, slo={"p99Ms": 2000, "for": "5s", "minRequests": 10}
+        ),
     )
     # The baseline keeps its own (validated) models; the primary's change to a corrupt engine.
     manifest["spec"]["rollout"]["baseline"]["models"] = json.loads(

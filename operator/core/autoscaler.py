@@ -597,37 +597,8 @@ def decide_scale(
             desired = window_max
             reason = REASON_DOWN_IDLE if obs.queue_depth == 0 else REASON_DOWN_LOW
 
-    # Bounds and limits, in order of authority: rate limit, unschedulable, max, min.
-    if desired > current:
-        limit = max(
-            math.ceil(current * policy.max_scale_up_rate - _EPS),
-            current + policy.max_scale_up_step,
-        )
-        if demand.learning:
-            learning_limit = max(math.ceil(current * policy.learning_max_factor - _EPS), 1)
-            if learning_limit < limit:
-                limit = learning_limit
-                if desired > limit:
-                    notes.append(NOTE_LEARNING)
-        if desired > limit:
-            desired, reason = limit, REASON_RATE_LIMITED
+    desired, reason = _bounded(policy, obs, state, current, desired, reason, demand.learning, notes)
     unschedulable = obs.pending_unschedulable > 0
-    if unschedulable and desired > current:
-        desired, reason = current, REASON_UNSCHEDULABLE
-        notes.append(f"{obs.pending_unschedulable} pod(s) pending unschedulable")
-    if desired > policy.max_replicas:
-        desired, reason = policy.max_replicas, REASON_CAPPED_MAX
-    if desired < policy.min_replicas:
-        desired, reason = policy.min_replicas, REASON_FLOOR_MIN
-    if reason == REASON_STEADY:
-        # The bounds moved the pool itself (spec changed, or a first decision).
-        asked = state.desired_serving
-        if asked is None:
-            asked = obs.ready_serving + obs.warming + obs.pending_unschedulable
-        if asked < policy.min_replicas:
-            reason = REASON_FLOOR_MIN
-        elif asked > policy.max_replicas:
-            reason = REASON_CAPPED_MAX
 
     rise_window, surge = _record_surge(policy, obs, state, warmup)
     standby = min(_standby_target(policy, surge, obs.now, capacity), policy.max_replicas - desired)
@@ -664,6 +635,51 @@ def decide_scale(
 
 # ------------------------------------------------------------------------------------------
 # Steps of decide_scale, each small enough to test through the whole function.
+
+
+def _bounded(
+    policy: ScalingPolicy,
+    obs: Observation,
+    state: ScalerState,
+    current: int,
+    desired: int,
+    reason: str,
+    learning: bool,
+    notes: list[str],
+) -> tuple[int, str]:
+    """The size asked for within the bounds and limits, in order of authority: rate limit
+    (tighter while capacity is being learnt), unschedulable pods, max, min; a steady pool that
+    the bounds moved themselves (spec changed, or a first decision) says so."""
+    if desired > current:
+        limit = max(
+            math.ceil(current * policy.max_scale_up_rate - _EPS),
+            current + policy.max_scale_up_step,
+        )
+        if learning:
+            learning_limit = max(math.ceil(current * policy.learning_max_factor - _EPS), 1)
+            if learning_limit < limit:
+                limit = learning_limit
+                if desired > limit:
+                    notes.append(NOTE_LEARNING)
+        if desired > limit:
+            desired, reason = limit, REASON_RATE_LIMITED
+    if obs.pending_unschedulable > 0 and desired > current:
+        desired, reason = current, REASON_UNSCHEDULABLE
+        notes.append(f"{obs.pending_unschedulable} pod(s) pending unschedulable")
+    if desired > policy.max_replicas:
+        desired, reason = policy.max_replicas, REASON_CAPPED_MAX
+    if desired < policy.min_replicas:
+        desired, reason = policy.min_replicas, REASON_FLOOR_MIN
+    if reason == REASON_STEADY:
+        # The bounds moved the pool itself (spec changed, or a first decision).
+        asked = state.desired_serving
+        if asked is None:
+            asked = obs.ready_serving + obs.warming + obs.pending_unschedulable
+        if asked < policy.min_replicas:
+            reason = REASON_FLOOR_MIN
+        elif asked > policy.max_replicas:
+            reason = REASON_CAPPED_MAX
+    return desired, reason
 
 
 def _clamp(value: int, low: int, high: int) -> int:

@@ -60,7 +60,7 @@ from .buildapi import (
     ModelBuildStatus,
     TargetStatus,
 )
-from .status import EventSpec, timestamp
+from .events import EventSpec, timestamp
 
 READY = "Ready"
 DEGRADED = "Degraded"
@@ -194,6 +194,30 @@ def label_value(name: str) -> str:
     return f"{name[:52].rstrip('-.')}-{hashlib.sha256(name.encode()).hexdigest()[:10]}"
 
 
+def _credentials_env(secret: str) -> list[dict[str, Any]]:
+    """The builder's S3 credentials from ``secret``, each key named (not envFrom): a Secret
+    that is missing, or lacks a key, keeps the container from starting with a reason read_job
+    reports (MissingCredentials), where envFrom would start the builder without credentials
+    and the S3 client would fail on instance metadata, naming neither the Secret nor spec.s3."""
+    return [
+        {
+            "name": key,
+            "valueFrom": {
+                "secretKeyRef": {"name": secret, "key": key}
+                | ({"optional": True} if key == OPTIONAL_CREDENTIAL_KEY else {})
+            },
+        }
+        for key in S3_CREDENTIAL_KEYS
+    ]
+
+
+def _node_affinity(labels: Mapping[str, str]) -> dict[str, Any]:
+    """Only nodes with every one of ``labels``."""
+    match = [{"key": k, "operator": "In", "values": [v]} for k, v in sorted(labels.items())]
+    term = {"nodeSelectorTerms": [{"matchExpressions": match}]}
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": term}}
+
+
 def make_job(build: ModelBuild, target: str, image: str) -> dict[str, Any]:
     """The Job that builds one target, on a node of that target."""
     spec = builder_spec(build, target)
@@ -214,38 +238,11 @@ def make_job(build: ModelBuild, target: str, image: str) -> dict[str, Any]:
         # The builder compiles for, and measures on, the GPU of the node it runs on.
         container["resources"] = {"limits": {GPU_RESOURCE: "1"}, "requests": {GPU_RESOURCE: "1"}}
     if build.spec.s3 is not None and build.spec.s3.credentials_secret:
-        # Each key named (not envFrom): a Secret that is missing, or lacks a key, keeps the
-        # container from starting with a reason read_job reports (MissingCredentials), where
-        # envFrom would start the builder without credentials and the S3 client would fail
-        # on instance metadata, naming neither the Secret nor spec.s3.
-        secret = build.spec.s3.credentials_secret
-        container["env"] = [
-            {
-                "name": key,
-                "valueFrom": {
-                    "secretKeyRef": {"name": secret, "key": key}
-                    | ({"optional": True} if key == OPTIONAL_CREDENTIAL_KEY else {})
-                },
-            }
-            for key in S3_CREDENTIAL_KEYS
-        ]
+        container["env"] = _credentials_env(build.spec.s3.credentials_secret)
     pod: dict[str, Any] = {"restartPolicy": "Never", "containers": [container]}
     want = node_labels_for(target)
     if want:
-        pod["affinity"] = {
-            "nodeAffinity": {
-                "requiredDuringSchedulingIgnoredDuringExecution": {
-                    "nodeSelectorTerms": [
-                        {
-                            "matchExpressions": [
-                                {"key": k, "operator": "In", "values": [v]}
-                                for k, v in sorted(want.items())
-                            ]
-                        }
-                    ]
-                }
-            }
-        }
+        pod["affinity"] = _node_affinity(want)
     if build.spec.tolerations:
         pod["tolerations"] = [t.to_wire() for t in build.spec.tolerations]
     return {
@@ -484,61 +481,12 @@ def plan_build(
     create: list[dict[str, Any]] = []
     statuses: list[TargetStatus] = []
     for target in targets.targets:
-        job = make_job(build, target, image or "")
-        name = job["metadata"]["name"]
-        digest = job["metadata"]["annotations"][ANNOTATION_INPUTS]
         known = before.get(target)
-        if unavailable:
-            statuses.append(_unavailable(target, digest, "BuilderUnavailable", ""))
-            continue
-        if build.spec.backend is BuildBackend.TORCH and not (
-            target == CPU_TARGET or _is_arch(target)
-        ):
-            message = (
-                f"spec.targets: {target}: the torch builder compiles for a GPU architecture "
-                "(sm90) or cpu; name architectures in spec.targets"
-            )
-            problems.append(("UnsupportedTarget", message))
-            statuses.append(_unavailable(target, digest, "UnsupportedTarget", message))
-            continue
-        finished = (BuildPhase.BUILT, BuildPhase.REFUSED)
-        if known is not None and known.inputs == digest and known.phase in finished:
-            statuses.append(known)
-            continue
-        outcome = by_name.get(name)
-        if outcome is None and nodes is not None and not nodes_of(target, nodes):
-            want = ", ".join(f"{k}={v}" for k, v in node_labels_for(target).items()) or "any"
-            message = f"spec.targets: no node of target {target} ({want})"
-            problems.append(("NoNodeForTarget", message))
-            statuses.append(_unavailable(target, digest, "NoNodeForTarget", message))
-            continue
-        if outcome is None:
+        status, job, found = _plan_target(build, target, image, known, by_name, nodes, unavailable)
+        statuses.append(status)
+        problems += found
+        if job is not None:
             create.append(job)
-            statuses.append(
-                TargetStatus(target=target, phase=BuildPhase.PENDING, job=name, inputs=digest)
-            )
-            continue
-        statuses.append(
-            TargetStatus(
-                target=target,
-                phase=outcome.phase,
-                job=name,
-                inputs=digest,
-                reason=outcome.reason,
-                message=outcome.message[-4096:],
-                artifacts=list(outcome.artifacts),
-            )
-        )
-        if outcome.reason == MISSING_CREDENTIALS:
-            problems.append((MISSING_CREDENTIALS, _missing_credentials(build, name, outcome)))
-        if outcome.phase is BuildPhase.FAILED:
-            problems.append(
-                (
-                    "BuildFailed",
-                    f"target {target}: Job {name} failed ({outcome.reason}): "
-                    f"{outcome.message[-LOG_TAIL_CHARS:]}",
-                )
-            )
     events = [
         EventSpec("Normal", "Created", f"Created Job {j['metadata']['name']}") for j in create
     ]
@@ -548,6 +496,63 @@ def plan_build(
             events.append(EventSpec("Warning", "GateRefused", f"target {s.target}: {s.message}"))
     summary = _summary(build, statuses)
     return _finish(create, statuses, previous, generation, now, tuple(problems), summary, events)
+
+
+def _plan_target(
+    build: ModelBuild,
+    target: str,
+    image: str | None,
+    known: TargetStatus | None,
+    jobs: Mapping[str, JobOutcome],
+    nodes: Sequence[NodeInfo] | None,
+    unavailable: str | None,
+) -> tuple[TargetStatus, dict[str, Any] | None, list[tuple[str, str]]]:
+    """One target's status, the Job to create for it (None: none) and the problems it shows
+    (``known``: its status before; ``jobs``: the outcomes of the Jobs that exist, by name)."""
+    job = make_job(build, target, image or "")
+    name = job["metadata"]["name"]
+    digest = job["metadata"]["annotations"][ANNOTATION_INPUTS]
+    if unavailable:
+        return _unavailable(target, digest, "BuilderUnavailable", ""), None, []
+    if build.spec.backend is BuildBackend.TORCH and not (target == CPU_TARGET or _is_arch(target)):
+        message = (
+            f"spec.targets: {target}: the torch builder compiles for a GPU architecture "
+            "(sm90) or cpu; name architectures in spec.targets"
+        )
+        unsupported = _unavailable(target, digest, "UnsupportedTarget", message)
+        return unsupported, None, [("UnsupportedTarget", message)]
+    finished = (BuildPhase.BUILT, BuildPhase.REFUSED)
+    if known is not None and known.inputs == digest and known.phase in finished:
+        return known, None, []
+    outcome = jobs.get(name)
+    if outcome is None and nodes is not None and not nodes_of(target, nodes):
+        want = ", ".join(f"{k}={v}" for k, v in node_labels_for(target).items()) or "any"
+        message = f"spec.targets: no node of target {target} ({want})"
+        return (
+            _unavailable(target, digest, "NoNodeForTarget", message),
+            None,
+            [("NoNodeForTarget", message)],
+        )
+    if outcome is None:
+        pending = TargetStatus(target=target, phase=BuildPhase.PENDING, job=name, inputs=digest)
+        return pending, job, []
+    status = TargetStatus(
+        target=target,
+        phase=outcome.phase,
+        job=name,
+        inputs=digest,
+        reason=outcome.reason,
+        message=outcome.message[-4096:],
+        artifacts=list(outcome.artifacts),
+    )
+    problems = []
+    if outcome.reason == MISSING_CREDENTIALS:
+        problems.append((MISSING_CREDENTIALS, _missing_credentials(build, name, outcome)))
+    if outcome.phase is BuildPhase.FAILED:
+        tail = outcome.message[-LOG_TAIL_CHARS:]
+        failed = f"target {target}: Job {name} failed ({outcome.reason}): {tail}"
+        problems.append(("BuildFailed", failed))
+    return status, None, problems
 
 
 def _missing_credentials(build: ModelBuild, job: str, outcome: JobOutcome) -> str:
@@ -825,62 +830,8 @@ def resolve_build_refs(
     spec = isvc.spec
     if not build_refs(isvc):
         return BuildResolution(isvc)
-    before = {(s.pool, s.model): s for s in served}
-    problems: list[str] = []
-    pending: list[str] = []
-    kept: list[ServedBuild] = []
-    blocked = False
-
-    def resolve(models: Sequence[Model], backend: Backend, pool: str, at: str) -> list[Model]:
-        nonlocal blocked
-        out = []
-        for model in models:
-            ref = model.build
-            if ref is None:
-                out.append(model)
-                continue
-            field_path = f"{at}[{model.name}].build"
-            build = builds.get(ref.name)
-            choice = resolve_engine(build, ref.precision.value, CPU_TARGET)
-            wrong = _wrong_build(model.name, build, backend) if build is not None else ""
-            if backend is not Backend.ONNXRUNTIME:
-                choice = EngineChoice(
-                    None,
-                    reason="engines from a ModelBuild are served by onnxruntime pools only in "
-                    f"this release (the pool's backend is {backend.value})",
-                )
-            elif wrong:
-                choice = EngineChoice(None, reason=wrong)
-            now = ServedBuild(
-                pool=pool,
-                model=model.name,
-                build=ref.name,
-                precision=ref.precision.value,
-                uri=choice.uri or "",
-                sha256=choice.sha256,
-                version=model.version or (build.spec.version if build else None),
-            )
-            if choice.uri is None:
-                old = before.get((pool, model.name))
-                keeping = f"; serving {old.uri} ({old.build}) meanwhile" if old else ""
-                text = f"{field_path}: ModelBuild {ref.name}: {choice.reason}{keeping}"
-                (pending if choice.pending else problems).append(text)
-                if old is None:
-                    blocked = True
-                    out.append(model)
-                    continue
-                now = old
-            kept.append(now)
-            engine = Engine(
-                uri=now.uri,
-                sha256=now.sha256,
-                backend=Backend.ONNXRUNTIME,
-                precision=Precision(now.precision),
-            )
-            # the version kept with its engine (status.builds): the kept build may not be fetched
-            out.append(model.model_copy(update={"engines": [engine], "version": now.version}))
-        return out
-
+    found = _Resolving(builds, {(s.pool, s.model): s for s in served})
+    resolve = found.models
     models = resolve(spec.models, spec.runtime.backend, PoolName.PRIMARY.value, "spec.models")
     update: dict[str, Any] = {"models": models}
     baseline = spec.rollout.baseline
@@ -896,12 +847,73 @@ def resolve_build_refs(
         update["rollout"] = rollout
     return BuildResolution(
         isvc.model_copy(update={"spec": spec.model_copy(update=update)}),
-        tuple(problems),
-        tuple(kept),
-        blocked,
-        tuple(pending),
+        tuple(found.problems),
+        tuple(found.kept),
+        found.blocked,
+        tuple(found.pending),
         dict(builds),
     )
+
+
+@dataclass
+class _Resolving:
+    """One resolution of a service's builds (``resolve_build_refs``): the builds, what each
+    pool served before (by pool and model), and what was found: problems, builds pending, the
+    builds served, and whether a model has no engine at all (every child held back)."""
+
+    builds: Mapping[str, ModelBuild]
+    before: Mapping[tuple[str, str], ServedBuild]
+    problems: list[str] = field(default_factory=list)
+    pending: list[str] = field(default_factory=list)
+    kept: list[ServedBuild] = field(default_factory=list)
+    blocked: bool = False
+
+    def models(self, models: Sequence[Model], backend: Backend, pool: str, at: str) -> list[Model]:
+        return [self.model(m, backend, pool, at) for m in models]
+
+    def model(self, model: Model, backend: Backend, pool: str, at: str) -> Model:
+        """The model with the engine its build published (or the one it served before)."""
+        ref = model.build
+        if ref is None:
+            return model
+        build = self.builds.get(ref.name)
+        choice = resolve_engine(build, ref.precision.value, CPU_TARGET)
+        wrong = _wrong_build(model.name, build, backend) if build is not None else ""
+        if backend is not Backend.ONNXRUNTIME:
+            choice = EngineChoice(
+                None,
+                reason="engines from a ModelBuild are served by onnxruntime pools only in "
+                f"this release (the pool's backend is {backend.value})",
+            )
+        elif wrong:
+            choice = EngineChoice(None, reason=wrong)
+        now = ServedBuild(
+            pool=pool,
+            model=model.name,
+            build=ref.name,
+            precision=ref.precision.value,
+            uri=choice.uri or "",
+            sha256=choice.sha256,
+            version=model.version or (build.spec.version if build else None),
+        )
+        if choice.uri is None:
+            old = self.before.get((pool, model.name))
+            keeping = f"; serving {old.uri} ({old.build}) meanwhile" if old else ""
+            text = f"{at}[{model.name}].build: ModelBuild {ref.name}: {choice.reason}{keeping}"
+            (self.pending if choice.pending else self.problems).append(text)
+            if old is None:
+                self.blocked = True
+                return model
+            now = old
+        self.kept.append(now)
+        engine = Engine(
+            uri=now.uri,
+            sha256=now.sha256,
+            backend=Backend.ONNXRUNTIME,
+            precision=Precision(now.precision),
+        )
+        # the version kept with its engine (status.builds): the kept build may not be fetched
+        return model.model_copy(update={"engines": [engine], "version": now.version})
 
 
 def _wrong_build(model: str, build: ModelBuild, backend: Backend) -> str:

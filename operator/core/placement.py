@@ -338,8 +338,57 @@ def place(
     """
     _check_unique(models, replicas)
     usable = {r.name: _usable_bytes(policy, r) for r in replicas}
-    sizes = {m.name: m.size_bytes for m in models}
-    # Hot models may pin up to the whole budget (see "Room").
+    hot, hot_now = _hot_models(policy, models, replicas, usable, hot_before)
+    if history is None:
+        history = any(r.pinned for r in replicas)
+    asked = _copy_requests(policy, models, replicas, usable, hot, history)
+    # Hot models first (score at or above the threshold now), then the rest, each by priority:
+    # a hot newcomer (a viral model) takes room from colder incumbents at once instead of
+    # waiting until its score is (1 + stickiness) times theirs.
+    requests = sorted(asked.requests, key=lambda q: (q[1] not in hot_now, q[0], q[1], q[2]))
+    # With `landing_follows_tail`, the tail's share of demand sets how many replicas keep
+    # landing room (see "Room").
+    landing = _landing(replicas, _landing_count(policy, models, replicas, hot))
+    # While a model's size is unknown, the first landing replica keeps its whole budget.
+    keeper = (
+        _landing(replicas, min(len(landing), 1)) if any(not m.size_known for m in models) else None
+    )
+    demand = {m.name: m for m in models}
+    hosted = _grant(
+        requests,
+        replicas,
+        usable,
+        demand,
+        asked.wanted,
+        landing,
+        asked.too_large,
+        hot,
+        keeper or frozenset(),
+    )
+    assignments, pinned = _assign(models, replicas, hosted, asked)
+    return Placement(
+        assignments=assignments,
+        pinned=pinned,
+        cold=tuple(sorted(name for name, where in assignments.items() if not where)),
+        too_large=asked.too_large,
+        reasons=asked.reasons,
+        wanted=asked.wanted,
+        resident={r.name: r.resident for r in replicas},
+        at=now,
+        landing=landing,
+        hot=hot,
+    )
+
+
+def _hot_models(
+    policy: PlacementPolicy,
+    models: Sequence[ModelDemand],
+    replicas: Sequence[ReplicaSlot],
+    usable: Mapping[str, int],
+    hot_before: frozenset[str] | None,
+) -> tuple[frozenset[str], frozenset[str]]:
+    """The hot models (which may pin up to the whole budget, see "Room"), and those hot now on
+    their score alone (they take room first)."""
     # On the rates (not the scores: forecast peaks over each model's horizon inflate the sum),
     # the same total the rate smoothing's fast attack uses, so a model taken at once as hot by
     # the smoothing is hot here too.
@@ -379,13 +428,31 @@ def place(
             )
         )
     )
-    budgets = {r.name: r.budget_bytes for r in replicas}
+    return hot, frozenset(m.name for m in models if headroom_for_hot and above(m))
 
-    def pin_cap(name: str, replica: str) -> int:
-        return budgets[replica] if name in hot else usable[replica]
 
-    if history is None:
-        history = any(r.pinned for r in replicas)
+@dataclass
+class _Asked:
+    """Each model's wanted copies and why, the requests for them (priority, model, copy number,
+    incumbent replica), and the models no replica can hold."""
+
+    requests: list[tuple[float, str, int, str | None]] = field(default_factory=list)
+    wanted: dict[str, int] = field(default_factory=dict)
+    drivers: dict[str, str] = field(default_factory=dict)
+    reasons: dict[str, str] = field(default_factory=dict)
+    too_large: dict[str, int] = field(default_factory=dict)
+
+
+def _copy_requests(
+    policy: PlacementPolicy,
+    models: Sequence[ModelDemand],
+    replicas: Sequence[ReplicaSlot],
+    usable: Mapping[str, int],
+    hot: frozenset[str],
+    history: bool,
+) -> _Asked:
+    """How many copies each model wants and the requests for them, incumbents first."""
+    sizes = {m.name: m.size_bytes for m in models}
     cap = len(replicas) if policy.max_copies is None else min(policy.max_copies, len(replicas))
     largest_budget = max((r.budget_bytes for r in replicas), default=0)
     largest_usable = max(usable.values(), default=0)
@@ -394,26 +461,14 @@ def place(
     previous_free = {
         r.name: usable[r.name] - sum(sizes.get(m, 0) for m in r.pinned) for r in replicas
     }
-
-    # Incumbents: pins on replicas that can still hold the model. A pin where it no longer fits
-    # (the budget shrank) is a copy to place anew, without the incumbent's stickiness: counted
-    # as one, it would let an impossible copy jump the queue on another replica, and the same
-    # placement fed its own output would then decide differently.
-    pinned_at: dict[str, list[ReplicaSlot]] = {}
-    for r in replicas:
-        for name in r.pinned:
-            if name in sizes and sizes[name] <= pin_cap(name, r.name):
-                pinned_at.setdefault(name, []).append(r)
-    reasons: dict[str, str] = {}
-    wanted: dict[str, int] = {}
-    drivers: dict[str, str] = {}
-    too_large: dict[str, int] = {}
-    requests: list[tuple[float, str, int, str | None]] = []
+    pinned_at = _incumbents(replicas, usable, sizes, hot)
+    asked = _Asked()
+    reasons = asked.reasons
     for model in models:
         name = model.name
-        wanted[name] = 0
+        asked.wanted[name] = 0
         if replicas and model.size_known and model.size_bytes > largest_budget:
-            too_large[name] = model.size_bytes - largest_budget
+            asked.too_large[name] = model.size_bytes - largest_budget
             reasons[name] = REASON_TOO_LARGE
             continue
         if not replicas:
@@ -421,8 +476,8 @@ def place(
             continue
         hosts = list(pinned_at.get(name, ()))
         count, driver = _wanted(policy, model, len(hosts) if history else None, cap, len(replicas))
-        wanted[name] = count
-        drivers[name] = driver
+        asked.wanted[name] = count
+        asked.drivers[name] = driver
         if count == 0:
             reasons[name] = REASON_COLD_STICKY if driver == DRIVER_STICKY else REASON_COLD_BELOW_MIN
             continue
@@ -437,45 +492,51 @@ def place(
         score = model.score
         for j in range(1, count + 1):
             if j <= len(incumbents):
-                requests.append(
-                    (-score * (1.0 + policy.stickiness), name, j, incumbents[j - 1].name)
-                )
+                priority = -score * (1.0 + policy.stickiness)
+                asked.requests.append((priority, name, j, incumbents[j - 1].name))
             else:
-                requests.append((-score, name, j, None))
-    # Hot models first (score at or above the threshold now), then the rest, each by priority:
-    # a hot newcomer (a viral model) takes room from colder incumbents at once instead of
-    # waiting until its score is (1 + stickiness) times theirs.
-    hot_now = frozenset(m.name for m in models if headroom_for_hot and above(m))
-    requests.sort(key=lambda q: (q[1] not in hot_now, q[0], q[1], q[2]))
-    # With `landing_follows_tail`, the tail's share of demand sets how many replicas keep
-    # landing room (see "Room").
-    landing = _landing(replicas, _landing_count(policy, models, replicas, hot))
-    # While a model's size is unknown, the first landing replica keeps its whole budget.
-    keeper = (
-        _landing(replicas, min(len(landing), 1)) if any(not m.size_known for m in models) else None
-    )
+                asked.requests.append((-score, name, j, None))
+    return asked
 
-    demand = {m.name: m for m in models}
-    hosted = _grant(
-        requests,
-        replicas,
-        usable,
-        demand,
-        wanted,
-        landing,
-        too_large,
-        hot,
-        keeper or frozenset(),
-    )
 
+def _incumbents(
+    replicas: Sequence[ReplicaSlot],
+    usable: Mapping[str, int],
+    sizes: Mapping[str, int],
+    hot: frozenset[str],
+) -> dict[str, list[ReplicaSlot]]:
+    """Per model, the replicas that pin it and can still hold it (a hot model up to the whole
+    budget). A pin where it no longer fits (the budget shrank) is a copy to place anew, without
+    the incumbent's stickiness: counted as one, it would let an impossible copy jump the queue
+    on another replica, and the same placement fed its own output would then decide
+    differently."""
+    pinned_at: dict[str, list[ReplicaSlot]] = {}
+    for r in replicas:
+        for name in r.pinned:
+            cap = r.budget_bytes if name in hot else usable[r.name]
+            if name in sizes and sizes[name] <= cap:
+                pinned_at.setdefault(name, []).append(r)
+    return pinned_at
+
+
+def _assign(
+    models: Sequence[ModelDemand],
+    replicas: Sequence[ReplicaSlot],
+    hosted: Mapping[str, Sequence[str]],
+    asked: _Asked,
+) -> tuple[dict[str, tuple[str, ...]], dict[str, frozenset[str]]]:
+    """Each model's replicas in order and each replica's pinned set; the reason of every model
+    not decided earlier (``asked.reasons``, completed here)."""
     # Final load per replica (each pinned copy carries its share of the model's score) orders
     # each model's replicas, so equal pinned sets give equal assignments whatever the order.
+    demand = {m.name: m for m in models}
     final_load = {r.name: 0.0 for r in replicas}
     for name, where in hosted.items():
         for replica in where:
             final_load[replica] += demand[name].score / len(where)
     assignments: dict[str, tuple[str, ...]] = {}
     pinned: dict[str, set[str]] = {r.name: set() for r in replicas}
+    reasons, wanted = asked.reasons, asked.wanted
     for model in models:
         name = model.name
         where = sorted(hosted[name], key=lambda r: (final_load[r], r))
@@ -489,19 +550,8 @@ def place(
         elif len(where) < wanted[name]:
             reasons[name] = f"copies={len(where)}/{wanted[name]}:{REASON_NO_ROOM}"
         else:
-            reasons[name] = f"copies={len(where)}:{drivers[name]}"
-    return Placement(
-        assignments=assignments,
-        pinned={replica: frozenset(names) for replica, names in pinned.items()},
-        cold=tuple(sorted(name for name, where in assignments.items() if not where)),
-        too_large=too_large,
-        reasons=reasons,
-        wanted=wanted,
-        resident={r.name: r.resident for r in replicas},
-        at=now,
-        landing=landing,
-        hot=hot,
-    )
+            reasons[name] = f"copies={len(where)}:{asked.drivers[name]}"
+    return assignments, {replica: frozenset(names) for replica, names in pinned.items()}
 
 
 # ------------------------------------------------------------------------------------------
@@ -542,134 +592,163 @@ def _grant(
     same copies in the same order. On a ``keeper`` replica the largest is its whole budget
     (a model of unknown size may need all of it).
     """
-    slots = sorted(replicas, key=lambda r: r.name)
-    index = {r.name: i for i, r in enumerate(slots)}
-    free = [usable[r.name] for r in slots]
-    load = [0.0] * len(slots)
-    resident_at: dict[str, list[int]] = {name: [] for name in demand}
-    for i, r in enumerate(slots):
-        for name in r.resident:
-            if name in resident_at:
-                resident_at[name].append(i)
-    hosted: dict[str, list[int]] = {name: [] for name in demand}
-    excluded = too_large or {}
-    by_size = sorted(
-        ((m.size_bytes, name) for name, m in demand.items() if name not in excluded),
-        key=lambda e: (-e[0], e[1]),
-    )
-    # Per landing replica: the models of `by_size` that fit its budget, and how many of them
-    # from the front are pinned there already (they need no room kept: a skipped prefix).
-    fits = {
-        i: (
-            [(r.budget_bytes, "")]
-            if r.name in keeper
-            else [e for e in by_size if e[0] <= r.budget_bytes]
+    grants = _Grants(requests, replicas, usable, demand, landing, too_large or {}, hot, keeper)
+    for _, name, _, bound in requests:
+        size = demand[name].size_bytes
+        chosen = grants.choose(name, size, bound)
+        if chosen >= 0:
+            grants.record(chosen, name, size, demand[name].score / wanted[name])
+    return {name: [grants.slots[i].name for i in where] for name, where in grants.hosted.items()}
+
+
+class _Grants:
+    """One pass of `_grant`: per replica (indexed in name order) its free bytes, load, the
+    incumbent copies not granted yet, and on landing replicas the room kept for the largest
+    model; per model, the replicas granted."""
+
+    def __init__(
+        self,
+        requests: Sequence[tuple[float, str, int, str | None]],
+        replicas: Sequence[ReplicaSlot],
+        usable: Mapping[str, int],
+        demand: Mapping[str, ModelDemand],
+        landing: frozenset[str],
+        too_large: Mapping[str, int],
+        hot: frozenset[str],
+        keeper: frozenset[str],
+    ) -> None:
+        self.slots = slots = sorted(replicas, key=lambda r: r.name)
+        self.usable, self.demand, self.hot = usable, demand, hot
+        index = {r.name: i for i, r in enumerate(slots)}
+        self.index = index
+        self.free = [usable[r.name] for r in slots]
+        self.load = [0.0] * len(slots)
+        self.resident_at: dict[str, list[int]] = {name: [] for name in demand}
+        for i, r in enumerate(slots):
+            for name in r.resident:
+                if name in self.resident_at:
+                    self.resident_at[name].append(i)
+        self.hosted: dict[str, list[int]] = {name: [] for name in demand}
+        by_size = sorted(
+            ((m.size_bytes, name) for name, m in demand.items() if name not in too_large),
+            key=lambda e: (-e[0], e[1]),
         )
-        for i, r in enumerate(slots)
-        if r.name in landing or r.name in keeper
-    }
-    skip = dict.fromkeys(fits, 0)
+        # Per landing replica: the models of `by_size` that fit its budget, and how many of
+        # them from the front are pinned there already (they need no room kept: a skipped
+        # prefix).
+        self.fits = {
+            i: (
+                [(r.budget_bytes, "")]
+                if r.name in keeper
+                else [e for e in by_size if e[0] <= r.budget_bytes]
+            )
+            for i, r in enumerate(slots)
+            if r.name in landing or r.name in keeper
+        }
+        self.skip = dict.fromkeys(self.fits, 0)
+        self.headroom = [r.budget_bytes - usable[r.name] for r in slots]
+        # Bytes of incumbent copies not granted yet, per replica: a newcomer granted before
+        # them (a hot model ahead of colder incumbents) takes free room first and displaces an
+        # incumbent only where no replica has room without doing so (a small viral model would
+        # otherwise take the replica of a large hot incumbent that fits nowhere else).
+        self.reserved = [0] * len(slots)
+        # The incumbents not granted yet, per replica, in the order they will be: a newcomer
+        # that must displace some goes where it displaces the fewest hot bytes, then the
+        # fewest bytes.
+        self.pending: list[list[str]] = [[] for _ in slots]
+        for _, name, _, bound in requests:
+            if bound is not None:
+                self.reserved[index[bound]] += demand[name].size_bytes
+                self.pending[index[bound]].append(name)
 
-    headroom = [r.budget_bytes - usable[r.name] for r in slots]
+    def room(self, i: int, name: str) -> int:
+        """Free bytes on replica i for a copy of `name` (a hot model may use the headroom)."""
+        return self.free[i] + (self.headroom[i] if name in self.hot else 0)
 
-    def allowed(i: int, name: str, size: int) -> bool:
-        if free[i] + (headroom[i] if name in hot else 0) < size:
+    def allowed(self, i: int, name: str, size: int) -> bool:
+        if self.room(i, name) < size:
             return False
-        if i not in fits:
+        if i not in self.fits:
             return True
-        candidates, k = fits[i], skip[i]
         keep = 0
-        for b, n in itertools.islice(candidates, k, None):
-            if n != name and (not n or i not in hosted[n]):
+        for b, n in itertools.islice(self.fits[i], self.skip[i], None):
+            if n != name and (not n or i not in self.hosted[n]):
                 keep = b
                 break
         # Pinned after the grant (usable - free + size) must stay within budget - keep.
-        return free[i] - size >= usable[slots[i].name] - (slots[i].budget_bytes - keep)
+        slot = self.slots[i]
+        return self.free[i] - size >= self.usable[slot.name] - (slot.budget_bytes - keep)
 
-    # Bytes of incumbent copies not granted yet, per replica: a newcomer granted before them
-    # (a hot model ahead of colder incumbents) takes free room first and displaces an
-    # incumbent only where no replica has room without doing so (a small viral model would
-    # otherwise take the replica of a large hot incumbent that fits nowhere else).
-    reserved = [0] * len(slots)
-    # The incumbents not granted yet, per replica, in the order they will be: a newcomer that
-    # must displace some goes where it displaces the fewest hot bytes, then the fewest bytes.
-    pending: list[list[str]] = [[] for _ in slots]
-    for _, name, _, bound in requests:
-        if bound is not None:
-            reserved[index[bound]] += demand[name].size_bytes
-            pending[index[bound]].append(name)
-
-    def displaced(i: int, name: str, size: int) -> tuple[int, int]:
+    def displaced(self, i: int, name: str, size: int) -> tuple[int, int]:
         """(hot bytes, bytes) of the incumbents pending on replica i that a copy of `name`
         granted there now would leave no room for: the last to be granted go first."""
-        short = size - (free[i] - reserved[i] + (headroom[i] if name in hot else 0))
+        short = size - (self.room(i, name) - self.reserved[i])
         hot_bytes = total = 0
-        for other in reversed(pending[i]):
+        for other in reversed(self.pending[i]):
             if short <= 0:
                 break
-            other_size = demand[other].size_bytes
+            other_size = self.demand[other].size_bytes
             short -= other_size
             total += other_size
-            if other in hot:
+            if other in self.hot:
                 hot_bytes += other_size
         return hot_bytes, total
 
-    for _, name, _, bound in requests:
-        size = demand[name].size_bytes
-        mine = hosted[name]
-        chosen = -1
+    def choose(self, name: str, size: int, bound: str | None) -> int:
+        """The replica a copy of `name` goes to (-1: none has room): its incumbent's, else the
+        least damaging, least loaded, freest of the first tier with a candidate."""
+        mine = self.hosted[name]
         if bound is not None:
-            b = index[bound]
-            reserved[b] -= size
-            pending[b].remove(name)
-            if b not in mine and allowed(b, name, size):
-                chosen = b
-        if chosen < 0:
-            spare = [
-                i
-                for i in range(len(slots))
-                if free[i] - reserved[i] + (headroom[i] if name in hot else 0) >= size
-            ]
-            spare_resident = [i for i in resident_at[name] if i in spare]
-            tiers = (spare_resident, spare, resident_at[name], range(len(slots)))
-            for tier, candidates in enumerate(tiers):
-                # In the last two tiers every candidate displaces incumbents: least damage first.
-                cost = {
-                    i: displaced(i, name, size) if tier >= 2 else (0, 0)
-                    for i in candidates
-                    if i not in mine and allowed(i, name, size)
-                }
-                for i in candidates:
-                    if i not in cost:
-                        continue
-                    if (
-                        chosen < 0
-                        or cost[i] < cost[chosen]
-                        or (
-                            cost[i] == cost[chosen]
-                            and (
-                                load[i] < load[chosen]
-                                or (load[i] == load[chosen] and free[i] > free[chosen])
-                            )
+            b = self.index[bound]
+            self.reserved[b] -= size
+            self.pending[b].remove(name)
+            if b not in mine and self.allowed(b, name, size):
+                return b
+        n = len(self.slots)
+        spare = [i for i in range(n) if self.room(i, name) - self.reserved[i] >= size]
+        spare_resident = [i for i in self.resident_at[name] if i in spare]
+        tiers = (spare_resident, spare, self.resident_at[name], range(n))
+        load, free = self.load, self.free
+        for tier, candidates in enumerate(tiers):
+            # In the last two tiers every candidate displaces incumbents: least damage first.
+            cost = {
+                i: self.displaced(i, name, size) if tier >= 2 else (0, 0)
+                for i in candidates
+                if i not in mine and self.allowed(i, name, size)
+            }
+            chosen = -1
+            for i in candidates:
+                if i not in cost:
+                    continue
+                if (
+                    chosen < 0
+                    or cost[i] < cost[chosen]
+                    or (
+                        cost[i] == cost[chosen]
+                        and (
+                            load[i] < load[chosen]
+                            or (load[i] == load[chosen] and free[i] > free[chosen])
                         )
-                    ):
-                        chosen = i
-                if chosen >= 0:
-                    break
-        if chosen < 0:
-            continue
-        mine.append(chosen)
-        free[chosen] -= size
-        load[chosen] += demand[name].score / wanted[name]
-        if chosen in fits:
-            entries = fits[chosen]
+                    )
+                ):
+                    chosen = i
+            if chosen >= 0:
+                return chosen
+        return -1
+
+    def record(self, chosen: int, name: str, size: int, share: float) -> None:
+        """A copy of `name` granted on replica `chosen`, carrying `share` of its score."""
+        self.hosted[name].append(chosen)
+        self.free[chosen] -= size
+        self.load[chosen] += share
+        if chosen in self.fits:
+            entries, skip = self.fits[chosen], self.skip
             while (
                 skip[chosen] < len(entries)
                 and entries[skip[chosen]][1]
-                and chosen in hosted[entries[skip[chosen]][1]]
+                and chosen in self.hosted[entries[skip[chosen]][1]]
             ):
                 skip[chosen] += 1
-    return {name: [slots[i].name for i in where] for name, where in hosted.items()}
 
 
 def _landing_count(

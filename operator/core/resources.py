@@ -394,6 +394,20 @@ def desired_replicas(isvc: InferenceService, pool: PoolName, observed: Observed)
     return max(floor, min(scaling.max_replicas, floor if asked is None else asked))
 
 
+def _engine_entry(engine: Engine, backend: Backend) -> dict[str, Any]:
+    """One engine of the pool's backend as the runtime's configuration lists it."""
+    entry: dict[str, Any] = {"uri": engine.uri, "format": ENGINE_FORMAT[backend]}
+    if engine.sha256 is not None:
+        entry["sha256"] = engine.sha256
+    if engine.gpu_arch is not None:
+        entry["gpuArch"] = engine.gpu_arch
+    if engine.precision is not None:
+        entry["precision"] = engine.precision.value
+    if engine.tensorrt_version is not None:
+        entry["trtVersion"] = engine.tensorrt_version
+    return entry
+
+
 def render_runtime_config(pool: Pool, fleet: bool = False) -> dict[str, Any]:
     """The runtime's configuration (``tidal.runtime.config.RuntimeConfig``) as plain JSON.
 
@@ -406,20 +420,9 @@ def render_runtime_config(pool: Pool, fleet: bool = False) -> dict[str, Any]:
     backend = pool.runtime.backend
     models = []
     for model in pool.models:
-        engines = []
-        for engine in model.engines:
-            if engine.effective_backend is not backend:
-                continue
-            entry: dict[str, Any] = {"uri": engine.uri, "format": ENGINE_FORMAT[backend]}
-            if engine.sha256 is not None:
-                entry["sha256"] = engine.sha256
-            if engine.gpu_arch is not None:
-                entry["gpuArch"] = engine.gpu_arch
-            if engine.precision is not None:
-                entry["precision"] = engine.precision.value
-            if engine.tensorrt_version is not None:
-                entry["trtVersion"] = engine.tensorrt_version
-            engines.append(entry)
+        engines = [
+            _engine_entry(e, backend) for e in model.engines if e.effective_backend is backend
+        ]
         version = {} if model.version is None else {"version": model.version}
         models.append(
             {
@@ -599,12 +602,29 @@ CONTAINER_SECURITY: dict[str, Any] = {
 }
 
 
-def _deployment(
-    isvc: InferenceService, pool: Pool, replicas: int, config_hash: str
-) -> dict[str, Any]:
-    selector = {LABEL_ISVC: isvc.name, LABEL_POOL: pool.name.value}
-    pod_labels = {**common_labels(isvc), **selector, LABEL_ROLE: ROLE_SERVING}
+def _health_probes(**ready: int) -> dict[str, Any]:
+    """A container's readiness probe, often so a warm pod joins the Service within a second,
+    and its liveness probe (``ready``: more fields of the readiness probe)."""
     probe = {"port": "http", "scheme": "HTTP"}
+    return {
+        "readinessProbe": {
+            "httpGet": {**probe, "path": "/v2/health/ready"},
+            "periodSeconds": 1,
+            "timeoutSeconds": 1,
+            "failureThreshold": 3,
+            **ready,
+        },
+        "livenessProbe": {
+            "httpGet": {**probe, "path": "/v2/health/live"},
+            "periodSeconds": 10,
+            "timeoutSeconds": 2,
+            "failureThreshold": 3,
+        },
+    }
+
+
+def _runtime_container(isvc: InferenceService, pool: Pool) -> dict[str, Any]:
+    """The runtime container of a pool's pods."""
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": runtime_image(pool.runtime),
@@ -614,36 +634,28 @@ def _deployment(
             {"name": "grpc", "containerPort": RUNTIME_GRPC_PORT, "protocol": "TCP"},
         ],
         "env": _env(isvc, pool),
-        # Ready only once every preloaded model is loaded and warmed (DESIGN.md §3): probe
-        # often so a warm pod joins the Service within a second.
-        "readinessProbe": {
-            "httpGet": {**probe, "path": "/v2/health/ready"},
-            "periodSeconds": 1,
-            "timeoutSeconds": 1,
-            "failureThreshold": 3,
-            "successThreshold": 1,
-        },
-        "livenessProbe": {
-            "httpGet": {**probe, "path": "/v2/health/live"},
-            "periodSeconds": 10,
-            "timeoutSeconds": 2,
-            "failureThreshold": 3,
-        },
+        # Ready only once every preloaded model is loaded and warmed (DESIGN.md §3).
+        **_health_probes(successThreshold=1),
     }
     resources = _resources(pool.runtime)
     if resources:
         container["resources"] = resources
+    container["volumeMounts"] = [
+        {"name": "tmp", "mountPath": TMP_MOUNT},
+        {"name": ENGINE_CACHE_VOLUME, "mountPath": ENGINE_CACHE_MOUNT},
+    ]
+    container["securityContext"] = CONTAINER_SECURITY
+    return container
+
+
+def _runtime_pod_spec(pool: Pool, container: dict[str, Any]) -> dict[str, Any]:
+    """The pod spec of a pool's pods: the runtime container, its scratch and engine cache."""
     cache = pool.runtime.engine_cache
     engine_cache: dict[str, Any] = (
         {"hostPath": {"path": cache.host_path, "type": "DirectoryOrCreate"}}
         if cache.host_path is not None
         else {"emptyDir": {"sizeLimit": cache.size_limit} if cache.size_limit else {}}
     )
-    container["volumeMounts"] = [
-        {"name": "tmp", "mountPath": TMP_MOUNT},
-        {"name": ENGINE_CACHE_VOLUME, "mountPath": ENGINE_CACHE_MOUNT},
-    ]
-    container["securityContext"] = CONTAINER_SECURITY
     pod_spec: dict[str, Any] = {
         "containers": [container],
         # Hundreds of Services in a namespace would otherwise flood every pod's environment.
@@ -656,6 +668,15 @@ def _deployment(
         pod_spec["nodeSelector"] = dict(pool.runtime.node_selector)
     if pool.runtime.tolerations:
         pod_spec["tolerations"] = [t.to_wire() for t in pool.runtime.tolerations]
+    return pod_spec
+
+
+def _deployment(
+    isvc: InferenceService, pool: Pool, replicas: int, config_hash: str
+) -> dict[str, Any]:
+    selector = {LABEL_ISVC: isvc.name, LABEL_POOL: pool.name.value}
+    pod_labels = {**common_labels(isvc), **selector, LABEL_ROLE: ROLE_SERVING}
+    pod_spec = _runtime_pod_spec(pool, _runtime_container(isvc, pool))
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -857,11 +878,9 @@ def gateway_config(isvc: InferenceService) -> dict[str, Any]:
     return config
 
 
-def _gateway_deployment(isvc: InferenceService) -> dict[str, Any]:
-    gateway = _gateway_spec(isvc)
-    selector = {LABEL_ISVC: isvc.name, LABEL_COMPONENT: COMPONENT_GATEWAY}
-    labels = {**common_labels(isvc), **selector, "app.kubernetes.io/name": "tidal-gateway"}
-    probe = {"port": "http", "scheme": "HTTP"}
+def _gateway_container(isvc: InferenceService, gateway: FleetGateway) -> dict[str, Any]:
+    """The gateway's container: its config in the environment, its resources (the
+    activator's sized from what it may hold)."""
     config = json.dumps(gateway_config(isvc), sort_keys=True, separators=(",", ":"))
     container: dict[str, Any] = {
         "name": GATEWAY_CONTAINER,
@@ -880,18 +899,7 @@ def _gateway_deployment(isvc: InferenceService) -> dict[str, Any]:
             {"name": GATEWAY_CONFIG_ENV, "value": config},
         ],
         # Ready once the operator has told it about at least one healthy runtime pod.
-        "readinessProbe": {
-            "httpGet": {**probe, "path": "/v2/health/ready"},
-            "periodSeconds": 1,
-            "timeoutSeconds": 1,
-            "failureThreshold": 3,
-        },
-        "livenessProbe": {
-            "httpGet": {**probe, "path": "/v2/health/live"},
-            "periodSeconds": 10,
-            "timeoutSeconds": 2,
-            "failureThreshold": 3,
-        },
+        **_health_probes(),
     }
     requests = dict(gateway.resources.requests)
     limits = dict(gateway.resources.limits)
@@ -903,6 +911,14 @@ def _gateway_deployment(isvc: InferenceService) -> dict[str, Any]:
         container["resources"] = activator_resources()
     container["volumeMounts"] = [{"name": "tmp", "mountPath": TMP_MOUNT}]
     container["securityContext"] = CONTAINER_SECURITY
+    return container
+
+
+def _gateway_deployment(isvc: InferenceService) -> dict[str, Any]:
+    gateway = _gateway_spec(isvc)
+    selector = {LABEL_ISVC: isvc.name, LABEL_COMPONENT: COMPONENT_GATEWAY}
+    labels = {**common_labels(isvc), **selector, "app.kubernetes.io/name": "tidal-gateway"}
+    container = _gateway_container(isvc, gateway)
     pod_spec: dict[str, Any] = {
         "containers": [container],
         "enableServiceLinks": False,

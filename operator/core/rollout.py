@@ -482,7 +482,6 @@ def plan_rollout(
     """Decide traffic and pool sizes at ``now``; return the decision and the state to keep."""
     plan = _Plan(spec, observation, state or initial_state(spec), now)
     st = plan.state
-    auto = spec.active_pool is ActivePool.AUTO
 
     pv, primary_slo = evaluate_slo(spec.slo, observation.primary.signals, st.primary_slo, now)
     bv, baseline_slo = evaluate_slo(spec.slo, observation.baseline.signals, st.baseline_slo, now)
@@ -496,33 +495,7 @@ def plan_rollout(
                 f"activePool={spec.active_pool.value})",
             )
 
-    # Rule 2: latch the rollback of the template that breached.
-    rollback = plan.state.rollback
-    if (
-        auto
-        and spec.slo.on_breach is BreachAction.ROLLBACK
-        and pv.breached
-        and (rollback is None or rollback.primary_hash != plan.state.applied_hash)
-    ):
-        during_rollout = plan.state.applied_hash != plan.state.promoted_hash
-        # A primary that serves nothing (warming beside the baseline) is rolled back as is.
-        off = plan.state.traffic is Traffic.BASELINE
-        rollback = RollbackRecord(
-            primary_hash=plan.state.applied_hash,
-            reason=pv.reason,
-            breaches=pv.breaches,
-            decided_at=now,
-            switched_at=now if off else None,
-            during_rollout=during_rollout,
-        )
-        plan.update(rollback=rollback)
-        plan.event(
-            EventType.WARNING,
-            "RolloutAborted" if during_rollout else "RollingBack",
-            f"primary {plan.state.applied_hash} {pv.reason}; "
-            + ("traffic stays on the baseline" if off else "moving traffic to the baseline"),
-        )
-
+    _latch_rollback(plan, pv)
     _plan_traffic(plan, pv, bv)
     if plan.preparing is None and plan.state.preparing is not None:
         plan.update(preparing=None, preparing_since=None, prepare_warned=False)
@@ -544,6 +517,36 @@ def plan_rollout(
         )
 
     return _decide(plan, pv, bv), plan.state
+
+
+def _latch_rollback(plan: _Plan, pv: SloVerdict) -> None:
+    """Rule 2: latch the rollback of the template that breached."""
+    spec, now, rollback = plan.spec, plan.now, plan.state.rollback
+    if not (
+        spec.active_pool is ActivePool.AUTO
+        and spec.slo.on_breach is BreachAction.ROLLBACK
+        and pv.breached
+        and (rollback is None or rollback.primary_hash != plan.state.applied_hash)
+    ):
+        return
+    during_rollout = plan.state.applied_hash != plan.state.promoted_hash
+    # A primary that serves nothing (warming beside the baseline) is rolled back as is.
+    off = plan.state.traffic is Traffic.BASELINE
+    rollback = RollbackRecord(
+        primary_hash=plan.state.applied_hash,
+        reason=pv.reason,
+        breaches=pv.breaches,
+        decided_at=now,
+        switched_at=now if off else None,
+        during_rollout=during_rollout,
+    )
+    plan.update(rollback=rollback)
+    plan.event(
+        EventType.WARNING,
+        "RolloutAborted" if during_rollout else "RollingBack",
+        f"primary {plan.state.applied_hash} {pv.reason}; "
+        + ("traffic stays on the baseline" if off else "moving traffic to the baseline"),
+    )
 
 
 def _plan_traffic(plan: _Plan, pv: SloVerdict, bv: SloVerdict) -> None:
@@ -654,23 +657,7 @@ def _plan_steps(plan: _Plan, pv: SloVerdict) -> None:
     primary_ready = plan.ready(Pool.PRIMARY)
 
     if st.traffic is Traffic.BASELINE:
-        # Warming: the new primary gets the first step's replicas, no traffic yet. Without
-        # traffic there are no latency samples, so only a signal over its objective (GPU
-        # memory headroom, cold start of the warm-up) holds it back.
-        first = steps[0]
-        need = plan.required(Pool.PRIMARY) if first == 100 else step_shares(total, first).primary
-        plan.warm_target = need
-        if primary_ready < need or pv.breaching:
-            plan.action = Action.WARM_PRIMARY
-            plan.reason = (
-                f"warm-primary: {primary_ready}/{need} ready for {first}%; slo {pv.reason}"
-            )
-            return
-        to = Traffic.PRIMARY if first == 100 else Traffic.SPLIT
-        reserve = plan.load()  # what the baseline carries alone now (rule 6e)
-        plan.switch(to, Action.ADVANCE_STEP, f"advance-step: 1/{len(steps)} {first}%")
-        plan.update(step=0, step_ready_at=now, reserve=reserve)  # replicas ready: checked above
-        plan.event(EventType.NORMAL, "RolloutStep", _step_message(0, steps, total))
+        _warm_first_step(plan, pv, total)
         return
 
     if st.traffic is Traffic.PRIMARY:
@@ -694,21 +681,16 @@ def _plan_steps(plan: _Plan, pv: SloVerdict) -> None:
     elapsed = 0.0 if at is None else max(now - at, 0.0)
     label = f"{index + 1}/{len(steps)} {percent}%"
     if at is None:
-        plan.action = Action.EVALUATE_STEP
-        plan.reason = (
-            f"evaluate-step {label}: waiting for {target.primary} ready primary replicas "
-            f"({primary_ready} ready)"
-        )
-        plan.update(step=index)
+        waiting = f"waiting for {target.primary} ready primary replicas ({primary_ready} ready)"
+        _evaluating(plan, index, f"evaluate-step {label}: {waiting}")
         return
     # Once the primary is being scaled for the 100 % step, a pending signal or a thin sample
     # does not shrink it again (that would flap pod counts); a sustained breach still stops it
     # (rollback: through the abort; alert: it holds here).
     committed = plan.state.preparing is Pool.PRIMARY and not pv.breached
     if elapsed < spec.step_seconds or not (ok or committed):
-        plan.action = Action.EVALUATE_STEP
-        plan.reason = f"evaluate-step {label}: {elapsed:.0f}s of {spec.step_seconds:.0f}s; {why}"
-        plan.update(step=index)
+        held = f"{elapsed:.0f}s of {spec.step_seconds:.0f}s; {why}"
+        _evaluating(plan, index, f"evaluate-step {label}: {held}")
         return
 
     if st.traffic is Traffic.PRIMARY:  # the 100 % step passed: promote
@@ -723,8 +705,38 @@ def _plan_steps(plan: _Plan, pv: SloVerdict) -> None:
         plan.reason = f"promote: primary {plan.state.applied_hash} passed {len(steps)} steps"
         plan.event(EventType.NORMAL, "Promoted", plan.reason)
         return
+    _advance_step(plan, index + 1, total)
 
-    following = index + 1
+
+def _evaluating(plan: _Plan, index: int, reason: str) -> None:
+    """The step ``index`` is being evaluated (its replicas, its time, its signals)."""
+    plan.action = Action.EVALUATE_STEP
+    plan.reason = reason
+    plan.update(step=index)
+
+
+def _warm_first_step(plan: _Plan, pv: SloVerdict, total: int) -> None:
+    """Warming: the new primary gets the first step's replicas, no traffic yet. Without
+    traffic there are no latency samples, so only a signal over its objective (GPU memory
+    headroom, cold start of the warm-up) holds it back; then the first step takes traffic."""
+    steps, now, primary_ready = plan.spec.steps, plan.now, plan.ready(Pool.PRIMARY)
+    first = steps[0]
+    need = plan.required(Pool.PRIMARY) if first == 100 else step_shares(total, first).primary
+    plan.warm_target = need
+    if primary_ready < need or pv.breaching:
+        plan.action = Action.WARM_PRIMARY
+        plan.reason = f"warm-primary: {primary_ready}/{need} ready for {first}%; slo {pv.reason}"
+        return
+    to = Traffic.PRIMARY if first == 100 else Traffic.SPLIT
+    reserve = plan.load()  # what the baseline carries alone now (rule 6e)
+    plan.switch(to, Action.ADVANCE_STEP, f"advance-step: 1/{len(steps)} {first}%")
+    plan.update(step=0, step_ready_at=now, reserve=reserve)  # replicas ready: checked above
+    plan.event(EventType.NORMAL, "RolloutStep", _step_message(0, steps, total))
+
+
+def _advance_step(plan: _Plan, following: int, total: int) -> None:
+    """A step passed: the next one (the 100 % step flips the Service to the primary)."""
+    steps, now = plan.spec.steps, plan.now
     if steps[following] == 100:
         plan.move_all_to(Pool.PRIMARY, f"rollout step {following + 1}/{len(steps)} 100%")
         if plan.state.traffic is Traffic.PRIMARY:  # flipped just now
@@ -747,6 +759,44 @@ def _step_message(index: int, steps: tuple[int, ...], total: int) -> str:
 
 
 def _decide(plan: _Plan, pv: SloVerdict, bv: SloVerdict) -> RolloutDecision:
+    spec, st = plan.spec, plan.state
+    desired, serving, baseline_standby = _counts(plan)
+    percent = _primary_percent(plan, serving)
+    phase, rollback = _phase(plan)
+    rolling = st.applied_hash != st.promoted_hash and st.traffic is not Traffic.BASELINE
+    step = st.step if rolling else None
+    return RolloutDecision(
+        action=plan.action,
+        reason=plan.reason or f"{plan.action.value}; slo {pv.reason}",
+        phase=phase,
+        traffic=st.traffic,
+        service_pools=_pools_of(st.traffic),
+        desired_replicas=desired,
+        serving_replicas=serving,
+        baseline_standby=min(baseline_standby, desired.baseline),
+        primary_traffic_percent=percent,
+        applied_primary_hash=st.applied_hash,
+        hold_primary_template=st.applied_hash != spec.primary_hash,
+        step=step,
+        step_percent=None if step is None else spec.steps[min(step, len(spec.steps) - 1)],
+        rollback=rollback,
+        primary_slo=pv,
+        baseline_slo=bv,
+        events=tuple(plan.events),
+        verdict_due_at=min(
+            (
+                r.breaching_since + spec.slo.for_seconds
+                for r in pv.with_status(SignalStatus.PENDING)
+                if r.breaching_since is not None
+            ),
+            default=None,
+        ),
+    )
+
+
+def _counts(plan: _Plan) -> tuple[PoolCounts, PoolCounts, int]:
+    """The replicas each pool is to have, those that serve, and the baseline's standby (the
+    rest of the rollback reserve during a split step)."""
     spec, obs, st = plan.spec, plan.obs, plan.state
     n = obs.autoscaler_desired
     cap = spec.max_replicas
@@ -795,7 +845,12 @@ def _decide(plan: _Plan, pv: SloVerdict, bv: SloVerdict) -> RolloutDecision:
             keep = max(desired.of(pool), obs.pool(pool).ready_replicas)  # any template
             desired = desired.model_copy(update={pool.value: keep})
     desired = PoolCounts(primary=capped(desired.primary), baseline=capped(desired.baseline))
+    return desired, serving, baseline_standby
 
+
+def _primary_percent(plan: _Plan, serving: PoolCounts) -> float:
+    """The primary's share of the traffic (an overflow's by the replicas that are ready)."""
+    st = plan.state
     total_serving = serving.primary + serving.baseline
     percent = 100.0 * serving.primary / total_serving if total_serving else 0.0
     if st.traffic is Traffic.OVERFLOW:  # by the replicas that are ready, not those asked
@@ -805,7 +860,12 @@ def _decide(plan: _Plan, pv: SloVerdict, bv: SloVerdict) -> RolloutDecision:
         percent = 100.0
     elif st.traffic is Traffic.BASELINE:
         percent = 0.0
+    return percent
 
+
+def _phase(plan: _Plan) -> tuple[Phase, RollbackRecord | None]:
+    """The rollout's phase, and the rollback it reports (only while rolled back)."""
+    spec, st = plan.spec, plan.state
     rollback = st.rollback
     rolled_back = (
         st.traffic is Traffic.BASELINE
@@ -831,33 +891,4 @@ def _decide(plan: _Plan, pv: SloVerdict, bv: SloVerdict) -> RolloutDecision:
         phase = Phase.STABLE
     if not rolled_back:
         rollback = None
-
-    rolling = st.applied_hash != st.promoted_hash and st.traffic is not Traffic.BASELINE
-    step = st.step if rolling else None
-    return RolloutDecision(
-        action=plan.action,
-        reason=plan.reason or f"{plan.action.value}; slo {pv.reason}",
-        phase=phase,
-        traffic=st.traffic,
-        service_pools=_pools_of(st.traffic),
-        desired_replicas=desired,
-        serving_replicas=serving,
-        baseline_standby=min(baseline_standby, desired.baseline),
-        primary_traffic_percent=percent,
-        applied_primary_hash=st.applied_hash,
-        hold_primary_template=st.applied_hash != spec.primary_hash,
-        step=step,
-        step_percent=None if step is None else spec.steps[min(step, len(spec.steps) - 1)],
-        rollback=rollback,
-        primary_slo=pv,
-        baseline_slo=bv,
-        events=tuple(plan.events),
-        verdict_due_at=min(
-            (
-                r.breaching_since + spec.slo.for_seconds
-                for r in pv.with_status(SignalStatus.PENDING)
-                if r.breaching_since is not None
-            ),
-            default=None,
-        ),
-    )
+    return phase, rollback

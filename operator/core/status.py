@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Any, Literal
+from datetime import datetime
+from typing import Any
 
 from .api import (
     LABEL_ISVC,
@@ -33,6 +33,7 @@ from .api import (
     ServedBuild,
 )
 from .control import ControlStatus
+from .events import EventSpec, timestamp
 
 READY = "Ready"
 PROGRESSING = "Progressing"
@@ -115,26 +116,12 @@ class StatusInput:
 
 
 @dataclass(frozen=True)
-class EventSpec:
-    """An Event to post on the InferenceService."""
-
-    type: Literal["Normal", "Warning"]
-    reason: str
-    message: str
-
-
-@dataclass(frozen=True)
 class StatusResult:
     status: InferenceServiceStatus
     events: tuple[EventSpec, ...]
 
     def to_wire(self) -> dict[str, Any]:
         return self.status.to_wire()
-
-
-def timestamp(now: datetime) -> str:
-    """RFC 3339 in UTC with second precision, as metav1.Time serialises."""
-    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def count_pool(
@@ -302,27 +289,29 @@ def _event_for(before: Condition | None, after: Condition) -> EventSpec | None:
     )
 
 
-def compute_status(inp: StatusInput) -> StatusResult:
-    """The new status and the Events its changes deserve."""
-    control = inp.control
+def _pool_statuses(inp: StatusInput, prev: InferenceServiceStatus) -> dict[PoolName, PoolStatus]:
+    """Each pool's counts, with the control loop's metrics (without it: the previous ones)."""
     pools = {
         pool: count_pool(pool, desired, inp.deployments.get(pool), inp.pods)
         for pool, desired in inp.desired.items()
     }
+    if inp.control is not None:
+        metrics = inp.control.pool_metrics
+        return {p: c.model_copy(update={"metrics": metrics.get(p)}) for p, c in pools.items()}
+    before = prev.pools
+    return {
+        pool: counts.model_copy(
+            update={"metrics": before[pool.value].metrics if pool.value in before else None}
+        )
+        for pool, counts in pools.items()
+    }
+
+
+def compute_status(inp: StatusInput) -> StatusResult:
+    """The new status and the Events its changes deserve."""
+    control = inp.control
     prev = inp.previous or InferenceServiceStatus()
-    if control is not None:
-        pools = {
-            pool: counts.model_copy(update={"metrics": control.pool_metrics.get(pool)})
-            for pool, counts in pools.items()
-        }
-    else:
-        before = prev.pools
-        pools = {
-            pool: counts.model_copy(
-                update={"metrics": before[pool.value].metrics if pool.value in before else None}
-            )
-            for pool, counts in pools.items()
-        }
+    pools = _pool_statuses(inp, prev)
     active = pools.get(inp.active_pool, PoolStatus())
     by_type = {c.type: c for c in prev.conditions}
     ours = [

@@ -27,14 +27,29 @@ marked ``overdue`` so the shell says so (a Warning Event). It never completes on
 no endpoint listed ready -- that would fail every request, while the pods it would take away
 still answer -- unless no EndpointSlice of the Service was ever seen (the operator may not read
 them: an old chart's RBAC), where past the wait it moves without looking, as it did before.
+
+:func:`move_traffic` is the control loop's step around it: one :class:`TrafficTick` in (the
+decision's routing, the live Service and its slices, the move's memory), one
+:class:`TrafficMove` out (what to publish, the demotions to write, the memory, a Warning).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
-from .api import PoolName
+from .api import LABEL_POOL, LABEL_ROLE, PoolName
+from .events import EventSpec
+from .resources import ROLE_SERVING, Observed
+from .signals import pod_ready
+
+
+def pod_live(pod: Mapping[str, Any]) -> bool:
+    """Neither being deleted nor finished (pods as plain dicts, as the API returns them)."""
+    meta = pod.get("metadata") or {}
+    phase = (pod.get("status") or {}).get("phase")
+    return meta.get("deletionTimestamp") is None and phase not in ("Succeeded", "Failed")
 
 
 @dataclass(frozen=True)
@@ -150,15 +165,10 @@ def plan_traffic(
         return replace(done, reason="leaving-not-listed")
     since = now if waiting_since is None else waiting_since
     overdue = now - since >= policy.wait_seconds
-    held = TrafficStep(
-        pools=selected | want.pools,
-        promote=promote,
-        demote=frozenset(),
-        shrink=False,
-        complete=False,
-        reason="waiting-for-endpoints",
-        waiting_since=since,
+    held = replace(
+        done, pools=selected | want.pools, demote=frozenset(), shrink=False, complete=False
     )
+    held = replace(held, reason="waiting-for-endpoints", waiting_since=since)
     if endpoints is None:
         if overdue:
             return replace(done, reason="endpoints-unseen", waiting_since=since, overdue=True)
@@ -173,3 +183,143 @@ def plan_traffic(
     if overdue:
         return replace(held, reason="endpoints-not-ready", overdue=True, missing=missing)
     return replace(held, missing=missing)
+
+
+@dataclass(frozen=True)
+class TrafficMemory:
+    """What a move remembers between ticks: since when it waits for endpoints (monotonic), the
+    reason of its last step, and whether its wait ran out (its Warning posted)."""
+
+    since: float | None = None
+    reason: str = "unchanged"
+    overdue: bool = False
+
+
+@dataclass(frozen=True)
+class TrafficTick:
+    """One tick's traffic move, as one value: what the decision wants (``observed``, the pods
+    to promote and demote), the live Service (its selector, the pods its EndpointSlices list
+    as ready; None: not seen), the pods, the Deployments' replicas and the move's memory."""
+
+    service: str
+    routes_itself: bool  # a fleet, or the Service selects the gateway: no move to make
+    has_baseline: bool
+    selector: Mapping[str, str] | None
+    endpoints: frozenset[str] | None
+    pods: tuple[RoutePod, ...]
+    observed: Observed
+    current: Mapping[PoolName, int]
+    promote: frozenset[str]
+    demote: frozenset[str]
+    memory: TrafficMemory
+    now: float  # monotonic
+    policy: TrafficPolicy = TrafficPolicy()
+
+
+@dataclass(frozen=True)
+class TrafficMove:
+    """The routing and replicas to publish, the demotions that may be written now, the memory
+    for the next tick, the Warning to post (a wait that ran out) and the step (None: nothing to
+    move) -- ``announce``: its reason changed, worth a log line."""
+
+    observed: Observed
+    demote: frozenset[str]
+    memory: TrafficMemory
+    event: EventSpec | None = None
+    step: TrafficStep | None = None
+    announce: bool = False
+
+
+def move_traffic(t: TrafficTick) -> TrafficMove:
+    """Make before break (:func:`plan_traffic`) for this tick. What a move adds goes at once;
+    what it takes away (a pool the Service stops selecting, pods demoted to standby, replicas
+    of a pool that gets traffic) waits until the Service's EndpointSlices list the pods that
+    stay."""
+    observed = t.observed
+    if t.routes_itself:
+        return TrafficMove(observed, t.demote, t.memory)
+    both = frozenset(PoolName) if t.has_baseline else frozenset({PoolName.PRIMARY})
+    active = observed.active_pool if t.has_baseline else PoolName.PRIMARY
+    want_pools = both if observed.split and t.has_baseline else frozenset({active})
+    selected = selected_pools(t.selector, both, want_pools)
+    shrink = any(
+        observed.replicas.get(pool, t.current[pool]) < t.current[pool]
+        for pool in selected | want_pools
+        if pool in t.current
+    )
+    want = TrafficWant(pools=want_pools, promote=t.promote, demote=t.demote, shrink=shrink)
+    step = plan_traffic(want, t.pods, selected, t.endpoints, t.memory.since, t.now, t.policy)
+    replicas = dict(observed.replicas)
+    if not step.shrink:
+        for pool in step.pools:
+            if pool in replicas and pool in t.current:
+                replicas[pool] = max(replicas[pool], t.current[pool])
+    first_overdue = step.overdue and not t.memory.overdue
+    return TrafficMove(
+        observed=replace(observed, replicas=replicas, split=len(step.pools) > 1),
+        demote=step.demote,
+        memory=TrafficMemory(step.waiting_since, step.reason, step.overdue),
+        event=traffic_event(t.service, step, t.policy) if first_overdue else None,
+        step=step,
+        announce=step.reason not in (t.memory.reason, "unchanged"),
+    )
+
+
+def selected_pools(
+    selector: Mapping[str, str] | None, both: frozenset[PoolName], want: frozenset[PoolName]
+) -> frozenset[PoolName]:
+    """The pools the live Service selects (its selector names one, or none: all); before the
+    Service exists, the ones wanted."""
+    if selector is None:
+        return want
+    pool = selector.get(LABEL_POOL)
+    if pool is None:
+        return both
+    try:
+        return frozenset({PoolName(pool)})
+    except ValueError:
+        return want
+
+
+def traffic_event(service: str, step: TrafficStep, policy: TrafficPolicy) -> EventSpec:
+    """The Warning of a traffic move whose wait for endpoints ran out."""
+    wait = f"{policy.wait_seconds:g}s"
+    missing = ", ".join(step.missing) or "none"
+    pools = "+".join(sorted(p.value for p in step.pools))
+    if step.reason == "endpoints-unseen":
+        return EventSpec(
+            "Warning",
+            "EndpointSlicesUnseen",
+            f"no EndpointSlice of Service {service} seen in {wait}: traffic moved to {pools} "
+            "without waiting for its endpoints (may the operator list and watch "
+            "endpointslices.discovery.k8s.io?)",
+        )
+    if step.complete:
+        return EventSpec(
+            "Warning",
+            "EndpointsSlow",
+            f"traffic moved to {pools} after waiting {wait} for the EndpointSlices of Service "
+            f"{service}: Ready pods not listed ready yet: {missing}",
+        )
+    return EventSpec(
+        "Warning",
+        "EndpointsNotReady",
+        f"traffic move waits: after {wait} the EndpointSlices of Service {service} list none of "
+        f"the pods that are to take the traffic as ready (Ready pods not listed: {missing}); "
+        f"the Service keeps selecting {pools}, so the pods serving now keep answering",
+    )
+
+
+def route_pods(pods: Mapping[PoolName, Sequence[Mapping[str, Any]]]) -> tuple[RoutePod, ...]:
+    """The live pods of each pool (plain dicts, as the API returns them) as a move sees them."""
+    return tuple(
+        RoutePod(
+            str((b.get("metadata") or {}).get("name")),
+            pool,
+            ((b.get("metadata") or {}).get("labels") or {}).get(LABEL_ROLE) == ROLE_SERVING,
+            pod_ready(b),
+        )
+        for pool, bodies in pods.items()
+        for b in bodies
+        if pod_live(b)
+    )

@@ -100,3 +100,37 @@ class ActivityWatch:
                 return None
             body = await r.json(content_type=None)
         return int(body["arrivals"])
+
+
+class ActivityWatches:
+    """The watches of every quiet service, on a session of their own: parked long-polls must
+    not take the scrapes' connections."""
+
+    def __init__(self) -> None:
+        self._session: aiohttp.ClientSession | None = None
+
+    def keep(
+        self,
+        name: str,
+        watch: ActivityWatch | None,
+        urls: frozenset[str],
+        on_arrival: Callable[[], None],
+    ) -> ActivityWatch | None:
+        """The watch of ``urls`` (none: no watch): ``watch`` while it watches those pods and
+        has not ended, else a new one."""
+        if watch is not None and (watch.urls != urls or watch.done or watch.woke):
+            watch.cancel()
+            watch = None
+        if urls and watch is None:
+            watch = ActivityWatch(name, urls, on_arrival, self.session)
+        return watch
+
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None

@@ -15,11 +15,12 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
 
+from ...common.clock import utc_now
 from ..core.api import format_validation_error
 from ..core.buildapi import (
     BUILD_KIND,
@@ -46,7 +47,7 @@ JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 
 
 def _wall() -> datetime:
-    return datetime.now(UTC)
+    return utc_now()
 
 
 def _owner_build(body: Mapping[str, Any]) -> str | None:

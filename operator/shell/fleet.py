@@ -34,7 +34,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -44,6 +43,7 @@ import aiohttp
 from pydantic import ValidationError
 
 from ...common.backoff import Backoff, Retry
+from ...common.clock import CLOCK, Clock
 from ..core.api import (
     LABEL_POOL,
     LABEL_ROLE,
@@ -199,12 +199,11 @@ class FleetController:
         settings: FleetSettings | None = None,
         *,
         on_held: Callable[[Key], None] = lambda key: None,
-        mono: Callable[[], float] = time.monotonic,
-        wall: Callable[[], float] = time.time,
+        clock: Clock = CLOCK,
     ) -> None:
         self.kube, self.store, self.enqueue, self.control = kube, store, enqueue, control
         self.settings = settings or FleetSettings()
-        self.mono, self.wall = mono, wall
+        self.clock = clock
         self.on_held = on_held
         self.states: dict[Key, FleetState] = {}
         self._wakes: dict[Key, asyncio.Event] = {}
@@ -279,7 +278,7 @@ class FleetController:
         return self._session
 
     async def _run(self, key: Key) -> None:
-        next_at = self.mono()
+        next_at = self.clock.monotonic()
         while self._fronted(key):
             body = self.store.services.get(key)
             wake = None
@@ -292,14 +291,14 @@ class FleetController:
                 raise
             except Exception:  # one bad tick must not end the loop
                 log.exception("fleet tick of %s/%s failed", *key)
-            next_at = max(next_at + self.settings.tick_seconds, self.mono())
+            next_at = max(next_at + self.settings.tick_seconds, self.clock.monotonic())
             if wake is None:
                 self._wakes.pop(key, None)
-                await asyncio.sleep(next_at - self.mono())
+                await asyncio.sleep(next_at - self.clock.monotonic())
             else:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), next_at - self.mono())
-                next_at = self.mono()
+                    await asyncio.wait_for(wake.wait(), next_at - self.clock.monotonic())
+                next_at = self.clock.monotonic()
         self._wakes.pop(key, None)
         state = self.states.pop(key, None)
         if state is not None:
@@ -352,7 +351,7 @@ class FleetController:
             b for b in bodies if _labels(b).get(LABEL_COMPONENT) == COMPONENT_GATEWAY and _usable(b)
         ]
         reports = await self._reports(runtimes)
-        mono, wall = self.mono(), self.wall()
+        mono, wall = self.clock.monotonic(), self.clock.wall()
         if mono - st.placed_at >= fleet.placement.interval_seconds:
             self._place(isvc, st, reports, mono, wall)
         await self._push_pins(st, reports, mono)
@@ -372,6 +371,11 @@ class FleetController:
             ),
             problems=tuple(too_large_problems(isvc, st.placement)),
         )
+        await self._publish(key, st, view, mono)
+
+    async def _publish(self, key: Key, st: FleetState, view: FleetView, mono: float) -> None:
+        """Hand the view to the reconciler: at once when what status shows changed, else
+        (new figures only) at most every ``status_interval``."""
         before, st.view = st.view, view
         if before == view:
             return
@@ -452,7 +456,7 @@ class FleetController:
                     if response.status != 200:
                         return None
                     data = await response.json(content_type=None)
-                return parse_replica_report(name, url, data, self.mono())
+                return parse_replica_report(name, url, data, self.clock.monotonic())
             except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
                 log.debug("hot set of %s: %s", name, exc)
                 return None
@@ -560,7 +564,7 @@ class FleetController:
         if routed != st.routed:
             st.routed = routed
             log.info("%s/%s: gateway routes to %s", *key, ", ".join(routed) or "no replica")
-        await self._send_gateways(st, document, gateways, self.mono())
+        await self._send_gateways(st, document, gateways, self.clock.monotonic())
         if holds_requests(isvc):
             urls = {
                 str(g["metadata"]["name"]): f"http://{g['status']['podIP']}:{GATEWAY_PORT}"
@@ -609,7 +613,7 @@ class FleetController:
                     data = await response.json(content_type=None)
                 held = int(data["held"])
                 if "arrivals" in data:
-                    st.arrivals[name] = (int(data["arrivals"]), self.wall())
+                    st.arrivals[name] = (int(data["arrivals"]), self.clock.wall())
                 retry.reset()
             except asyncio.CancelledError:
                 raise

@@ -100,8 +100,7 @@ def configure(settings: OperatorSettings) -> None:
     RUNTIME.settings = settings
 
 
-@kopf.on.startup()
-async def on_startup_configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+def _tune_kopf(settings: kopf.OperatorSettings) -> None:
     # Standalone: one operator per cluster (or namespace); no peering resources needed.
     settings.peering.standalone = True
     settings.peering.mandatory = False
@@ -114,6 +113,11 @@ async def on_startup_configure(settings: kopf.OperatorSettings, **_: Any) -> Non
     # kopf need not hold events back (its default window is 0.1 s per object).
     settings.batching.batch_window = 0.01
     settings.networking.request_timeout = 60.0
+
+
+@kopf.on.startup()
+async def on_startup_configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    _tune_kopf(settings)
     kube = Kube.from_environment()
     config = RUNTIME.settings
     RUNTIME.store.runtime_images = config.runtime_images

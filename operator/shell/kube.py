@@ -27,8 +27,8 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from ..core.api import API_VERSION, KIND, PLURAL
+from ..core.events import EventSpec, timestamp
 from ..core.resources import ANNOTATION_APPLIED_HASH
-from ..core.status import EventSpec, timestamp
 from . import metrics
 
 FIELD_MANAGER = "tidal-operator"

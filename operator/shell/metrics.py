@@ -44,6 +44,7 @@ The ``namespace`` label is the InferenceService's: scrape the operator with ``ho
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -255,11 +256,22 @@ def service_samples(
     base = (("namespace", str(meta.get("namespace", ""))), ("isvc", str(meta.get("name", ""))))
     spec = body.get("spec") or {}
     status = body.get("status") or {}
-    out: list[Sample] = []
+    series = itertools.chain(
+        _pool_series(status, pods, desired),
+        _status_series(status),
+        _spec_series(spec),
+        _fleet_series(spec, status),
+    )
+    return [Sample(name, base + tuple(labels.items()), value) for name, value, labels in series]
 
-    def add(name: str, value: float, **labels: str) -> None:
-        out.append(Sample(name, base + tuple(labels.items()), value))
 
+_Series = Iterator[tuple[str, float, dict[str, str]]]
+
+
+def _pool_series(
+    status: Mapping[str, Any], pods: Iterable[Mapping[str, Any]], desired: Mapping[str, int]
+) -> _Series:
+    """Each pool's replicas by state, whether it is the active one, its queue and rate."""
     by_pool: dict[str, list[Mapping[str, Any]]] = {}
     for pod in pods:
         pool = ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_POOL)
@@ -279,30 +291,29 @@ def service_samples(
             ("unschedulable", counts.pending_unschedulable),
             ("terminating", counts.terminating),
         ):
-            add("replicas", float(value), pool=pool, state=state)
-        add("active_pool", 1.0 if pool == active else 0.0, pool=pool)
+            yield "replicas", float(value), {"pool": pool, "state": state}
+        yield "active_pool", 1.0 if pool == active else 0.0, {"pool": pool}
         signals = (pool_status.get(pool) or {}).get("metrics") or {}
         for field, name in (("queueDepth", "queue_depth"), ("arrivalRate", "arrival_rate")):
             if (value := _number(signals.get(field))) is not None:
-                add(name, value, pool=pool)
+                yield name, value, {"pool": pool}
 
+
+def _status_series(status: Mapping[str, Any]) -> _Series:
+    """The conditions and the last decision's time."""
     for cond in status.get("conditions") or []:
         if isinstance(cond, Mapping) and cond.get("type"):
-            add(
-                "condition",
-                1.0 if cond.get("status") == "True" else 0.0,
-                condition=str(cond["type"]),
-                reason=str(cond.get("reason") or ""),
-            )
+            value = 1.0 if cond.get("status") == "True" else 0.0
+            reason = str(cond.get("reason") or "")
+            yield "condition", value, {"condition": str(cond["type"]), "reason": reason}
     decision = status.get("lastDecision") or {}
     if (at := _epoch(decision.get("at"))) is not None:
-        add(
-            "last_decision_timestamp_seconds",
-            at,
-            pool=str(decision.get("pool") or ""),
-            reason=str(decision.get("reason") or ""),
-        )
+        pool, reason = str(decision.get("pool") or ""), str(decision.get("reason") or "")
+        yield "last_decision_timestamp_seconds", at, {"pool": pool, "reason": reason}
 
+
+def _spec_series(spec: Mapping[str, Any]) -> _Series:
+    """The SLO and the P99 target, in seconds."""
     slo = (spec.get("rollout") or {}).get("slo") or {}
     if slo:
         for field, name, scale in (
@@ -312,24 +323,29 @@ def service_samples(
             ("transferWaitMs", "slo_transfer_wait_seconds", 0.001),
         ):
             if (value := _number(slo.get(field))) is not None:
-                add(name, value * scale)
+                yield name, value * scale, {}
         try:
-            add("slo_for_seconds", duration_seconds(str(slo.get("for", "60s"))))
+            for_seconds = duration_seconds(str(slo.get("for", "60s")))
         except ValueError:
             pass
+        else:
+            yield "slo_for_seconds", for_seconds, {}
     target = _number((spec.get("autoscaling") or {}).get("targetP99Ms"))
     if target is not None:
-        add("target_p99_seconds", target * 0.001)
+        yield "target_p99_seconds", target * 0.001, {}
 
+
+def _fleet_series(spec: Mapping[str, Any], status: Mapping[str, Any]) -> _Series:
+    """A fleet's models, copies, ready gateways and loaded bytes."""
     fleet = status.get("fleet")
-    if spec.get("fleet") is not None and isinstance(fleet, Mapping):
-        add("fleet_models", float(fleet.get("modelsHot", 0)), state="hot")
-        add("fleet_models", float(fleet.get("modelsTotal", 0)), state="total")
-        add("fleet_copies", float(fleet.get("hotCopies", 0)), state="hot")
-        add("fleet_copies", float(fleet.get("pinnedCopies", 0)), state="pinned")
-        add("fleet_gateways_ready", float(fleet.get("gatewaysReady", 0)))
-        add("fleet_loaded_bytes", float(fleet.get("loadedBytes", 0)))
-    return out
+    if spec.get("fleet") is None or not isinstance(fleet, Mapping):
+        return
+    yield "fleet_models", float(fleet.get("modelsHot", 0)), {"state": "hot"}
+    yield "fleet_models", float(fleet.get("modelsTotal", 0)), {"state": "total"}
+    yield "fleet_copies", float(fleet.get("hotCopies", 0)), {"state": "hot"}
+    yield "fleet_copies", float(fleet.get("pinnedCopies", 0)), {"state": "pinned"}
+    yield "fleet_gateways_ready", float(fleet.get("gatewaysReady", 0)), {}
+    yield "fleet_loaded_bytes", float(fleet.get("loadedBytes", 0)), {}
 
 
 HELP = {
@@ -391,3 +407,8 @@ REGISTRY.register(INFERENCE_SERVICES)
 def publish_inference_services(store: StoreLike) -> None:
     """Expose the ``tidal_inferenceservice_*`` series of ``store`` (idempotent)."""
     INFERENCE_SERVICES.store = store
+
+
+def count_decision(namespace: str, isvc: str, pool: str, reason: str) -> None:
+    """Count an autoscaler decision that changed ``status.lastDecision``."""
+    SCALE_DECISIONS.labels(namespace=namespace, isvc=isvc, pool=pool, reason=reason).inc()

@@ -17,13 +17,14 @@ are dropped before parsing (~0.7 ms per pod).
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from ...common import contract as c
+from ...common.clock import CLOCK
 from ..core.autoscaler import BatchWork
 from ..core.podfaults import NO_ANSWER, ProbeAnswer
 from ..core.signals import PodMissing, PodScrape, PodTarget, ScrapeResult
@@ -93,82 +94,99 @@ def _keep(text: str) -> str:
 
 def parse_pod_metrics(text: str, pod: str, at: float) -> PodScrape:
     """Read the load of one pod from its exposition text (`at`: when it was fetched)."""
-    in_flight: float | None = None
-    queued = answered = failed = hits = misses = load_seconds = 0.0
-    models: dict[str, float] = {}
-    startup: float | None = None
-    gpu: dict[str, float] = {}
-    saw_load = False
-    work: dict[str, float] = {}
-    slots: list[float] = []
-    batch_rows: list[float] = []
-    reachable: float | None = None
-    timeouts: list[float] = []
-    phases: dict[str, float] = {}
     try:
         families = list(text_string_to_metric_families(_keep(text)))
     except (ValueError, IndexError) as exc:
         raise MetricsFormatError(f"{pod}: unparseable metrics: {exc}") from exc
+    tally = _Tally()
     for family in families:
         for sample in family.samples:
-            name, labels, value = sample.name, sample.labels, float(sample.value)
-            if name == c.METRIC_INFLIGHT_REQUESTS:
-                in_flight = value
-            elif name == c.METRIC_QUEUE_DEPTH:
-                queued += value
-            elif name == _REQUESTS_TOTAL:
-                answered += value
-                if labels.get("code", "").startswith("5"):
-                    failed += value
-            elif name == c.METRIC_MODEL_READY:
-                models[labels.get("model", "")] = value
-            elif name == _HITS_TOTAL:
-                hits += value
-            elif name == _MISSES_TOTAL:
-                misses += value
-            elif name == c.METRIC_STARTUP_SECONDS:
-                startup = value if value > 0 else None  # 0 until the pod turned ready
-            elif name == _LOAD_SECONDS_SUM:
-                load_seconds += value
-                saw_load = True
-                phase = labels.get("phase", "")
-                phases[phase] = phases.get(phase, 0.0) + value
-            elif name == c.METRIC_GPU_MEMORY_BYTES:
-                gpu[labels.get("kind", "")] = value
-            elif name in _WORK:
-                work[_WORK[name]] = work.get(_WORK[name], 0.0) + max(value, 0.0)
-            elif name == c.METRIC_BACKEND_SLOTS:
-                slots.append(value)
-            elif name == c.METRIC_MAX_BATCH_ROWS:
-                batch_rows.append(value)
-            elif name == c.METRIC_QUEUE_REACHABLE:
-                reachable = (reachable or 0.0) + max(value, 0.0)
-            elif name == c.METRIC_REQUEST_TIMEOUT_SECONDS and value > 0:
-                timeouts.append(value)
-    if in_flight is None:
+            tally.add(sample.name, sample.labels, float(sample.value))
+    if tally.in_flight is None:
         raise MetricsFormatError(f"{pod}: no tidal_inflight_requests (not a tidal runtime?)")
-    return PodScrape(
-        pod=pod,
-        at=at,
-        in_flight=in_flight,
-        queued=queued,
-        answered=answered,
-        failed=failed,
-        models_ready=sum(1 for v in models.values() if v >= 1),
-        models=len(models),
-        cache_hits=hits,
-        cache_misses=misses,
-        startup_seconds=startup,
-        engine_load_seconds=load_seconds if saw_load else None,
-        gpu_memory_used_bytes=gpu.get("used"),
-        gpu_memory_total_bytes=gpu.get("total"),
-        work=BatchWork(**work) if len(work) == len(_WORK) else None,
-        slots=max(1, round(max(slots))) if slots else None,
-        max_batch_rows=max(1, round(max(batch_rows))) if batch_rows else None,
-        reachable=reachable,
-        request_timeout_seconds=min(timeouts) if timeouts else None,
-        load_phases=tuple(sorted(phases.items())),
-    )
+    return tally.scrape(pod, at, tally.in_flight)
+
+
+@dataclass
+class _Tally:
+    """The runtime's series that matter, summed over their labels as a scrape reads them."""
+
+    in_flight: float | None = None
+    queued: float = 0.0
+    answered: float = 0.0
+    failed: float = 0.0
+    hits: float = 0.0
+    misses: float = 0.0
+    load_seconds: float = 0.0
+    saw_load: bool = False
+    models: dict[str, float] = field(default_factory=dict)
+    startup: float | None = None
+    gpu: dict[str, float] = field(default_factory=dict)
+    work: dict[str, float] = field(default_factory=dict)
+    slots: list[float] = field(default_factory=list)
+    batch_rows: list[float] = field(default_factory=list)
+    reachable: float | None = None
+    timeouts: list[float] = field(default_factory=list)
+    phases: dict[str, float] = field(default_factory=dict)
+
+    def add(self, name: str, labels: Mapping[str, str], value: float) -> None:
+        if name == c.METRIC_INFLIGHT_REQUESTS:
+            self.in_flight = value
+        elif name == c.METRIC_QUEUE_DEPTH:
+            self.queued += value
+        elif name == _REQUESTS_TOTAL:
+            self.answered += value
+            if labels.get("code", "").startswith("5"):
+                self.failed += value
+        elif name == c.METRIC_MODEL_READY:
+            self.models[labels.get("model", "")] = value
+        elif name == _HITS_TOTAL:
+            self.hits += value
+        elif name == _MISSES_TOTAL:
+            self.misses += value
+        elif name == c.METRIC_STARTUP_SECONDS:
+            self.startup = value if value > 0 else None  # 0 until the pod turned ready
+        elif name == _LOAD_SECONDS_SUM:
+            self.load_seconds += value
+            self.saw_load = True
+            phase = labels.get("phase", "")
+            self.phases[phase] = self.phases.get(phase, 0.0) + value
+        elif name == c.METRIC_GPU_MEMORY_BYTES:
+            self.gpu[labels.get("kind", "")] = value
+        elif name in _WORK:
+            self.work[_WORK[name]] = self.work.get(_WORK[name], 0.0) + max(value, 0.0)
+        elif name == c.METRIC_BACKEND_SLOTS:
+            self.slots.append(value)
+        elif name == c.METRIC_MAX_BATCH_ROWS:
+            self.batch_rows.append(value)
+        elif name == c.METRIC_QUEUE_REACHABLE:
+            self.reachable = (self.reachable or 0.0) + max(value, 0.0)
+        elif name == c.METRIC_REQUEST_TIMEOUT_SECONDS and value > 0:
+            self.timeouts.append(value)
+
+    def scrape(self, pod: str, at: float, in_flight: float) -> PodScrape:
+        return PodScrape(
+            pod=pod,
+            at=at,
+            in_flight=in_flight,
+            queued=self.queued,
+            answered=self.answered,
+            failed=self.failed,
+            models_ready=sum(1 for v in self.models.values() if v >= 1),
+            models=len(self.models),
+            cache_hits=self.hits,
+            cache_misses=self.misses,
+            startup_seconds=self.startup,
+            engine_load_seconds=self.load_seconds if self.saw_load else None,
+            gpu_memory_used_bytes=self.gpu.get("used"),
+            gpu_memory_total_bytes=self.gpu.get("total"),
+            work=BatchWork(**self.work) if len(self.work) == len(_WORK) else None,
+            slots=max(1, round(max(self.slots))) if self.slots else None,
+            max_batch_rows=max(1, round(max(self.batch_rows))) if self.batch_rows else None,
+            reachable=self.reachable,
+            request_timeout_seconds=min(self.timeouts) if self.timeouts else None,
+            load_phases=tuple(sorted(self.phases.items())),
+        )
 
 
 async def scrape_pod(
@@ -176,7 +194,7 @@ async def scrape_pod(
     target: PodTarget,
     *,
     scrape_timeout: float = DEFAULT_SCRAPE_TIMEOUT,
-    clock: Callable[[], float] = time.monotonic,
+    clock: Callable[[], float] = CLOCK.monotonic,
 ) -> ScrapeResult:
     """One pod's `/metrics`, or why it could not be read. Never raises for the pod's faults."""
     try:
@@ -199,7 +217,7 @@ async def scrape_pods(
     targets: Sequence[PodTarget],
     *,
     scrape_timeout: float = DEFAULT_SCRAPE_TIMEOUT,
-    clock: Callable[[], float] = time.monotonic,
+    clock: Callable[[], float] = CLOCK.monotonic,
 ) -> list[ScrapeResult]:
     """Scrape every target at once; the round takes at most `scrape_timeout` (plus parsing)."""
     return list(

@@ -25,15 +25,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
 
 from ...common.backoff import Backoff
+from ...common.clock import CLOCK, utc_now
 from ..core.api import (
     LABEL_ISVC,
     LABEL_POOL,
@@ -56,6 +56,7 @@ from ..core.builds import (
 )
 from ..core.control import ControlView, follow_planner, stamp_template_hash
 from ..core.drift import COMPARED_KINDS, find_drift, trim_child
+from ..core.events import EventSpec
 from ..core.fleet import FleetView
 from ..core.images import DEFAULT_RUNTIME_IMAGES, with_default_images
 from ..core.resources import (
@@ -77,7 +78,6 @@ from ..core.resources import (
 from ..core.rules import Outcome, find_setting_findings
 from ..core.status import (
     DeploymentState,
-    EventSpec,
     PodState,
     StatusInput,
     compute_status,
@@ -88,6 +88,8 @@ from .kube import Kube, KubeError
 log = logging.getLogger("tidal.operator.reconciler")
 
 Key = tuple[str, str]  # (namespace, InferenceService name)
+# The pools whose Deployments the control loop sizes.
+_ROUTED = (PoolName.PRIMARY.value, PoolName.BASELINE.value)
 
 
 def _owner(body: Mapping[str, Any]) -> Key | None:
@@ -306,7 +308,7 @@ class Reconciler:
 
     kube: Kube
     store: Store
-    clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
+    clock: Callable[[], datetime] = field(default=utc_now)
     # The control loop's view of a key (None: it has not decided yet, or there is none).
     control: Callable[[Key], ControlView | None] = field(default=lambda key: None)
     # The fleet loop's view (spec.fleet only; None: it has not looked yet).
@@ -328,68 +330,34 @@ class Reconciler:
             self._failures.pop(key, None)
             metrics.RECONCILES.labels(result="gone").inc()
             return None
-        started = time.perf_counter()
+        started = CLOCK.monotonic()
         try:
             delay = await self._reconcile(key, body, force)
         finally:
-            metrics.RECONCILE_DURATION.observe(time.perf_counter() - started)
+            metrics.RECONCILE_DURATION.observe(CLOCK.monotonic() - started)
         return delay
 
     async def _reconcile(self, key: Key, body: dict[str, Any], force: bool) -> float | None:
         now = self.clock()
         previous = _previous_status(body)
-        try:
-            resolution = self.store.parse_resolved(body)
-        except ValidationError as exc:
-            # The API server accepted it, so the CRD and the models disagree (an older CRD?).
-            problem = f"spec does not match the operator's API: {format_validation_error(exc)}"
-            await self._write_status_degraded(key, body, [problem], previous, now)
-            metrics.RECONCILES.labels(result="degraded").inc()
+        resolution = await self._parse(key, body, previous, now)
+        if resolution is None:
             return None
         isvc = resolution.isvc
         # Kept in the store (not a throwaway) so what this pass applies is recorded at once.
         kids = self.store.children.setdefault(key, Children())
         view = self.control(key)
-        if view is not None:
-            observed = view.observed
-            # The planner obeys a manual activePool itself, once the pinned pool is warm.
-            routed = follow_planner(isvc)
-        else:
-            observed = Observed(
-                replicas={
-                    PoolName(pool): dep.spec_replicas
-                    for pool, dep in kids.deployments.items()
-                    if pool in (PoolName.PRIMARY.value, PoolName.BASELINE.value)
-                },
-                active_pool=previous.active_pool if previous else PoolName.PRIMARY,
-            )
-            routed = isvc
-        observed = _with_switch(routed, observed, kids)
-        # A models[].build not servable (not built yet, or refused by its gate) is Degraded
-        # while its pods keep the engine they had (status.builds); one with none to keep (a
-        # first deploy) holds every child back. Nothing that failed its gate reaches a pod.
-        # One whose build is only pending or running waits (Progressing=BuildPending): a
-        # real build takes minutes, and that is no spec problem.
-        blocked = list(resolution.problems) if resolution.blocked else []
-        waiting = resolution.blocked and not blocked
-        problems = blocked or ([] if waiting else find_spec_problems(isvc))
-        target_problems = (
-            [] if blocked or waiting else await self._missing_engines(resolution, kids)
+        routed, observed = _routing(isvc, view, kids, previous)
+        blocked, waiting, problems = _build_problems(resolution)
+        held = blocked or waiting
+        target_problems = [] if held else await self._missing_engines(resolution, kids)
+        events, error, retry = (
+            await self._apply(key, routed, observed, kids, force, view)
+            if not problems and not waiting
+            else ([], None, None)
         )
         findings = find_setting_findings(isvc)
         fleet_view = self.fleet(key) if isvc.spec.fleet is not None else None
-        events: list[EventSpec] = []
-        error: str | None = None
-        retry: float | None = None
-        if not problems and not waiting:
-            hold = view is not None and view.hold_primary_template
-            try:
-                events += await self._apply_children(routed, observed, kids, force, hold)
-            except KubeError as exc:
-                metrics.RECONCILE_ERRORS.labels(kind="api").inc()
-                log.warning("reconcile %s/%s: %s", *key, exc)
-                error = explain_pool_failure(isvc, str(exc))
-                retry = self._backoff(key)
         result = compute_status(
             StatusInput(
                 generation=isvc.generation,
@@ -397,23 +365,19 @@ class Reconciler:
                 isvc_name=isvc.name,
                 active_pool=resolve_active_pool(routed, observed),
                 desired={pool.name: _desired(isvc, pool.name, observed) for pool in pools_of(isvc)},
-                deployments={
-                    PoolName(p): _named_failure(isvc, d)
-                    for p, d in kids.deployments.items()
-                    if p in (PoolName.PRIMARY.value, PoolName.BASELINE.value)
-                },
+                deployments=_pool_deployments(isvc, kids),
                 pods=list(kids.pods.values()),
                 problems=problems,
                 error=error,
                 previous=previous,
                 control=view.status if view is not None else None,
                 fleet_enabled=isvc.spec.fleet is not None,
-                fleet=fleet_view.status if fleet_view is not None else None,
-                fleet_problems=fleet_view.problems if fleet_view is not None else (),
+                fleet=fleet_view.status if fleet_view else None,
+                fleet_problems=fleet_view.problems if fleet_view else (),
                 warnings=[f.message for f in findings if f.outcome is Outcome.INEFFECTIVE],
                 conflicts=[f.message for f in findings if f.outcome is Outcome.CONFLICTING],
                 build_problems=() if blocked else resolution.problems,
-                builds=resolution.served if not (blocked or waiting) else None,
+                builds=resolution.served if not held else None,
                 build_pending=resolution.pending,
                 target_problems=target_problems,
             )
@@ -422,21 +386,70 @@ class Reconciler:
         try:
             await self._write_status(key, body, result.to_wire())
         except KubeError as exc:
-            metrics.RECONCILE_ERRORS.labels(kind="status").inc()
-            log.warning("status of %s/%s: %s", *key, exc)
+            self._failed(key, "status", exc)
             retry = retry or self._backoff(key)
+        await self._post_events(key, body, events, now)
+        if retry is None:
+            self._failures.pop(key, None)
+        metrics.RECONCILES.labels(
+            result="retry" if retry else "degraded" if problems else "ok"
+        ).inc()
+        return retry
+
+    async def _parse(
+        self,
+        key: Key,
+        body: dict[str, Any],
+        previous: InferenceServiceStatus | None,
+        now: datetime,
+    ) -> BuildResolution | None:
+        """The spec with its builds resolved; None (the status says Degraded) when the API
+        server accepted what the models refuse: the CRD and the models disagree (an older
+        CRD?)."""
+        try:
+            return self.store.parse_resolved(body)
+        except ValidationError as exc:
+            problem = f"spec does not match the operator's API: {format_validation_error(exc)}"
+            await self._write_status_degraded(key, body, [problem], previous, now)
+            metrics.RECONCILES.labels(result="degraded").inc()
+            return None
+
+    async def _apply(
+        self,
+        key: Key,
+        isvc: InferenceService,
+        observed: Observed,
+        kids: Children,
+        force: bool,
+        view: ControlView | None,
+    ) -> tuple[list[EventSpec], str | None, float | None]:
+        """Apply the children: their Events, or the failure to report and when to retry."""
+        hold = view is not None and view.hold_primary_template
+        try:
+            return await self._apply_children(isvc, observed, kids, force, hold), None, None
+        except KubeError as exc:
+            error = explain_pool_failure(isvc, self._failed(key, "api", exc))
+            return [], error, self._backoff(key)
+
+    @staticmethod
+    def _failed(key: Key, kind: str, exc: KubeError) -> str:
+        """Count and log a failed API call of the pass; its message."""
+        metrics.RECONCILE_ERRORS.labels(kind=kind).inc()
+        what = "reconcile" if kind == "api" else "status of"
+        log.warning("%s %s/%s: %s", what, *key, exc)
+        return str(exc)
+
+    async def _post_events(
+        self, key: Key, body: Mapping[str, Any], events: Sequence[EventSpec], now: datetime
+    ) -> None:
+        """Count and post the pass's Events, all at once (they are independent of each other
+        and of the next reconcile), and log the children it created or updated."""
         for event in events:
             metrics.EVENTS.labels(type=event.type, reason=event.reason).inc()
-        # Events are independent of each other and of the next reconcile: post them at once.
         await asyncio.gather(*(self.kube.post_event(body, e, now) for e in events))
         changes = [e.message for e in events if e.reason in ("Created", "Updated")]
         if changes:
             log.info("%s/%s: %s", key[0], key[1], "; ".join(changes))
-        if retry is None:
-            self._failures.pop(key, None)
-        result_label = "retry" if retry else ("degraded" if problems else "ok")
-        metrics.RECONCILES.labels(result=result_label).inc()
-        return retry
 
     async def _missing_engines(self, resolution: BuildResolution, kids: Children) -> list[str]:
         """Pods on nodes whose target (GPU product) has no engine from the build their model
@@ -600,6 +613,46 @@ def _drift(kids: Children, obj: Mapping[str, Any], want: str, force: bool) -> st
     if drift is None:
         known.clean = want
     return drift
+
+
+def _build_problems(resolution: BuildResolution) -> tuple[list[str], bool, list[str]]:
+    """(the build problems that hold every child back, whether the pass waits for a build,
+    the problems that make the service Degraded).
+
+    A models[].build not servable (not built yet, or refused by its gate) is Degraded while its
+    pods keep the engine they had (status.builds); one with none to keep (a first deploy)
+    holds every child back. Nothing that failed its gate reaches a pod. One whose build is only
+    pending or running waits (Progressing=BuildPending): a real build takes minutes, and that
+    is no spec problem."""
+    blocked = list(resolution.problems) if resolution.blocked else []
+    waiting = resolution.blocked and not blocked
+    return blocked, waiting, blocked or ([] if waiting else find_spec_problems(resolution.isvc))
+
+
+def _pool_deployments(isvc: InferenceService, kids: Children) -> dict[PoolName, DeploymentState]:
+    """The pools' Deployments as the status reads them (a failure named by its pool)."""
+    deployments = kids.deployments.items()
+    return {PoolName(p): _named_failure(isvc, d) for p, d in deployments if p in _ROUTED}
+
+
+def _routing(
+    isvc: InferenceService,
+    view: ControlView | None,
+    kids: Children,
+    previous: InferenceServiceStatus | None,
+) -> tuple[InferenceService, Observed]:
+    """The spec to route by and the replicas and routing to apply: the control loop's view;
+    before its first, the Deployments' replicas and the pool the status last selected."""
+    if view is not None:
+        # The planner obeys a manual activePool itself, once the pinned pool is warm.
+        routed, observed = follow_planner(isvc), view.observed
+    else:
+        replicas = {
+            PoolName(p): d.spec_replicas for p, d in kids.deployments.items() if p in _ROUTED
+        }
+        active = previous.active_pool if previous else PoolName.PRIMARY
+        routed, observed = isvc, Observed(replicas=replicas, active_pool=active)
+    return routed, _with_switch(routed, observed, kids)
 
 
 def _with_switch(isvc: InferenceService, observed: Observed, kids: Children) -> Observed:

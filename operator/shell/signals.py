@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -35,6 +34,7 @@ from typing import Any
 
 import aiohttp
 
+from ...common.clock import CLOCK
 from ..core.signals import (
     DEFAULT_COLD_WINDOW,
     DEFAULT_LATENCY_WINDOW,
@@ -144,7 +144,7 @@ class PrometheusSignals:
         latency_window: str = DEFAULT_LATENCY_WINDOW,
         cold_window: str = DEFAULT_COLD_WINDOW,
         rate_window: str = DEFAULT_RATE_WINDOW,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = CLOCK.monotonic,
         client: InstantQueries | None = None,
     ) -> None:
         self.url = url
@@ -254,7 +254,7 @@ class SignalCollector:
         *,
         scrape_timeout: float = DEFAULT_SCRAPE_TIMEOUT,
         max_age_seconds: float = 5.0,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = CLOCK.monotonic,
         session: aiohttp.ClientSession | None = None,
     ) -> None:
         self.prometheus = prometheus

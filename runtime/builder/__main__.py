@@ -60,9 +60,9 @@ def report_json(report: BuildReport, limit: int = REPORT_MAX_BYTES) -> str:
 def _progress(line: str) -> None:
     """A phase's end on stderr with its wall time to the millisecond (the journey's table in
     e2e/test_build_journey.py reads these from the build pod's log)."""
-    from datetime import UTC, datetime
+    from ...common.clock import utc_timestamp
 
-    print(f"{datetime.now(UTC).isoformat(timespec='milliseconds')} {line}", file=sys.stderr)
+    print(f"{utc_timestamp(timespec='milliseconds')} {line}", file=sys.stderr)
     sys.stderr.flush()
 
 

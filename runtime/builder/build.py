@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from ...common.clock import CLOCK, Clock, utc_timestamp
 from ..backends.staging import chunk_sha256_file
-from ..clock import CLOCK, Clock, utc_timestamp
 from ..config import S3Spec
 from ..errors import EngineLoadError
 from ..storage import EngineStore, local_path, make_s3_store, sha256_file
@@ -393,7 +393,7 @@ def _build_one(
     if reused is not None:
         progress(f"reused: {precision}")
         return reused
-    started = clock.now()
+    started = clock.monotonic()
     engine = work_dir / precision / file_name
     engine.parent.mkdir(parents=True, exist_ok=True)
     used, judged, metrics = _make_and_measure(
@@ -404,7 +404,7 @@ def _build_one(
     record = _Record(
         spec, precision, key, key_material, libraries, digests, reference, judged, used
     )
-    manifest = record.manifest(metrics, verdict, timestamp, lambda: clock.now() - started)
+    manifest = record.manifest(metrics, verdict, timestamp, lambda: clock.monotonic() - started)
     if verdict.passed and judged == engine:
         destination.put(f"{prefix}/{file_name}", engine)
     # Last: a manifest is the commit mark of an engine (and the record of a refusal).

@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tidal.common.clock import CLOCK
 from tidal.runtime.backends.torch_aoti import why_no_cuda
-from tidal.runtime.clock import CLOCK
 from tidal.runtime.config import parse_config
 from tidal.runtime.enginecache import EngineCache
 from tidal.runtime.errors import EngineLoadError
@@ -135,7 +135,7 @@ START_SCRIPT = """
 import asyncio, json, sys, time
 started = time.perf_counter()
 from tidal.runtime.backends.torch_aoti import TorchAOTIBackend
-from tidal.runtime.clock import CLOCK
+from tidal.common.clock import CLOCK
 from tidal.runtime.config import parse_config
 from tidal.runtime.enginecache import EngineCache
 from tidal.runtime.metrics import RuntimeMetrics

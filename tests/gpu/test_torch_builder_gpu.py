@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tidal.common.clock import CLOCK
 from tidal.runtime.backends.torch_aoti import why_no_cuda
 from tidal.runtime.builder.build import build
 from tidal.runtime.builder.plan import Manifest
 from tidal.runtime.builder.spec import ModelError, parse_build_spec
-from tidal.runtime.clock import CLOCK
 from tidal.runtime.config import parse_config
 from tidal.runtime.enginecache import EngineCache
 from tidal.runtime.metrics import RuntimeMetrics

@@ -38,7 +38,7 @@ class Recording(Controller):
         body = self.store.services.pop(key)
         await super().tick(key)  # clears the wake-up and the quiet flag, finds no body
         self.store.services[key] = body
-        self.ticks.append(self.mono())
+        self.ticks.append(self.clock.monotonic())
         st.quiet = self.quiet
 
 
@@ -124,15 +124,14 @@ def test_a_service_at_zero_ticks_every_tick_once_its_forecast_wake_is_due_before
 
     from isvc_fixtures import minimal
 
-    from tidal.operator.core.api import PoolName, TimeToRoutable, parse_inference_service
+    from tidal.operator.core.api import PoolName, parse_inference_service
     from tidal.operator.core.autoscaler import Observation, ScalerState
-    from tidal.operator.core.control import scaling_policy_of
+    from tidal.operator.core.control import scaling_policy_of, zero_policy_of
     from tidal.operator.core.idle import IdleState, ZeroMemory, learn_demand
+    from tidal.operator.core.loop import ScaleTick, ZeroInputs, scale_step
+    from tidal.operator.shell.controller import zero_forecast_policy
 
-    settings = ControllerSettings(
-        quiet_tick_seconds=5.0, forecast_period_seconds=90.0, wake_margin_seconds=10.0
-    )
-    ctl = Controller(None, Store(), None, NoCollector(), settings)  # type: ignore[arg-type]
+    forecast = zero_forecast_policy(90.0)  # --forecast-period-seconds 90
     isvc = parse_inference_service(
         minimal(autoscaling={"minReplicas": 0, "scaleToZeroAfterSeconds": 8})
     )
@@ -141,19 +140,26 @@ def test_a_service_at_zero_ticks_every_tick_once_its_forecast_wake_is_due_before
     memory = ZeroMemory()
     for t in range(int(rise) - 90, int(rise) + 80, 5):  # one "day": a rise of 12 s at `rise`
         count = 5.0 if 0 <= t - 5 - rise < 12 else 0.0  # the arrivals of the last 5 s
-        memory = learn_demand(ctl.zero_forecast, memory, count, t)
-    st = ServiceState(zero=replace(memory, idle=IdleState(zero_since=0.0)))
-    st.routable[PoolName.PRIMARY] = TimeToRoutable(samples=1, total_seconds=2.0)
-    lead = 2.0 + 10.0
+        memory = learn_demand(forecast, memory, count, t)
+    kept = [replace(memory, idle=IdleState(zero_since=0.0))]
+    routable_seconds, margin = 2.0, 10.0  # measured time-to-routable; --wake-margin-seconds
+    lead = routable_seconds + margin
     next_rise = rise + 90.0
 
     def at(wall: float) -> tuple[int, bool]:
         observation = Observation(now=wall, ready_serving=0, queue_depth=0.0, arrival_rate=0.0)
-        decision, _ = ctl._decide_zero(
-            st, isvc, policy, observation, ScalerState(desired_serving=0),
-            (PoolName.PRIMARY,), wall, wall, 0,
+        zero = ZeroInputs(
+            zero_policy_of(isvc, margin), forecast, kept[0], None, routable_seconds, 5.0
+        )
+        step = scale_step(
+            ScaleTick(
+                policy, (PoolName.PRIMARY,), observation, 0, ScalerState(desired_serving=0),
+                wall, wall, zero=zero,
+            )
         )  # fmt: skip
-        return decision.desired_serving, st.wake_soon
+        assert step.zero is not None
+        kept[0] = step.zero
+        return step.decision.desired_serving, step.wake_soon
 
     # Long before: at zero and quiet (the slow tick); within lead + 5 s: at zero, not quiet;
     # within the lead: woken.

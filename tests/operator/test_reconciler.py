@@ -12,8 +12,8 @@ from isvc_fixtures import minimal
 
 from tidal.operator.core.api import PoolName
 from tidal.operator.core.control import ControlStatus, ControlView
+from tidal.operator.core.events import EventSpec
 from tidal.operator.core.resources import ANNOTATION_APPLIED_HASH, Observed
-from tidal.operator.core.status import EventSpec
 from tidal.operator.shell.kube import KubeError
 from tidal.operator.shell.reconciler import Reconciler, Store
 

@@ -79,8 +79,11 @@ class _Clock:
     def __init__(self) -> None:
         self.t = 100.0
 
-    def now(self) -> float:
+    def monotonic(self) -> float:
         return self.t
+
+    def wall(self) -> float:
+        return 1_700_000_000.0 + self.t
 
 
 class _Cache:
@@ -182,7 +185,7 @@ class _EngineCache(_Cache):
 
 
 def _running_batcher(engine: _Engine, max_batch: int = 8) -> ModelBatcher:
-    from tidal.runtime.clock import CLOCK
+    from tidal.common.clock import CLOCK
 
     spec = ModelSpec.model_validate(
         {

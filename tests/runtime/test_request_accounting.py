@@ -33,8 +33,11 @@ class _Clock:
     def __init__(self) -> None:
         self.t = 10.0
 
-    def now(self) -> float:
+    def monotonic(self) -> float:
         return self.t
+
+    def wall(self) -> float:
+        return 1_700_000_000.0 + self.t
 
 
 class _Runtime:

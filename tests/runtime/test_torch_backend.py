@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tidal.common.clock import CLOCK
 from tidal.runtime.backends import DeviceMemory, TensorSpec
 from tidal.runtime.backends.torch_aoti import (
     LOAD_HEADROOM_BYTES,
@@ -29,7 +30,6 @@ from tidal.runtime.builder.pt2 import (
     layout_constants,
     manifest_to_json,
 )
-from tidal.runtime.clock import CLOCK
 from tidal.runtime.config import parse_config
 from tidal.runtime.core.engines import (
     EngineNameError,

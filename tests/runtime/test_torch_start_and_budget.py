@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tidal.common.clock import CLOCK
 from tidal.runtime.backends import DeviceMemory, TensorSpec
 from tidal.runtime.backends.torch_aoti import (
     DirectPackage,
@@ -20,7 +21,6 @@ from tidal.runtime.backends.torch_aoti import (
     graphs_enabled,
     prime_cpu_isa,
 )
-from tidal.runtime.clock import CLOCK
 from tidal.runtime.config import parse_config
 from tidal.runtime.core.engines import EngineTarget
 from tidal.runtime.enginecache import EngineCache
