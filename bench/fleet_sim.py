@@ -417,6 +417,7 @@ class Sim:
         # Where a request's time went (issue 45): sent to a replica (after any hold at the
         # gateway), joined its serving queue (after any load of its model there).
         self.sent_at = np.full(n, np.nan)
+        self.held_for_load = np.zeros(n)
         self.joined_at = np.full(n, np.nan)
         self.cold = np.zeros(n, dtype=bool)
         self.failed = np.zeros(n, dtype=bool)
@@ -442,6 +443,11 @@ class Sim:
         """Request `i` goes to `engine` at `t`: served now, or after its load (cold)."""
         engine.last_used = t
         self.sent_at[i] = t
+        # The part of a hold at the gateway spent waiting for this engine's load (the gateway
+        # holds a request whose model it asked to load until the load answers).
+        end = min(t, engine.ready_at) if engine.state == READY else t
+        if engine.started or engine.state == READY:
+            self.held_for_load[i] = max(0.0, end - max(self.arrivals[i], engine.queued_at))
         if engine.state == READY:
             self._join(i, engine, t)
         else:
@@ -1367,7 +1373,8 @@ def summarise(
 
 def tail_breakdown(sim: Sim, served: np.ndarray) -> dict[str, float]:
     """Where the slowest requests (at or above the P99 of all served) spent their time, in
-    mean seconds: held before being sent to a replica, waiting there for their model's load,
+    mean seconds: held before their model's load started where they were sent (or before being
+    sent to a replica that had it), waiting for that load (at the gateway or the replica),
     queued for a serving slot (the rest is the service time)."""
     latency = sim.latency[served]
     if not len(latency):
@@ -1375,10 +1382,11 @@ def tail_breakdown(sim: Sim, served: np.ndarray) -> dict[str, float]:
     tail = served.copy()
     tail[served] = latency >= np.quantile(latency, 0.99)
     arrivals, sent, joined = sim.arrivals[tail], sim.sent_at[tail], sim.joined_at[tail]
+    for_load = sim.held_for_load[tail]
     queue = sim.latency[tail] - sim.cfg.service_seconds - (joined - arrivals)
     return {
-        "tail_held": float(np.mean(sent - arrivals)),
-        "tail_load": float(np.mean(joined - sent)),
+        "tail_held": float(np.mean(sent - arrivals - for_load)),
+        "tail_load": float(np.mean(joined - sent + for_load)),
         "tail_queue": float(np.mean(queue)),
     }
 
