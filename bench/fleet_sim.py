@@ -10,8 +10,10 @@ the traces, four placement/routing policies and the comparison table. Run it wit
 rotating hot set, 3 viral models at once, a bursty tail, bursts of cold requests for 40
 tail models in the same second (issue 30), a small easy fleet) on every seed,
 with 200-s days, tidal and its alternatives (`SWEEP_VARIANTS`) against ModelMesh-like and
-the optimum, over 2 worker processes; it prints the median and the worst seed of every metric
-and each goal not met on a family's worst seed with its value.
+the optimum, over 2 worker processes; it prints the median and the worst seed of every metric,
+the goals met or missed by tidal on each family and seed with where the slowest requests' time
+went (`tail_breakdown`: held at the gateway / waiting for their model's load / queued, tidal
+and ModelMesh-like), and each goal not met on a family's worst seed with its value.
 
 The fleet. 200 models whose TensorRT engines weigh 0.2-4 GB (log-normal, median 1 GB, clipped);
 8 replicas whose engine budgets together hold 15 % of all engine bytes (each budget still holds
