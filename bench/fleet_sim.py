@@ -1389,7 +1389,7 @@ def tail_breakdown(sim: Sim, served: np.ndarray) -> dict[str, float]:
     return {
         "tail_held": float(np.mean(sent - arrivals - for_load)),
         "tail_load": float(np.mean(joined - sent + for_load)),
-        "tail_queue": float(np.mean(queue)),
+        "tail_queue": max(float(np.mean(queue)), 0.0),  # (a float sum's -0.00 is none)
     }
 
 
