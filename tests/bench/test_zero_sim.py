@@ -11,7 +11,7 @@ from types import ModuleType
 import numpy as np
 import pytest
 
-from tidal.operator.core import idle
+from tidal.operator.core import idle, loop
 from tidal.operator.shell import controller
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "zero_sim.py"
@@ -36,9 +36,11 @@ def test_the_simulator_imports_the_glue_the_controller_calls_rather_than_a_copy(
     for name in ("step_zero", "ZeroTick", "is_quiet", "quiet_period", "ZeroMemory"):
         assert getattr(sim, name) is getattr(idle, name), name
         assert getattr(controller, name, getattr(sim, name)) is getattr(idle, name), name
-    # The controller's zero path goes through the same function.
+    # The controller's zero path goes through the same function: its tick's scale step
+    # (core.loop.scale_step) calls step_zero, and it waits out quiet_period.
     source = Path(controller.__file__).read_text()
-    assert "step_zero(" in source and "quiet_period(" in source
+    assert "scale_step(" in source and "quiet_period(" in source, controller.__file__
+    assert "step_zero(" in Path(loop.__file__).read_text(), loop.__file__
     tree = ast.parse(BENCH.read_text())
     defined = {
         node.name
