@@ -295,9 +295,9 @@ def _pip_conf() -> Path:
 
 
 def go_image() -> BuiltImage:
-    """This machine's Go toolchain (``/usr/local/go`` in the image, with an empty ``/tmp``): the
-    model store's build stage, as the official golang image would be (the stage runs ``go``
-    alone, in exec form, so it needs no shell or libc)."""
+    """This machine's Go toolchain (``/usr/local/go`` in the image, with empty ``/tmp`` and
+    ``/etc``): the model store's build stage, as the official golang image would be (the stage
+    runs ``go`` alone, in exec form, so it needs no shell or libc)."""
     goroot = Path(_run(["go", "env", "GOROOT"]).strip())
     version = _run(["go", "env", "GOVERSION"]).strip()
     name = f"{GO_IMAGE}:{version}"
@@ -314,9 +314,12 @@ def go_image() -> BuiltImage:
 
     with tarfile.open(layer, "w", format=tarfile.PAX_FORMAT) as t:
         t.add(str(goroot), arcname="usr/local/go", filter=owned_by_root)
-        tmp = tarfile.TarInfo("tmp")
-        tmp.type, tmp.mode = tarfile.DIRTYPE, 0o1777
-        t.addfile(tmp)
+        # /tmp for the build, /etc for the resolv.conf and hosts buildah mounts in (the
+        # module proxy, where the machine's module cache lacks something).
+        for path, mode in (("tmp", 0o1777), ("etc", 0o755)):
+            entry = tarfile.TarInfo(path)
+            entry.type, entry.mode = tarfile.DIRTYPE, mode
+            t.addfile(entry)
     try:
         oci_archive(
             layer,
