@@ -74,6 +74,8 @@ EXAMPLE_NAMESPACES = {
     "gitops/models/mlp-small.yaml": "ml-serving",
 }
 GPU_EXAMPLE = "gpu/tensorrt-h200.yaml"
+# The operator's pods among the chart's (the model store's share the chart's name label).
+OPERATOR_PODS = "app.kubernetes.io/name=tidal,app.kubernetes.io/component=operator"
 # The images the release script pushes and the chart's defaults pull.
 PUSHED_KINDS = ("operator", "runtime-cpu", "modelstore")
 
@@ -276,7 +278,7 @@ def diagnostics(sb: Sandbox, namespace: str, name: str | None = None) -> str:
         "get", "events", "-n", namespace, "--sort-by=.lastTimestamp", check=False
     ).stdout[-3000:]
     operator = sb.kubectl(
-        "logs", "-n", "tidal-system", "-l", "app.kubernetes.io/name=tidal", "--tail=40",
+        "logs", "-n", "tidal-system", "-l", OPERATOR_PODS, "--tail=40",
         check=False,
     ).stdout  # fmt: skip
     return f"status: {status}\npods:\n{pods}\nevents:\n{events}\noperator:\n{operator}"
@@ -389,9 +391,8 @@ def test_readme_service_runs_its_backend_s_image_and_answers(
     assert installed.returncode == 0, installed.stderr[-3000:]
     wait_ready(sb, "default", "mlp-small")
     operator_pod = json.loads(
-        sb.kubectl("get", "pods", "-n", "tidal-system", "-l", "app.kubernetes.io/name=tidal",
-                   "-o", "json").stdout
-    )["items"]  # fmt: skip
+        sb.kubectl("get", "pods", "-n", "tidal-system", "-l", OPERATOR_PODS, "-o", "json").stdout
+    )["items"]
     assert {c["image"] for p in operator_pod for c in p["spec"]["containers"]} == {
         release.image("operator")
     }
