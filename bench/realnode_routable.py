@@ -230,6 +230,7 @@ def main() -> int:
         )
         doc = yaml.safe_load((REPO / "examples/onnx-cpu.yaml").read_text())
         spec = doc["spec"]
+        spec["runtime"].pop("storage", None)  # the example's S3 store: served over HTTP here
         spec["runtime"].update(
             image=image,
             engineCache={"hostPath": str(cache)},

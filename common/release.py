@@ -25,6 +25,8 @@ IMAGES: dict[str, str] = {
     "operator": "tidal-operator",
     "runtime-cpu": "tidal-runtime-cpu",
     "runtime": "tidal-runtime",
+    # The chart's S3-compatible model store (modelStore.enabled): versitygw.
+    "modelstore": "tidal-model-store",
 }
 # Backend -> the image kind whose runtime serves it: ONNX Runtime on CPU, TensorRT on NVIDIA's
 # image. An InferenceService that names no image gets this one for its backend.

@@ -1,28 +1,32 @@
 """The README's "Installing on a real cluster" block, run verbatim, and every example as written.
 
 On the session's real node (kubelet, containerd, kube-proxy, CoreDNS), as a user with a cluster,
-a registry holding this release and a model store would:
+a registry holding this release and a default StorageClass would:
 
 1. the release script (``tidal.sandbox.release``, ``make release``) pushes the images and the
    chart to the sandbox's OCI registry (CNCF distribution on 127.0.0.1) under the release's path
    (``tidal.common.release``); the node's containerd resolves the release registry's host
    (``ghcr.io``) to that registry (a hosts.toml mirror), so the chart's default images are
-   *pulled* by the kubelet — nothing is imported or retagged by hand. A model store answers at
-   the address the examples name (``http://models.tidal-system.svc/<file>``, a plain HTTP
-   server, as a user's store would); the Prometheus Operator's PodMonitor CRD is a stand-in (no
-   Prometheus Operator runs here: the PodMonitor is created, nothing scrapes through it);
+   *pulled* by the kubelet — nothing is imported or retagged by hand. The sandbox has no
+   storage provisioner: a default StorageClass with one hostPath PersistentVolume stands in for
+   a cluster's; the Prometheus Operator's PodMonitor CRD is a stand-in too (no Prometheus
+   Operator runs here: the PodMonitor is created, nothing scrapes through it);
 2. the README's block runs as written, from the repository root, with ``helm`` and ``kubectl``
-   on the PATH (``helm install`` of the chart from the checkout with the runtime PodMonitor on,
-   ``kubectl apply -f examples/onnx-cpu.yaml``, ``kubectl wait``, ``kubectl get``); the service
-   answers requests from a client pod through its ClusterIP, on the image the operator chose for
-   its backend; the chart pushed by the release script is the checkout's;
+   on the PATH: ``helm install`` of the chart from the checkout with the runtime PodMonitor and
+   the chart's model store on (versitygw on the PersistentVolumeClaim, its bucket filled with
+   every example's models by the chart's upload Job), ``kubectl apply -f
+   examples/onnx-cpu.yaml``, ``kubectl wait``, ``kubectl get``, and one request from ``kubectl
+   run``; the service reads its engine from ``s3://models/`` with the store's Secret, on the
+   image the operator chose for its backend; the chart pushed by the release script is the
+   checkout's;
 3. every other InferenceService under ``examples/`` is applied with ``kubectl apply -f`` as
    written and answers every model's requests, except the GPU example, which names an H200 node
    this cluster lacks: its pods stay Pending and condition ``Scaling`` says ``Unschedulable``,
-   as the README says.
+   as the README says. The GitOps example goes to ``ml-serving``, where the store's Secret is
+   copied first (as examples/gitops/README.md says to).
 
-The chart's release and the examples are removed afterwards, so the scenarios after this module
-(each with an operator of its own) meet no second operator.
+The chart's release, the examples and the stand-ins are removed afterwards, so the scenarios
+after this module (each with an operator of its own) meet no second operator.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -41,10 +46,10 @@ import yaml
 
 from tidal.common import release
 from tidal.operator.core.api import LABEL_ISVC
-from tidal.runtime.modelgen import write_mlp
+from tidal.runtime.modelgen import EXAMPLE_MODELS
 from tidal.sandbox import Sandbox
 from tidal.sandbox.cluster import node_pulls_from_registry
-from tidal.sandbox.incluster import client_pod, last_json_line, model_store
+from tidal.sandbox.incluster import client_pod, last_json_line
 from tidal.sandbox.operatorproc import condition, get_isvc
 from tidal.sandbox.realnode import STATE_DIR
 from tidal.sandbox.registry import Registry
@@ -56,8 +61,9 @@ pytestmark = [pytest.mark.sandbox, pytest.mark.realnode, pytest.mark.timeout(180
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
 STORE_NS = "tidal-system"
-STORE_URL = "http://models.tidal-system.svc/"
-MODELS_DIR = STATE_DIR / "readme-models"  # on the node: hostPath of the model store
+STORE_DIR = STATE_DIR / "readme-store"  # on the node: the hostPath of the stand-in volume
+STORAGE_CLASS = "sandbox-default"
+STORE_PV = "readme-model-store"
 INFER = {"inputs": [{"name": "input", "shape": [1, 16], "datatype": "FP32", "data": [0.5] * 16}]}
 # The InferenceService examples other than the README's, and the namespace each goes to (the
 # GitOps one where its Argo CD Application syncs it).
@@ -68,6 +74,10 @@ EXAMPLE_NAMESPACES = {
     "gitops/models/mlp-small.yaml": "ml-serving",
 }
 GPU_EXAMPLE = "gpu/tensorrt-h200.yaml"
+# The operator's pods among the chart's (the model store's share the chart's name label).
+OPERATOR_PODS = "app.kubernetes.io/name=tidal,app.kubernetes.io/component=operator"
+# The images the release script pushes and the chart's defaults pull.
+PUSHED_KINDS = ("operator", "runtime-cpu", "modelstore")
 
 
 def readme_install_block() -> str:
@@ -81,14 +91,6 @@ def readme_install_block() -> str:
 
 def isvc_docs(path: Path) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d and d.get("kind")]
-
-
-def engine_files() -> set[str]:
-    """Every engine file the examples fetch from the model store."""
-    files = set()
-    for path in EXAMPLES.rglob("*.yaml"):
-        files.update(re.findall(re.escape(STORE_URL) + r"(\S+)", path.read_text()))
-    return files
 
 
 # -- fixtures --------------------------------------------------------------------------------------
@@ -116,6 +118,36 @@ PODMONITOR_CRD = {
         ],
     },
 }
+
+
+# A default StorageClass without a provisioner and one volume for the store's claim: what a
+# cluster's provisioner would make. Retain: the test removes the volume and its directory.
+def storage_stand_in() -> list[dict[str, Any]]:
+    return [
+        {
+            "apiVersion": "storage.k8s.io/v1",
+            "kind": "StorageClass",
+            "metadata": {
+                "name": STORAGE_CLASS,
+                "annotations": {"storageclass.kubernetes.io/is-default-class": "true"},
+            },
+            "provisioner": "kubernetes.io/no-provisioner",
+            "reclaimPolicy": "Retain",
+            "volumeBindingMode": "Immediate",
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": STORE_PV},
+            "spec": {
+                "storageClassName": STORAGE_CLASS,
+                "capacity": {"storage": "10Gi"},
+                "accessModes": ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "hostPath": {"path": str(STORE_DIR), "type": "Directory"},
+            },
+        },
+    ]
 
 
 # The node pulls the release's images from the sandbox's registry unless TIDAL_SANDBOX_REGISTRY=0
@@ -148,7 +180,7 @@ def pushed(real_sandbox: Sandbox, registry: Registry) -> dict[str, dict[str, str
     sb = real_sandbox
     target = sandbox_target(registry)
     node_has = set(sb.node.image_names())
-    assert not node_has & {release.image(k) for k in ("operator", "runtime-cpu")}, (
+    assert not node_has & {release.image(k) for k in PUSHED_KINDS}, (
         f"the node holds release images before any pull: {sorted(node_has)}"
     )
     runs = {}
@@ -162,10 +194,14 @@ def pushed(real_sandbox: Sandbox, registry: Registry) -> dict[str, dict[str, str
 @pytest.fixture(scope="module")
 def published(real_sandbox: Sandbox, pushed: dict[str, dict[str, str]]) -> Iterator[Sandbox]:
     """The release in the registry (pulled by the node, or tagged in its containerd when the
-    sandbox runs no registry), the PodMonitor kind, the examples' model store."""
+    sandbox runs no registry), the PodMonitor kind, a default StorageClass and its volume."""
     sb = real_sandbox
     if sb.registry is None:
-        built = {"operator": sb.images.operator.name, "runtime-cpu": sb.images.runtime_cpu.name}
+        built = {
+            "operator": sb.images.operator.name,
+            "runtime-cpu": sb.images.runtime_cpu.name,
+            "modelstore": sb.images.modelstore.name,
+        }
         for kind, name in built.items():
             done = sb.node.ctr("images", "tag", "--force", name, release.image(kind))
             assert done.returncode == 0, f"ctr images tag {name}: {done.stderr}"
@@ -176,27 +212,15 @@ def published(real_sandbox: Sandbox, pushed: dict[str, dict[str, str]]) -> Itera
         )
     sb.kubectl("apply", "-f", "-", input=yaml.safe_dump(PODMONITOR_CRD))
     sb.wait_established("crd/podmonitors.monitoring.coreos.com")
-    MODELS_DIR.mkdir(parents=True, exist_ok=True)
-    MODELS_DIR.chmod(0o755)
-    files = engine_files()
-    onnx = sorted(f for f in files if f.endswith(".onnx"))
-    assert "mlp-small.onnx" in onnx, files
-    for seed, name in enumerate(onnx, start=1):
-        path = MODELS_DIR / name
-        write_mlp(path, seed=seed)
-        path.chmod(0o644)
-    sb.kubectl("create", "namespace", STORE_NS, check=False)
-    store = model_store(release.image("runtime-cpu"), str(MODELS_DIR), service_port=80)
-    for doc in store:  # pulled from the registry when the node pulls (never, when tagged)
-        for c in doc["spec"].get("template", {}).get("spec", {}).get("containers", []):
-            c["imagePullPolicy"] = "IfNotPresent"
-    sb.kubectl("apply", "-n", STORE_NS, "-f", "-", input=yaml.safe_dump_all(store))
-    sb.kubectl(
-        "-n", STORE_NS, "rollout", "status", "deployment/models", "--timeout=180s", timeout=200
-    )
+    shutil.rmtree(STORE_DIR, ignore_errors=True)
+    STORE_DIR.mkdir(parents=True)
+    os.chown(STORE_DIR, 65532, 65532)  # the store's user (hostPath gets no fsGroup)
+    sb.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(storage_stand_in()))
     yield sb
-    sb.kubectl("delete", "-n", STORE_NS, "deployment/models", "service/models", check=False)
+    sb.kubectl("delete", "pv", STORE_PV, "--ignore-not-found", "--wait=false", check=False)
+    sb.kubectl("delete", "storageclass", STORAGE_CLASS, "--ignore-not-found", check=False)
     sb.kubectl("delete", "crd", "podmonitors.monitoring.coreos.com", check=False)
+    shutil.rmtree(STORE_DIR, ignore_errors=True)
 
 
 def helm_binary() -> str:
@@ -235,6 +259,8 @@ def installed(published: Sandbox) -> Iterator[subprocess.CompletedProcess[str]]:
             "--wait=true", "--timeout=120s", check=False, timeout=150,
         )  # fmt: skip
     sb.kubectl("delete", "-f", str(EXAMPLES / GPU_EXAMPLE), "--ignore-not-found", check=False)
+    sb.kubectl("delete", "secret", "model-store", "-n", "ml-serving", "--ignore-not-found",
+               check=False)  # fmt: skip
     subprocess.run(
         [helm_binary(), "uninstall", "tidal", f"--kubeconfig={sb.kubeconfig}",
          "--namespace", "tidal-system", "--wait", "--timeout", "2m"],
@@ -252,7 +278,7 @@ def diagnostics(sb: Sandbox, namespace: str, name: str | None = None) -> str:
         "get", "events", "-n", namespace, "--sort-by=.lastTimestamp", check=False
     ).stdout[-3000:]
     operator = sb.kubectl(
-        "logs", "-n", "tidal-system", "-l", "app.kubernetes.io/name=tidal", "--tail=40",
+        "logs", "-n", "tidal-system", "-l", OPERATOR_PODS, "--tail=40",
         check=False,
     ).stdout  # fmt: skip
     return f"status: {status}\npods:\n{pods}\nevents:\n{events}\noperator:\n{operator}"
@@ -299,6 +325,19 @@ def send_traffic(sb: Sandbox, namespace: str, service: str, model: str) -> dict[
     return summary
 
 
+def copy_store_secret(sb: Sandbox, namespace: str) -> None:
+    """The chart's copy of the store's keys (Secret model-store in default) into ``namespace``."""
+    secret = json.loads(sb.kubectl("get", "secret", "model-store", "-o", "json").stdout)
+    copy = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "model-store", "namespace": namespace},
+        "type": "Opaque",
+        "data": secret["data"],
+    }
+    sb.kubectl("apply", "-f", "-", input=yaml.safe_dump(copy))
+
+
 def runtime_images(sb: Sandbox, namespace: str, name: str) -> set[str]:
     out = sb.kubectl("get", "pods", "-n", namespace, "-l", f"{LABEL_ISVC}={name}", "-o", "json")
     return {c["image"] for p in json.loads(out.stdout)["items"] for c in p["spec"]["containers"]}
@@ -314,6 +353,35 @@ def test_readme_install_block_runs_verbatim_and_the_example_answers(
     )
     # `kubectl get inferenceservices` printed the service, Ready.
     assert re.search(r"^mlp-small\s+True", installed.stdout, re.M), installed.stdout
+    # `kubectl run`'s request was answered: the model's output tensor.
+    answers = [line for line in installed.stdout.splitlines() if line.startswith("{")]
+    assert answers and json.loads(answers[-1])["model_name"] == "mlp-small", installed.stdout
+
+
+def test_readme_block_installed_the_model_store_on_the_default_class_with_every_model(
+    published: Sandbox, installed: subprocess.CompletedProcess[str]
+) -> None:
+    """The chart's store: its claim bound through the default StorageClass, its keys generated
+    and copied for the examples' namespace, and the upload Job's models in its bucket (the
+    posix backend keeps a bucket as a directory of the volume)."""
+    sb = published
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    claims = json.loads(sb.kubectl("get", "pvc", "-n", STORE_NS, "-o", "json").stdout)["items"]
+    assert [(c["spec"].get("storageClassName"), c["status"]["phase"]) for c in claims] == [
+        (STORAGE_CLASS, "Bound")
+    ], claims
+    keys = {}
+    for namespace, name in [(STORE_NS, "tidal-model-store"), ("default", "model-store")]:
+        secret = json.loads(sb.kubectl("get", "secret", name, "-n", namespace, "-o", "json").stdout)
+        keys[namespace] = secret["data"]
+    assert keys[STORE_NS] == keys["default"] and set(keys["default"]) == {
+        "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"
+    }, sorted(keys)  # fmt: skip
+    stored = sorted(
+        str(path.relative_to(STORE_DIR / "models"))
+        for path in (STORE_DIR / "models").rglob("*.onnx")
+    )
+    assert stored == sorted(EXAMPLE_MODELS), f"the store's bucket holds {stored}"
 
 
 def test_readme_service_runs_its_backend_s_image_and_answers(
@@ -323,9 +391,8 @@ def test_readme_service_runs_its_backend_s_image_and_answers(
     assert installed.returncode == 0, installed.stderr[-3000:]
     wait_ready(sb, "default", "mlp-small")
     operator_pod = json.loads(
-        sb.kubectl("get", "pods", "-n", "tidal-system", "-l", "app.kubernetes.io/name=tidal",
-                   "-o", "json").stdout
-    )["items"]  # fmt: skip
+        sb.kubectl("get", "pods", "-n", "tidal-system", "-l", OPERATOR_PODS, "-o", "json").stdout
+    )["items"]
     assert {c["image"] for p in operator_pod for c in p["spec"]["containers"]} == {
         release.image("operator")
     }
@@ -348,7 +415,8 @@ def test_release_script_pushes_the_same_image_digests_twice(
 ) -> None:
     first, second = pushed["first"], pushed["second"]
     images = {ref for ref in first if not ref.startswith("oci://")}
-    assert len(images) == 2 and all(first[r].startswith("sha256:") for r in images), first
+    assert len(images) == len(PUSHED_KINDS), first
+    assert all(first[r].startswith("sha256:") for r in images), first
     assert {r: first[r] for r in images} == {r: second[r] for r in images}, (
         f"unchanged sources pushed other image digests: {first} then {second}"
     )
@@ -394,7 +462,7 @@ def test_node_pulled_the_pushed_images_from_the_registry(
     assert installed.returncode == 0, installed.stderr[-3000:]
     target = sandbox_target(registry)
     held = sb.node.image_digests()
-    for kind in ("operator", "runtime-cpu"):
+    for kind in PUSHED_KINDS:
         name = release.image(kind)
         assert held.get(name) == pushed["first"][target.image(kind)], (
             f"{name}: the node holds {held.get(name)}, the registry got "
@@ -406,7 +474,7 @@ def test_node_pulled_the_pushed_images_from_the_registry(
     # other scenarios), so here the pull moves the manifest's resolution and no layer.
     log = registry.process.log_path.read_text(errors="replace")
     host = release.REGISTRY.split("/", 1)[0]
-    for kind in ("operator", "runtime-cpu"):
+    for kind in PUSHED_KINDS:
         request = (
             rf'"(HEAD|GET) /v2/{re.escape(target.repository(kind))}/manifests/'
             rf'{re.escape(release.VERSION)}\?ns={re.escape(host)} HTTP/1.1" 200 .*"containerd/'
@@ -428,6 +496,8 @@ def test_example_applied_as_written_answers_every_model(
     assert installed.returncode == 0, installed.stderr[-3000:]
     namespace = EXAMPLE_NAMESPACES[file]
     sb.kubectl("create", "namespace", namespace, check=False)
+    if namespace != "default":  # the store's keys, as examples/gitops/README.md says
+        copy_store_secret(sb, namespace)
     path = EXAMPLES / file
     (doc,) = isvc_docs(path)
     name = doc["metadata"]["name"]

@@ -182,6 +182,7 @@ def example(sb: Sandbox, file: str, models: dict[str, str]) -> dict[str, Any]:
     spec = doc["spec"]
     runtime = spec.setdefault("runtime", {})
     runtime["image"] = sb.images.runtime_cpu.name
+    runtime.pop("storage", None)  # the examples' S3 store: this user serves them over HTTP
     runtime["engineCache"] = {"hostPath": str(CACHE_DIR)}
     runtime["resources"] = {
         "requests": {"cpu": "100m", "memory": "256Mi"},

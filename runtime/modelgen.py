@@ -20,6 +20,9 @@ prints ``<sha256>  <bytes>  <path>``. The examples' models, every one they fetch
 ``examples`` writes them under ``OUT_DIR`` (for an HTTP store or a volume); ``upload`` makes
 them and puts them into an S3-compatible bucket with the runtime's S3 client, credentials from
 ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``; each prints ``<sha256>  <bytes>  <key>``.
+Without ``--examples`` they are the models of the examples this version ships
+(:data:`EXAMPLE_MODELS`, which a test keeps equal to what ``examples/`` fetches): what the
+chart's upload Job runs in the runtime image, which holds no checkout.
 """
 
 from __future__ import annotations
@@ -270,10 +273,28 @@ def _uris(node: Any) -> list[str]:
     return []
 
 
-def example_model_names(examples: Path) -> list[str]:
+# Every ONNX model the examples of this version fetch (example_model_names(examples/), kept
+# equal by tests/runtime/test_modelgen.py): the upload's list where no checkout is at hand.
+EXAMPLE_MODELS = (
+    "classifier-v1.onnx",
+    "classifier-v2.onnx",
+    "embedder.onnx",
+    "fraud.onnx",
+    "mlp-small.onnx",
+    "ranker.onnx",
+    "recommend.onnx",
+    "search.onnx",
+    "translate-de.onnx",
+)
+
+
+def example_model_names(examples: Path | None = None) -> list[str]:
     """Every ONNX model the manifests under ``examples`` fetch from the model store, as a path
-    under the store's root (sorted, each once). TensorRT plans are not among them: they are
-    built for a GPU and a TensorRT version (runtime/BUILD.md), not generated."""
+    under the store's root (sorted, each once); ``None``: those of the shipped examples
+    (:data:`EXAMPLE_MODELS`). TensorRT plans are not among them: they are built for a GPU and
+    a TensorRT version (runtime/BUILD.md), not generated."""
+    if examples is None:
+        return sorted(EXAMPLE_MODELS)
     names: set[str] = set()
     for path in sorted(examples.rglob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
@@ -284,7 +305,7 @@ def example_model_names(examples: Path) -> list[str]:
     return sorted(names)
 
 
-def write_example_models(examples: Path, out_dir: Path) -> list[tuple[str, ModelInfo]]:
+def write_example_models(examples: Path | None, out_dir: Path) -> list[tuple[str, ModelInfo]]:
     """Each example's ONNX model under ``out_dir`` at its path in the store: an MLP of the
     default shape (what the examples' traffic sends), a seed of its own per file."""
     names = example_model_names(examples)
@@ -294,7 +315,7 @@ def write_example_models(examples: Path, out_dir: Path) -> list[tuple[str, Model
 
 
 def upload_example_models(
-    examples: Path,
+    examples: Path | None,
     bucket: str,
     work_dir: Path,
     endpoint: str | None = None,
@@ -325,6 +346,9 @@ def upload_example_models(
     return made
 
 
+EXAMPLES_HELP = "the manifests, e.g. examples (default: the examples this version ships)"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tidal.runtime.modelgen")
     sub = parser.add_subparsers(dest="kind", required=True)
@@ -344,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     conv.add_argument("--seed", type=int, default=0)
     ex = sub.add_parser("examples", help="every example's ONNX models, into a directory")
     ex.add_argument("out")
-    ex.add_argument("--examples", default="examples", help="the manifests (default: examples)")
+    ex.add_argument("--examples", default=None, help=EXAMPLES_HELP)
     up = sub.add_parser(
         "upload", help="every example's ONNX models, made and put into an S3-compatible bucket"
     )
@@ -352,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--endpoint", default=None, help="e.g. http://127.0.0.1:7070; none: AWS")
     up.add_argument("--prefix", default="", help="keys under this prefix (default: the root)")
     up.add_argument("--region", default=os.environ.get("AWS_REGION", "us-east-1"))
-    up.add_argument("--examples", default="examples", help="the manifests (default: examples)")
+    up.add_argument("--examples", default=None, help=EXAMPLES_HELP)
     args = parser.parse_args(argv)
     if args.kind in ("examples", "upload"):
         return _examples_command(parser, args)
@@ -368,9 +392,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _examples_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    examples = Path(args.examples)
-    if not examples.is_dir():
-        parser.error(f"--examples {examples}: no such directory (run from a checkout of tidal)")
+    examples = None if args.examples is None else Path(args.examples)
+    if examples is not None and not examples.is_dir():
+        parser.error(f"--examples {examples}: no such directory")
     try:
         if args.kind == "examples":
             made = write_example_models(examples, Path(args.out))

@@ -59,18 +59,18 @@ class SandboxConfig:
     aggregation: bool = False
     # With the real node: the OCI registry (registry.py) on 127.0.0.1, and the node's containerd
     # pulling the release registry's host (ghcr.io) from it (e2e/test_readme_install.py installs
-    # the release from it). Off unless TIDAL_SANDBOX_REGISTRY=1: with it on, the install test
-    # passes alone, but in `make test`'s order the scenarios after it then met their imported
-    # localhost/tidal/… images gone from the CRI's view (ErrImageNeverPull, fresh-clone run of
-    # 2026-12-07), cause not found yet. Off, test_readme_install pushes to a registry of its own
-    # and tags the built images under the release names in the node's containerd, as before.
+    # the release from it). On unless TIDAL_SANDBOX_REGISTRY=0 (then test_readme_install pushes
+    # to a registry of its own and tags the built images under the release names in the node's
+    # containerd). It was off until the cause of ErrImageNeverPull in the scenarios after the
+    # install test was found: kubelet's pulled-image records (the kubelet configuration in
+    # realnode.py says why).
     registry: bool = field(default_factory=lambda: node_pulls_from_registry())
 
 
 def node_pulls_from_registry() -> bool:
     """Whether the real node runs with the sandbox's registry mirroring the release registry's
-    host: only with ``TIDAL_SANDBOX_REGISTRY=1`` (e2e/README.md)."""
-    return os.environ.get("TIDAL_SANDBOX_REGISTRY", "0") == "1"
+    host: unless ``TIDAL_SANDBOX_REGISTRY=0`` (e2e/README.md)."""
+    return os.environ.get("TIDAL_SANDBOX_REGISTRY", "1") != "0"
 
 
 # Where a release publishes the project's images; the real node has the ones built here instead.

@@ -6,6 +6,9 @@
 * ``pause`` and ``coredns``: one static binary each, wrapped into an OCI image layout.
 * the project's images, from its own Dockerfiles (``images/*.Dockerfile``) with Debian's
   ``buildah``, on that base; ``pip`` inside the build reaches PyPI with this machine's CA bundle.
+* ``go``: this machine's Go toolchain (``go env GOROOT``) in one layer, standing in for the
+  official ``golang`` image as the model store's build stage (``GO_IMAGE``); the build reaches
+  the Go module proxy and uses this machine's module and build caches (mounted).
 
 Every image ends as an ``oci-archive`` tarball in the cache (``~/.cache/tidal/images``), named by
 a digest of its inputs (the Dockerfile and the files of its build context), so an unchanged
@@ -33,6 +36,8 @@ log = logging.getLogger("tidal.sandbox.images")
 BASE_IMAGE = "localhost/tidal/debian-python:bookworm"
 OPERATOR_IMAGE = "localhost/tidal/operator"
 RUNTIME_CPU_IMAGE = "localhost/tidal/runtime-cpu"
+MODELSTORE_IMAGE = "localhost/tidal/modelstore"
+GO_IMAGE = "localhost/tidal/go"
 # Archives kept in the cache of each kind (operator, runtime-cpu, ...): a few recent builds, so
 # that switching between branches does not rebuild.
 KEPT_PER_KIND = 4
@@ -110,7 +115,15 @@ def _run(argv: list[str], env: dict[str, str] | None = None, cwd: Path | None = 
     return done.stdout
 
 
-def oci_archive(layer_tar: Path, name: str, out: Path, *, entrypoint: list[str], user: str) -> Path:
+def oci_archive(
+    layer_tar: Path,
+    name: str,
+    out: Path,
+    *,
+    entrypoint: list[str],
+    user: str,
+    env: list[str] | None = None,
+) -> Path:
     """Wrap one uncompressed layer into an OCI image layout tarball (what ``ctr images import``
     and ``buildah pull oci-archive:`` read)."""
     layer = layer_tar.read_bytes()
@@ -119,7 +132,7 @@ def oci_archive(layer_tar: Path, name: str, out: Path, *, entrypoint: list[str],
         "architecture": "amd64",
         "os": "linux",
         "config": {
-            "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+            "Env": env or ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
             "Entrypoint": entrypoint,
             "User": user,
             "WorkingDir": "/",
@@ -261,6 +274,8 @@ def context_digest(dockerfile: Path) -> str:
         cwd=REPO,
         check=True,
     ).stdout.split()
+    if not allowed:  # a context of nothing (``*`` alone); git would list every file
+        files = []
     h = hashlib.sha256(dockerfile.read_bytes())
     for rel in sorted(files):
         path = REPO / rel
@@ -279,8 +294,68 @@ def _pip_conf() -> Path:
     return conf
 
 
-def dockerfile_image(dockerfile: Path, repository: str, base: BuiltImage) -> BuiltImage:
-    """``buildah bud`` of one of the project's Dockerfiles on the local base image."""
+def go_image() -> BuiltImage:
+    """This machine's Go toolchain (``/usr/local/go`` in the image, with empty ``/tmp`` and
+    ``/etc``): the model store's build stage, as the official golang image would be (the stage
+    runs ``go`` alone, in exec form, so it needs no shell or libc)."""
+    goroot = Path(_run(["go", "env", "GOROOT"]).strip())
+    version = _run(["go", "env", "GOVERSION"]).strip()
+    name = f"{GO_IMAGE}:{version}"
+    out = images_dir() / f"go-{version}.oci.tar"
+    if out.exists():
+        return BuiltImage(name, out, 0.0)
+    t0 = time.monotonic()
+    layer = out.with_suffix(".layer")
+
+    def owned_by_root(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        return info
+
+    with tarfile.open(layer, "w", format=tarfile.PAX_FORMAT) as t:
+        t.add(str(goroot), arcname="usr/local/go", filter=owned_by_root)
+        # /tmp for the build, /etc for the resolv.conf and hosts buildah mounts in (the
+        # module proxy, where the machine's module cache lacks something).
+        for path, mode in (("tmp", 0o1777), ("etc", 0o755)):
+            entry = tarfile.TarInfo(path)
+            entry.type, entry.mode = tarfile.DIRTYPE, mode
+            t.addfile(entry)
+    try:
+        oci_archive(
+            layer,
+            name,
+            out,
+            entrypoint=["/usr/local/go/bin/go"],
+            user="",
+            env=["PATH=/usr/local/go/bin:/usr/bin:/bin", "GOPATH=/go", "HOME=/root"],
+        )
+    finally:
+        layer.unlink(missing_ok=True)
+    return BuiltImage(name, out, time.monotonic() - t0)
+
+
+def _go_cache_volumes() -> list[str]:
+    """This machine's Go module and build caches, mounted where the Go image's ``go`` looks
+    (GOPATH=/go, HOME=/root): the model store's build downloads and compiles only what the
+    sandbox's own versitygw build has not."""
+    mods = _run(["go", "env", "GOMODCACHE"]).strip()
+    cache = _run(["go", "env", "GOCACHE"]).strip()
+    Path(mods).mkdir(parents=True, exist_ok=True)
+    Path(cache).mkdir(parents=True, exist_ok=True)
+    return [f"--volume={mods}:/go/pkg/mod", f"--volume={cache}:/root/.cache/go-build"]
+
+
+def dockerfile_image(
+    dockerfile: Path,
+    repository: str,
+    base: BuiltImage,
+    stages: dict[str, BuiltImage] | None = None,
+    volumes: list[str] | None = None,
+) -> BuiltImage:
+    """``buildah bud`` of one of the project's Dockerfiles on the local base image
+    (``PYTHON_IMAGE`` and ``BASE_IMAGE``); ``stages`` gives other local images by build
+    argument (``GO_IMAGE``), ``volumes`` extra ``--volume`` flags for the build's RUN steps."""
+    stages = stages or {}
     tag = context_digest(dockerfile)
     name = f"{repository}:{tag}"
     out = images_dir() / f"{repository.rsplit('/', 1)[-1]}-{tag}.oci.tar"
@@ -289,8 +364,12 @@ def dockerfile_image(dockerfile: Path, repository: str, base: BuiltImage) -> Bui
     t0 = time.monotonic()
     env = _buildah_env()
     policy = _policy_flag()
-    _run(["buildah", "pull", policy, f"oci-archive:{base.archive}"], env=env)
-    _run(["buildah", "tag", _image_id(base.archive, env), base.name], env=env)
+    for local in (base, *stages.values()):
+        _run(["buildah", "pull", policy, f"oci-archive:{local.archive}"], env=env)
+        _run(["buildah", "tag", _image_id(local.archive, env), local.name], env=env)
+    arg_flags = [f"--build-arg={arg}={local.name}" for arg, local in stages.items()]
+    if "BASE_IMAGE=" in dockerfile.read_text():
+        arg_flags.append(f"--build-arg=BASE_IMAGE={base.name}")
     ca = "/etc/ssl/certs/ca-certificates.crt"
     bud = [
         "buildah",
@@ -303,7 +382,9 @@ def dockerfile_image(dockerfile: Path, repository: str, base: BuiltImage) -> Bui
         "--format=oci",
         f"--volume={ca}:{ca}:ro",
         f"--volume={_pip_conf()}:/etc/pip.conf:ro",
+        *(volumes or []),
         f"--build-arg=PYTHON_IMAGE={base.name}",
+        *arg_flags,
         "-f",
         str(dockerfile),
         "-t",
@@ -351,10 +432,13 @@ class ProjectImages:
     base: BuiltImage
     operator: BuiltImage
     runtime_cpu: BuiltImage
+    modelstore: BuiltImage
 
     def all(self) -> list[BuiltImage]:
         """In the order the node imports them."""
-        return [self.pause, self.coredns, self.base, self.operator, self.runtime_cpu]
+        return [
+            self.pause, self.coredns, self.base, self.operator, self.runtime_cpu, self.modelstore
+        ]  # fmt: skip
 
     def archives(self) -> list[Path]:
         return [image.archive for image in self.all()]
@@ -365,8 +449,25 @@ class ProjectImages:
     def timings(self) -> dict[str, float]:
         return {
             k: round(getattr(self, k).seconds, 1)
-            for k in ("pause", "coredns", "base", "operator", "runtime_cpu")
+            for k in ("pause", "coredns", "base", "operator", "runtime_cpu", "modelstore")
         }
+
+
+# Image kind (images/<kind>.Dockerfile, tidal.common.release's kinds) -> local repository.
+LOCAL_REPOSITORIES = {
+    "operator": OPERATOR_IMAGE,
+    "runtime-cpu": RUNTIME_CPU_IMAGE,
+    "modelstore": MODELSTORE_IMAGE,
+}
+
+
+def project_image(kind: str, base: BuiltImage) -> BuiltImage:
+    """One of the project's images by kind, built (or reused) from images/<kind>.Dockerfile."""
+    dockerfile = REPO / "images" / f"{kind}.Dockerfile"
+    if kind == "modelstore":
+        stages = {"GO_IMAGE": go_image()}
+        return dockerfile_image(dockerfile, MODELSTORE_IMAGE, base, stages, _go_cache_volumes())
+    return dockerfile_image(dockerfile, LOCAL_REPOSITORIES[kind], base)
 
 
 def build_project_images(node_bin: Path) -> ProjectImages:
@@ -377,10 +478,9 @@ def build_project_images(node_bin: Path) -> ProjectImages:
         pause=binary_image(node_bin / "pause", PAUSE_IMAGE),
         coredns=binary_image(node_bin / "coredns", "localhost/tidal/coredns:sandbox"),
         base=base,
-        operator=dockerfile_image(REPO / "images" / "operator.Dockerfile", OPERATOR_IMAGE, base),
-        runtime_cpu=dockerfile_image(
-            REPO / "images" / "runtime-cpu.Dockerfile", RUNTIME_CPU_IMAGE, base
-        ),
+        operator=project_image("operator", base),
+        runtime_cpu=project_image("runtime-cpu", base),
+        modelstore=project_image("modelstore", base),
     )
     prune_archives(keep=set(built.archives()))
     return built

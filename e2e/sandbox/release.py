@@ -3,8 +3,8 @@
 One script for the sandbox and for a real release: ``tidal-sandbox release --registry HOST/PATH``
 (``make release REGISTRY=HOST/PATH``)
 
-1. builds (or reuses) the operator and CPU runtime images from ``images/*.Dockerfile`` with
-   buildah, as ``make images`` does (:mod:`tidal.sandbox.images`);
+1. builds (or reuses) the operator, CPU runtime and model store images from
+   ``images/*.Dockerfile`` with buildah, as ``make images`` does (:mod:`tidal.sandbox.images`);
 2. pushes each image's OCI archive, byte for byte, to ``HOST/PATH/<name>:<version>`` (names and
    version: :mod:`tidal.common.release`) over the OCI distribution API — the digests pushed are
    the archive's, so an unchanged source pushes the same digests again;
@@ -49,7 +49,7 @@ from tidal.common import release
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "tidal"
 # The images this script builds and pushes (kind -> images/<kind>.Dockerfile).
-PUSHED_KINDS = ("operator", "runtime-cpu")
+PUSHED_KINDS = ("operator", "runtime-cpu", "modelstore")
 LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
 
 
@@ -267,13 +267,12 @@ def push_chart(target: Target, helm: str | None = None) -> str:
 
 def run_release(target: Target, *, chart: bool = True) -> dict[str, str]:
     """Build (or reuse) and push the images, then the chart; reference -> digest."""
-    from .images import OPERATOR_IMAGE, RUNTIME_CPU_IMAGE, base_image, dockerfile_image
+    from .images import base_image, project_image
 
     base = base_image()
-    repositories = {"operator": OPERATOR_IMAGE, "runtime-cpu": RUNTIME_CPU_IMAGE}
     pushed = {}
     for kind in PUSHED_KINDS:
-        built = dockerfile_image(REPO / "images" / f"{kind}.Dockerfile", repositories[kind], base)
+        built = project_image(kind, base)
         pushed[target.image(kind)] = push_archive(built.archive, target, kind)
     if chart:
         pushed[f"{target.chart}:{target.version}"] = push_chart(target)

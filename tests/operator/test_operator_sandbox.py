@@ -96,7 +96,8 @@ def children(sandbox: Any, namespace: str, name: str) -> dict[str, set[str]]:
 
 
 def materialize(path: Path, model_dir: Path) -> dict[str, Any]:
-    """An example with its model URIs pointing at freshly generated ONNX files."""
+    """An example with its model URIs pointing at freshly generated ONNX files (and no S3
+    store: the files are local)."""
     text = path.read_text()
     for index, uri in enumerate(
         sorted(set(re.findall(re.escape(EXAMPLE_MODEL_PREFIX) + r"\S+", text)))
@@ -104,7 +105,9 @@ def materialize(path: Path, model_dir: Path) -> dict[str, Any]:
         local = model_dir / uri.removeprefix(EXAMPLE_MODEL_PREFIX)
         write_mlp(local, seed=index)
         text = text.replace(uri, local.resolve().as_uri())
-    return dict(yaml.safe_load(text))
+    body = dict(yaml.safe_load(text))
+    body["spec"]["runtime"].pop("storage", None)
+    return body
 
 
 def infer(address: str, port: int, model: str) -> dict[str, Any]:

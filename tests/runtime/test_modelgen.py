@@ -12,6 +12,7 @@ import pytest
 
 from tidal.runtime.config import S3Spec
 from tidal.runtime.modelgen import (
+    EXAMPLE_MODELS,
     example_model_names,
     mlp_hidden_for_bytes,
     write_convnet,
@@ -57,13 +58,27 @@ def test_example_models_are_every_onnx_file_the_examples_fetch() -> None:
     in_text = {
         name
         for path in EXAMPLES.rglob("*.yaml")
-        for name in re.findall(
-            r"uri: http://models\.tidal-system\.svc/(\S+\.onnx)", path.read_text()
-        )
+        for name in re.findall(r"uri: s3://models/(\S+\.onnx)", path.read_text())
     }
     names = example_model_names(EXAMPLES)
     assert names == sorted(in_text), f"modelgen finds {names}, the manifests name {in_text}"
     assert "mlp-small.onnx" in names and not any(n.endswith(".engine") for n in names), names
+
+
+def test_shipped_example_list_is_what_the_examples_fetch() -> None:
+    """The chart's upload Job runs modelgen without a checkout: its list is the examples'."""
+    assert example_model_names() == sorted(EXAMPLE_MODELS) == example_model_names(EXAMPLES), (
+        f"EXAMPLE_MODELS {sorted(EXAMPLE_MODELS)} != examples/ {example_model_names(EXAMPLES)}"
+    )
+
+
+def test_examples_command_without_a_checkout_writes_the_shipped_list(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert modelgen_main(["examples", str(tmp_path / "out")]) == 0
+    reported = [line.split()[2] for line in capsys.readouterr().out.splitlines()]
+    assert reported == sorted(EXAMPLE_MODELS), reported
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == reported
 
 
 def test_example_models_from_a_bucket_keep_their_path(tmp_path: Path) -> None:

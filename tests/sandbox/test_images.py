@@ -107,3 +107,21 @@ def _build_operator(cache: Path, monkeypatch: pytest.MonkeyPatch, run: object) -
     base = images.BuiltImage("localhost/tidal/debian-python:bookworm", cache / "base.tar", 0.0)
     dockerfile = images.REPO / "images" / "operator.Dockerfile"
     return images.dockerfile_image(dockerfile, images.OPERATOR_IMAGE, base)
+
+
+def test_a_context_of_nothing_digests_the_dockerfile_alone() -> None:
+    """The model store's build context lets no file in (``*`` alone): its tag changes with its
+    Dockerfile only, not with every file git lists."""
+    import hashlib
+
+    dockerfile = images.REPO / "images" / "modelstore.Dockerfile"
+    expected = hashlib.sha256(dockerfile.read_bytes()).hexdigest()[:16]
+    assert images.context_digest(dockerfile) == expected
+    assert (
+        images.context_digest(images.REPO / "images" / "operator.Dockerfile")
+        != (
+            hashlib.sha256(
+                (images.REPO / "images" / "operator.Dockerfile").read_bytes()
+            ).hexdigest()[:16]
+        )
+    ), "the operator's context (its package) is in its digest"

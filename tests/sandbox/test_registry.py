@@ -194,11 +194,10 @@ def test_the_release_command_refuses_a_bad_registry_naming_it(
     assert "argument --registry" in err and "HOST[:PORT][/PATH]" in err, err
 
 
-def test_the_real_node_pulls_from_the_registry_only_when_turned_on(
+def test_the_real_node_pulls_from_the_registry_unless_turned_off(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Off by default (in make test's order the scenarios after the install test lost their
-    imported images with it on: e2e/README.md), on with TIDAL_SANDBOX_REGISTRY=1 only."""
+    """On by default, off with TIDAL_SANDBOX_REGISTRY=0 (e2e/README.md)."""
     from tidal.sandbox.cluster import SandboxConfig
 
     seen = {}
@@ -208,7 +207,7 @@ def test_the_real_node_pulls_from_the_registry_only_when_turned_on(
         else:
             monkeypatch.setenv("TIDAL_SANDBOX_REGISTRY", value)
         seen[value] = SandboxConfig(real_node=True).registry
-    assert seen == {None: False, "1": True, "0": False}, seen
+    assert seen == {None: True, "1": True, "0": False}, seen
 
 
 def test_a_previous_run_s_release_names_are_stale_though_they_share_a_kept_digest() -> None:

@@ -158,3 +158,40 @@ true
 false
 {{- end -}}
 {{- end }}
+
+{{/* The model store's objects (modelStore.enabled): their selector and labels. */}}
+{{- define "tidal.modelStoreSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "tidal.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: model-store
+{{- end }}
+
+{{- define "tidal.modelStoreLabels" -}}
+helm.sh/chart: {{ include "tidal.chart" . }}
+{{ include "tidal.modelStoreSelectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: tidal
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "tidal.modelStoreName" -}}
+{{- printf "%s-model-store" (include "tidal.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The Secret holding the store's keys in the release namespace: the user's or the chart's. */}}
+{{- define "tidal.modelStoreSecret" -}}
+{{- if .Values.modelStore.enabled }}
+{{- default (include "tidal.modelStoreName" .) .Values.modelStore.credentials.existingSecret }}
+{{- else }}
+{{- .Values.modelStore.external.credentialsSecret }}
+{{- end }}
+{{- end }}
+
+{{/* The S3 endpoint of the store, as InferenceServices and the upload name it. */}}
+{{- define "tidal.modelStoreEndpoint" -}}
+{{- if .Values.modelStore.enabled }}
+{{- printf "http://%s.%s.svc" .Values.modelStore.serviceName .Release.Namespace }}
+{{- else }}
+{{- .Values.modelStore.external.endpoint }}
+{{- end }}
+{{- end }}
