@@ -229,7 +229,9 @@ async def test_a_pod_that_keeps_failing_is_scraped_less_often_and_reads_as_missi
     key = PoolKey("ns", "svc", "primary")
     pods = [runtime_pod("good"), runtime_pod("bad")]
     try:
-        async with SignalCollector(None, clock=lambda: now[0]) as collector:
+        # A generous scrape timeout: on a loaded 2-core machine the good pod's answer took
+        # longer than the default 0.3 s and read as missing (a test of the back-off, not speed).
+        async with SignalCollector(None, scrape_timeout=10.0, clock=lambda: now[0]) as collector:
             errors = []
             for _ in range(6):  # ticks at 0..5 s: the bad pod is asked at 0, 1, 2 and 4
                 reading = await collector.observe_pool(key, pods)
