@@ -33,7 +33,8 @@ def main() -> int:
     found = over_limits(sys.argv[1:] or ["operator", "gateway", "runtime"])
     for lines, kind, path, name in found:
         print(f"{lines:5} {kind:8} {path} {name}")
-    print(f"{len(found)} over the limits (class > {CLASS_LIMIT} lines, function > {FUNCTION_LIMIT})")
+    limits = f"class > {CLASS_LIMIT} lines, function > {FUNCTION_LIMIT}"
+    print(f"{len(found)} over the limits ({limits})")
     return 0
 
 
