@@ -579,8 +579,11 @@ def read_raw(directory: Path) -> list[dict[str, Any]]:
 
 
 def tables_from_raw(directory: Path) -> list[str]:
-    """The tables again from a run's raw outputs, without running anything."""
+    """The tables again from a run's raw outputs, without running anything: each trace's
+    runs one by one, then (with several) their medians and ranges, as a run prints them. The
+    traces may come from separate invocations with the same ``--out`` (one trace each)."""
     out = []
+    by_trace: dict[str, tuple[Trace, list[list[Row]]]] = {}
     for raw in read_raw(directory):
         t = raw["trace"]
         trace = Trace(t["name"], tuple(tuple(p) for p in t["points"]), t["onset"], t["what"])
@@ -603,6 +606,8 @@ def tables_from_raw(directory: Path) -> list[str]:
                 )
             )
         out.append(table(trace, rows, tuned))
+        by_trace.setdefault(trace.name, (trace, []))[1].append(rows)
+    out += [summary(trace, runs, tuned) for trace, runs in by_trace.values() if len(runs) > 1]
     return out
 
 
