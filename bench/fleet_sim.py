@@ -10,10 +10,8 @@ the traces, four placement/routing policies and the comparison table. Run it wit
 rotating hot set, 3 viral models at once, a bursty tail, bursts of cold requests for 40
 tail models in the same second (issue 30), a small easy fleet) on every seed,
 with 200-s days, tidal and its alternatives (`SWEEP_VARIANTS`) against ModelMesh-like and
-the optimum, over 2 worker processes; it prints the median and the worst seed of every metric,
-the goals met or missed by tidal on each family and seed with where the slowest requests' time
-went (`tail_breakdown`: held at the gateway / waiting for their model's load / queued, tidal
-and ModelMesh-like), and each goal not met on a family's worst seed with its value.
+the optimum, over 2 worker processes; it prints the median and the worst seed of every metric
+and each goal not met on a family's worst seed with its value.
 
 The fleet. 200 models whose TensorRT engines weigh 0.2-4 GB (log-normal, median 1 GB, clipped);
 8 replicas whose engine budgets together hold 15 % of all engine bytes (each budget still holds
@@ -416,11 +414,6 @@ class Sim:
         n = len(trace)
         self.arrivals = trace.times
         self.latency = np.full(n, np.nan)
-        # Where a request's time went (issue 45): sent to a replica (after any hold at the
-        # gateway), joined its serving queue (after any load of its model there).
-        self.sent_at = np.full(n, np.nan)
-        self.held_for_load = np.zeros(n)
-        self.joined_at = np.full(n, np.nan)
         self.cold = np.zeros(n, dtype=bool)
         self.failed = np.zeros(n, dtype=bool)
         self.loads: list[LoadRecord] = []
@@ -444,12 +437,6 @@ class Sim:
     def send(self, i: int, engine: Engine, t: float) -> None:
         """Request `i` goes to `engine` at `t`: served now, or after its load (cold)."""
         engine.last_used = t
-        self.sent_at[i] = t
-        # The part of a hold at the gateway spent waiting for this engine's load (the gateway
-        # holds a request whose model it asked to load until the load answers).
-        end = min(t, engine.ready_at) if engine.state == READY else t
-        if engine.started or engine.state == READY:
-            self.held_for_load[i] = max(0.0, end - max(self.arrivals[i], engine.queued_at))
         if engine.state == READY:
             self._join(i, engine, t)
         else:
@@ -467,7 +454,6 @@ class Sim:
         start = slots[0] if slots[0] > t else t
         end = start + self.cfg.service_seconds
         heapq.heapreplace(slots, end)
-        self.joined_at[i] = t
         self.latency[i] = end - self.arrivals[i]
         replica.done.append(end)
         engine.done.append(end)
@@ -1292,11 +1278,6 @@ class Result:
     notes: str = ""
     load_queue_peak: int = 0  # the longest any replica's load queue was (whole run)
     load_wait_p99: float = 0.0  # seconds a load waited for a load slot, P99 (whole run)
-    # The requests at or above the P99 of all: mean seconds held at the gateway (or the
-    # router) before being sent, waiting for their model's load there, and queued for a slot.
-    tail_held: float = 0.0
-    tail_load: float = 0.0
-    tail_queue: float = 0.0
 
 
 def run_sim(cfg: FleetConfig, fleet: Fleet, trace: Trace, policy: Policy) -> Sim:
@@ -1369,28 +1350,7 @@ def summarise(
         notes=notes,
         load_queue_peak=max((r.queue_peak for r in sim.replicas), default=0),
         load_wait_p99=_p99(np.asarray(sim.load_waits)) if sim.load_waits else 0.0,
-        **tail_breakdown(sim, served),
     )
-
-
-def tail_breakdown(sim: Sim, served: np.ndarray) -> dict[str, float]:
-    """Where the slowest requests (at or above the P99 of all served) spent their time, in
-    mean seconds: held before their model's load started where they were sent (or before being
-    sent to a replica that had it), waiting for that load (at the gateway or the replica),
-    queued for a serving slot (the rest is the service time)."""
-    latency = sim.latency[served]
-    if not len(latency):
-        return {}
-    tail = served.copy()
-    tail[served] = latency >= np.quantile(latency, 0.99)
-    arrivals, sent, joined = sim.arrivals[tail], sim.sent_at[tail], sim.joined_at[tail]
-    for_load = sim.held_for_load[tail]
-    queue = sim.latency[tail] - sim.cfg.service_seconds - (joined - arrivals)
-    return {
-        "tail_held": float(np.mean(sent - arrivals - for_load)),
-        "tail_load": float(np.mean(joined - sent + for_load)),
-        "tail_queue": max(float(np.mean(queue)), 0.0),  # (a float sum's -0.00 is none)
-    }
 
 
 def _p99(latencies: np.ndarray) -> float:
@@ -1672,11 +1632,6 @@ def sweep_one(job: tuple[str, int, bool]) -> list[dict[str, object]]:
                 "lost": full.failed_share,
                 "queue_peak": full.load_queue_peak,
                 "load_wait_p99": full.load_wait_p99,
-                "tail": (
-                    f"{full.tail_held:.2f}/{full.tail_load:.2f}/{full.tail_queue:.2f}; "
-                    f"ModelMesh-like {mesh.tail_held:.2f}/{mesh.tail_load:.2f}/"
-                    f"{mesh.tail_queue:.2f}"
-                ),
             }
         )
     return rows
@@ -1738,26 +1693,6 @@ def sweep(
     return rows
 
 
-def seed_goal_lines(rows: Sequence[dict[str, object]]) -> list[str]:
-    """The goals met or missed by tidal on each family and seed (issue 45), with where the
-    slowest requests' time went (`tail_breakdown`, when the row has it)."""
-    out = []
-    for r in rows:
-        if r["policy"] != Tidal.name:
-            continue
-        missed = [
-            f"{label} {_fmt(kind, float(r[key]))}"  # type: ignore[arg-type]
-            for key, label, bound, kind in SWEEP_METRICS
-            if bound is not None and float(r[key]) > bound + 1e-9  # type: ignore[arg-type]
-        ]
-        verdict = "goal met" if not missed else "goal MISSED (" + "; ".join(missed) + ")"
-        line = f"{r['family']}, seed {r['seed']}: {verdict}"
-        if "tail" in r:
-            line += f"; P99 tail held/load/queue s: {r['tail']}"
-        out.append(line)
-    return out
-
-
 def sweep_report(rows: Sequence[dict[str, object]], elapsed: float) -> list[str]:
     """Median and worst seed of every metric per family and policy; the goals' verdicts on
     the worst seed. Returns the unmet goals."""
@@ -1794,8 +1729,6 @@ def sweep_report(rows: Sequence[dict[str, object]], elapsed: float) -> list[str]
     console.print(table)
     seeds = sorted({int(r["seed"]) for r in rows})  # type: ignore[call-overload]
     console.print(f"seeds {seeds}; {len(rows)} policy runs in {elapsed:.0f} s")
-    for line in seed_goal_lines(rows):
-        console.print(line)
     for line in unmet:
         console.print("goal NOT met — " + line)
     if not unmet:

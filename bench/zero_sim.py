@@ -46,8 +46,6 @@ that does not come; measure whole weeks, e.g. --days 17 --learn 3), and shapes t
 not tuned on: `sparse-evening` (the issue's: 60 requests over 17:00-19:00), `odd-evenings`
 (each evening's rate and end drawn anew: none, sparse or busy, ending 18:00-22:00),
 `sparse-night` (issue 45: office hours and two requests an hour through the night),
-`late-morning` (issue 45: from day 3 on, the days measured with the default --learn 3, the
-rise comes 30-60 minutes late: the forecast is refuted before it comes),
 `weekend-brunch` (weekdays as `sparse-evening`, weekends with a sparse late morning,
 10:30-14:00 at 40 requests an hour, instead of nothing; day 0 is a Thursday, so --days 4
 --learn 2 measures the weekend after two learned weekdays), and `slow-ramp` (the day's rate
@@ -72,7 +70,6 @@ from tidal.operator.core.forecast import ForecastPolicy
 from tidal.operator.core.idle import (
     REASON_WAKE_FORECAST,
     REASON_ZERO_QUIET,
-    REASON_ZERO_REPAY,
     ZeroMemory,
     ZeroPolicy,
     ZeroTick,
@@ -103,9 +100,6 @@ class DayTrace:
     weekend_rate: float = 0.0  # ... but this rate over weekend_hours (0: the night rate)
     weekend_hours: tuple[float, float] = (10.5, 14.0)
     week_starts: int = 0  # day 0 is this day of the week (0: Monday; 3: Thursday)
-    # From this day on (-1: never) the rise comes this many minutes late (drawn per day)
-    late_from_day: int = -1
-    late_minutes: tuple[float, float] = (30.0, 60.0)
 
     def is_workday(self, d: int) -> bool:
         return not self.weekend or (d + self.week_starts) % 7 < 5
@@ -120,8 +114,6 @@ class DayTrace:
         spans, evenings = [], []
         for d in range(days):
             rise = self.rise_hour * 3600 + rng.uniform(-1, 1) * self.jitter_minutes * 60
-            if 0 <= self.late_from_day <= d:
-                rise = self.rise_hour * 3600 + rng.uniform(*self.late_minutes) * 60
             evening_rate, evening_end = self.evening_rate, self.evening_end_hour
             if self.odd_evenings:
                 evening_rate = float(rng.choice([0.0, 60 / 7200, 0.05]))
@@ -164,9 +156,6 @@ SHAPES = {
     # Issue 45: office hours and two requests an hour through the night (the quick zero was
     # later than the 300 s timer on every seed).
     "sparse-night": DayTrace(night_rate=2 / 3600),
-    # Issue 45: learned days rise at 9:00 +-10 min, the measured ones (from day 3) 30-60 min
-    # late: the forecast wakes the pool, the empty morning refutes it, and the rise comes.
-    "late-morning": DayTrace(late_from_day=3),
 }
 
 
@@ -336,7 +325,7 @@ def simulate(
                 out.forecast_wakes += forecast_wake
                 out.evening_flips += bool(in_evening[t])
         elif want == 0 and desired >= 1 and measured:
-            out.quick_zeros += step.decision.reason in (REASON_ZERO_QUIET, REASON_ZERO_REPAY)
+            out.quick_zeros += step.decision.reason == REASON_ZERO_QUIET
             out.evening_flips += bool(in_evening[t])
         if want == 0:
             wake_soon = step.wake_soon  # as the shell: kept while awake

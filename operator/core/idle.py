@@ -30,10 +30,6 @@ The rules, each one a guard against a way of getting zero wrong:
   request per `after_seconds`) was this rule at a price of 300 GPU-seconds. A service whose
   forecast has not learned those hours (new, or never seen at this hour) keeps
   `after_seconds`.
-* A refuted forecast keeps the pool until the day says quiet (`refutation_holds`): a morning
-  whose rise has not come a bucket past the usual one refutes the forecast (it wakes nothing
-  more), but an awake pool is not sent to zero until the requests seen since are improbably
-  few even for the wake rate; the idle timer keeps running meanwhile.
 * No flapping: zero -> one needs a request or a forecast, one -> zero needs an idle spell
   (`after_seconds`, or the wake lead when the forecast vouches for quiet) with neither, and a
   wake restarts the idle timer, so a pool woken stays up at least that spell and a quiet pool
@@ -81,10 +77,8 @@ REASON_WAIT_ZERO = "wait:scale-to-zero"
 REASON_WAKE_REQUEST = "wake:request"
 REASON_WAKE_FORECAST = "wake:forecast"
 REASON_HOLD_FORECAST = "hold:forecast-due"
-REASON_HOLD_REFUTED = "hold:forecast-refuted"
 REASON_BUSY = "busy"
 REASON_ZERO_QUIET = "scale-to-zero:forecast-quiet"
-REASON_ZERO_REPAY = "scale-to-zero:timer-bound"
 REASON_WAIT_FIRST_READY = "wait:first-ready"
 
 # How long a new service that may reach zero keeps its first replica while none has been
@@ -150,13 +144,7 @@ class IdleSignals:
     peak rate over the wake lead (None: no forecast); `quiet_rate`: its peak over the next idle
     window (`after_seconds`), only where every bucket of it is trusted (None: the forecast does
     not vouch for those hours, see `forecast_quiet_peak`); `lead_seconds`: the wake lead
-    (`wake_lead`), the quick idle timer when `quiet_rate` says the window is empty;
-    `refuted_hold`: the forecast that woke or held the pool was refuted today and the day's own
-    evidence does not say quiet yet (`refutation_holds`): an awake pool keeps its
-    replica, a pool at zero is not woken by it; `gpu_over_timer` / `late_spared`: the account
-    kept against the idle timer this pool would otherwise run (`TimerShadow`): GPU-seconds
-    spent beyond the timer's, and requests the timer would have made late that were served
-    warm (net of the reverse).
+    (`wake_lead`), the quick idle timer when `quiet_rate` says the window is empty.
     """
 
     now: float
@@ -165,9 +153,6 @@ class IdleSignals:
     forecast_rate: float | None = None
     quiet_rate: float | None = None
     lead_seconds: float | None = None
-    refuted_hold: bool = False
-    gpu_over_timer: float = 0.0
-    late_spared: float = 0.0
 
     def __post_init__(self) -> None:
         if self.held < 0:
@@ -225,14 +210,9 @@ def decide_zero(
         return ZeroVerdict(1, REASON_HOLD_FORECAST), awake
     if busy:
         return ZeroVerdict(1, REASON_BUSY), awake
-    if signals.refuted_hold:
-        # Not activity: the idle timer keeps running from the last request, so once the day
-        # says quiet a pool idle for its timer goes at once, not a timer later.
-        return ZeroVerdict(1, REASON_HOLD_REFUTED), IdleState(active_at=active_at)
     quick = idle_window(policy, signals)
     if quick < policy.after_seconds and now - active_at >= quick:
-        reason = REASON_ZERO_QUIET if quiet_zero_pays(policy, signals) else REASON_ZERO_REPAY
-        return ZeroVerdict(0, reason, to_zero=True), IdleState(active_at, now)
+        return ZeroVerdict(0, REASON_ZERO_QUIET, to_zero=True), IdleState(active_at, now)
     if now - active_at >= policy.after_seconds:
         return ZeroVerdict(0, REASON_ZERO_IDLE, to_zero=True), IdleState(active_at, now)
     return ZeroVerdict(1, REASON_WAIT_ZERO), awake
@@ -240,57 +220,16 @@ def decide_zero(
 
 def idle_window(policy: ZeroPolicy, signals: IdleSignals) -> float:
     """How long an awake pool waits without demand before zero: the wake lead where the
-    forecast vouches for the next `after_seconds` and a zero then pays (`quick_zero_pays`) or
-    repays the timer's bound (`repays_timer`), else `after_seconds`; never longer than
-    `after_seconds`."""
-    lead = _lead(policy, signals)
+    forecast vouches for the next `after_seconds` and a zero then pays (`quick_zero_pays`),
+    else `after_seconds`; never longer than `after_seconds`."""
+    lead = signals.lead_seconds
+    if lead is None:
+        lead = policy.default_routable_seconds + policy.wake_margin_seconds
     if signals.quiet_rate is None or lead >= policy.after_seconds:
         return policy.after_seconds
-    if quiet_zero_pays(policy, signals) or repays_timer(policy, signals):
-        return lead
-    return policy.after_seconds
-
-
-def _lead(policy: ZeroPolicy, signals: IdleSignals) -> float:
-    if signals.lead_seconds is None:
-        return policy.default_routable_seconds + policy.wake_margin_seconds
-    return signals.lead_seconds
-
-
-def quiet_zero_pays(policy: ZeroPolicy, signals: IdleSignals) -> bool:
-    """Whether zero at the wake lead pays at the user's price (`quick_zero_pays`), over the
-    rest of the idle timer's window, at the rate the forecast vouches for."""
-    if signals.quiet_rate is None:
-        return False
-    window = policy.after_seconds - _lead(policy, signals)
-    return window > 0 and quick_zero_pays(signals.quiet_rate, window, policy)
-
-
-# A zero that repays the timer's bound must leave this many spared requests in the account
-# after its expected late ones: the account is an estimate (counts reach the operator late).
-SPARED_RESERVE = 1.0
-
-
-def repays_timer(policy: ZeroPolicy, signals: IdleSignals) -> bool:
-    """Whether zero at the wake lead is owed to the idle timer's bound: the pool has spent more
-    GPU time than the timer it replaces would have (`gpu_over_timer` > 0: woken ahead of a
-    rise, held by the forecast or by a refuted morning) and has spared more requests that
-    timer would have made late than this zero is expected to make late (`zero_cost`'s, plus
-    `SPARED_RESERVE`).
-
-    Why: at the default price a night of two requests an hour keeps the timer, so the GPU
-    time spent waking ahead of a jittered rise was never paid back and tidal used up to 1.8 %
-    more GPU-hours than the timer on 8 of 10 seeds (issue 45), while making half as many
-    requests late. Paying that time back with quick zeros, spending only requests already
-    spared, keeps tidal within the timer on both counts: never more GPU time, never more late
-    requests, over the account (kept since the operator started)."""
-    if signals.quiet_rate is None or not signals.gpu_over_timer > 0:
-        return False
-    window = policy.after_seconds - _lead(policy, signals)
-    if window <= 0:
-        return False
-    late = zero_cost(signals.quiet_rate, window).late_requests
-    return signals.late_spared - late >= SPARED_RESERVE
+    if not quick_zero_pays(signals.quiet_rate, policy.after_seconds - lead, policy):
+        return policy.after_seconds
+    return lead
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,7 +303,7 @@ def decide_scale_zero(
         new_scaler = replace(new_scaler, desired_serving=0, down_window=())
     elif verdict.wake and decision.reason == REASON_FLOOR_MIN:
         decision = replace(decision, reason=verdict.reason)
-    elif verdict.reason in (REASON_WAIT_ZERO, REASON_HOLD_FORECAST, REASON_HOLD_REFUTED):
+    elif verdict.reason in (REASON_WAIT_ZERO, REASON_HOLD_FORECAST):
         decision = replace(decision, notes=(*decision.notes, verdict.reason))
     return decision, new_scaler, new_idle
 
@@ -402,60 +341,6 @@ FORECAST_NAME = "service"
 
 
 @dataclass(frozen=True, slots=True)
-class TimerShadow:
-    """The plain idle timer this pool would otherwise run (zero `after_seconds` after the last
-    request, woken by a request, routable a time-to-routable later), run alongside on the same
-    requests, and the account against it (`account_timer`).
-
-    `at`: the last tick (monotonic; None: not started); `woke_at`: when the timer's pool woke
-    (None: at zero); `active_at`: its last request; `gpu_over`: GPU-seconds this pool spent
-    beyond the timer's and not yet repaid (never below 0); `late_spared`: requests that
-    arrived while the timer's pool could not serve and this one could, less those the other
-    way round."""
-
-    at: float | None = None
-    woke_at: float | None = None
-    active_at: float = 0.0
-    gpu_over: float = 0.0
-    late_spared: float = 0.0
-
-
-def account_timer(
-    shadow: TimerShadow,
-    now: float,
-    after_seconds: float,
-    routable_seconds: float,
-    awake: bool,
-    ready: bool,
-    arrivals: float,
-    seen: bool,
-) -> TimerShadow:
-    """One tick of the timer's shadow: the interval since the last tick is charged with this
-    pool's state (`awake`: a replica asked for; `ready`: one routable) against the timer's,
-    and `arrivals` (requests counted since the last tick) against both pools' readiness; then
-    the timer's pool wakes on a request seen (`seen`) or goes to zero after its idle timer.
-    The first tick starts the timer where this pool is (awake and ready, or at zero)."""
-    if shadow.at is None:
-        woke = now - routable_seconds if awake else None
-        return TimerShadow(now, woke, now, shadow.gpu_over, shadow.late_spared)
-    dt = max(now - shadow.at, 0.0)
-    timer_awake = shadow.woke_at is not None
-    timer_ready = shadow.woke_at is not None and shadow.at - shadow.woke_at >= routable_seconds
-    # GPU time saved against the timer is not banked: a debt is repaid as it arises, so any
-    # stretch of days (not only the pool's whole life) stays within the timer's GPU time.
-    gpu_over = max(shadow.gpu_over + dt * (int(awake) - int(timer_awake)), 0.0)
-    spared = shadow.late_spared + max(arrivals, 0.0) * (int(not timer_ready) - int(not ready))
-    woke_at, active_at = shadow.woke_at, shadow.active_at
-    if seen:
-        active_at = now
-        if woke_at is None:
-            woke_at = now
-    elif woke_at is not None and now - active_at >= after_seconds:
-        woke_at = None
-    return TimerShadow(now, woke_at, active_at, gpu_over, spared)
-
-
-@dataclass(frozen=True, slots=True)
 class ZeroMemory:
     """The idle timer, the service's learned demand (`forecast`, on wall time) and what is
     needed to count every arrival once.
@@ -466,11 +351,9 @@ class ZeroMemory:
     time up to which arrivals are folded into the forecast; `uncounted`: arrivals reported
     since then (they belong to the next sample); `gateways`: the last cumulative arrival count
     each gateway pod reported (`count_arrivals`); `evidence`: the usual requests expected and
-    the requests seen since the evidence last restarted (see `learn_demand`); `timer`: the
-    idle timer's shadow and the account against it (`TimerShadow`). None of these
+    the requests seen since the evidence last restarted (see `learn_demand`). None of these
     but the forecast is written to status: a restarted operator trusts the forecast again
-    (the safe side), starts counting at its first report and its account against the timer
-    at zero (no quick zero owed to it)."""
+    (the safe side) and starts counting at its first report."""
 
     idle: IdleState = IdleState()
     forecast: ModelForecast | None = None
@@ -479,7 +362,6 @@ class ZeroMemory:
     uncounted: float = 0.0
     gateways: tuple[tuple[str, int], ...] = ()
     evidence: tuple[float, float, float, float] = (0.0, 0.0, 0.0, -1.0)
-    timer: TimerShadow = TimerShadow()
 
 
 # Refuted when the requests seen since the usual rise are this improbable under the usual rate
@@ -654,24 +536,6 @@ def _demand_back(
     seen = closing.open_sum / closing.open_n * span
     usual = closing.profile[slot] * span
     return poisson_at_most(seen, DEMAND_BACK_SHARE * usual) > REFUTE_PROBABILITY
-
-
-def refutation_holds(memory: ZeroMemory, wake_rate: float) -> bool:
-    """Whether a refuted forecast still keeps an awake pool: refuted today (`memory.refuted`)
-    and the day's own evidence does not yet say quiet.
-
-    Why: a refutation says the usual rise has not come by now, not that it will not come; a
-    morning late by more than a bucket refutes the forecast too (issue 45: the pool went to zero
-    22 s to 10 min before the real rise). The day says quiet when the requests seen over the
-    refutation's evidence (every sample past the usual rise, from one bucket after it) are
-    improbably few (`REFUTE_PROBABILITY`) even for the wake rate, the least demand a pool is
-    woken for: with no request at all, 4.6 / wake_rate seconds of it (23 minutes at one
-    request per 300 s). A weekend under a weekday profile reaches that minutes after the
-    refutation; a late morning that rises within it finds the pool warm."""
-    if not memory.refuted:
-        return False
-    _expected, seen, span, _since = memory.evidence
-    return poisson_at_most(seen, wake_rate * span) > REFUTE_PROBABILITY
 
 
 def poisson_at_most(seen: float, expected: float) -> float:
@@ -899,24 +763,6 @@ def step_zero(
         if active is False and tick.held == 0:  # only an idle pool's timer asks (a busy
             # pool's tick, every second, need not walk the coming buckets)
             quiet = forecast_quiet_peak(forecast, memory, tick.wall, zero.after_seconds)
-    if forecast is not None:
-        routable = lead - zero.wake_margin_seconds
-        counted = (
-            new
-            if new is not None
-            else (rate or 0.0) * max(tick.mono - (memory.timer.at or tick.mono), 0.0)
-        )
-        timer = account_timer(
-            memory.timer,
-            tick.mono,
-            zero.after_seconds,
-            routable,
-            awake=(scaler.desired_serving or 0) > 0,
-            ready=obs.ready_serving > 0,
-            arrivals=counted,
-            seen=counted > 0 or tick.held > 0 or active is True,
-        )
-        memory = replace(memory, timer=timer)
     signals = IdleSignals(
         tick.mono,
         active=active,
@@ -924,9 +770,6 @@ def step_zero(
         forecast_rate=peak,
         quiet_rate=quiet,
         lead_seconds=lead,
-        refuted_hold=forecast is not None and refutation_holds(memory, zero.wake_threshold),
-        gpu_over_timer=memory.timer.gpu_over,
-        late_spared=memory.timer.late_spared,
     )
     decision, new_scaler, idle = decide_scale_zero(policy, zero, obs, scaler, signals, memory.idle)
     memory = replace(memory, idle=idle)

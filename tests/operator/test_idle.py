@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import random
 from dataclasses import replace
 from typing import Any
@@ -22,22 +21,18 @@ from tidal.operator.core.idle import (
     REASON_AT_ZERO,
     REASON_BUSY,
     REASON_HOLD_FORECAST,
-    REASON_HOLD_REFUTED,
     REASON_WAIT_FIRST_READY,
     REASON_WAIT_ZERO,
     REASON_WAKE_FORECAST,
     REASON_WAKE_REQUEST,
     REASON_ZERO_IDLE,
     REASON_ZERO_QUIET,
-    REASON_ZERO_REPAY,
     REFUTE_PROBABILITY,
     IdleSignals,
     IdleState,
-    TimerShadow,
     ZeroMemory,
     ZeroPolicy,
     ZeroTick,
-    account_timer,
     count_arrivals,
     decide_scale_zero,
     decide_zero,
@@ -51,7 +46,6 @@ from tidal.operator.core.idle import (
     load_zero,
     poisson_at_most,
     quick_zero_pays,
-    refutation_holds,
     step_zero,
     wake_lead,
     zero_cost,
@@ -974,160 +968,3 @@ def test_step_zero_keeps_the_first_replica_until_one_was_ready(
     assert (step.decision.desired_serving, step.decision.reason) == (serving, reason)
     assert step.scaler.desired_serving == serving
     assert (step.memory, step.wake_soon) == (idle.memory, idle.wake_soon)
-
-
-# ------------------------------------------------------------------------------------------
-# Issue 45: a refuted forecast keeps the pool until the day says quiet; the idle timer's bound.
-
-
-@pytest.mark.parametrize(
-    ("at_zero", "signals", "floor", "reason"),
-    [
-        # Awake, idle past the timer, refuted and not yet quiet: held.
-        (False, IdleSignals(400.0, False, refuted_hold=True), 1, REASON_HOLD_REFUTED),
-        # ... but a request or a due forecast still reads as such.
-        (False, IdleSignals(400.0, True, refuted_hold=True), 1, REASON_BUSY),
-        # The day says quiet (no hold): zero at once, the timer ran on meanwhile.
-        (False, IdleSignals(400.0, False), 0, REASON_ZERO_IDLE),
-        # At zero a refuted forecast wakes nothing.
-        (True, IdleSignals(400.0, False, refuted_hold=True), 0, REASON_AT_ZERO),
-    ],
-)
-def test_a_refuted_forecast_holds_an_awake_pool_and_wakes_nothing(
-    at_zero: bool, signals: IdleSignals, floor: int, reason: str
-) -> None:
-    state = IdleState(0.0, 50.0) if at_zero else IdleState(active_at=0.0)
-    verdict, new = decide_zero(ZERO, signals, state, at_zero)
-    assert (verdict.floor, verdict.reason) == (floor, reason), verdict
-    if reason == REASON_HOLD_REFUTED:
-        assert new.active_at == 0.0, new  # the hold is not activity: the timer runs on
-
-
-@pytest.mark.parametrize(
-    ("refuted", "seen", "span", "holds"),
-    [
-        (False, 0.0, 0.0, False),  # not refuted: nothing to hold
-        (True, 0.0, 0.0, True),  # refuted a moment ago: no evidence of quiet yet
-        (True, 0.0, 1300.0, True),  # 4.3 expected at the wake rate, none seen: 1.3 % likely
-        (True, 0.0, 1400.0, False),  # 4.7 expected, none seen: under 1 %: quiet
-        (True, 3.0, 1400.0, True),  # three requests: not quiet for the wake rate
-        (True, 3.0, 4000.0, False),  # 13 expected, 3 seen: quiet
-    ],
-)
-def test_the_day_says_quiet_when_requests_are_improbably_few_even_for_the_wake_rate(
-    refuted: bool, seen: float, span: float, holds: bool
-) -> None:
-    memory = ZeroMemory(refuted=refuted, evidence=(100.0, seen, span, 0.0))
-    assert refutation_holds(memory, WAKE) is holds, (memory.evidence, WAKE)
-
-
-def _pool_through_morning(
-    rate: Any, start: float, end: float, hold: bool = True
-) -> tuple[float | None, float]:
-    """A pool woken ahead of the learned 9:00 rise, ticked every 5 s on `rate`: when it went
-    to zero (None: never), and when the first request came (inf: none). `hold`: whether the
-    refuted forecast holds it (False: as before issue 45)."""
-    memory = _learn(ZeroMemory(), 0.0, 3 * DAY, _morning, 60.0)
-    memory = _learn(memory, 3 * DAY, start, rate, 60.0)
-    lead = wake_lead(ZERO, 40.0)
-    idle, t, first = IdleState(active_at=start), start, math.inf
-    while t < end:
-        t += 5.0
-        count = rate(t - 5.0) * 5.0
-        memory = learn_demand(FORECAST, memory, count, t, WAKE)
-        if count > 0:
-            first = min(first, t)
-        sig = IdleSignals(
-            t,
-            active=count > 0,
-            forecast_rate=forecast_peak(FORECAST, memory, t, lead),
-            lead_seconds=lead,
-            refuted_hold=hold and refutation_holds(memory, WAKE),
-        )
-        verdict, idle = decide_zero(ZERO, sig, idle, at_zero=False)
-        if verdict.to_zero:
-            return t, first
-    return None, first
-
-
-def test_a_late_morning_finds_the_pool_the_forecast_woke_and_an_empty_day_releases_it() -> None:
-    """Learned rises at 9:00; the morning rises at 9:30, after the forecast was refuted
-    (seconds into 9:15, one bucket past the usual rise): the pool woken at the lead is still
-    there at the rise (before issue 45 it went to zero 300 s after the refutation, 10 minutes
-    before the rise). A day that never rises releases it once the day says quiet: within an
-    hour of the usual rise."""
-    rise = 3 * DAY + 9 * 3600.0
-    end = rise + 2 * 3600.0
-    zero_at, first = _pool_through_morning(_rise_at(30.0), rise - 90.0, end)
-    assert first < math.inf and (zero_at is None or zero_at > first), (zero_at, first - rise)
-    zero_at, first = _pool_through_morning(_rise_at(30.0), rise - 90.0, end, hold=False)
-    assert zero_at is not None and zero_at < first, (zero_at, first)
-    zero_at, first = _pool_through_morning(lambda t: 0.0, rise - 90.0, rise + 2 * 3600.0)
-    assert first == math.inf
-    assert zero_at is not None and zero_at < rise + 3600.0, zero_at and zero_at - rise
-
-
-@pytest.mark.parametrize(
-    ("over", "spared", "quiet", "window", "reason"),
-    [
-        # Two requests an hour: no quick zero at the default price (the timer's window).
-        (0.0, 0.0, 2 / 3600, ZERO.after_seconds, None),
-        # ... nor with GPU time owed but nothing spared, nor spared with nothing owed.
-        (600.0, 0.5, 2 / 3600, ZERO.after_seconds, None),
-        (0.0, 30.0, 2 / 3600, ZERO.after_seconds, None),
-        # Owed and spared: zero at the lead, repaying the timer's bound.
-        (600.0, 30.0, 2 / 3600, 90.0, REASON_ZERO_REPAY),
-        # Not where the forecast does not vouch for the window.
-        (600.0, 30.0, None, ZERO.after_seconds, None),
-        # Under one request an hour the price alone goes at the lead.
-        (0.0, 0.0, 0.5 / 3600, 90.0, REASON_ZERO_QUIET),
-    ],
-)
-def test_a_quick_zero_repays_gpu_time_spent_beyond_the_timer_with_spared_requests(
-    over: float, spared: float, quiet: float | None, window: float, reason: str | None
-) -> None:
-    sig = IdleSignals(
-        0.0,
-        active=False,
-        forecast_rate=0.0,
-        quiet_rate=quiet,
-        lead_seconds=90.0,
-        gpu_over_timer=over,
-        late_spared=spared,
-    )
-    assert idle_window(ZERO, sig) == window, sig
-    verdict, _ = decide_zero(ZERO, replace(sig, now=window), IdleState(active_at=0.0), False)
-    assert verdict.to_zero and (reason is None or verdict.reason == reason), verdict
-
-
-def test_the_timer_shadow_charges_gpu_time_and_late_requests_against_the_timer() -> None:
-    routable, after = 60.0, 300.0
-
-    def tick(s: TimerShadow, now: float, awake: bool, ready: bool, n: float) -> TimerShadow:
-        return account_timer(s, now, after, routable, awake, ready, n, seen=n > 0)
-
-    # Both at zero at the start; the forecast wakes this pool at 100, ready at 160.
-    s = tick(TimerShadow(), 0.0, awake=False, ready=False, n=0)
-    assert s.woke_at is None
-    s = tick(s, 100.0, False, False, 0)
-    s = tick(s, 160.0, True, False, 0)  # awake since 100 (charged from this tick's state)
-    assert s.gpu_over == 60.0, s
-    # The rise at 200: served warm here, the timer's pool is at zero (late) and wakes.
-    s = tick(s, 200.0, True, True, 10)
-    assert (s.gpu_over, s.late_spared, s.woke_at) == (100.0, 10.0, 200.0), s
-    # Warming until 260: what comes meanwhile is late for the timer only.
-    s = tick(s, 230.0, True, True, 15)
-    assert (s.gpu_over, s.late_spared) == (100.0, 25.0), s
-    s = tick(s, 270.0, True, True, 20)
-    assert s.late_spared == 25.0 + 20.0, s  # still warming at 230
-    s = tick(s, 280.0, True, True, 5)
-    assert s.late_spared == 45.0 and s.gpu_over == 100.0, s  # both ready
-    # This pool at zero, the timer's warm: GPU repaid (120 s against 100 owed), a request
-    # late here only.
-    s = tick(s, 290.0, False, False, 0)
-    s = tick(s, 400.0, False, False, 1)
-    assert (s.gpu_over, s.late_spared) == (0.0, 44.0), s  # repaid, savings not banked
-    # The timer's pool goes to zero `after` seconds after its last request.
-    s = tick(s, 700.0, False, False, 0)
-    assert s.woke_at is None, s
-    assert tick(s, 800.0, False, False, 0).gpu_over == s.gpu_over, s
