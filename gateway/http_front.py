@@ -27,6 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 
 from ..common.body import CONTROL_JSON_VALUES, CONTROL_LIMIT, OFFLOAD_BYTES, check_json_values
+from ..common.contract import PATH_HELD, PATH_REPLICAS
 from ..common.http import (
     CLIENT_CLOSED,
     ON_CLIENT_GONE,
@@ -297,9 +298,9 @@ class HttpFront:
         r.add_get("/v2", self.server_metadata)
         r.add_get("/metrics", self.metrics_handler)
         r.add_post("/v2/repository/index", self.repository_index)
-        r.add_get("/v2/tidal/replicas", self.get_replicas)
-        r.add_put("/v2/tidal/replicas", self.put_replicas)
-        r.add_get("/v2/tidal/held", self.get_held)
+        r.add_get(PATH_REPLICAS, self.get_replicas)
+        r.add_put(PATH_REPLICAS, self.put_replicas)
+        r.add_get(PATH_HELD, self.get_held)
         for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
             r.add_get(prefix, self.proxy_metadata)
             r.add_get(prefix + "/config", self.proxy_metadata)
